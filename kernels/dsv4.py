@@ -1,0 +1,99 @@
+"""DeepSeek-V4-Flash shapes and cache-layout constants: the one place they are written down.
+
+Sources: the published Flash ``config.json`` and SGLang 0.5.23's DSv4 memory pool and kernels
+(``srt/mem_cache/deepseek_v4_memory_pool.py``, ``kernels/ops/attention/flash_mla_sm120.py``,
+``srt/layers/attention/dsv4/indexer.py``); see ``shared/reference/dsv4-flash-in-sglang-0.5.23.md``.
+Everything else in the project imports these names instead of repeating the numbers.
+"""
+
+# --- model ------------------------------------------------------------------------------------
+HIDDEN_SIZE = 4096
+NUM_LAYERS = 43
+NUM_HASH_LAYERS = 3  # layers 0..2 route by token-id hash
+VOCAB_SIZE = 129280
+NUM_HEADS = 64
+HEAD_DIM = 512  # latent width of q/k/v per head (MQA: one shared latent KV row)
+NOPE_DIM = 448  # FP8 part of a KV row
+ROPE_DIM = 64  # bf16 part of a KV row
+Q_LORA_RANK = 1024
+KV_LORA_RANK = 512
+O_GROUPS = 8
+O_LORA_RANK = 1024
+SOFTMAX_SCALE = HEAD_DIM ** -0.5
+SLIDING_WINDOW = 128
+
+# compress_ratios of the published config: 0 = SWA only, 4 = C4 (with indexer), 128 = C128
+SWA_ONLY_LAYERS = (0, 1)
+C4_RATIO = 4
+C128_RATIO = 128
+
+
+def layer_compress_ratio(layer_id: int) -> int:
+    """0 for SWA-only layers 0-1, 4 for even layers 2..42, 128 for odd layers 3..41."""
+    if layer_id in SWA_ONLY_LAYERS:
+        return 0
+    return C4_RATIO if layer_id % 2 == 0 else C128_RATIO
+
+
+# --- routed / shared experts -------------------------------------------------------------------
+NUM_EXPERTS = 256
+TOP_K = 6
+MOE_INTERMEDIATE_SIZE = 2048
+ROUTED_SCALING_FACTOR = 1.5
+SWIGLU_LIMIT = 10.0
+MXFP4_GROUP = 32  # one E8M0 scale per 32 values along K
+SHARED_EXPERT_INTERMEDIATE = 2048
+
+# --- FP8 dense weights -------------------------------------------------------------------------
+FP8_BLOCK = 128  # 128x128 block scales
+
+
+def dense_linear_shapes(tp: int = 1) -> dict:
+    """(out_features, in_features) of each FP8 block-scaled linear one rank holds at TP ``tp``.
+
+    Column-parallel layers split the output, row-parallel ones the input; wqkv_a and the
+    indexer's wq_b are replicated in SGLang 0.5.23 (ReplicatedLinear).
+    """
+    if tp not in SUPPORTED_TP:
+        raise ValueError(f"tp must be one of {SUPPORTED_TP}, got {tp}")
+    return {
+        "wqkv_a": (Q_LORA_RANK + KV_LORA_RANK, HIDDEN_SIZE),
+        "wq_b": (NUM_HEADS * HEAD_DIM // tp, Q_LORA_RANK),
+        "wo_a": (O_GROUPS * O_LORA_RANK // tp, HIDDEN_SIZE),
+        "wo_b": (HIDDEN_SIZE, O_GROUPS * O_LORA_RANK // tp),
+        "indexer_wq_b": (INDEX_N_HEADS * INDEX_HEAD_DIM, Q_LORA_RANK),
+        "shared_gate_up": (2 * SHARED_EXPERT_INTERMEDIATE // tp, HIDDEN_SIZE),
+        "shared_down": (HIDDEN_SIZE, SHARED_EXPERT_INTERMEDIATE // tp),
+    }
+
+
+SUPPORTED_TP = (1, 2, 4, 8)
+
+# --- KV cache, V4 layout (584 B per token) -----------------------------------------------------
+KV_TILE = 64  # nope is quantised in tiles of 64 values, one UE8M0 scale each
+KV_NUM_TILES = NOPE_DIM // KV_TILE  # 7
+KV_DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM  # 576: fp8 nope then bf16 rope
+KV_SCALE_BYTES = KV_NUM_TILES + 1  # 8: 7 UE8M0 bytes + 1 pad
+KV_TOKEN_BYTES = KV_DATA_BYTES + KV_SCALE_BYTES  # 584
+SWA_PAGE_SIZE = 256
+C4_PAGE_SIZE = SWA_PAGE_SIZE // C4_RATIO  # 64
+C128_PAGE_SIZE = SWA_PAGE_SIZE // C128_RATIO  # 2
+
+
+def kv_page_bytes(page_size: int) -> int:
+    """Bytes of one V4-layout page: data then scales, padded up to a multiple of 576."""
+    raw = page_size * KV_TOKEN_BYTES
+    return -(-raw // KV_DATA_BYTES) * KV_DATA_BYTES
+
+
+# --- lightning indexer -------------------------------------------------------------------------
+INDEX_N_HEADS = 64
+INDEX_HEAD_DIM = 128
+INDEX_TOPK = 512
+INDEX_PAGE_SIZE = 64  # compressed tokens per indexer-K page
+INDEX_TOKEN_BYTES = INDEX_HEAD_DIM + 4  # fp8 row + fp32 scale = 132
+MAX_CONTEXT = 1048576
+
+# --- sm_120 hardware ---------------------------------------------------------------------------
+SM120_SMEM_LIMIT = 101376  # opt-in dynamic shared memory per block on sm_120/121 (99 KB)
+SM120_ARCHS = (120, 121)

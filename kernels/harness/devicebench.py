@@ -1,0 +1,161 @@
+"""The device-run convention shared by every ``tools/device_*.py`` script.
+
+A device script checks full DSv4-Flash shapes against the float32 reference and times our kernel
+beside the upstream baseline *in the same run*, each inside a CUDA graph, then writes one JSON and
+one markdown file (GPU, versions, date, every number) into the output folder (``$OUT`` on the lent
+machine; the files are committed under ``benchmarks/``). Timings from different runs or machines
+are never mixed: ratios are taken within one run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+from typing import Callable, Sequence
+
+
+def environment() -> dict:
+    """GPU, compute capability, versions and date of this run."""
+    import torch
+    import triton
+
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
+                   memory_gib=round(props.total_memory / 2**30, 1))
+    else:
+        env["gpu"] = "no CUDA device"
+    return env
+
+
+def time_in_cuda_graph(fn: Callable[[], object], *, calls_per_graph: int = 20, replays: int = 30,
+                       warmup: int = 3) -> float:
+    """Median microseconds per ``fn()`` call, with ``calls_per_graph`` calls captured in one CUDA graph.
+
+    Capturing proves the call is graph-capturable (no host sync, no data-dependent allocation) and
+    removes launch overhead from the figure, as SGLang's decode graphs do. An L2-sized buffer is
+    overwritten before each replay so that small working sets are not served from a warm cache
+    across replays (within a replay the repeated calls do share L2, as consecutive layers would not;
+    ``calls_per_graph=1`` gives the cold-cache figure).
+    """
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            fn()
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    samples = []
+    for _ in range(replays):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls_per_graph)
+    del graph
+    return statistics.median(samples)
+
+
+def copy_bandwidth_gbs(nbytes: int = 2 * 2**30) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = time_in_cuda_graph(lambda: dst.copy_(src), calls_per_graph=5, replays=10)
+    return 2 * nbytes / (us * 1e-6) / 1e9
+
+
+def bf16_matmul_tflops(n: int = 8192) -> float:
+    import torch
+
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    us = time_in_cuda_graph(lambda: a @ b, calls_per_graph=5, replays=10)
+    return 2 * n**3 / (us * 1e-6) / 1e12
+
+
+def relative_error(actual, expected) -> float:
+    """||actual - expected|| / ||expected|| in float64, over finite reference entries."""
+    import torch
+
+    a = actual.double()
+    e = expected.double()
+    finite = torch.isfinite(e)
+    denom = e[finite].norm().item()
+    return (a[finite] - e[finite]).norm().item() / max(denom, 1e-30)
+
+
+@dataclasses.dataclass
+class BenchResult:
+    """What one device script produced: rows of measurements plus the run's environment."""
+
+    name: str
+    title: str
+    columns: Sequence[str]
+    rows: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
+    env: dict = dataclasses.field(default_factory=environment)
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    def add(self, **row) -> None:
+        unknown = set(row) - set(self.columns)
+        if unknown:
+            raise KeyError(f"row has columns {sorted(unknown)} not declared in {list(self.columns)}")
+        self.rows.append(row)
+
+    def markdown(self) -> str:
+        env = self.env
+        lines = [f"# {self.title}", "",
+                 f"{env.get('gpu')} (cc {env.get('capability', '-')}), torch {env['torch']}, triton {env['triton']},"
+                 f" CUDA {env.get('cuda')}, {env['date']}.", ""]
+        for key, value in self.extra.items():
+            lines.append(f"- {key}: {value}")
+        if self.extra:
+            lines.append("")
+        lines.append("| " + " | ".join(self.columns) + " |")
+        lines.append("|" + "---|" * len(self.columns))
+        for row in self.rows:
+            lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in self.columns) + " |")
+        if self.notes:
+            lines += [""] + [f"- {n}" for n in self.notes]
+        return "\n".join(lines) + "\n"
+
+    def write(self, out_dir: str | None = None) -> tuple[str, str]:
+        out_dir = out_dir or os.environ.get("OUT") or "benchmarks"
+        os.makedirs(out_dir, exist_ok=True)
+        json_path = os.path.join(out_dir, f"{self.name}.json")
+        md_path = os.path.join(out_dir, f"{self.name}.md")
+        with open(json_path, "w") as f:
+            json.dump(dataclasses.asdict(self), f, indent=1, default=str)
+        with open(md_path, "w") as f:
+            f.write(self.markdown())
+        return json_path, md_path
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        if value == 0 or 1e-3 <= abs(value) < 1e6:
+            return f"{value:.4g}"
+        return f"{value:.3e}"
+    return str(value)

@@ -1,0 +1,154 @@
+"""The seam registry: each place where the plugin swaps an SGLang kernel is a named unit.
+
+A seam has hook targets (dotted SGLang paths), an activation rule (an sm_12x GPU is visible, or
+``SGLANG_SM120_FORCE=1``), a kill switch (``SGLANG_SM120_DISABLE=<name>[,<name>...]|all``) and,
+once decided, a status: active, disabled by env, not applicable, or failed with a reason. The
+status of every seam is logged once per process. A seam whose installation raises is marked
+failed and SGLang keeps its own path: the plugin never raises into SGLang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import os
+from typing import Callable
+
+logger = logging.getLogger("sglang_sm120")
+
+ENV_DISABLE = "SGLANG_SM120_DISABLE"
+ENV_FORCE = "SGLANG_SM120_FORCE"
+
+SEAM_NAMES = ("attention", "indexer", "moe", "dense", "disagg")
+
+
+class SeamState(str, enum.Enum):
+    ACTIVE = "active"
+    DISABLED_BY_ENV = "disabled by env"
+    NOT_APPLICABLE = "not applicable"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass
+class Seam:
+    """One replaceable SGLang seam.
+
+    ``install`` applies the hooks and returns nothing; it may raise, which marks the seam failed.
+    ``applies`` may add a seam-specific precondition and returns a reason string when the seam
+    does not apply (None when it does).
+    """
+
+    name: str
+    description: str
+    targets: tuple[str, ...]
+    install: Callable[[], None]
+    applies: Callable[[], str | None] | None = None
+    state: SeamState | None = None
+    reason: str = ""
+
+    def status_line(self) -> str:
+        state = self.state.value if self.state else "undecided"
+        return f"{self.name}: {state}" + (f" ({self.reason})" if self.reason else "")
+
+
+def disabled_names(environ=os.environ) -> set[str]:
+    """Names switched off by ``SGLANG_SM120_DISABLE``; ``all`` means every seam."""
+    raw = environ.get(ENV_DISABLE, "")
+    names = {n.strip().lower() for n in raw.split(",") if n.strip()}
+    if "all" in names:
+        return set(SEAM_NAMES)
+    unknown = names - set(SEAM_NAMES)
+    if unknown:
+        logger.warning("sglang-sm120: %s names unknown seams %s (known: %s, all)", ENV_DISABLE, sorted(unknown),
+                       ", ".join(SEAM_NAMES))
+    return names & set(SEAM_NAMES)
+
+
+def forced(environ=os.environ) -> bool:
+    return environ.get(ENV_FORCE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def visible_sm12x() -> tuple[bool, str]:
+    """Whether a CUDA device of compute capability 12.x is visible, and what was found."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False, "no CUDA device"
+        caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    except Exception as exc:  # a broken driver must not break SGLang's start
+        return False, f"CUDA query failed: {exc}"
+    found = ", ".join(f"sm_{ma}{mi}" for ma, mi in caps)
+    return any(ma == 12 for ma, _ in caps), found
+
+
+def activation(seam: Seam, environ=os.environ, gpu: tuple[bool, str] | None = None) -> tuple[SeamState, str]:
+    """Decide, without installing anything, whether ``seam`` should be active and why."""
+    if seam.name in disabled_names(environ):
+        return SeamState.DISABLED_BY_ENV, f"{ENV_DISABLE}={environ.get(ENV_DISABLE, '')}"
+    is_sm12x, found = gpu if gpu is not None else visible_sm12x()
+    if forced(environ):
+        rule = f"{ENV_FORCE}=1"
+    elif is_sm12x:
+        rule = f"sm_12x GPU ({found})"
+    else:
+        return SeamState.NOT_APPLICABLE, f"needs an sm_12x GPU or {ENV_FORCE}=1; found {found}"
+    if seam.applies is not None:
+        why_not = seam.applies()
+        if why_not:
+            return SeamState.NOT_APPLICABLE, why_not
+    return SeamState.ACTIVE, rule
+
+
+class SeamRegistry:
+    def __init__(self) -> None:
+        self._seams: dict[str, Seam] = {}
+        self._logged = False
+
+    def add(self, seam: Seam) -> Seam:
+        if seam.name not in SEAM_NAMES:
+            raise ValueError(f"unknown seam {seam.name!r}; known: {SEAM_NAMES}")
+        self._seams[seam.name] = seam
+        return seam
+
+    def get(self, name: str) -> Seam:
+        return self._seams[name]
+
+    def __iter__(self):
+        return iter(self._seams.values())
+
+    def is_active(self, name: str) -> bool:
+        seam = self._seams.get(name)
+        return seam is not None and seam.state is SeamState.ACTIVE
+
+    def apply_all(self, environ=os.environ, gpu: tuple[bool, str] | None = None) -> None:
+        """Decide and install every undecided seam; failures are recorded, never raised."""
+        gpu = gpu if gpu is not None else visible_sm12x()
+        for seam in self._seams.values():
+            if seam.state is not None:
+                continue
+            state, reason = activation(seam, environ, gpu)
+            if state is SeamState.ACTIVE:
+                try:
+                    seam.install()
+                except Exception as exc:  # leave upstream intact, say why
+                    state, reason = SeamState.FAILED, f"{type(exc).__name__}: {exc}"
+                    logger.warning("sglang-sm120: seam %s could not be installed, SGLang's own path stays: %s",
+                                   seam.name, reason, exc_info=True)
+            seam.state, seam.reason = state, reason
+
+    def log_once(self) -> None:
+        if self._logged:
+            return
+        self._logged = True
+        logger.info("sglang-sm120 seams [pid %d]: %s", os.getpid(), "; ".join(s.status_line() for s in self))
+
+    def reset(self) -> None:
+        """Forget every decision (tests)."""
+        for seam in self._seams.values():
+            seam.state, seam.reason = None, ""
+        self._logged = False
+
+
+REGISTRY = SeamRegistry()

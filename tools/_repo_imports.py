@@ -1,0 +1,28 @@
+"""Make ``sglang_sm120.kernels`` importable from a plain checkout (the device machine, where the
+package is not pip-installed and SGLang is absent): the repo's ``kernels/`` folder is mapped to
+``sglang_sm120.kernels`` exactly as the wheel installs it, never as a top-level ``kernels``."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+import types
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def ensure_kernels_importable() -> None:
+    if importlib.util.find_spec("sglang_sm120") is not None:
+        return
+    package = types.ModuleType("sglang_sm120")
+    package.__path__ = [str(REPO / "sglang_sm120")]
+    sys.modules["sglang_sm120"] = package
+    spec = importlib.util.spec_from_file_location("sglang_sm120.kernels", REPO / "kernels" / "__init__.py",
+                                                  submodule_search_locations=[str(REPO / "kernels")])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sglang_sm120.kernels"] = module
+    spec.loader.exec_module(module)
+    package.kernels = module
+    if str(REPO / "tools") not in sys.path:
+        sys.path.insert(0, str(REPO / "tools"))
