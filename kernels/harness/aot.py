@@ -13,7 +13,10 @@ the JIT would (same divisibility hints), then reads back
 
 Kernels declare their shipped configs with :class:`AotConfig` in a module-level ``aot_configs()``;
 ``sglang_sm120.kernels.aot_registry`` lists those modules, and ``tools/aot_sm120.py`` /
-``sglang-sm120 aot-check`` / ``tests/kernels/test_aot.py`` run the whole registry.
+``sglang-sm120 aot-check`` / ``tests/kernels/test_aot_registry.py`` run the whole registry.
+
+Under ``TRITON_INTERPRET=1`` (the CPU tests) kernels are interpreter objects and cannot be
+compiled: tests call :func:`run_isolated`, which compiles in a child process with it off.
 """
 
 from __future__ import annotations
@@ -223,3 +226,51 @@ def check_configs(configs: Sequence[AotConfig], archs: Sequence[int] | None = No
                     + "".join(f"\n        - {p}" for p in problems))
             results.append((cfg, report, problems))
     return results
+
+
+def run_isolated(modules: Sequence[str] | None = None, archs: Sequence[int] | None = None,
+                 only: Sequence[str] = (), timeout: float = 3000) -> list[tuple[AotReport, list[str]]]:
+    """Compile the registered configs of ``modules`` (names under ``sglang_sm120.kernels``; default:
+    the whole registry) in a fresh process with the interpreter off, and return (report, problems).
+
+    Needed because under ``TRITON_INTERPRET=1`` (as the CPU tests run) ``@triton.jit`` makes
+    interpreter functions that cannot be compiled; the child process imports the kernels afresh.
+    """
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = [sys.executable, "-m", __name__]
+    if modules is not None:
+        args += ["--modules", ",".join(modules)]
+    for arch in archs or ():
+        args += ["--arch", str(arch)]
+    for sub in only:
+        args += ["--only", sub]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout, cwd="/")
+    if proc.returncode != 0:
+        raise RuntimeError(f"AOT worker failed:\n{proc.stderr[-4000:]}")
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [(AotReport(**row["report"]), row["problems"]) for row in rows]
+
+
+def _worker(argv: Sequence[str] | None = None) -> None:
+    import argparse
+    import json
+
+    from ..aot_registry import KERNEL_MODULES, all_configs
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--modules")
+    parser.add_argument("--arch", type=int, action="append")
+    parser.add_argument("--only", action="append", default=[])
+    args = parser.parse_args(argv)
+    modules = tuple(args.modules.split(",")) if args.modules else KERNEL_MODULES
+    configs = [c for c in all_configs(modules) if not args.only or any(s in c.name for s in args.only)]
+    rows = [{"report": dataclasses.asdict(r), "problems": p} for _c, r, p in check_configs(configs, args.arch)]
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    _worker()

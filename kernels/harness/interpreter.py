@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 _PATCHED = False
+unpatched_create_dot = None  # the interpreter's own create_dot, kept for the test that shows the bug
 
 
 def interpreter_enabled() -> bool:
@@ -25,14 +26,14 @@ def interpreter_enabled() -> bool:
 
 def patch_bf16_dot() -> bool:
     """Install the bf16 ``tl.dot`` fix in Triton's interpreter; idempotent. Returns True if active."""
-    global _PATCHED
+    global _PATCHED, unpatched_create_dot
     if _PATCHED:
         return True
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter
 
-    original = interpreter.InterpreterBuilder.create_dot
+    original = unpatched_create_dot = interpreter.InterpreterBuilder.create_dot
 
     def as_fp32(handle):
         if getattr(handle.dtype, "scalar", handle.dtype) == tl.bfloat16:

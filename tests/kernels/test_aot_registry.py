@@ -4,9 +4,15 @@ declares, at most 101376 bytes of shared memory and no register spills."""
 import pytest
 
 from sglang_sm120.kernels.aot_registry import KERNEL_MODULES, all_configs
-from sglang_sm120.kernels.harness.aot import compile_config
+from sglang_sm120.kernels.harness.aot import run_isolated
 
-CASES = [(cfg, arch) for cfg in all_configs() for arch in cfg.archs]
+CASES = [(cfg.name, arch) for cfg in all_configs() for arch in cfg.archs]
+
+
+@pytest.fixture(scope="module")
+def reports():
+    """All configs compiled once, in a child process with the interpreter off."""
+    return {(r.config, r.arch): (r, p) for r, p in run_isolated()}
 
 
 def test_registry_lists_kernels():
@@ -14,8 +20,8 @@ def test_registry_lists_kernels():
     assert CASES
 
 
-@pytest.mark.parametrize("cfg,arch", CASES, ids=[f"{c.name}-sm{a}" for c, a in CASES])
-def test_config_compiles_for_sm12x(cfg, arch):
-    report = compile_config(cfg, arch)
-    assert report.problems(cfg) == [], report.summary()
+@pytest.mark.parametrize("name,arch", CASES, ids=[f"{n}-sm{a}" for n, a in CASES])
+def test_config_compiles_for_sm12x(reports, name, arch):
+    report, problems = reports[(name, arch)]
+    assert problems == [], report.summary()
     assert report.ptx_target == f"sm_{arch}a"

@@ -1,0 +1,169 @@
+"""``sglang-sm120 doctor``: is this install usable, what would the plugin do here, and how to serve.
+
+Works without a GPU. Exit code 0 when the install is usable (supported SGLang, torch and Triton
+import), non-zero with the reason when it is not. A machine without an sm_12x GPU is usable (the
+kernels can be checked there) but the seams stay inactive unless ``SGLANG_SM120_FORCE=1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Callable
+
+from .seams import ENV_DISABLE, ENV_FORCE, SEAM_NAMES, REGISTRY, SeamState, activation, visible_sm12x
+from .versions import (SUPPORTED_NIXL, SUPPORTED_SGLANG, TESTED_TORCH, TESTED_TRITON, installed_version)
+
+MODEL = "deepseek-ai/DeepSeek-V4-Flash"
+
+
+def gpu_inventory() -> list[dict]:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        gpus = []
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            gpus.append({"index": i, "name": props.name, "capability": (props.major, props.minor),
+                         "memory_gib": props.total_memory / 2**30})
+        return gpus
+    except Exception:
+        return []
+
+
+def p2p_matrix(count: int) -> list[list[bool]] | None:
+    if count < 2:
+        return None
+    import torch
+
+    return [[i == j or bool(torch.cuda.can_device_access_peer(i, j)) for j in range(count)] for i in range(count)]
+
+
+def suggested_tp(gpu_count: int) -> int:
+    """The largest tensor-parallel size DSv4-Flash's head/expert split allows on these GPUs."""
+    from .kernels.dsv4 import SUPPORTED_TP
+
+    fitting = [t for t in SUPPORTED_TP if t <= max(gpu_count, 1)]
+    return max(fitting)
+
+
+def launch_command(tp: int) -> str:
+    return (f"python -m sglang.launch_server --model-path {MODEL} --tp {tp} --moe-runner-backend sm120"
+            f"  # with MTP add: --speculative-moe-runner-backend sm120")
+
+
+def _version_line(name: str, dist: str, supported: tuple[str, ...] | None) -> tuple[str, str, bool]:
+    version = installed_version(dist)
+    if version is None:
+        return name, "not installed", False
+    if supported is None:
+        return name, version, True
+    ok = version in supported
+    return name, f"{version} ({'supported' if ok else 'untested; tested: ' + ', '.join(supported)})", ok
+
+
+def seam_decisions(gpu: tuple[bool, str]) -> list[tuple[str, str, str]]:
+    """(seam, state, reason) for every seam, as ``register()`` would decide in this environment."""
+    from .plugin import build_registry, sglang_supported
+
+    ok, why = sglang_supported()
+    if not ok:
+        return [(name, "not hooked", why) for name in SEAM_NAMES]
+    build_registry()
+    rows = []
+    for seam in REGISTRY:
+        if seam.state is SeamState.FAILED:
+            rows.append((seam.name, seam.state.value, seam.reason))
+            continue
+        state, reason = activation(seam, os.environ, gpu)
+        rows.append((seam.name, state.value, reason))
+    return rows
+
+
+def run(out: Callable[[str], None] = print) -> int:
+    # doctor reports seam failures itself; keep the plugin's tracebacks out of its output
+    logging.getLogger("sglang_sm120").setLevel(logging.ERROR)
+    problems = []
+    out("sglang-sm120 doctor")
+    out("")
+    out("GPUs")
+    gpus = gpu_inventory()
+    if not gpus:
+        out("  no CUDA device")
+    for g in gpus:
+        ma, mi = g["capability"]
+        kind = "sm_12x: the plugin's target" if ma == 12 else "not sm_12x"
+        out(f"  cuda:{g['index']} {g['name']}  sm_{ma}{mi} ({kind})  {g['memory_gib']:.0f} GiB")
+    matrix = p2p_matrix(len(gpus))
+    if matrix:
+        out("  peer-to-peer access (row -> column):")
+        for i, row in enumerate(matrix):
+            out(f"    {i}: " + " ".join("Y" if x else "." for x in row))
+
+    out("")
+    out("Versions")
+    for name, dist, supported in (("sglang", "sglang", SUPPORTED_SGLANG), ("torch", "torch", TESTED_TORCH),
+                                  ("triton", "triton", TESTED_TRITON), ("nixl (optional, PD)", "nixl", SUPPORTED_NIXL),
+                                  ("sglang-sm120", "sglang-sm120", None)):
+        label, value, ok = _version_line(name, dist, supported)
+        out(f"  {label}: {value}")
+        if not ok and name == "sglang":
+            problems.append(f"sglang: {value}; install sglang=={SUPPORTED_SGLANG[-1]}")
+    for module in ("torch", "triton"):
+        try:
+            __import__(module)
+        except Exception as exc:
+            problems.append(f"{module} does not import: {exc}")
+
+    out("")
+    out(f"Seams ({ENV_FORCE}={os.environ.get(ENV_FORCE, '')!s}, {ENV_DISABLE}={os.environ.get(ENV_DISABLE, '')!s})")
+    gpu = visible_sm12x()
+    try:
+        for name, state, reason in seam_decisions(gpu):
+            out(f"  {name:10s} {state}: {reason}")
+            if state == SeamState.FAILED.value:
+                problems.append(f"seam {name} failed: {reason}")
+    except Exception as exc:
+        problems.append(f"seam registry failed: {type(exc).__name__}: {exc}")
+
+    pd_rows = _pd_rows()
+    if pd_rows:
+        out("")
+        out("Prefill/decode disaggregation")
+        for label, value, ok in pd_rows:
+            out(f"  {label}: {value}" + ("" if ok else "  (!)"))
+
+    out("")
+    sm12x = [g for g in gpus if g["capability"][0] == 12]
+    tp = suggested_tp(len(sm12x) or len(gpus))
+    out("Serve with")
+    out(f"  {launch_command(tp)}")
+    if not sm12x:
+        out(f"  (no sm_12x GPU here: the seams stay inactive and SGLang runs its own kernels unless {ENV_FORCE}=1)")
+
+    out("")
+    if problems:
+        out("NOT USABLE:")
+        for p in problems:
+            out(f"  - {p}")
+        return 1
+    out("usable: yes")
+    return 0
+
+
+def _pd_rows() -> list[tuple[str, str, bool]]:
+    try:
+        from .pd.cli import doctor_pd_report
+    except ImportError:
+        return []
+    try:
+        return doctor_pd_report()
+    except Exception as exc:
+        return [("PD report", f"failed: {type(exc).__name__}: {exc}", False)]
+
+
+if __name__ == "__main__":
+    sys.exit(run())
