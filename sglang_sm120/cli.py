@@ -16,6 +16,11 @@ def _doctor(args) -> int:
 def _aot_check(args) -> int:
     from .kernels.aot_registry import all_configs
     from .kernels.harness.aot import check_configs
+    from .kernels.harness.interpreter import interpreter_enabled
+
+    if interpreter_enabled():
+        print("aot-check compiles for real GPUs and cannot run with TRITON_INTERPRET set; unset it", file=sys.stderr)
+        return 2
 
     configs = [c for c in all_configs() if not args.only or any(s in c.name for s in args.only)]
     if not configs:
