@@ -1,0 +1,42 @@
+"""The device-run result format: every file carries the GPU, versions, date and every row."""
+
+import json
+
+import pytest
+import torch
+
+from sglang_sm120.kernels.harness.devicebench import BenchResult, environment, relative_error
+
+
+def test_environment_names_gpu_versions_and_date():
+    env = environment()
+    for key in ("date", "torch", "triton", "gpu"):
+        assert env[key]
+    if not torch.cuda.is_available():
+        assert env["gpu"] == "no CUDA device"
+
+
+def test_result_files_carry_environment_and_rows(tmp_path):
+    result = BenchResult("demo", "Demo kernel", columns=("B", "ours_us", "upstream_us", "speedup"))
+    result.add(B=1, ours_us=10.5, upstream_us=300.0, speedup=300 / 10.5)
+    result.extra["copy bandwidth GB/s"] = 4245.0
+    result.notes.append("timed in CUDA graphs")
+    json_path, md_path = result.write(str(tmp_path))
+    data = json.loads(open(json_path).read())
+    assert data["rows"] == [{"B": 1, "ours_us": 10.5, "upstream_us": 300.0, "speedup": 300 / 10.5}]
+    assert data["env"]["torch"] == torch.__version__
+    md = open(md_path).read()
+    assert md.startswith("# Demo kernel")
+    assert "| B | ours_us | upstream_us | speedup |" in md and "| 1 | 10.5 | 300 | 28.57 |" in md
+    assert "copy bandwidth GB/s: 4245" in md and "timed in CUDA graphs" in md
+
+
+def test_undeclared_column_is_rejected():
+    with pytest.raises(KeyError, match="not declared"):
+        BenchResult("demo", "Demo", columns=("B",)).add(B=1, extra=2)
+
+
+def test_relative_error_ignores_non_finite_reference_entries():
+    expected = torch.tensor([1.0, float("-inf"), 2.0])
+    actual = torch.tensor([1.0, 5.0, 2.2])
+    assert relative_error(actual, expected) == pytest.approx(0.2 / 5 ** 0.5)
