@@ -97,3 +97,18 @@ MAX_CONTEXT = 1048576
 # --- sm_120 hardware ---------------------------------------------------------------------------
 SM120_SMEM_LIMIT = 101376  # opt-in dynamic shared memory per block on sm_120/121 (99 KB)
 SM120_ARCHS = (120, 121)
+
+# --- sparse MLA decode (issue 3) ---------------------------------------------------------------
+E8M0_BIAS = 127  # UE8M0 scale byte b encodes 2**(b - 127)
+KV_GROUPS = KV_NUM_TILES + 1  # a KV row as 8 groups of 64: 7 FP8 nope tiles, then the bf16 rope
+SPARSE_MLA_MAX_HEADS = NUM_HEADS  # query heads per rank our decode kernel takes (TP1: 64 ... TP8: 8)
+
+# --- lightning indexer kernels (issue 5) -------------------------------------------------------
+# Index-K page: INDEX_PAGE_SIZE rows of INDEX_HEAD_DIM fp8 bytes, then INDEX_PAGE_SIZE fp32 scales.
+INDEX_PAGE_BYTES = INDEX_PAGE_SIZE * INDEX_TOKEN_BYTES  # 8448
+INDEX_SCALE_OFFSET = INDEX_PAGE_SIZE * INDEX_HEAD_DIM  # 8192: byte offset of the scales in a page
+INDEX_MAX_COMPRESSED_LEN = MAX_CONTEXT // C4_RATIO  # 262144 compressed positions at 1M context
+INDEX_MAX_BATCH = 256  # SGLang's max_running_requests default for DSv4
+
+# --- MXFP4 routed experts (issue 4: kernels/moe_mxfp4.py) -------------------------------------
+MXFP4_E8M0_BIAS = 127  # E8M0 scale byte b means 2**(b - 127)

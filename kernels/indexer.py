@@ -1,0 +1,586 @@
+"""Lightning indexer for DeepSeek-V4-Flash decode: FP8 paged MQA logits and top-512 selection.
+
+Contract (SGLang 0.5.23, ``fp8_paged_mqa_logits_torch_sm120`` / ``tilelang_fp8_paged_mqa_logits``
+and ``topk_transform_paged``):
+
+* ``q`` ``[B, 1, 64, 128]`` float8_e4m3fn; ``kv`` ``[pages, 64, 1, 132]`` uint8, page-major: 64 rows
+  of 128 fp8 bytes, then 64 fp32 scales; ``weights`` ``[B, 64]`` fp32; ``lens`` ``[B]`` int32
+  (compressed lengths); ``page_table`` ``[B, max_pages]`` int32.
+* logits ``[B, max_seq_len]`` fp32: ``scale[t] * sum_h relu(q[h] . k[t]) * w[h]``, ``-inf`` past each
+  length.
+* top-k: ``out[b, j]`` = ``page_table[b, i // 64] * 64 + i % 64`` for the ``K`` (512) selected
+  positions ``i``, ``-1`` past ``min(length, K)``. Rows of at most ``K`` positions list them in order
+  (as upstream does); longer rows list the selection in ascending position order (upstream's order is
+  unspecified). Among equal scores at the threshold the lowest positions win.
+
+Two paths, both graph-capturable (grids and scratch depend on shapes only):
+
+* two-kernel: :func:`paged_mqa_logits` writes the logits row, then :func:`topk_transform_paged` selects
+  per chunk of the row and merges the chunks' candidates (a small tree of :func:`_select_kernel`).
+* fused: :func:`_fused_split_kernel` computes the logits of a split of ``R_PAGES`` pages in registers
+  and writes only that split's top-``K`` candidates; the same merge finishes. The full logits row is
+  never written. :data:`PLAN_TABLE` records which path the H200 benchmark chose per shape.
+
+Tensor cores: on sm_120 a plain fp8 ``tl.dot`` becomes ``QMMA.16832`` which runs at half the 8-bit
+rate, while ``tl.dot_scaled(..e4m3.., ..e4m3..)`` with unit (127) E8M0 scales becomes the full-rate
+``QMMA.SF.16832...E8`` with identical numerics; on sm_90 ``dot_scaled`` is emulated (bf16 HGMMA plus
+conversions), so the plain fp8 dot (``QGMMA``) is used there. :func:`use_scaled_dot` picks by arch.
+
+Selection: scores map to order-preserving int32 keys; a 32-step bitwise search finds the K-th
+largest key of a block held in registers, and cumulative sums compact the winners.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .dsv4 import (
+    INDEX_HEAD_DIM,
+    INDEX_MAX_BATCH,
+    INDEX_MAX_COMPRESSED_LEN,
+    INDEX_N_HEADS,
+    INDEX_PAGE_BYTES,
+    INDEX_PAGE_SIZE,
+    INDEX_SCALE_OFFSET,
+    INDEX_TOKEN_BYTES,
+    INDEX_TOPK,
+)
+from .harness.aot import AotConfig
+
+FP8 = torch.float8_e4m3fn
+E8M0_ONE = 127  # E8M0 exponent byte of 1.0: unit block scales for the full-rate sm_120 fp8 MMA
+MX_BLOCK = 32  # values per E8M0 scale along K in tl.dot_scaled
+PAGE_WORDS = INDEX_PAGE_BYTES // 4  # 2112 fp32 words per index-K page
+SCALE_WORD_OFFSET = INDEX_SCALE_OFFSET // 4  # 2048
+
+MAX_TOPK = 1024
+SELECT_CHUNKS = (512, 1024, 2048, 4096)  # positions one select program holds in registers
+FUSED_SPLIT_PAGES = (8, 16, 32, 64)  # pages one fused program scores and reduces to K candidates
+LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this many programs run
+LOGITS_NUM_WARPS, LOGITS_NUM_STAGES = 4, 3
+
+
+def use_scaled_dot(device: torch.device | str | None = None) -> bool:
+    """True on sm_12x (block-scaled fp8 MMA at full rate), False elsewhere (sm_90: emulated)."""
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 12
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D: tl.constexpr, H: tl.constexpr,
+                 PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr, PAGE_WORDS: tl.constexpr,
+                 SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr):
+    """[PAGE] logits of one index-K page: sum_h relu(k . q_h) * w_h, times each row's fp32 scale."""
+    tok = tl.arange(0, PAGE)
+    d = tl.arange(0, D)
+    page64 = page.to(tl.int64)
+    # Whole rows of a page exist even past a row's length; the caller masks those scores.
+    k = tl.load(kv_fp8_ptr + page64 * PAGE_BYTES + tok[:, None] * D + d[None, :])
+    scale = tl.load(kv_f32_ptr + page64 * PAGE_WORDS + SCALE_WORDS + tok)
+    if USE_SCALED_DOT:
+        unit_k = tl.full((PAGE, D // 32), 127, tl.uint8)
+        unit_q = tl.full((H, D // 32), 127, tl.uint8)
+        s = tl.dot_scaled(k, unit_k, "e4m3", q_t, unit_q, "e4m3")
+    else:
+        s = tl.dot(k, q_t)
+    s = tl.maximum(s, 0.0) * w[None, :]
+    return tl.sum(s, axis=1) * scale
+
+
+@triton.jit
+def _load_query(q_ptr, w_ptr, b64, stride_qb, stride_wb, D: tl.constexpr, H: tl.constexpr):
+    d = tl.arange(0, D)
+    h = tl.arange(0, H)
+    q_t = tl.load(q_ptr + b64 * stride_qb + h[None, :] * D + d[:, None])  # [D, H]: K-major B operand
+    w = tl.load(w_ptr + b64 * stride_wb + h)
+    return q_t, w
+
+
+@triton.jit
+def _row_length(lens_ptr, b, max_seq_len, pt_width, PAGE: tl.constexpr):
+    """Positions of row b that exist: its length clipped to the logits width and the page table."""
+    length = tl.load(lens_ptr + b)
+    length = tl.minimum(tl.minimum(length, max_seq_len), pt_width * PAGE)
+    return tl.maximum(length, 0)
+
+
+@triton.jit
+def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_ptr,
+                   max_seq_len, pt_width, pages_per_split, stride_qb, stride_wb, stride_ptb, stride_ob,
+                   D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+                   PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr):
+    """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row."""
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    length = _row_length(lens_ptr, b, max_seq_len, pt_width, PAGE)
+    q_t, w = _load_query(q_ptr, w_ptr, b64, stride_qb, stride_wb, D, H)
+    tok = tl.arange(0, PAGE)
+    out_row = out_ptr + b64 * stride_ob
+    p_begin = split * pages_per_split
+    p_end = tl.minimum(p_begin + pages_per_split, tl.cdiv(max_seq_len, PAGE))
+    p_live = tl.minimum(p_end, tl.cdiv(length, PAGE))
+    for p in range(p_begin, p_live):
+        page = tl.load(pt_ptr + b64 * stride_ptb + p)
+        vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
+                            SCALE_WORDS, USE_SCALED_DOT)
+        pos = p * PAGE + tok
+        tl.store(out_row + pos, tl.where(pos < length, vals, float("-inf")), mask=pos < max_seq_len)
+    for p in range(tl.maximum(p_live, p_begin), p_end):
+        pos = p * PAGE + tok
+        tl.store(out_row + pos, tl.full((PAGE,), float("-inf"), tl.float32), mask=pos < max_seq_len)
+
+
+@triton.jit
+def _select(vals, valid, K: tl.constexpr, N: tl.constexpr):
+    """Pick the K largest of ``vals[valid]`` (all valid ones if fewer). Returns (selected mask,
+    output slot of each selected element in block order, number selected)."""
+    n_valid = tl.sum(valid.to(tl.int32), axis=0)
+    k_eff = tl.minimum(n_valid, K)
+    if N <= K:
+        sel = valid
+    else:
+        bits = vals.to(tl.int32, bitcast=True)
+        key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed int order == float order
+        sign = tl.full((), -2147483648, tl.int32)
+        # Build the K-th largest key bit by bit, in unsigned order (u = key ^ sign).
+        thr_u = tl.full((), 0, tl.int32)
+        for i in tl.static_range(32):
+            cand_u = thr_u | (tl.full((), 1, tl.int32) << (31 - i))
+            count = tl.sum((valid & (key >= (cand_u ^ sign))).to(tl.int32), axis=0)
+            thr_u = tl.where(count >= k_eff, cand_u, thr_u)
+        thr = thr_u ^ sign
+        above = valid & (key > thr)
+        tie = valid & (key == thr)
+        n_above = tl.sum(above.to(tl.int32), axis=0)
+        tie_rank = tl.cumsum(tie.to(tl.int32), axis=0) - 1
+        sel = above | (tie & (tie_rank < k_eff - n_above))
+    slot = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+    return sel, slot, k_eff
+
+
+@triton.jit
+def _store_candidates(out_val_ptr, out_pos_ptr, vals, pos, sel, slot, k_eff, K_OUT: tl.constexpr):
+    tl.store(out_val_ptr + slot, vals, mask=sel)
+    tl.store(out_pos_ptr + slot, pos, mask=sel)
+    j = tl.arange(0, K_OUT)
+    tl.store(out_val_ptr + j, tl.full((K_OUT,), float("-inf"), tl.float32), mask=j >= k_eff)
+    tl.store(out_pos_ptr + j, tl.full((K_OUT,), -1, tl.int32), mask=j >= k_eff)
+
+
+@triton.jit
+def _fused_split_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, cand_val_ptr, cand_pos_ptr,
+                        max_seq_len, pt_width, stride_qb, stride_wb, stride_ptb, stride_cb,
+                        D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+                        PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, R_PAGES: tl.constexpr,
+                        K: tl.constexpr, CB: tl.constexpr, USE_SCALED_DOT: tl.constexpr):
+    """Grid (B, splits): score R_PAGES pages of one row in registers and write their top-K
+    (value, position) candidates; the logits never leave the program."""
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    length = _row_length(lens_ptr, b, max_seq_len, pt_width, PAGE)
+    q_t, w = _load_query(q_ptr, w_ptr, b64, stride_qb, stride_wb, D, H)
+    rows = tl.arange(0, R_PAGES)
+    tok = tl.arange(0, PAGE)
+    p_begin = split * R_PAGES
+    n_live = tl.minimum(tl.maximum(tl.cdiv(length, PAGE) - p_begin, 0), R_PAGES)
+    tile = tl.full((R_PAGES, PAGE), float("-inf"), tl.float32)
+    for i in range(n_live):
+        page = tl.load(pt_ptr + b64 * stride_ptb + p_begin + i)
+        vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
+                            SCALE_WORDS, USE_SCALED_DOT)
+        tile = tl.where(rows[:, None] == i, vals[None, :], tile)
+    pos = (p_begin + rows)[:, None] * PAGE + tok[None, :]
+    valid = pos < length
+    vals = tl.reshape(tile, (R_PAGES * PAGE,))
+    pos = tl.reshape(pos, (R_PAGES * PAGE,))
+    valid = tl.reshape(valid, (R_PAGES * PAGE,))
+    sel, slot, k_eff = _select(vals, valid, K, R_PAGES * PAGE)
+    base = b64 * stride_cb + split * CB
+    _store_candidates(cand_val_ptr + base, cand_pos_ptr + base, vals, pos, sel, slot, k_eff, CB)
+
+
+@triton.jit
+def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_pos_ptr, out_raw_ptr,
+                   n_in, pt_width, stride_inb, stride_outb, stride_ptb, stride_rawb,
+                   CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, IMPLICIT_POS: tl.constexpr,
+                   FINAL: tl.constexpr, HAS_RAW: tl.constexpr):
+    """Grid (B, groups): the top-K of CHUNK consecutive entries of a row.
+
+    Input is a logits row (IMPLICIT_POS: position = column, valid below the row's length) or
+    candidate (value, position) pairs (position -1 = empty). A non-final level writes K candidates
+    per group; the final level (one group) writes cache slot ids (and raw positions if HAS_RAW).
+    """
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    idx = g * CHUNK + tl.arange(0, CHUNK)
+    inside = idx < n_in
+    vals = tl.load(in_val_ptr + b64 * stride_inb + idx, mask=inside, other=float("-inf"))
+    if IMPLICIT_POS:
+        length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
+        pos = idx
+        valid = idx < length
+    else:
+        pos = tl.load(in_pos_ptr + b64 * stride_inb + idx, mask=inside, other=-1)
+        valid = inside & (pos >= 0)
+    sel, slot, k_eff = _select(vals, valid, K, CHUNK)
+    if FINAL:
+        page = tl.load(pt_ptr + b64 * stride_ptb + pos // PAGE, mask=sel, other=0)
+        j = tl.arange(0, K)
+        out_row = out_pos_ptr + b64 * stride_outb
+        tl.store(out_row + slot, page * PAGE + pos % PAGE, mask=sel)
+        tl.store(out_row + j, tl.full((K,), -1, tl.int32), mask=j >= k_eff)
+        if HAS_RAW:
+            raw_row = out_raw_ptr + b64 * stride_rawb
+            tl.store(raw_row + slot, pos, mask=sel)
+            tl.store(raw_row + j, tl.full((K,), -1, tl.int32), mask=j >= k_eff)
+    else:
+        base = b64 * stride_outb + g * K
+        _store_candidates(out_val_ptr + base, out_pos_ptr + base, vals, pos, sel, slot, k_eff, K)
+
+
+# --------------------------------------------------------------------------------------------
+# Float32 references (the specification)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len):
+    """float32 logits ``[B, max_seq_len]``: exact fp32 products of the fp8 values, ReLU, weighted
+    head sum, times the row's fp32 scale; ``-inf`` at and past each row's length."""
+    batch = q.shape[0]
+    page = kv.shape[1]
+    flat = kv.reshape(kv.shape[0], -1)
+    n_pages = -(-max_seq_len // page)
+    table = page_table[:, :n_pages].long().clamp(min=0, max=kv.shape[0] - 1)
+    if table.shape[1] < n_pages:
+        table = torch.nn.functional.pad(table, (0, n_pages - table.shape[1]))
+    gathered = flat[table]  # [B, n_pages, page_bytes]
+    k = gathered[..., :page * INDEX_HEAD_DIM].contiguous().view(FP8).float()
+    k = k.view(batch, n_pages * page, INDEX_HEAD_DIM)
+    scale = gathered[..., page * INDEX_HEAD_DIM:].contiguous().view(torch.float32).view(batch, n_pages * page)
+    scores = torch.bmm(k, q[:, 0].float().transpose(1, 2)).relu()  # [B, T, H]
+    logits = (scores * weights.float()[:, None, :]).sum(-1) * scale
+    logits = logits[:, :max_seq_len]
+    width = min(max_seq_len, page_table.shape[1] * page)
+    positions = torch.arange(max_seq_len, device=q.device)
+    limit = lens.long().clamp(min=0, max=width)
+    return logits.masked_fill(positions[None, :] >= limit[:, None], float("-inf"))
+
+
+def reference_topk_positions(logits, lens, k=INDEX_TOPK):
+    """Selected positions ``[B, k]`` (int64, -1 padded) by the contract: rows of at most k valid
+    positions list 0..len-1 in order; longer rows the k best (ties to the lowest position),
+    ascending."""
+    batch, width = logits.shape
+    out = torch.full((batch, k), -1, dtype=torch.long, device=logits.device)
+    for b in range(batch):
+        n = int(min(max(int(lens[b]), 0), width))
+        if n <= k:
+            out[b, :n] = torch.arange(n, device=logits.device)
+            continue
+        row = logits[b, :n].double()
+        order = sorted(range(n), key=lambda i: (-row[i].item(), i))[:k]
+        out[b] = torch.tensor(sorted(order), device=logits.device)
+    return out
+
+
+def positions_to_slots(positions, page_table, page_size=INDEX_PAGE_SIZE):
+    """Cache slot ids ``page_table[b, i // page] * page + i % page`` (int32), -1 stays -1."""
+    safe = positions.clamp(min=0)
+    pages = torch.gather(page_table.long(), 1, safe // page_size)
+    slots = pages * page_size + safe % page_size
+    return torch.where(positions >= 0, slots, torch.full_like(slots, -1)).to(torch.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def _check(name, tensor, shape, dtype, device=None):
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape {shape} {dtype}, got {type(tensor).__name__}")
+    ok_shape = len(tensor.shape) == len(shape) and all(e is None or e == s for e, s in zip(shape, tensor.shape))
+    if not ok_shape or tensor.dtype != dtype or (device is not None and tensor.device != device):
+        want = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
+        raise ValueError(f"{name} must be {want} {dtype} on {device or 'the same device'}; got "
+                         f"{list(tensor.shape)} {tensor.dtype} on {tensor.device}")
+
+
+def validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len):
+    _check("q", q, (None, 1, INDEX_N_HEADS, INDEX_HEAD_DIM), FP8)
+    batch, device = q.shape[0], q.device
+    _check("kv", kv, (None, INDEX_PAGE_SIZE, 1, INDEX_TOKEN_BYTES), torch.uint8, device)
+    if kv.shape[0] and (kv.stride(0) != INDEX_PAGE_BYTES or kv.stride(1) != INDEX_TOKEN_BYTES
+                        or kv.stride(3) != 1):
+        raise ValueError(f"kv must be page-major contiguous (strides ({INDEX_PAGE_BYTES}, "
+                         f"{INDEX_TOKEN_BYTES}, *, 1)); got {kv.stride()}")
+    _check("weights", weights, (batch, INDEX_N_HEADS), torch.float32, device)
+    _check("lens", lens, (batch,), torch.int32, device)
+    _check("page_table", page_table, (batch, None), torch.int32, device)
+    if not isinstance(max_seq_len, int) or max_seq_len < 0 or max_seq_len > INDEX_MAX_COMPRESSED_LEN:
+        raise ValueError(f"max_seq_len must be an int in [0, {INDEX_MAX_COMPRESSED_LEN}], got {max_seq_len!r}")
+    if q.stride(3) != 1 or q.stride(2) != INDEX_HEAD_DIM:
+        raise ValueError(f"q must have contiguous heads x dims (strides (*, *, 128, 1)), got {q.stride()}")
+    if weights.stride(1) != 1 or page_table.stride(1) != 1:
+        raise ValueError("weights and page_table need a contiguous last dimension")
+
+
+def validate_topk_inputs(scores, lens, page_table, out, page_size, raw=None):
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or scores.dtype != torch.float32:
+        raise ValueError(f"scores must be [B, width] float32, got "
+                         f"{getattr(scores, 'shape', None)} {getattr(scores, 'dtype', None)}")
+    batch, device = scores.shape[0], scores.device
+    if scores.shape[1] and scores.stride(1) != 1:
+        raise ValueError("scores needs a contiguous last dimension")
+    _check("seq_lens", lens, (batch,), torch.int32, device)
+    _check("page_table", page_table, (batch, None), torch.int32, device)
+    _check("out_page_indices", out, (batch, None), torch.int32, device)
+    k = out.shape[1]
+    if k < 1 or k > MAX_TOPK or k & (k - 1) or not out.is_contiguous():
+        raise ValueError(f"out_page_indices must be contiguous [B, k] with k a power of two <= {MAX_TOPK}, "
+                         f"got {list(out.shape)}")
+    if page_size != INDEX_PAGE_SIZE:
+        raise ValueError(f"page_size must be {INDEX_PAGE_SIZE}, got {page_size}")
+    if page_table.shape[1] and page_table.stride(1) != 1:
+        raise ValueError("page_table needs a contiguous last dimension")
+    if raw is not None:
+        _check("out_raw_indices", raw, (batch, k), torch.int32, device)
+        if not raw.is_contiguous():
+            raise ValueError("out_raw_indices must be contiguous")
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _kv_views(kv):
+    flat = kv.view(kv.shape[0], INDEX_PAGE_BYTES) if kv.shape[0] else kv.reshape(0, INDEX_PAGE_BYTES)
+    return flat.view(FP8), flat.view(torch.float32)
+
+
+def _page_consts():
+    return dict(D=INDEX_HEAD_DIM, H=INDEX_N_HEADS, PAGE=INDEX_PAGE_SIZE, PAGE_BYTES=INDEX_PAGE_BYTES,
+                PAGE_WORDS=PAGE_WORDS, SCALE_WORDS=SCALE_WORD_OFFSET)
+
+
+def logits_pages_per_split(batch: int, max_seq_len: int) -> int:
+    """Pages per program of the logits kernel: enough programs to fill the GPU, shapes only."""
+    pages = max(1, -(-max_seq_len // INDEX_PAGE_SIZE))
+    return max(1, -(-pages * max(batch, 1) // LOGITS_TARGET_PROGRAMS))
+
+
+def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_dot=None, out=None):
+    """FP8 paged MQA logits ``[B, max_seq_len]`` fp32 (``-inf`` past each length)."""
+    validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
+    batch = q.shape[0]
+    if out is None:
+        out = torch.empty(batch, max_seq_len, dtype=torch.float32, device=q.device)
+    elif out.shape != (batch, max_seq_len) or out.dtype != torch.float32 or out.stride(1) != 1:
+        raise ValueError(f"out must be [{batch}, {max_seq_len}] float32 with a contiguous last dim")
+    if batch == 0 or max_seq_len == 0:
+        return out
+    scaled = use_scaled_dot(q.device) if scaled_dot is None else scaled_dot
+    kv_fp8, kv_f32 = _kv_views(kv)
+    pps = logits_pages_per_split(batch, max_seq_len)
+    splits = -(-_cdiv(max_seq_len, INDEX_PAGE_SIZE) // pps)
+    _logits_kernel[(batch, splits)](
+        q, kv_fp8, kv_f32, weights, lens, page_table, out, max_seq_len, page_table.shape[1], pps,
+        q.stride(0), weights.stride(0), page_table.stride(0), out.stride(0), **_page_consts(),
+        USE_SCALED_DOT=scaled, num_warps=LOGITS_NUM_WARPS, num_stages=LOGITS_NUM_STAGES)
+    return out
+
+
+def select_chunk(n: int, k: int) -> int:
+    """Entries one select program holds: the smallest shipped chunk covering n (at least 2k for
+    intermediate levels so that the merge tree shrinks), else the largest."""
+    for chunk in SELECT_CHUNKS:
+        if chunk >= max(n, k):
+            return chunk
+    return SELECT_CHUNKS[-1]
+
+
+def _select_warps(chunk: int) -> int:
+    return max(4, chunk // 512)
+
+
+def _merge(vals, pos, lens, page_table, out, raw, implicit):
+    """Reduce candidate rows ``vals``/``pos`` ``[B, n]`` (or a logits row when ``implicit``) to the
+    final slot ids in ``out`` through levels of :func:`_select_kernel`."""
+    batch, k = out.shape
+    n = vals.shape[1]
+    while True:
+        chunk = select_chunk(n, k)
+        groups = -(-n // chunk)
+        final = groups == 1
+        if final:
+            dst_val, dst_pos = out, out
+        else:
+            dst_val = torch.empty(batch, groups * k, dtype=torch.float32, device=vals.device)
+            dst_pos = torch.empty(batch, groups * k, dtype=torch.int32, device=vals.device)
+        _select_kernel[(batch, groups)](
+            vals, vals if pos is None else pos, lens, page_table, dst_val, dst_pos,
+            raw if raw is not None else out, n, page_table.shape[1], vals.stride(0), dst_pos.stride(0),
+            page_table.stride(0), raw.stride(0) if raw is not None else 0,
+            CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit and pos is None, FINAL=final,
+            HAS_RAW=raw is not None, num_warps=_select_warps(chunk), num_stages=1)
+        if final:
+            return out
+        vals, pos, n = dst_val, dst_pos, groups * k
+
+
+def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZE, raw=None):
+    """``topk_transform_paged`` contract: top-``out.shape[1]`` positions of each scores row (below its
+    length) as cache slot ids in ``out`` (-1 padded); optionally the raw positions in ``raw``."""
+    validate_topk_inputs(scores, lens, page_table, out, page_size, raw)
+    if scores.shape[0] == 0:
+        return out
+    if scores.shape[1] == 0:
+        out.fill_(-1)
+        if raw is not None:
+            raw.fill_(-1)
+        return out
+    return _merge(scores, None, lens, page_table, out, raw, implicit=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    path: str  # "fused" | "two_kernel"
+    split_pages: int = 0  # fused: pages per split program
+
+
+# Decision table, per (batch, compressed length) bucket: the first row whose limits cover the shape
+# wins. Filled from benchmarks/indexer-h200.md (H200, sm_90) — see that file for the numbers.
+PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
+    (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel")),
+)
+
+
+def choose_plan(batch: int, max_seq_len: int) -> Plan:
+    for max_batch, max_len, plan in PLAN_TABLE:
+        if batch <= max_batch and max_seq_len <= max_len:
+            return plan
+    return PLAN_TABLE[-1][2]
+
+
+def fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *, split_pages=16,
+                      scaled_dot=None):
+    """Top-k slot ids straight from q and the index-K cache; only per-split candidates hit memory."""
+    validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
+    if split_pages not in FUSED_SPLIT_PAGES:
+        raise ValueError(f"split_pages must be one of {FUSED_SPLIT_PAGES}, got {split_pages}")
+    batch = q.shape[0]
+    _check("out", out, (batch, None), torch.int32, q.device)
+    k = out.shape[1]
+    if k < 1 or k > MAX_TOPK or k & (k - 1) or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous [B, k], k a power of two <= {MAX_TOPK}; got {list(out.shape)}")
+    if raw is not None:
+        _check("raw", raw, (batch, k), torch.int32, q.device)
+    if batch == 0:
+        return out
+    if max_seq_len == 0:
+        out.fill_(-1)
+        if raw is not None:
+            raw.fill_(-1)
+        return out
+    scaled = use_scaled_dot(q.device) if scaled_dot is None else scaled_dot
+    kv_fp8, kv_f32 = _kv_views(kv)
+    pages = -(-max_seq_len // INDEX_PAGE_SIZE)
+    splits = -(-pages // split_pages)
+    block = min(k, split_pages * INDEX_PAGE_SIZE)
+    cand_val = torch.empty(batch, splits * block, dtype=torch.float32, device=q.device)
+    cand_pos = torch.empty(batch, splits * block, dtype=torch.int32, device=q.device)
+    _fused_split_kernel[(batch, splits)](
+        q, kv_fp8, kv_f32, weights, lens, page_table, cand_val, cand_pos, max_seq_len, page_table.shape[1],
+        q.stride(0), weights.stride(0), page_table.stride(0), cand_val.stride(0), **_page_consts(),
+        R_PAGES=split_pages, K=k, CB=block, USE_SCALED_DOT=scaled, num_warps=fused_num_warps(split_pages),
+        num_stages=LOGITS_NUM_STAGES)
+    return _merge(cand_val, cand_pos, lens, page_table, out, raw, implicit=False)
+
+
+def fused_num_warps(split_pages: int) -> int:
+    return 4 if split_pages <= 16 else 8
+
+
+def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *, plan=None, scaled_dot=None):
+    """Logits plus top-k by the plan for this shape (:data:`PLAN_TABLE`); returns ``out``."""
+    plan = plan or choose_plan(q.shape[0], max_seq_len)
+    if plan.path == "fused":
+        return fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw,
+                                 split_pages=plan.split_pages, scaled_dot=scaled_dot)
+    logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
+    return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw)
+
+
+# --------------------------------------------------------------------------------------------
+# AOT configs
+# --------------------------------------------------------------------------------------------
+
+_LOGITS_SIG = {
+    "q_ptr": "*fp8e4nv", "kv_fp8_ptr": "*fp8e4nv", "kv_f32_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32",
+    "pt_ptr": "*i32", "out_ptr": "*fp32", "max_seq_len": "i32", "pt_width": "i32", "pages_per_split": "i32",
+    "stride_qb": "i32", "stride_wb": "i32", "stride_ptb": "i32", "stride_ob": "i32",
+}
+_FUSED_SIG = {
+    "q_ptr": "*fp8e4nv", "kv_fp8_ptr": "*fp8e4nv", "kv_f32_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32",
+    "pt_ptr": "*i32", "cand_val_ptr": "*fp32", "cand_pos_ptr": "*i32", "max_seq_len": "i32", "pt_width": "i32",
+    "stride_qb": "i32", "stride_wb": "i32", "stride_ptb": "i32", "stride_cb": "i32",
+}
+_SELECT_SIG = {
+    "in_val_ptr": "*fp32", "in_pos_ptr": "*i32", "lens_ptr": "*i32", "pt_ptr": "*i32", "out_val_ptr": "*fp32",
+    "out_pos_ptr": "*i32", "out_raw_ptr": "*i32", "n_in": "i32", "pt_width": "i32", "stride_inb": "i32",
+    "stride_outb": "i32", "stride_ptb": "i32", "stride_rawb": "i32",
+}
+_PAGE_CONST_NAMES = ("D", "H", "PAGE", "PAGE_BYTES", "PAGE_WORDS", "SCALE_WORDS")
+
+
+def _sig(base, constexprs):
+    sig = dict(base)
+    sig.update({name: "constexpr" for name in constexprs})
+    return sig
+
+
+def aot_configs() -> list[AotConfig]:
+    """Every shipped config, as sm_120 runs it: the block-scaled fp8 MMA (QMMA.SF) for the product;
+    the plain fp8 dot (QMMA without .SF) must not appear."""
+    configs = []
+    page = _page_consts()
+    c = dict(page, USE_SCALED_DOT=True)
+    configs.append(AotConfig(
+        "indexer_logits", _logits_kernel, _sig(_LOGITS_SIG, c), c, num_warps=LOGITS_NUM_WARPS,
+        num_stages=LOGITS_NUM_STAGES, div16=("stride_qb", "stride_ob"),
+        expect_opcodes=("QMMA.SF",), forbid_opcodes=("QMMA.16832",)))
+    for r in FUSED_SPLIT_PAGES:
+        c = dict(page, R_PAGES=r, K=INDEX_TOPK, CB=min(INDEX_TOPK, r * INDEX_PAGE_SIZE), USE_SCALED_DOT=True)
+        configs.append(AotConfig(
+            f"indexer_fused_r{r}", _fused_split_kernel, _sig(_FUSED_SIG, c), c, num_warps=fused_num_warps(r),
+            num_stages=LOGITS_NUM_STAGES, div16=("stride_qb", "stride_cb"),
+            expect_opcodes=("QMMA.SF",), forbid_opcodes=("QMMA.16832",)))
+    for chunk in SELECT_CHUNKS:
+        for implicit, final in ((True, True), (True, False), (False, False), (False, True)):
+            c = dict(CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit, FINAL=final,
+                     HAS_RAW=False)
+            configs.append(AotConfig(
+                f"indexer_select_c{chunk}_{'logits' if implicit else 'cand'}_{'final' if final else 'level'}",
+                _select_kernel, _sig(_SELECT_SIG, c), c, num_warps=_select_warps(chunk), num_stages=1,
+                div16=("stride_inb", "stride_outb")))
+    return configs
