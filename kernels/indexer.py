@@ -152,7 +152,7 @@ def _select(vals, valid, K: tl.constexpr, N: tl.constexpr):
     if N <= K:
         sel = valid
     else:
-        bits = vals.to(tl.int32, bitcast=True)
+        bits = (vals + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0: equal scores, equal keys
         key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed int order == float order
         sign = tl.full((), -2147483648, tl.int32)
         # Build the K-th largest key bit by bit, in unsigned order (u = key ^ sign).

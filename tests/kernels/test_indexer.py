@@ -1,0 +1,274 @@
+"""Lightning indexer kernels under the interpreter at reduced sizes: logits against the float32
+reference and upstream's torch implementation, top-k against the reference and upstream's torch
+top-k, the fused path against both; edge cases (B=0, lengths 0, < 512, not a multiple of 64,
+ragged, longer than the logits width, pages in random order)."""
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import indexer as ix
+from sglang_sm120.kernels.dsv4 import INDEX_PAGE_BYTES, INDEX_PAGE_SIZE, INDEX_SCALE_OFFSET, INDEX_TOPK
+
+FP8 = torch.float8_e4m3fn
+
+
+def make_inputs(lens, max_seq_len, extra_pages=3, seed=0, pt_width=None):
+    """Random fp8 q/K, positive fp32 scales, signed head weights; every row's pages are distinct
+    and in random order inside a shared cache."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = len(lens)
+    width = pt_width if pt_width is not None else -(-max_seq_len // INDEX_PAGE_SIZE)
+    n_pages = max(1, batch * width // 2 + width + extra_pages)
+    q = (torch.randn(batch, 1, 64, 128, generator=gen) * 0.7).to(FP8)
+    flat = torch.empty(n_pages, INDEX_PAGE_BYTES, dtype=torch.uint8)
+    flat[:, :INDEX_SCALE_OFFSET] = torch.randn(n_pages, INDEX_SCALE_OFFSET, generator=gen).to(FP8).view(torch.uint8)
+    flat[:, INDEX_SCALE_OFFSET:] = (torch.rand(n_pages, INDEX_PAGE_SIZE, generator=gen) + 0.25).view(torch.uint8)
+    kv = flat.view(n_pages, INDEX_PAGE_SIZE, 1, 132)
+    weights = torch.randn(batch, 64, generator=gen) * 0.1
+    table = torch.stack([torch.randperm(n_pages, generator=gen)[:width] for _ in range(batch)]) if batch else \
+        torch.zeros(0, width, dtype=torch.long)
+    return q, kv, weights, torch.tensor(lens, dtype=torch.int32), table.to(torch.int32)
+
+
+def upstream_indexer():
+    return pytest.importorskip("sglang.srt.layers.attention.dsv4.indexer")
+
+
+def slots_to_positions(slots, page_table):
+    """Invert ``page_table[b, i // 64] * 64 + i % 64`` (pages are distinct within a row)."""
+    out = torch.full(slots.shape, -1, dtype=torch.long)
+    for b in range(slots.shape[0]):
+        where = {int(p): j for j, p in enumerate(page_table[b].tolist())}
+        for j, s in enumerate(slots[b].tolist()):
+            if s >= 0:
+                out[b, j] = where[s // INDEX_PAGE_SIZE] * INDEX_PAGE_SIZE + s % INDEX_PAGE_SIZE
+    return out
+
+
+def assert_selection_matches(slots, ref_logits, lens, page_table, k=INDEX_TOPK, rel_tol=0.0):
+    """``slots`` hold a valid top-k of ``ref_logits``: -1 exactly past min(len, k), rows of at most
+    k positions in order, longer rows a set whose members differ from the exact top-k only where
+    scores tie within ``rel_tol`` of the k-th largest."""
+    positions = slots_to_positions(slots, page_table)
+    width = ref_logits.shape[1]
+    for b in range(slots.shape[0]):
+        n = min(max(int(lens[b]), 0), width, page_table.shape[1] * INDEX_PAGE_SIZE)
+        got = positions[b]
+        count = min(n, k)
+        assert (got[count:] == -1).all() and (slots[b, count:] == -1).all(), f"row {b}: -1 padding"
+        assert (got[:count] >= 0).all(), f"row {b}: missing selections"
+        if n <= k:
+            assert torch.equal(got[:count], torch.arange(count)), f"row {b}: short rows list 0..len-1"
+            continue
+        chosen = got[:count]
+        assert len(set(chosen.tolist())) == count, f"row {b}: repeated positions"
+        assert (chosen < n).all(), f"row {b}: position past the length"
+        row = ref_logits[b, :n].double()
+        kth = torch.topk(row, k).values[-1]
+        tol = rel_tol * max(abs(float(kth)), 1e-6)
+        exact = set(torch.topk(row, k).indices.tolist())
+        for pos in set(chosen.tolist()) - exact:
+            assert row[pos] >= kth - tol, f"row {b}: picked {pos} ({row[pos]}) below the k-th {kth}"
+        for pos in exact - set(chosen.tolist()):
+            assert row[pos] <= kth + tol, f"row {b}: missed {pos} ({row[pos]}) above the k-th {kth}"
+
+
+LOGITS_CASES = [
+    # (lens, max_seq_len)
+    ([1], 64),
+    ([0, 5, 64, 130], 200),  # zero, short, exactly one page, not a multiple of 64; width not either
+    ([700, 257, 1000], 1000),
+    ([900, 3000], 640),  # lengths past the logits width are clipped to it
+]
+
+
+@pytest.mark.parametrize("scaled_dot", [False, True], ids=["dot", "dot_scaled"])
+@pytest.mark.parametrize("lens,max_seq_len", LOGITS_CASES)
+def test_logits_match_reference_and_upstream(lens, max_seq_len, scaled_dot):
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=len(lens) + max_seq_len)
+    out = torch.full((len(lens), max_seq_len), float("nan"))
+    ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, scaled_dot=scaled_dot, out=out)
+    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    assert not out.isnan().any()
+    assert torch.equal(torch.isneginf(out), torch.isneginf(ref))
+    finite = torch.isfinite(ref)
+    torch.testing.assert_close(out[finite], ref[finite], rtol=1e-5, atol=1e-4)
+    # Upstream's torch path (bf16 bmm: per-head dot products rounded to bf16).
+    upstream = upstream_indexer().fp8_paged_mqa_logits_torch_sm120(q, kv, w, l, pt, None, max_seq_len, False)
+    assert torch.equal(torch.isneginf(out), torch.isneginf(upstream))
+    scale = ref[finite].abs().max()
+    assert (out[finite] - upstream[finite]).abs().max() <= 2e-2 * scale
+
+
+def test_logits_batch_zero_and_width_zero():
+    q, kv, w, l, pt = make_inputs([], 128)
+    assert ix.paged_mqa_logits(q, kv, w, l, pt, 128).shape == (0, 128)
+    q, kv, w, l, pt = make_inputs([3], 64)
+    assert ix.paged_mqa_logits(q, kv, w, l, pt, 0).shape == (1, 0)
+
+
+@pytest.mark.parametrize("lens,width", [
+    ([0, 1, 511, 512, 513], 600),
+    ([4500, 9000, 100], 9000),  # two merge levels (chunks of 4096)
+    ([2000, 1500], 2048),
+])
+def test_topk_transform_matches_reference_and_upstream(lens, width):
+    gen = torch.Generator().manual_seed(width)
+    batch = len(lens)
+    scores = torch.randn(batch, width, generator=gen)
+    scores[:, ::7] = scores[:, 3:4]  # many exact ties
+    pt_width = -(-width // INDEX_PAGE_SIZE)
+    table = torch.stack([torch.randperm(4 * pt_width, generator=gen)[:pt_width] for _ in range(batch)]).int()
+    l = torch.tensor(lens, dtype=torch.int32)
+    out = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
+    raw = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
+    ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw)
+    masked = scores.masked_fill(torch.arange(width)[None, :] >= l[:, None], float("-inf"))
+    expected = ix.reference_topk_positions(masked, l)
+    assert torch.equal(raw, expected.int())  # exact, ties to the lowest position
+    assert torch.equal(out, ix.positions_to_slots(expected, table))
+    # Upstream's torch top-k: same rows for short lengths, same sets elsewhere (ties aside).
+    up = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
+    upstream_indexer().topk_transform_pytorch_vectorized(scores, l, table, up, INDEX_PAGE_SIZE)
+    for b, n in enumerate(lens):
+        if n <= INDEX_TOPK:
+            assert torch.equal(out[b], up[b])
+        else:
+            ours, theirs = set(out[b].tolist()), set(up[b].tolist())
+            kth = torch.topk(masked[b], INDEX_TOPK).values[-1]
+            differ = {int(s) for s in ours ^ theirs}
+            pos = slots_to_positions(torch.tensor([sorted(differ)]), table[b:b + 1])[0]
+            assert all(masked[b, p] == kth for p in pos.tolist()), "sets differ beyond ties"
+
+
+def test_topk_small_k_and_edge_rows():
+    scores = torch.randn(3, 300)
+    table = torch.arange(15).view(3, 5).int()
+    l = torch.tensor([0, 17, 300], dtype=torch.int32)
+    out = torch.full((3, 64), 99, dtype=torch.int32)
+    ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE)
+    assert (out[0] == -1).all()
+    assert torch.equal(out[1, :17], ix.positions_to_slots(torch.arange(17)[None], table[1:2])[0])
+    assert (out[1, 17:] == -1).all()
+    expected = ix.reference_topk_positions(scores[2:3], l[2:3], k=64)
+    assert torch.equal(out[2:3], ix.positions_to_slots(expected, table[2:3]))
+    empty = torch.empty(0, 64, dtype=torch.int32)
+    ix.topk_transform_paged(torch.empty(0, 300), l[:0], table[:0], empty, INDEX_PAGE_SIZE)
+
+
+FUSED_CASES = [
+    # (lens, max_seq_len, split_pages)
+    ([0, 40, 512, 513], 600, 8),
+    ([3000, 700, 1], 3072, 8),  # 6 splits of 512 -> final merge of 3072 candidates
+    ([2500, 1999], 2560, 32),  # splits of 2048 reduce to 512 in registers
+    ([4100, 100], 4160, 64),
+]
+
+
+@pytest.mark.parametrize("lens,max_seq_len,split_pages", FUSED_CASES)
+def test_fused_matches_reference_and_two_kernel(lens, max_seq_len, split_pages):
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=split_pages + max_seq_len)
+    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    fused = torch.full((len(lens), INDEX_TOPK), 12345, dtype=torch.int32)
+    raw = torch.full((len(lens), INDEX_TOPK), 12345, dtype=torch.int32)
+    ix.fused_logits_topk(q, kv, w, l, pt, max_seq_len, fused, raw, split_pages=split_pages)
+    assert_selection_matches(fused, ref, l, pt, rel_tol=1e-5)
+    assert torch.equal(ix.positions_to_slots(raw.long(), pt), fused)
+    two = torch.full_like(fused, 12345)
+    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, two, plan=ix.Plan("two_kernel"))
+    assert_selection_matches(two, ref, l, pt, rel_tol=1e-5)
+    # Both paths score with the same kernel arithmetic, so they pick the same set.
+    assert [sorted(r) for r in fused.tolist()] == [sorted(r) for r in two.tolist()]
+
+
+def test_fused_against_upstream_torch_logits_and_topk():
+    lens, max_seq_len = [1800, 333], 1920
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=7)
+    mod = upstream_indexer()
+    logits = mod.fp8_paged_mqa_logits_torch_sm120(q, kv, w, l, pt, None, max_seq_len, False)
+    up = torch.empty(2, INDEX_TOPK, dtype=torch.int32)
+    mod.topk_transform_pytorch_vectorized(logits, l, pt, up, INDEX_PAGE_SIZE)
+    ours = torch.full_like(up, 12345)
+    ix.fused_logits_topk(q, kv, w, l, pt, max_seq_len, ours, split_pages=16)
+    assert torch.equal(ours[1], up[1])  # 333 <= 512: in order
+    # Upstream rounds each head's dot product to bf16: sets agree up to near-ties at the threshold.
+    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    kth = torch.topk(ref[0, :1800], INDEX_TOPK).values[-1]
+    differ = set(ours[0].tolist()) ^ set(up[0].tolist())
+    pos = slots_to_positions(torch.tensor([sorted(differ)]), pt[:1])[0] if differ else torch.empty(0, dtype=torch.long)
+    assert all(abs(ref[0, p] - kth) <= 2e-2 * ref[0].abs().max() for p in pos.tolist())
+    assert len(differ) <= 0.05 * INDEX_TOPK
+
+
+def test_plan_table_covers_every_shape():
+    for batch in (1, 16, 64, 256):
+        for length in (1, 2048, 65536, ix.INDEX_MAX_COMPRESSED_LEN):
+            plan = ix.choose_plan(batch, length)
+            assert plan.path in ("fused", "two_kernel")
+            if plan.path == "fused":
+                assert plan.split_pages in ix.FUSED_SPLIT_PAGES
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda a: a.update(q=a["q"].float()), "q must be"),
+    (lambda a: a.update(kv=a["kv"][:, :, :, :128]), "kv must be"),
+    (lambda a: a.update(weights=a["weights"][:, :32]), "weights must be"),
+    (lambda a: a.update(lens=a["lens"].long()), "lens must be"),
+    (lambda a: a.update(page_table=a["page_table"].long()), "page_table must be"),
+    (lambda a: a.update(max_seq_len=-1), "max_seq_len must be"),
+])
+def test_bad_logits_input_raises(bad, match):
+    q, kv, w, l, pt = make_inputs([10, 20], 128)
+    args = dict(q=q, kv=kv, weights=w, lens=l, page_table=pt, max_seq_len=128)
+    bad(args)
+    with pytest.raises(ValueError, match=match):
+        ix.paged_mqa_logits(**args)
+
+
+def test_bad_topk_input_raises():
+    scores, l, pt = torch.randn(2, 128), torch.tensor([5, 6], dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="out_page_indices"):
+        ix.topk_transform_paged(scores, l, pt, torch.empty(2, 500, dtype=torch.int32), INDEX_PAGE_SIZE)
+    with pytest.raises(ValueError, match="page_size"):
+        ix.topk_transform_paged(scores, l, pt, torch.empty(2, 512, dtype=torch.int32), 32)
+    with pytest.raises(ValueError, match="seq_lens"):
+        ix.topk_transform_paged(scores, l.long(), pt, torch.empty(2, 512, dtype=torch.int32), INDEX_PAGE_SIZE)
+    with pytest.raises(ValueError, match="scores"):
+        ix.topk_transform_paged(scores.double(), l, pt, torch.empty(2, 512, dtype=torch.int32), INDEX_PAGE_SIZE)
+
+
+ARCH_PROBE = """
+import dataclasses, json
+from sglang_sm120.kernels import indexer as ix
+from sglang_sm120.kernels.harness.aot import compile_config
+shipped = next(c for c in ix.aot_configs() if c.name == "indexer_logits")
+plain = dataclasses.replace(shipped, constexprs=dict(shipped.constexprs, USE_SCALED_DOT=False),
+                            expect_opcodes=(), forbid_opcodes=())
+out = {}
+for key, cfg, arch in (("scaled120", shipped, 120), ("plain120", plain, 120), ("plain90", plain, 90)):
+    r = compile_config(cfg, arch)
+    out[key] = dict(problems=r.problems(cfg), sf=r.count("QMMA.SF"), qmma=r.count("QMMA.16832"),
+                    qgmma=r.count("QGMMA"), smem=r.shared_bytes, regs=r.registers, summary=r.summary())
+print(json.dumps(out))
+"""
+
+
+def test_sm120_uses_full_rate_block_scaled_fp8_mma():
+    """The arch choice, checked in the generated code: on sm_120 the plain fp8 dot is the half-rate
+    QMMA.16832 and dot_scaled with unit scales the full-rate QMMA.SF (same registers and shared
+    memory); on sm_90 the plain dot is the wgmma QGMMA, which is why sm_90 keeps it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not interpret
+    proc = subprocess.run([sys.executable, "-c", ARCH_PROBE], capture_output=True, text=True, env=env, cwd="/",
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["scaled120"]["problems"] == [], r["scaled120"]["summary"]
+    assert r["scaled120"]["sf"] > 0 and r["scaled120"]["qmma"] == 0
+    assert r["plain120"]["qmma"] > 0 and r["plain120"]["sf"] == 0, r["plain120"]["summary"]
+    assert (r["plain120"]["smem"], r["plain120"]["regs"]) == (r["scaled120"]["smem"], r["scaled120"]["regs"])
+    assert r["plain90"]["qgmma"] > 0, r["plain90"]["summary"]
