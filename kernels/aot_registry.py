@@ -13,6 +13,7 @@ from .harness.aot import AotConfig
 
 KERNEL_MODULES: tuple[str, ...] = (
     "indexer",
+    "fp8_gemv",
 )
 
 

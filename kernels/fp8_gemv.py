@@ -1,0 +1,483 @@
+"""Block-FP8 GEMV / skinny GEMM for decode: bf16 activations times FP8 (e4m3) weights with 128x128
+block scales, and the grouped DeepSeek-V4 ``wo_a`` projection with an optional fused inverse RoPE.
+
+Why: at decode a DSv4-Flash step reads mostly dense FP8 weights. SGLang 0.5.23 on sm_120 runs every
+block-FP8 linear as a per-token-group activation quantisation kernel plus a CUTLASS tile GEMM, and
+dequantises ``wo_a`` to bf16 at load (twice the bytes). Here the weight is read once in FP8 with
+16-byte loads, dequantised in registers, and multiplied by the bf16 activation in fp32 (no
+activation quantisation, so the result is closer to the bf16 model than upstream's FP8-activation
+path). Small N is split along K so that one row still fills the GPU; the split partials are summed
+by the last CTA of each tile (a self-resetting per-weight counter), so a call is one launch.
+
+Layout (what SGLang hands over):
+
+* ``x``: ``[..., K]`` bf16, last dim contiguous; ``weight``: ``[N, K]`` float8_e4m3fn row-major;
+  ``weight_scale``: ``[ceil(N/128), ceil(K/128)]`` fp32 (``layer.weight_scale_inv``);
+  ``y = x @ dequant(weight).T`` in bf16.
+* ``wo_a``: ``o [B, G, D]`` bf16 (G = 8/T groups, D = 4096 = 8 heads x 512), ``weight [G, R, D]``
+  (R = 1024) e4m3, ``scale [G, R/128, D/128]`` fp32 -> ``[B, G, R]`` bf16. With ``positions`` and
+  ``freqs`` the inverse RoPE that upstream applies in place to the last 64 dims of every 512-wide head
+  (``fused_rope_inplace(o[..., -64:], inverse=True)``, interleaved (re, im) pairs) is applied to the
+  activation in registers, rounded to bf16 as upstream's in-place write is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .dsv4 import FP8_BLOCK, HEAD_DIM, ROPE_DIM
+from .harness.aot import AotConfig
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+# Rows one launch of the grouped wo_a kernel takes; more rows (prefill) go through a bf16
+# dequantised einsum, which is compute-bound anyway (see grouped_fp8_wo_a).
+WO_A_MAX_KERNEL_ROWS = 64
+# Counters of split-K tiles live per weight; a tile count above this means a config error.
+_MAX_COUNTERS = 1 << 16
+
+
+# ----------------------------------------------------------------------------------------------
+# kernel
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_activation(row_ptr, freq_row, k, mask, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
+                     ROPE: tl.constexpr):
+    """bf16 activation at ``row_ptr + k`` (any broadcastable shapes); with INV_ROPE the last ROPE
+    dims of each HEAD-wide head get upstream's inverse rotation of interleaved (re, im) pairs:
+    re' = re*c + im*s, im' = im*c - re*s (the partner of element k is k ^ 1), rounded to bf16 as
+    upstream's in-place write is."""
+    if INV_ROPE:
+        x = tl.load(row_ptr + k, mask=mask, other=0.0).to(tl.float32)
+        r = (k % HEAD) - (HEAD - ROPE)
+        is_rope = r >= 0
+        rope_mask = mask & is_rope
+        partner = tl.load(row_ptr + (k ^ 1), mask=rope_mask, other=0.0).to(tl.float32)
+        pair = tl.where(is_rope, r // 2, 0)
+        cos = tl.load(freq_row + 2 * pair, mask=rope_mask, other=1.0)
+        sin = tl.load(freq_row + 2 * pair + 1, mask=rope_mask, other=0.0)
+        sign = tl.where((k % 2) == 0, 1.0, -1.0)
+        rotated = x * cos + sign * partner * sin
+        return tl.where(rope_mask, rotated, x).to(tl.bfloat16)
+    else:
+        return tl.load(row_ptr + k, mask=mask, other=0.0)
+
+
+@triton.jit
+def _block_fp8_gemv_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+    M, N, K,
+    stride_xm, stride_xg,
+    stride_wg, stride_wn,
+    stride_sg, stride_sn,
+    stride_ym, stride_yg,
+    stride_freq,
+    k_blocks_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
+    INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
+):
+    """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g,
+    over K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split). BLOCK_K is the scale block, so
+    the weight scale is one scalar per (tile, K block) and partial sums are scaled in fp32.
+
+    USE_DOT: rows padded to BLOCK_M (>= 16) on tensor cores, the weight converted e4m3 -> bf16
+    (exact). Otherwise (BLOCK_M 1 or 2) CUDA-core FMAs on [BLOCK_N, BLOCK_K] tiles, each row kept
+    as its own 2-D accumulator so the activation is loaded straight into the broadcast layout."""
+    tl.static_assert(BLOCK_K % BLOCK_N == 0)
+    tl.static_assert(USE_DOT or BLOCK_M <= 2)
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_g = tl.program_id(2)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // n_tiles
+    pid_n = pid % n_tiles
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_mask = rm < M
+    n_mask = rn < N
+
+    x_base = x_ptr + pid_g * stride_xg
+    w_rows = w_ptr + pid_g * stride_wg + rn[:, None] * stride_wn  # [BN, 1]
+    s_row = s_ptr + pid_g * stride_sg + (pid_n * BLOCK_N // BLOCK_K) * stride_sn
+
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    kb_begin = pid_k * k_blocks_per_split
+    kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
+
+    if USE_DOT:
+        x_rows = x_base + rm[:, None] * stride_xm  # [BM, 1]
+        freq_rows = freqs_ptr
+        if INV_ROPE:
+            pos = tl.load(pos_ptr + rm, mask=m_mask, other=0)
+            freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for kb in range(kb_begin, kb_end):
+            k = kb * BLOCK_K + rk
+            k_mask = k < K
+            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            scale = tl.load(s_row + kb)
+            x = _load_activation(x_rows, freq_rows, k[None, :], m_mask[:, None] & k_mask[None, :],
+                                 INV_ROPE, HEAD, ROPE)
+            acc += tl.dot(x, tl.trans(w.to(tl.bfloat16))) * scale  # e4m3 -> bf16 is exact
+    else:
+        row0 = pid_m * BLOCK_M
+        row1 = row0 + 1
+        freq0 = freqs_ptr
+        freq1 = freqs_ptr
+        if INV_ROPE:
+            freq0 = freqs_ptr + tl.load(pos_ptr + row0).to(tl.int64) * stride_freq
+            if BLOCK_M == 2:
+                pos1 = tl.load(pos_ptr + row1, mask=row1 < M, other=0)
+                freq1 = freqs_ptr + pos1.to(tl.int64) * stride_freq
+        acc0 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        acc1 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        for kb in range(kb_begin, kb_end):
+            k = kb * BLOCK_K + rk
+            k_mask = k < K
+            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+            scale = tl.load(s_row + kb)
+            x0 = _load_activation(x_base + row0 * stride_xm, freq0, k, k_mask, INV_ROPE, HEAD, ROPE)
+            acc0 += w * (x0.to(tl.float32) * scale)[None, :]
+            if BLOCK_M == 2:
+                x1 = _load_activation(x_base + row1 * stride_xm, freq1, k, k_mask & (row1 < M), INV_ROPE,
+                                      HEAD, ROPE)
+                acc1 += w * (x1.to(tl.float32) * scale)[None, :]
+        acc = tl.sum(acc0, axis=1)[None, :]
+        if BLOCK_M == 2:
+            acc = tl.where((rm == row0)[:, None], acc, tl.sum(acc1, axis=1)[None, :])
+
+    y_ptrs = y_ptr + pid_g * stride_yg + rm[:, None] * stride_ym + rn[None, :]
+    y_mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(tl.bfloat16), mask=y_mask)
+    else:
+        # partials [G, SPLIT_K, M, N] fp32; the last program of this tile to arrive sums them
+        part_base = partial_ptr + (pid_g * SPLIT_K).to(tl.int64) * M * N
+        tile_part = rm[:, None] * N + rn[None, :]
+        tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, acc, mask=y_mask)
+        tl.debug_barrier()
+        tile = pid_g * tl.num_programs(0) + pid
+        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                total += tl.load(part_base + s * M * N + tile_part, mask=y_mask, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(y_ptrs, total.to(tl.bfloat16), mask=y_mask)
+            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call (graph replays)
+
+
+# ----------------------------------------------------------------------------------------------
+# launch configuration
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvConfig:
+    block_m: int
+    block_n: int
+    split_k: int
+    use_dot: bool
+    num_warps: int = 4
+    num_stages: int = 3
+
+    @property
+    def name(self) -> str:
+        kind = "dot" if self.use_dot else "fma"
+        return f"{kind}_m{self.block_m}_n{self.block_n}_s{self.split_k}_w{self.num_warps}_st{self.num_stages}"
+
+
+# Rows handled by the FMA form (no tensor cores); above it the dot form pads rows to 16.
+FMA_MAX_ROWS = 2
+# Programs wanted per launch for full memory bandwidth; split-K raises small-N launches to this.
+TARGET_PROGRAMS = 4 * 132
+# A split keeps at least this many 128-wide K blocks so its partial store stays small.
+MIN_K_BLOCKS_PER_SPLIT = 4
+
+
+def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
+    """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
+    if m <= FMA_MAX_ROWS:
+        block_m, block_n, use_dot = (1 if m <= 1 else 2), 32, False
+    elif m <= 16:
+        block_m, block_n, use_dot = 16, 64, True
+    else:
+        block_m, block_n, use_dot = 32, 64, True
+    tiles = groups * triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    k_blocks = triton.cdiv(k, FP8_BLOCK)
+    split = 1
+    while (tiles * split * 2 <= TARGET_PROGRAMS and k_blocks // (split * 2) >= MIN_K_BLOCKS_PER_SPLIT):
+        split *= 2
+    return GemvConfig(block_m, block_n, split, use_dot)
+
+
+# ----------------------------------------------------------------------------------------------
+# validation and launch
+# ----------------------------------------------------------------------------------------------
+
+
+def _check(cond: bool, name: str, expected: str, got) -> None:
+    if not cond:
+        raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)} {t.dtype} on {t.device} strides {t.stride()}"
+
+
+_counter_cache: dict = {}
+
+
+def _split_counters(weight: torch.Tensor, tiles: int) -> torch.Tensor:
+    """Zeroed int32 counters owned by one weight (one launch site), so split-K launches of different
+    weights on different streams never share a counter. The kernel leaves them at zero."""
+    key = (weight.device, weight.untyped_storage().data_ptr(), weight.data_ptr())
+    buf = _counter_cache.get(key)
+    if buf is None or buf.numel() < tiles:
+        if tiles > _MAX_COUNTERS:
+            raise ValueError(f"split-K tile count {tiles} exceeds {_MAX_COUNTERS}")
+        buf = torch.zeros(max(tiles, 256), dtype=torch.int32, device=weight.device)
+        _counter_cache[key] = buf
+    return buf
+
+
+def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, head_dim=HEAD_DIM,
+            rope_dim=ROPE_DIM):
+    """x3 [M, G, K] view, w3 [G, N, K], s3 [G, N/128, K/128], y3 [M, G, N]; all strided views."""
+    m_tiles = triton.cdiv(m, cfg.block_m)
+    n_tiles = triton.cdiv(n, cfg.block_n)
+    k_blocks = triton.cdiv(k, FP8_BLOCK)
+    split = max(1, min(cfg.split_k, k_blocks))
+    per_split = triton.cdiv(k_blocks, split)
+    split = triton.cdiv(k_blocks, per_split)  # no empty splits
+    grid = (m_tiles * n_tiles, split, groups)
+    if split > 1:
+        partial = torch.empty((groups, split, m, n), dtype=torch.float32, device=x3.device)
+        counters = _split_counters(w3, groups * m_tiles * n_tiles)
+    else:
+        partial = counters = y3  # unused
+    inv_rope = positions is not None
+    pos = positions if inv_rope else y3
+    fr = freqs if inv_rope else y3
+    _block_fp8_gemv_kernel[grid](
+        x3, w3, s3, y3, partial, counters, pos, fr,
+        m, n, k,
+        x3.stride(0), x3.stride(1),
+        w3.stride(0), w3.stride(1),
+        s3.stride(0), s3.stride(1),
+        y3.stride(0), y3.stride(1),
+        fr.stride(0) if inv_rope else 0,
+        per_split,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK,
+        SPLIT_K=split, USE_DOT=cfg.use_dot,
+        INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def _check_weight(weight, weight_scale, groups: int | None):
+    _check(weight.dtype == FP8_DTYPE, "weight", "dtype torch.float8_e4m3fn", weight.dtype)
+    ndim = 2 if groups is None else 3
+    _check(weight.dim() == ndim and weight.stride(-1) == 1, "weight",
+           f"a {ndim}-D tensor with contiguous last dim", _describe(weight))
+    n, k = weight.shape[-2:]
+    scale_shape = (*weight.shape[:-2], triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK))
+    _check(weight_scale.dtype == torch.float32, "weight_scale", "dtype torch.float32", weight_scale.dtype)
+    _check(tuple(weight_scale.shape) == scale_shape and weight_scale.stride(-1) == 1, "weight_scale",
+           f"shape {scale_shape} (one scale per {FP8_BLOCK}x{FP8_BLOCK} block) with contiguous last dim",
+           _describe(weight_scale))
+    _check(weight_scale.device == weight.device, "weight_scale", f"device {weight.device}", weight_scale.device)
+
+
+def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
+                     out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+    """``x [..., K] bf16 @ dequant(weight [N, K] e4m3, weight_scale [N/128, K/128] fp32).T`` -> bf16."""
+    _check(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16, "x", "a torch.bfloat16 tensor",
+           getattr(x, "dtype", type(x)))
+    _check_weight(weight, weight_scale, None)
+    n, k = weight.shape
+    _check(x.dim() >= 1 and x.shape[-1] == k, "x", f"last dim {k} (weight in_features)", _describe(x))
+    _check(x.device == weight.device, "x", f"device {weight.device}", x.device)
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    out_shape = (*x.shape[:-1], n)
+    if out is None:
+        out = torch.empty(out_shape, dtype=torch.bfloat16, device=x.device)
+    else:
+        _check(tuple(out.shape) == out_shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+               and out.device == x.device, "out", f"contiguous bf16 of shape {out_shape} on {x.device}",
+               _describe(out))
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    cfg = config or default_config(m, n, k)
+    y2 = out.view(m, n)
+    _launch(x2.unsqueeze(1), weight.unsqueeze(0), weight_scale.unsqueeze(0), y2.unsqueeze(1), m, n, k, 1, cfg)
+    return out
+
+
+def grouped_fp8_wo_a(o: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
+                     positions: torch.Tensor | None = None, freqs: torch.Tensor | None = None,
+                     head_dim: int = HEAD_DIM, rope_dim: int = ROPE_DIM, out: torch.Tensor | None = None,
+                     config: GemvConfig | None = None) -> torch.Tensor:
+    """DeepSeek-V4 grouped o-LoRA A: ``o [B, G, D] x weight [G, R, D] -> [B, G, R]`` bf16.
+
+    ``weight_scale`` is ``[G, R/128, D/128]`` fp32. With ``positions [B]`` (int32/int64) and
+    ``freqs [max_pos, rope_dim]`` fp32 (``view_as_real(freqs_cis).flatten(1)``: cos, sin interleaved)
+    the inverse RoPE of the last ``rope_dim`` dims of every ``head_dim``-wide head of ``o`` is fused.
+    """
+    _check(isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16, "o", "a torch.bfloat16 tensor",
+           getattr(o, "dtype", type(o)))
+    _check_weight(weight, weight_scale, groups=True)
+    g, r, d = weight.shape
+    _check(o.dim() == 3 and tuple(o.shape[1:]) == (g, d) and o.stride(-1) == 1, "o",
+           f"[B, {g}, {d}] with contiguous last dim", _describe(o))
+    _check(o.device == weight.device, "o", f"device {weight.device}", o.device)
+    b = o.shape[0]
+    if (positions is None) != (freqs is None):
+        raise ValueError("positions and freqs: expected both (fused inverse RoPE) or neither")
+    if positions is not None:
+        _check(positions.dim() == 1 and positions.shape[0] == b and positions.dtype in (torch.int32, torch.int64)
+               and positions.device == o.device, "positions", f"[{b}] int32/int64 on {o.device}", _describe(positions))
+        _check(freqs.dim() == 2 and freqs.shape[1] == rope_dim and freqs.dtype == torch.float32
+               and freqs.stride(1) == 1 and freqs.device == o.device, "freqs",
+               f"[max_pos, {rope_dim}] fp32 (cos, sin interleaved) on {o.device}", _describe(freqs))
+        _check(rope_dim % 2 == 0 and 0 < rope_dim <= head_dim and d % head_dim == 0, "head_dim/rope_dim",
+               f"even rope_dim <= head_dim dividing D={d}", (head_dim, rope_dim))
+    if out is None:
+        out = torch.empty((b, g, r), dtype=torch.bfloat16, device=o.device)
+    else:
+        _check(tuple(out.shape) == (b, g, r) and out.dtype == torch.bfloat16 and out.stride(-1) == 1
+               and out.device == o.device, "out", f"bf16 [{b}, {g}, {r}] on {o.device}", _describe(out))
+    if b == 0 or r == 0:
+        return out
+    if b > WO_A_MAX_KERNEL_ROWS and config is None:
+        # prefill-sized: a bf16 einsum on a transient dequantised copy (compute-bound regime)
+        if positions is not None:
+            o = _inverse_rope_bf16(o, positions, freqs, head_dim, rope_dim)
+        w_bf16 = dequantize_block_fp8(weight, weight_scale, torch.bfloat16)
+        out.copy_(torch.einsum("tgd,grd->tgr", o, w_bf16))
+        return out
+    cfg = config or default_config(b, r, d, groups=g)
+    _launch(o, weight, weight_scale, out, b, r, d, g, cfg, positions, freqs, head_dim, rope_dim)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# float32 references (the specification)
+# ----------------------------------------------------------------------------------------------
+
+
+def dequantize_block_fp8(weight: torch.Tensor, weight_scale: torch.Tensor,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``weight[..., n, k] * weight_scale[..., n // 128, k // 128]`` in ``dtype`` (upstream's
+    ``_dequant_fp8`` / ``block_quant_dequant`` semantics, computed in fp32 then cast)."""
+    n, k = weight.shape[-2:]
+    s = weight_scale.float().repeat_interleave(FP8_BLOCK, -2).repeat_interleave(FP8_BLOCK, -1)[..., :n, :k]
+    return (weight.float() * s).to(dtype)
+
+
+def reference_block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """fp32 ``x @ dequant(weight).T`` with the bf16 activation taken exactly."""
+    return x.float() @ dequantize_block_fp8(weight, weight_scale).T
+
+
+def _inverse_rope_bf16(o: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, head_dim: int,
+                       rope_dim: int) -> torch.Tensor:
+    """Upstream's in-place inverse RoPE on ``o``'s last ``rope_dim`` dims of every head, out of place:
+    fp32 rotation by conj(freqs_cis[pos]) of interleaved (re, im) pairs, rounded to bf16."""
+    b, g, d = o.shape
+    heads = o.reshape(b, g * d // head_dim, head_dim).float()
+    rope = heads[..., head_dim - rope_dim:].reshape(b, -1, rope_dim // 2, 2)
+    f = freqs[positions.long()].float().reshape(b, 1, rope_dim // 2, 2)
+    c, s = f[..., 0], f[..., 1]
+    re, im = rope[..., 0], rope[..., 1]
+    rotated = torch.stack((re * c + im * s, im * c - re * s), dim=-1).reshape(b, -1, rope_dim)
+    heads[..., head_dim - rope_dim:] = rotated
+    return heads.to(torch.bfloat16).reshape(b, g, d)
+
+
+def reference_grouped_wo_a(o: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                           positions: torch.Tensor | None = None, freqs: torch.Tensor | None = None,
+                           head_dim: int = HEAD_DIM, rope_dim: int = ROPE_DIM) -> torch.Tensor:
+    """fp32 ``einsum("tgd,grd->tgr")`` on the dequantised weight (after the bf16 inverse RoPE)."""
+    if positions is not None:
+        o = _inverse_rope_bf16(o, positions, freqs, head_dim, rope_dim)
+    return torch.einsum("tgd,grd->tgr", o.float(), dequantize_block_fp8(weight, weight_scale))
+
+
+def reference_upstream_fp8_activation_linear(x: torch.Tensor, weight: torch.Tensor,
+                                             weight_scale: torch.Tensor, eps: float = 1e-10) -> torch.Tensor:
+    """What SGLang 0.5.23's block-FP8 linear computes on sm_120, emulated in fp32: per-token-group(128)
+    activation quantisation (``_per_token_group_quant_8bit``: scale = max(amax, eps) / 448, q =
+    clamp(x / scale) rounded to e4m3) then a block GEMM that scales each 128-K partial product by
+    ``x_scale[m, kb] * w_scale[nb, kb]`` (CUTLASS ``fp8_blockwise_scaled_mm``)."""
+    m_shape, k = x.shape[:-1], x.shape[-1]
+    xf = x.reshape(-1, k).float()
+    kb = triton.cdiv(k, FP8_BLOCK)
+    pad = kb * FP8_BLOCK - k
+    groups = torch.nn.functional.pad(xf, (0, pad)).reshape(-1, kb, FP8_BLOCK)
+    x_scale = groups.abs().amax(-1, keepdim=True).clamp_min(eps) / FP8_MAX
+    q = (groups * (1.0 / x_scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float()
+    x_dq = (q * x_scale).reshape(-1, kb * FP8_BLOCK)[:, :k]
+    return (x_dq @ dequantize_block_fp8(weight, weight_scale).T).reshape(*m_shape, weight.shape[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# AOT configs
+# ----------------------------------------------------------------------------------------------
+
+# (block_m, block_n, split_k, use_dot, inv_rope, num_warps): every form default_config can pick
+# (split_k only matters as 1 vs > 1 for code generation) plus the fused-RoPE wo_a forms.
+SHIPPED_FORMS = (
+    (1, 32, 1, False, False, 4),
+    (1, 32, 4, False, False, 4),
+    (2, 32, 4, False, False, 4),
+    (16, 64, 1, True, False, 4),
+    (16, 64, 4, True, False, 4),
+    (32, 64, 1, True, False, 4),
+    (1, 32, 4, False, True, 4),
+    (16, 64, 4, True, True, 4),
+)
+
+
+def aot_configs() -> list[AotConfig]:
+    sig = {
+        "x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "partial_ptr": "*fp32",
+        "counter_ptr": "*i32", "pos_ptr": "*i64", "freqs_ptr": "*fp32",
+        "M": "i32", "N": "i32", "K": "i32",
+        "stride_xm": "i32", "stride_xg": "i32", "stride_wg": "i32", "stride_wn": "i32",
+        "stride_sg": "i32", "stride_sn": "i32", "stride_ym": "i32", "stride_yg": "i32",
+        "stride_freq": "i32", "k_blocks_per_split": "i32",
+        "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "SPLIT_K": "constexpr",
+        "USE_DOT": "constexpr", "INV_ROPE": "constexpr", "HEAD": "constexpr", "ROPE": "constexpr",
+    }
+    configs = []
+    for bm, bn, split, use_dot, rope, warps in SHIPPED_FORMS:
+        cfg = GemvConfig(bm, bn, split, use_dot, warps)
+        name = f"fp8_gemv_{cfg.name}" + ("_invrope" if rope else "")
+        configs.append(AotConfig(
+            name=name, kernel=_block_fp8_gemv_kernel, signature=sig,
+            constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": FP8_BLOCK, "SPLIT_K": split,
+                        "USE_DOT": use_dot, "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM},
+            num_warps=warps, num_stages=cfg.num_stages,
+            # the JIT sees these as multiples of 16 for DSv4's shapes (K, N multiples of 128)
+            div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
+                   "stride_freq"),
+            expect_opcodes=("HMMA.16816.F32.BF16",) if use_dot else ("FFMA",),
+            note="16-byte weight loads expected (LDG.E.128)",
+        ))
+    return configs

@@ -1,0 +1,107 @@
+"""The ``disagg`` seam: checks, in each PD server process, the settings both sides must share.
+
+There is no SGLang function to replace for PD: SGLang's own NIXL connector moves the KV, and it
+already refuses peers whose ``pd_kv_layout()`` differs. What it cannot see is a drift in the
+settings that ``pd_kv_layout()`` does not encode (``SGLANG_OPT_SM120_DIRECT_SWA_KV``, the plugin's
+own switches, the NIXL/UCX environment). So this seam hooks nothing (``targets=()``): its install
+validates the environment of a server started from a ``sglang-sm120 pd`` plan and logs it.
+
+It applies only where ``SGLANG_SM120_PD_ROLE`` is set (the planner sets it on every server). In
+such a process install:
+- recomputes the layout fingerprint from this process's environment and command line and compares
+  it with ``SGLANG_SM120_PD_LAYOUT`` (what the plan computed for both sides);
+- checks that ``SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS`` is a JSON object of strings (SGLang
+  only finds out when the KV manager starts) and that ``nixl`` is importable;
+- checks that an explicit ``UCX_TLS`` lists a transport with a peer-failure handler (tcp, rc,
+  ud, dc): NIXL's UCX backend does not start with shared memory alone (measured, see
+  ``tests/sglang_sm120/pd/test_nixl_transfer.py``).
+A failed check raises, which the seam registry records as ``failed`` with the reason and logs; the
+plugin never stops SGLang, so the log line is the signal.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import sys
+
+from .seams import Seam
+
+logger = logging.getLogger("sglang_sm120")
+
+# transports that can carry NIXL's UCX wire-up/active messages with peer error handling
+PEER_FAILURE_CAPABLE_TLS = ("tcp", "rc", "rc_x", "rc_v", "ud", "ud_x", "ud_v", "dc", "dc_x", "all")
+
+
+def _applies() -> str | None:
+    from .pd.planner import ENV_ROLE
+
+    role = os.environ.get(ENV_ROLE)
+    if not role:
+        return f"not a PD server started from a `sglang-sm120 pd` plan ({ENV_ROLE} unset)"
+    if role not in ("prefill", "decode"):
+        return f"{ENV_ROLE}={role} is not a prefill or decode server"
+    return None
+
+
+def check_pd_environment(environ=None, argv=None) -> list[str]:
+    """Problems with this PD server's settings (empty when all is well)."""
+    from .pd.planner import ENV_LAYOUT, LAYOUT_ARGS, LAYOUT_ENV, _flag_values, layout_fingerprint
+
+    environ = os.environ if environ is None else environ
+    argv = sys.argv[1:] if argv is None else argv
+    problems = []
+    planned = environ.get(ENV_LAYOUT)
+    actual = layout_fingerprint(dict(environ), tuple(argv))
+    if not planned:
+        problems.append(f"{ENV_LAYOUT} is unset, so this server's KV-layout settings cannot be compared with its peer's")
+    elif planned != actual:
+        flags = _flag_values(tuple(argv))
+        current = [f"{k}={environ.get(k, '(unset)')}" for k in LAYOUT_ENV]
+        current += [f"{a}={flags[a]}" for a in LAYOUT_ARGS if a in flags]
+        problems.append(f"KV-layout settings drifted from the plan (fingerprint {actual}, planned {planned}); this "
+                        f"process has {', '.join(current)}; re-run `sglang-sm120 pd plan` and start both sides from it")
+    raw = environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}")
+    try:
+        params = json.loads(raw)
+        if not isinstance(params, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
+            raise ValueError("not an object of string values")
+    except ValueError as exc:
+        problems.append(f"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS={raw!r} is not a JSON object of strings ({exc}); "
+                        "SGLang's NIXL connector would refuse it at start-up")
+    tls = environ.get("UCX_TLS", "")
+    if tls and not tls.startswith("^"):
+        names = {t.strip() for t in tls.split(",")}
+        if not names & set(PEER_FAILURE_CAPABLE_TLS):
+            problems.append(f"UCX_TLS={tls} has no transport with a peer-failure handler (tcp, rc, ud, dc); NIXL's UCX "
+                            "backend cannot create its endpoints with shared memory alone")
+    if importlib.util.find_spec("nixl") is None:
+        problems.append("nixl is not installed: pip install 'sglang-sm120[pd]'")
+    return problems
+
+
+def _install() -> None:
+    from .pd.planner import ENV_NAME, ENV_ROLE
+
+    problems = check_pd_environment()
+    if problems:
+        for p in problems:
+            logger.error("sglang-sm120 disagg: %s", p)
+        raise RuntimeError("; ".join(problems))
+    logger.info("sglang-sm120 disagg: %s %s: KV-layout settings match the plan; NIXL backend %s, UCX_TLS=%s, "
+                "UCX_NET_DEVICES=%s", os.environ.get(ENV_ROLE), os.environ.get(ENV_NAME, ""),
+                os.environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX"), os.environ.get("UCX_TLS", "(UCX default)"),
+                os.environ.get("UCX_NET_DEVICES", "(UCX default)"))
+
+
+def make_seam() -> Seam:
+    return Seam(
+        name="disagg",
+        description="PD servers from a `sglang-sm120 pd` plan: validates that this process's KV-layout and "
+                    "NIXL/UCX settings match the plan (no SGLang function is replaced)",
+        targets=(),
+        install=_install,
+        applies=_applies,
+    )

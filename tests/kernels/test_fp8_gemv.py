@@ -1,0 +1,246 @@
+"""Block-FP8 GEMV / skinny GEMM and the grouped wo_a kernel against their float32 references, under
+the CPU interpreter at reduced shapes (every launch form: FMA rows 1-2, tensor-core rows 16/32,
+split-K on and off, fused inverse RoPE)."""
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import fp8_gemv as g
+from sglang_sm120.kernels.dsv4 import FP8_BLOCK
+
+from ..conftest import DEVICE
+
+# bf16 output rounding is the only error left against the fp32 reference (2^-9 relative)
+OUTPUT_TOL = 6e-3
+
+
+def block_quantize(w: torch.Tensor):
+    """A bf16/fp32 weight -> (e4m3 weight, fp32 128x128 block scales), as checkpoints store it."""
+    n, k = w.shape[-2:]
+    nb, kb = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
+    padded = torch.nn.functional.pad(w.float(), (0, kb * FP8_BLOCK - k, 0, nb * FP8_BLOCK - n))
+    blocks = padded.reshape(*w.shape[:-2], nb, FP8_BLOCK, kb, FP8_BLOCK)
+    scale = blocks.abs().amax(dim=(-3, -1)).clamp_min(1e-12) / g.FP8_MAX
+    q = (blocks / scale[..., :, None, :, None]).clamp(-g.FP8_MAX, g.FP8_MAX).reshape(padded.shape)
+    return q[..., :n, :k].to(g.FP8_DTYPE).contiguous(), scale.contiguous()
+
+
+def random_weight(n, k, groups=None, gen=None):
+    shape = (n, k) if groups is None else (groups, n, k)
+    w = torch.randn(shape, generator=gen) * 0.02
+    wq, s = block_quantize(w)
+    return wq.to(DEVICE), s.to(DEVICE)
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def poisoned(shape):
+    return torch.full(shape, float("nan"), dtype=torch.bfloat16, device=DEVICE)
+
+
+# --- block_fp8_linear ----------------------------------------------------------------------------
+
+SHAPES = [(256, 512), (200, 320), (128, 200)]  # (N, K): aligned, ragged N and K, K not a multiple of 16
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16])
+def test_linear_matches_reference(m, n, k):
+    gen = torch.Generator().manual_seed(1000 * m + n + k)
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    out = poisoned((m, n))
+    y = g.block_fp8_linear(x, w, s, out=out)
+    assert y is out and torch.isfinite(y).all()
+    assert rel_err(y, g.reference_block_fp8_linear(x, w, s)) < OUTPUT_TOL
+
+
+FORMS = [g.GemvConfig(1, 32, 1, False), g.GemvConfig(1, 32, 4, False), g.GemvConfig(2, 32, 3, False),
+         g.GemvConfig(16, 64, 1, True), g.GemvConfig(16, 64, 4, True), g.GemvConfig(32, 64, 2, True),
+         g.GemvConfig(16, 32, 2, True)]
+
+
+@pytest.mark.parametrize("cfg", FORMS, ids=lambda c: c.name)
+@pytest.mark.parametrize("m", [1, 2, 7])
+def test_every_launch_form(cfg, m):
+    if not cfg.use_dot and m > cfg.block_m:
+        m = cfg.block_m if cfg.block_m > 1 else 3  # FMA rows tile the grid too
+    gen = torch.Generator().manual_seed(7 * m + cfg.block_n + cfg.split_k)
+    n, k = 160, 1024  # 8 K blocks: split-K 3/4 gives ragged splits, N ragged against every BLOCK_N
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    for _ in range(2):  # the second call checks the split-K counters were left at zero
+        y = g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=cfg)
+        assert torch.isfinite(y).all()
+        assert rel_err(y, ref) < OUTPUT_TOL
+    if cfg.split_k > 1:
+        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+
+
+def test_leading_dims_strided_rows_and_empty():
+    gen = torch.Generator().manual_seed(3)
+    w, s = random_weight(128, 256, gen=gen)
+    wide = torch.randn(2, 3, 384, generator=gen).to(torch.bfloat16).to(DEVICE)
+    x = wide[..., 64:320]  # rows strided by 384
+    y = g.block_fp8_linear(x, w, s)
+    assert y.shape == (2, 3, 128)
+    assert rel_err(y, g.reference_block_fp8_linear(x, w, s)) < OUTPUT_TOL
+    empty = g.block_fp8_linear(torch.empty(0, 256, dtype=torch.bfloat16, device=DEVICE), w, s)
+    assert empty.shape == (0, 128)
+
+
+def test_default_config_rows_and_split():
+    assert not g.default_config(1, 1536, 4096).use_dot
+    assert g.default_config(8, 4096, 4096).use_dot
+    assert g.default_config(1, 1536, 4096).split_k > 1  # 48 tiles: split K to fill the GPU
+    big = g.default_config(1, 32768, 1024)
+    assert big.split_k == 1
+    for m in range(1, 33):
+        cfg = g.default_config(m, 4096, 4096)
+        assert cfg.block_m >= m or cfg.use_dot
+
+
+# --- numerics against upstream's FP8-activation path --------------------------------------------
+
+
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_closer_to_bf16_reference_than_upstream_fp8_activation(m):
+    """Upstream quantises the activation per 128-group to e4m3 before the block GEMM; we keep it in
+    bf16. Against the exact product of the bf16 activation and the dequantised weight, our error is
+    bf16 output rounding only, upstream's adds the activation quantisation error."""
+    gen = torch.Generator().manual_seed(m)
+    n, k = 256, 1024
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(m, k, generator=gen)
+    x[:, ::97] *= 20  # DSv4 activations have outlier channels
+    x = x.to(torch.bfloat16).to(DEVICE)
+    exact = g.reference_block_fp8_linear(x, w, s)
+    bf16_floor = rel_err(exact.to(torch.bfloat16), exact)  # rounding the exact result to bf16
+    ours = rel_err(g.block_fp8_linear(x, w, s), exact)
+    upstream = rel_err(g.reference_upstream_fp8_activation_linear(x, w, s).to(torch.bfloat16), exact)
+    # the interpreter truncates fp32 -> bf16 (twice the round-to-nearest error); a GPU rounds
+    assert ours < 2.2 * bf16_floor, (ours, bf16_floor)
+    assert upstream > 5 * bf16_floor and upstream > 2 * ours, (ours, upstream, bf16_floor)
+
+
+def test_upstream_emulation_quantises_per_token_group():
+    gen = torch.Generator().manual_seed(5)
+    w, s = random_weight(128, 256, gen=gen)
+    x = torch.randn(3, 256, generator=gen).to(torch.bfloat16)
+    # an activation that is exactly e4m3-representable at scale 1 round-trips unchanged
+    exact_x = torch.tensor([448.0, -448.0, 1.0, 0.5] * 64).to(torch.bfloat16).reshape(1, 256)
+    assert torch.allclose(g.reference_upstream_fp8_activation_linear(exact_x, w, s),
+                          g.reference_block_fp8_linear(exact_x, w, s), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(g.reference_upstream_fp8_activation_linear(x, w, s),
+                              g.reference_block_fp8_linear(x, w, s), rtol=1e-4, atol=1e-4)
+
+
+# --- grouped wo_a -------------------------------------------------------------------------------
+
+HEAD, ROPE = 128, 32  # reduced head width / rope dims (full: 512 / 64)
+
+
+def rope_inputs(b, gen, max_pos=64):
+    positions = torch.randint(0, max_pos, (b,), generator=gen, dtype=torch.int64)
+    angles = torch.rand(max_pos, ROPE // 2, generator=gen) * 6.3
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)
+    return positions.to(DEVICE), torch.view_as_real(freqs_cis).flatten(1).contiguous().to(DEVICE), freqs_cis
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("b", [1, 2, 3, 8, 16])
+def test_wo_a_matches_reference(b, rope):
+    gen = torch.Generator().manual_seed(b + 100 * rope)
+    groups, r, d = 2, 256, 512  # 4 heads of 128 per group
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    kw = {}
+    if rope:
+        pos, freqs, _ = rope_inputs(b, gen)
+        kw = dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    out = poisoned((b, groups, r))
+    y = g.grouped_fp8_wo_a(o, w, s, out=out, **kw)
+    assert y is out and torch.isfinite(y).all()
+    ref = g.reference_grouped_wo_a(o, w, s, kw.get("positions"), kw.get("freqs"), HEAD, ROPE)
+    assert rel_err(y, ref) < OUTPUT_TOL
+    if rope:  # the rotation matters: without it the result is far off
+        assert rel_err(g.reference_grouped_wo_a(o, w, s), ref) > 10 * OUTPUT_TOL
+
+
+@pytest.mark.parametrize("cfg", [g.GemvConfig(1, 32, 4, False), g.GemvConfig(2, 32, 2, False),
+                                 g.GemvConfig(16, 64, 4, True)], ids=lambda c: c.name)
+def test_wo_a_forms_with_rope_and_strided_o(cfg):
+    gen = torch.Generator().manual_seed(11)
+    b, groups, r, d = 3, 2, 128, 512
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    heads = torch.randn(b, groups * d + 64, generator=gen).to(torch.bfloat16).to(DEVICE)
+    o = heads[:, :groups * d].view(b, groups, d)  # token stride > G*D, as a sliced attention output
+    pos, freqs, _ = rope_inputs(b, gen)
+    y = g.grouped_fp8_wo_a(o, w, s, positions=pos.int(), freqs=freqs, head_dim=HEAD, rope_dim=ROPE,
+                           out=poisoned((b, groups, r)), config=cfg)
+    ref = g.reference_grouped_wo_a(o, w, s, pos, freqs, HEAD, ROPE)
+    assert rel_err(y, ref) < OUTPUT_TOL
+
+
+def test_inverse_rope_reference_is_conjugate_rotation():
+    """The reference's rotation equals multiplying interleaved (re, im) pairs by conj(freqs_cis[pos])
+    (upstream fused_rope_inplace(..., inverse=True)) and leaves the non-rope dims alone."""
+    gen = torch.Generator().manual_seed(2)
+    b, groups, d = 4, 2, 256
+    o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16)
+    pos, freqs, freqs_cis = rope_inputs(b, gen)
+    got = g._inverse_rope_bf16(o, pos, freqs, HEAD, ROPE).reshape(b, -1, HEAD)
+    heads = o.reshape(b, -1, HEAD)
+    rope = torch.view_as_complex(heads[..., -ROPE:].float().reshape(b, -1, ROPE // 2, 2).contiguous())
+    want = torch.view_as_real(rope * freqs_cis[pos].conj()[:, None]).reshape(b, -1, ROPE).to(torch.bfloat16)
+    assert torch.equal(got[..., :-ROPE], heads[..., :-ROPE])
+    assert torch.allclose(got[..., -ROPE:].float(), want.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_wo_a_prefill_rows_and_zero_rows():
+    gen = torch.Generator().manual_seed(4)
+    groups, r, d = 2, 128, 256
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    b = g.WO_A_MAX_KERNEL_ROWS + 1
+    o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    pos, freqs, _ = rope_inputs(b, gen)
+    y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    assert rel_err(y, g.reference_grouped_wo_a(o, w, s, pos, freqs, HEAD, ROPE)) < OUTPUT_TOL
+    assert g.grouped_fp8_wo_a(o[:0], w, s).shape == (0, groups, r)
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def test_bad_inputs_raise_value_errors():
+    w, s = random_weight(128, 256)
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="x: expected a torch.bfloat16"):
+        g.block_fp8_linear(x.float(), w, s)
+    with pytest.raises(ValueError, match="weight: expected dtype torch.float8_e4m3fn"):
+        g.block_fp8_linear(x, w.float(), s)
+    with pytest.raises(ValueError, match=r"weight_scale: expected shape \(1, 2\)"):
+        g.block_fp8_linear(x, w, s[:, :1])
+    with pytest.raises(ValueError, match="weight_scale: expected dtype torch.float32"):
+        g.block_fp8_linear(x, w, s.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="x: expected last dim 256"):
+        g.block_fp8_linear(x[:, :128], w, s)
+    with pytest.raises(ValueError, match="x: expected device"):
+        g.block_fp8_linear(x.to("meta"), w, s)
+    with pytest.raises(ValueError, match="out: expected contiguous bf16"):
+        g.block_fp8_linear(x, w, s, out=torch.empty(2, 127, dtype=torch.bfloat16))
+    w3, s3 = random_weight(128, 256, groups=2)
+    o = torch.randn(1, 2, 256).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"o: expected \[B, 2, 256\]"):
+        g.grouped_fp8_wo_a(o[:, :1], w3, s3)
+    with pytest.raises(ValueError, match="positions and freqs"):
+        g.grouped_fp8_wo_a(o, w3, s3, positions=torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="positions: expected"):
+        g.grouped_fp8_wo_a(o, w3, s3, positions=torch.zeros(2, dtype=torch.int64),
+                           freqs=torch.zeros(4, 64), head_dim=128, rope_dim=64)
+    with pytest.raises(ValueError, match="freqs: expected"):
+        g.grouped_fp8_wo_a(o, w3, s3, positions=torch.zeros(1, dtype=torch.int64),
+                           freqs=torch.zeros(4, 32), head_dim=128, rope_dim=64)
