@@ -1,0 +1,606 @@
+"""MXFP4 routed experts of DeepSeek-V4-Flash in Triton: the ``sm120`` MoE runner's kernels.
+
+Checkpoint layout (SGLang 0.5.23 ``Fp8MoEMethod.create_weights`` with FP4 experts; see
+``shared/reference/dsv4-flash-in-sglang-0.5.23.md`` §1.1):
+
+* ``w13 [E, 2I, H/2]`` int8: two e2m1 values per byte along K=H, element ``2j`` in the low nibble
+  and ``2j+1`` in the high nibble; rows ``[0, I)`` are the gate projection (w1) and ``[I, 2I)``
+  the up projection (w3), the order SGLang's loader writes when the quant method does not ask for
+  ``load_up_proj_weight_first``;
+* ``w13_scale [E, 2I, H/32]`` E8M0 (one byte, value ``2**(byte-127)``) per 32 values along K;
+* ``w2 [E, H, I/2]`` and ``w2_scale [E, H, I/32]`` likewise for the down projection (K=I).
+
+After loading, :func:`repack_w13_` permutes the w13 rows (and their scales) in place to
+``gate_0, up_0, gate_1, up_1, ...`` so one contiguous tile holds both halves of the SwiGLU for a
+block of intermediate columns; nothing else is copied. :func:`unpack_w13_` is its inverse.
+
+One forward (:func:`moe_mxfp4_forward`) is four launches, all CUDA-graph capturable (no host
+sync, scratch sized by shapes only):
+
+1. ``_route_kernel`` (one program): sorts the ``B*top_k`` routed rows by expert (stable), and
+   lists the experts actually touched;
+2. ``_gate_up_kernel``: grid (touched expert slot, block of I). Each program streams its expert's
+   gate+up weight tile once, dequantises e2m1 x E8M0 in registers to bf16 (exact), multiplies all
+   rows routed to that expert on tensor cores (bf16 ``tl.dot``, fp32 accumulate) and applies the
+   clamped SwiGLU, ``silu(min(g, limit)) * clamp(u, -limit, limit)``; writes bf16 activations;
+3. ``_down_kernel``: grid (touched expert slot, block of H): down projection the same way, times
+   the routing weight, fp32 rows;
+4. ``_topk_sum_kernel``: sums each token's top-k rows into the bf16 output.
+
+The same kernels serve decode (``BLOCK_M`` 16: every weight byte read once per step) and prefill
+(``BLOCK_M`` 64: a grouped GEMM, weights re-read from L2 per row block). ``ACT_MXFP8`` selects the
+alternative prefill GEMM that was compared against bf16 activations: activations quantised to
+MXFP8 (e4m3 + E8M0 per 32) by :func:`quantize_mxfp8`, weights widened e2m1 -> e4m3 (exact) in
+registers, and ``tl.dot_scaled`` (native ``QMMA.SF`` on sm_120). See ``benchmarks/moe_mxfp4-h200.md``
+for why the shipped path is bf16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from .dsv4 import (
+    HIDDEN_SIZE,
+    MOE_INTERMEDIATE_SIZE,
+    MXFP4_E8M0_BIAS,
+    MXFP4_GROUP,
+    NUM_EXPERTS,
+    SUPPORTED_TP,
+    SWIGLU_LIMIT,
+    TOP_K,
+)
+from .harness.aot import AotConfig
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude codes 0..7; bit 3 is the sign
+E4M3_MAX = 448.0
+
+
+# ---------------------------------------------------------------------------------------------
+# float32 references (the specification)
+# ---------------------------------------------------------------------------------------------
+def reference_dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``[..., N, K/2]`` packed e2m1 + ``[..., N, K/32]`` E8M0 -> float32 ``[..., N, K]``.
+
+    Same arithmetic as SGLang's ``fp8_utils.dequant_mxfp4`` / ``MXFP4QuantizeUtil.dequantize``:
+    low nibble is the even element, value ``sign * E2M1[mag] * exp2(byte - 127)`` in float32.
+    """
+    codes = packed.view(torch.uint8)
+    nibbles = torch.stack((codes & 0x0F, codes >> 4), dim=-1).flatten(-2)  # [..., N, K]
+    sign = 1.0 - 2.0 * ((nibbles & 0x8) >> 3).to(torch.float32)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    values = sign * table[(nibbles & 0x7).long()]
+    factor = torch.exp2(scale_bytes(scale).to(torch.float32) - MXFP4_E8M0_BIAS)
+    values = values.unflatten(-1, (-1, MXFP4_GROUP)) * factor.unsqueeze(-1)
+    return values.flatten(-2)
+
+
+def scale_bytes(scale: torch.Tensor) -> torch.Tensor:
+    """The E8M0 bytes of a scale tensor stored as ``float8_e8m0fnu`` or ``uint8``."""
+    if scale.dtype == torch.uint8:
+        return scale
+    if scale.dtype == getattr(torch, "float8_e8m0fnu", None):
+        return scale.view(torch.uint8)
+    raise ValueError(f"scale must be float8_e8m0fnu or uint8 E8M0 bytes, got {scale.dtype}")
+
+
+def reference_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """DSv4's clamped SwiGLU as SGLang applies it (``swiglu_limit_func``)."""
+    if limit > 0:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+    return torch.nn.functional.silu(gate) * up
+
+
+def reference_moe_mxfp4(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
+                        swiglu_limit: float = SWIGLU_LIMIT) -> torch.Tensor:
+    """float32 ``[B, H]``: ``sum_k w[t,k] * W2[e] @ swiglu(W13[e] @ x[t])`` with ``e = ids[t,k]``.
+
+    Weights in the checkpoint layout (w13 rows ``[gate; up]``); ids outside ``[0, E)`` add nothing.
+    """
+    batch, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    out = torch.zeros(batch, hidden, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for e in torch.unique(topk_ids).tolist():
+        if not 0 <= e < num_experts:
+            continue
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        gate_up = xf[tok] @ reference_dequant_mxfp4(w13[e], w13_scale[e]).T
+        act = reference_swiglu(gate_up[:, :inter], gate_up[:, inter:], swiglu_limit)
+        down = act @ reference_dequant_mxfp4(w2[e], w2_scale[e]).T
+        out.index_add_(0, tok, down * topk_weights[tok, slot].float().unsqueeze(1))
+    return out
+
+
+def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16/fp32 ``[B, K]`` -> e4m3 ``[B, K]`` + E8M0 bytes ``[B, K/32]`` (one scale per 32).
+
+    The scale is the smallest power of two that keeps the group's absmax within e4m3's 448
+    (``ceil(log2(amax / 448))``); torch's cast rounds to nearest even. Used by the MXFP8-activation
+    GEMM variant and, in float32, as its reference.
+    """
+    groups = x.float().unflatten(-1, (-1, MXFP4_GROUP))
+    amax = groups.abs().amax(-1, keepdim=True).clamp(min=2.0 ** -126)
+    exponent = torch.ceil(torch.log2(amax / E4M3_MAX)).clamp(-MXFP4_E8M0_BIAS, MXFP4_E8M0_BIAS)
+    q = (groups / torch.exp2(exponent)).to(torch.float8_e4m3fn)
+    return q.flatten(-2), (exponent.squeeze(-1) + MXFP4_E8M0_BIAS).to(torch.uint8)
+
+
+def reference_moe_mxfp8_act(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
+                            swiglu_limit: float = SWIGLU_LIMIT) -> torch.Tensor:
+    """float32 reference of the MXFP8-activation variant: both GEMM inputs quantised to MXFP8."""
+    xq, xs = quantize_mxfp8(x)
+    x_deq = (xq.float().unflatten(-1, (-1, MXFP4_GROUP))
+             * torch.exp2(xs.float() - MXFP4_E8M0_BIAS).unsqueeze(-1)).flatten(-2)
+    batch, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    out = torch.zeros(batch, hidden, dtype=torch.float32, device=x.device)
+    for e in torch.unique(topk_ids).tolist():
+        if not 0 <= e < num_experts:
+            continue
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        gate_up = x_deq[tok] @ reference_dequant_mxfp4(w13[e], w13_scale[e]).T
+        act = reference_swiglu(gate_up[:, :inter], gate_up[:, inter:], swiglu_limit)
+        aq, as_ = quantize_mxfp8(act)
+        act = (aq.float().unflatten(-1, (-1, MXFP4_GROUP))
+               * torch.exp2(as_.float() - MXFP4_E8M0_BIAS).unsqueeze(-1)).flatten(-2)
+        down = act @ reference_dequant_mxfp4(w2[e], w2_scale[e]).T
+        out.index_add_(0, tok, down * topk_weights[tok, slot].float().unsqueeze(1))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# weight repacking (in place, one expert of scratch)
+# ---------------------------------------------------------------------------------------------
+def _permute_rows_(tensor: torch.Tensor, interleave: bool) -> None:
+    """Per expert: ``[gate; up]`` rows <-> ``gate_0, up_0, gate_1, up_1, ...``, in place."""
+    num_experts, two_i = tensor.shape[:2]
+    inter = two_i // 2
+    for e in range(num_experts):
+        expert = tensor[e]
+        staged = expert.clone()  # one expert of scratch; the layer's tensor is rewritten in place
+        if interleave:
+            expert.view(inter, 2, -1).copy_(staged.view(2, inter, -1).transpose(0, 1))
+        else:
+            expert.view(2, inter, -1).copy_(staged.view(inter, 2, -1).transpose(0, 1))
+
+
+def repack_w13_(w13: torch.Tensor, w13_scale: torch.Tensor) -> None:
+    """Checkpoint ``[gate; up]`` rows -> interleaved ``(gate_i, up_i)`` rows, weights and scales."""
+    _check_w13_pair(w13, w13_scale)
+    _permute_rows_(w13, interleave=True)
+    _permute_rows_(w13_scale, interleave=True)
+
+
+def unpack_w13_(w13: torch.Tensor, w13_scale: torch.Tensor) -> None:
+    """Inverse of :func:`repack_w13_`."""
+    _check_w13_pair(w13, w13_scale)
+    _permute_rows_(w13, interleave=False)
+    _permute_rows_(w13_scale, interleave=False)
+
+
+def _check_w13_pair(w13, w13_scale):
+    if w13.dim() != 3 or w13.shape[1] % 2 or not w13.is_contiguous():
+        raise ValueError(f"w13 must be a contiguous [E, 2I, H/2] tensor, got {tuple(w13.shape)}")
+    if w13_scale.shape[:2] != w13.shape[:2] or not w13_scale.is_contiguous():
+        raise ValueError(f"w13_scale must be contiguous [E, 2I, H/32] = {tuple(w13.shape[:2])} + (H/32,), "
+                         f"got {tuple(w13_scale.shape)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _route_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                  num_active_ptr, NUM_EXPERTS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                  NUM_BINS: tl.constexpr):
+    """Counting sort of the routed rows by expert; ids outside [0, E) go to a bin past E."""
+    rows = tl.arange(0, BLOCK_ROWS)
+    ids = tl.load(topk_ids_ptr + rows, mask=rows < num_rows, other=NUM_EXPERTS).to(tl.int32)
+    ids = tl.where((ids >= 0) & (ids < NUM_EXPERTS), ids, NUM_EXPERTS)
+    # (expert, row) keys sort stably by expert; the row index rides in the low bits
+    keys = tl.sort(ids * BLOCK_ROWS + rows)
+    tl.store(sorted_rows_ptr + rows, keys % BLOCK_ROWS, mask=rows < num_rows)
+    counts = tl.histogram(ids, NUM_BINS)
+    bins = tl.arange(0, NUM_BINS)
+    ends = tl.cumsum(counts, 0)
+    tl.store(expert_start_ptr + bins + 1, ends, mask=bins < NUM_EXPERTS)
+    tl.store(expert_start_ptr + bins, ends - counts, mask=bins == 0)
+    active = (counts > 0) & (bins < NUM_EXPERTS)
+    slot = tl.cumsum(active.to(tl.int32), 0) - 1
+    tl.store(active_experts_ptr + slot, bins, mask=active)
+    tl.store(num_active_ptr, tl.sum(active.to(tl.int32), 0))
+
+
+@triton.jit
+def _e2m1_to_f32(nibble):
+    """e2m1 code (int32, 0..15) -> float32 value, by building the float's bits."""
+    mag = nibble & 7
+    bits = tl.where(mag >= 2, (mag + 252) << 22, mag * 0x3F000000) | ((nibble & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_to_e4m3_bits(nibble):
+    """e2m1 code -> the e4m3 byte of the same value (exact: every e2m1 value is an e4m3 value)."""
+    mag = nibble & 7
+    return tl.where(mag >= 2, (mag + 12) << 2, mag * 48) | ((nibble & 8) << 4)
+
+
+@triton.jit
+def _dequant_tile(packed_ptrs, scale_ptrs, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Load ``[ROWS, BLOCK_K/2]`` packed bytes + ``[ROWS, BLOCK_K/32]`` E8M0 -> bf16 ``[ROWS, BLOCK_K]``."""
+    codes = tl.load(packed_ptrs).to(tl.int32) & 0xFF
+    scale_bits = (tl.load(scale_ptrs).to(tl.int32) & 0xFF) << 23
+    scale = scale_bits.to(tl.float32, bitcast=True)
+    lo = tl.reshape(_e2m1_to_f32(codes & 0xF), [ROWS, BLOCK_K // 32, 16]) * scale[:, :, None]
+    hi = tl.reshape(_e2m1_to_f32(codes >> 4), [ROWS, BLOCK_K // 32, 16]) * scale[:, :, None]
+    lo = tl.reshape(lo, [ROWS, BLOCK_K // 2])
+    hi = tl.reshape(hi, [ROWS, BLOCK_K // 2])
+    return tl.reshape(tl.join(lo, hi), [ROWS, BLOCK_K]).to(tl.bfloat16)
+
+
+@triton.jit
+def _e4m3_tile(packed_ptrs, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Load ``[ROWS, BLOCK_K/2]`` packed e2m1 -> e4m3 ``[ROWS, BLOCK_K]`` (the E8M0 scale stays apart)."""
+    codes = tl.load(packed_ptrs).to(tl.int32) & 0xFF
+    lo = _e2m1_to_e4m3_bits(codes & 0xF)
+    hi = _e2m1_to_e4m3_bits(codes >> 4)
+    both = tl.reshape(tl.join(lo, hi), [ROWS, BLOCK_K]).to(tl.uint8)
+    return both.to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr,
+                    active_experts_ptr, num_active_ptr, act_ptr, act_scale_ptr, hidden, inter,
+                    swiglu_limit, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, ACT_MXFP8: tl.constexpr):
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert = tl.load(active_experts_ptr + slot).to(tl.int64)
+    row_begin = tl.load(expert_start_ptr + expert)
+    row_end = tl.load(expert_start_ptr + expert + 1)
+    # interleaved rows: 2n is gate column n, 2n+1 is up column n
+    w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
+    w_base = w13_ptr + expert * (2 * inter) * (hidden // 2) + w_rows[:, None] * (hidden // 2)
+    s_base = w13_scale_ptr + expert * (2 * inter) * (hidden // 32) + w_rows[:, None] * (hidden // 32)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kb = tl.arange(0, BLOCK_K // 2)
+    ks = tl.arange(0, BLOCK_K // 32)
+    kx = tl.arange(0, BLOCK_K)
+    for m0 in range(row_begin, row_end, BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = m < row_end
+        rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0)
+        tokens = (rows // TOP_K).to(tl.int64)
+        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            if ACT_MXFP8:
+                xq = tl.load(x_ptr + tokens[:, None] * hidden + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                xs = tl.load(x_scale_ptr + tokens[:, None] * (hidden // 32) + k0 // 32 + ks[None, :],
+                             mask=m_ok[:, None], other=0)
+                wq = _e4m3_tile(w_base + k0 // 2 + kb[None, :], 2 * BLOCK_N, BLOCK_K)
+                ws = tl.load(s_base + k0 // 32 + ks[None, :])
+                acc = tl.dot_scaled(xq, xs, "e4m3", tl.trans(wq), ws, "e4m3", acc)
+            else:
+                xt = tl.load(x_ptr + tokens[:, None] * hidden + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                w = _dequant_tile(w_base + k0 // 2 + kb[None, :], s_base + k0 // 32 + ks[None, :],
+                                  2 * BLOCK_N, BLOCK_K)
+                acc = tl.dot(xt, tl.trans(w), acc)
+        gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
+        if swiglu_limit > 0:
+            gate = tl.minimum(gate, swiglu_limit)
+            up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
+        act = gate / (1.0 + tl.exp(-gate)) * up
+        out_off = rows.to(tl.int64)[:, None] * inter + cols[None, :]
+        if ACT_MXFP8:
+            # one E8M0 scale per 32 columns, so the down GEMM reads MXFP8 too
+            groups = tl.reshape(act, [BLOCK_M, BLOCK_N // 32, 32])
+            amax = tl.maximum(tl.max(tl.abs(groups), 2), 1.1754943508222875e-38)
+            exponent = tl.math.ceil(tl.math.log2(amax / 448.0))
+            q = tl.reshape(groups / tl.math.exp2(exponent)[:, :, None], [BLOCK_M, BLOCK_N])
+            tl.store(act_ptr + out_off, q.to(tl.float8e4nv), mask=m_ok[:, None])
+            sc = tl.program_id(1) * (BLOCK_N // 32) + tl.arange(0, BLOCK_N // 32)
+            tl.store(act_scale_ptr + rows.to(tl.int64)[:, None] * (inter // 32) + sc[None, :],
+                     (exponent + 127).to(tl.uint8), mask=m_ok[:, None])
+        else:
+            tl.store(act_ptr + out_off, act.to(tl.bfloat16), mask=m_ok[:, None])
+
+
+@triton.jit
+def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr,
+                 expert_start_ptr, active_experts_ptr, num_active_ptr, y_ptr, hidden, inter,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 ACT_MXFP8: tl.constexpr):
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert = tl.load(active_experts_ptr + slot).to(tl.int64)
+    row_begin = tl.load(expert_start_ptr + expert)
+    row_end = tl.load(expert_start_ptr + expert + 1)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_base = w2_ptr + expert * hidden * (inter // 2) + n[:, None] * (inter // 2)
+    s_base = w2_scale_ptr + expert * hidden * (inter // 32) + n[:, None] * (inter // 32)
+    kb = tl.arange(0, BLOCK_K // 2)
+    ks = tl.arange(0, BLOCK_K // 32)
+    kx = tl.arange(0, BLOCK_K)
+    for m0 in range(row_begin, row_end, BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = m < row_end
+        rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            if ACT_MXFP8:
+                aq = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                as_ = tl.load(act_scale_ptr + rows[:, None] * (inter // 32) + k0 // 32 + ks[None, :],
+                              mask=m_ok[:, None], other=0)
+                wq = _e4m3_tile(w_base + k0 // 2 + kb[None, :], BLOCK_N, BLOCK_K)
+                ws = tl.load(s_base + k0 // 32 + ks[None, :])
+                acc = tl.dot_scaled(aq, as_, "e4m3", tl.trans(wq), ws, "e4m3", acc)
+            else:
+                a = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                w = _dequant_tile(w_base + k0 // 2 + kb[None, :], s_base + k0 // 32 + ks[None, :],
+                                  BLOCK_N, BLOCK_K)
+                acc = tl.dot(a, tl.trans(w), acc)
+        weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rows[:, None] * hidden + n[None, :], acc * weight[:, None], mask=m_ok[:, None])
+
+
+@triton.jit
+def _topk_sum_kernel(y_ptr, topk_ids_ptr, out_ptr, hidden, NUM_EXPERTS: tl.constexpr,
+                     TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        e = tl.load(topk_ids_ptr + token * TOP_K + k)
+        valid = (e >= 0) & (e < NUM_EXPERTS)  # rows of invalid ids were never written
+        acc += tl.load(y_ptr + (token * TOP_K + k) * hidden + h, mask=valid & (h < hidden), other=0.0)
+    tl.store(out_ptr + token * hidden + h, acc.to(tl.bfloat16), mask=h < hidden)
+
+
+# ---------------------------------------------------------------------------------------------
+# launch configuration
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+DECODE_MAX_ROWS = 512  # routed rows (B * top_k) up to which the decode tiles are used
+TOPK_SUM_BLOCK = 1024
+ROUTE_TRITON_MAX_ROWS = 2048  # one routing program sorts up to this many rows; torch sorts more
+
+
+def gate_up_config(num_rows: int, inter: int, act_mxfp8: bool = False) -> GemmConfig:
+    if act_mxfp8 or num_rows > DECODE_MAX_ROWS:
+        return GemmConfig(64, min(64, inter), 128, 8, 3)
+    # weight streaming: small N blocks keep >= ~200 programs busy even at I = 2048/8
+    if inter >= 1024:
+        return GemmConfig(16, 32, 128, 4, 3)
+    return GemmConfig(16, 16, 256, 4, 3)
+
+
+def down_config(num_rows: int, inter: int, act_mxfp8: bool = False) -> GemmConfig:
+    if act_mxfp8:
+        return GemmConfig(64, 128, min(128, inter), 8, 3)
+    if num_rows > DECODE_MAX_ROWS:
+        return GemmConfig(64, 128, min(64, inter), 8, 3)
+    return GemmConfig(16, 32, min(256, inter), 4, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+# ---------------------------------------------------------------------------------------------
+def route(topk_ids: torch.Tensor, num_experts: int):
+    """Routed rows sorted by expert (stable), expert row offsets ``[E+1]``, touched experts in
+    order, and their count ``[1]`` -- all int32, no host sync. One Triton program up to
+    ``ROUTE_TRITON_MAX_ROWS`` rows (decode), torch sort beyond (prefill)."""
+    num_rows = topk_ids.numel()
+    device = topk_ids.device
+    if num_rows <= ROUTE_TRITON_MAX_ROWS:
+        sorted_rows = torch.empty(num_rows, dtype=torch.int32, device=device)
+        expert_start = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+        active_experts = torch.empty(num_experts, dtype=torch.int32, device=device)
+        num_active = torch.empty(1, dtype=torch.int32, device=device)
+        _route_kernel[(1,)](topk_ids, num_rows, sorted_rows, expert_start, active_experts, num_active,
+                            NUM_EXPERTS=num_experts, BLOCK_ROWS=triton.next_power_of_2(max(num_rows, 16)),
+                            NUM_BINS=triton.next_power_of_2(num_experts + 1), num_warps=4)
+        return sorted_rows, expert_start, active_experts, num_active
+    flat = topk_ids.flatten().long()
+    key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+    sorted_rows = torch.argsort(key, stable=True).to(torch.int32)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int32, device=device)
+    counts.scatter_add_(0, key, torch.ones_like(key, dtype=torch.int32))
+    expert_start = torch.zeros(num_experts + 1, dtype=torch.int32, device=device)
+    expert_start[1:] = torch.cumsum(counts[:num_experts], 0)
+    active = counts[:num_experts] > 0
+    active_experts = torch.argsort((~active).to(torch.int8), stable=True).to(torch.int32)
+    num_active = active.sum(dtype=torch.int32).reshape(1)
+    return sorted_rows, expert_start, active_experts, num_active
+
+
+def _validate(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids):
+    if x.dim() != 2 or x.dtype != torch.bfloat16 or not x.is_contiguous():
+        raise ValueError(f"x must be contiguous bf16 [B, H], got {x.dtype} {tuple(x.shape)}")
+    batch, hidden = x.shape
+    if w13.dim() != 3 or w13.dtype not in (torch.int8, torch.uint8) or not w13.is_contiguous():
+        raise ValueError(f"w13 must be contiguous int8/uint8 [E, 2I, H/2], got {w13.dtype} {tuple(w13.shape)}")
+    num_experts, two_i, half_h = w13.shape
+    inter = two_i // 2
+    if half_h * 2 != hidden or two_i % 2:
+        raise ValueError(f"w13 must be [E, 2I, H/2] with H={hidden}, got {tuple(w13.shape)}")
+    if hidden % 256 or not (inter % 256 == 0 or inter in (32, 64, 128)):
+        raise ValueError(f"H must be a multiple of 256 and I a multiple of 256 or 32/64/128 "
+                         f"(got H={hidden}, I={inter})")
+    for name, t, shape in (("w13_scale", w13_scale, (num_experts, two_i, hidden // MXFP4_GROUP)),
+                           ("w2", w2, (num_experts, hidden, inter // 2)),
+                           ("w2_scale", w2_scale, (num_experts, hidden, inter // MXFP4_GROUP))):
+        if tuple(t.shape) != shape or not t.is_contiguous() or t.device != x.device:
+            raise ValueError(f"{name} must be contiguous {shape} on {x.device}, got {tuple(t.shape)} on {t.device}")
+    scale_bytes(w13_scale), scale_bytes(w2_scale)
+    if w2.dtype not in (torch.int8, torch.uint8):
+        raise ValueError(f"w2 must be int8/uint8 packed e2m1, got {w2.dtype}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != batch or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be int32/int64 [B={batch}, top_k], got {topk_ids.dtype} {tuple(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape) or not topk_weights.is_floating_point():
+        raise ValueError(f"topk_weights must be float [B, top_k] = {tuple(topk_ids.shape)}, "
+                         f"got {topk_weights.dtype} {tuple(topk_weights.shape)}")
+    for name, t in (("w13", w13), ("w2", w2), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on {x.device}, got {t.device}")
+    return batch, hidden, num_experts, inter
+
+
+def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                      w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                      swiglu_limit: float = SWIGLU_LIMIT, out: torch.Tensor | None = None,
+                      act_mxfp8: bool = False,
+                      configs: tuple[GemmConfig, GemmConfig] | None = None) -> torch.Tensor:
+    """Routed-expert MoE on repacked MXFP4 weights (see :func:`repack_w13_`): bf16 ``[B, H]``.
+
+    ``topk_weights`` already carry any routed scaling; ids outside ``[0, E)`` contribute nothing.
+    ``act_mxfp8`` runs the MXFP8-activation GEMM variant instead of bf16 activations; ``configs``
+    overrides the (gate/up, down) tiles (device tuning).
+    """
+    batch, hidden, num_experts, inter = _validate(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids)
+    top_k = topk_ids.shape[1]
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous bf16 {tuple(x.shape)}, got {out.dtype} {tuple(out.shape)}")
+    num_rows = batch * top_k
+    if num_rows == 0:
+        return out
+    device = x.device
+    ids = topk_ids.contiguous()
+    weights = topk_weights.contiguous()
+    sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)
+    slots = min(num_rows, num_experts)
+    w13_s, w2_s = scale_bytes(w13_scale), scale_bytes(w2_scale)
+    if act_mxfp8:
+        x_in, x_scale = quantize_mxfp8(x)
+        act = torch.empty(num_rows, inter, dtype=torch.float8_e4m3fn, device=device)
+        act_scale = torch.empty(num_rows, inter // MXFP4_GROUP, dtype=torch.uint8, device=device)
+    else:
+        x_in, x_scale = x, x
+        act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=device)
+        act_scale = act
+    cfg = configs[0] if configs else gate_up_config(num_rows, inter, act_mxfp8)
+    _gate_up_kernel[(slots, inter // cfg.block_n)](
+        x_in, x_scale, w13, w13_s, sorted_rows, expert_start, active_experts, num_active, act, act_scale,
+        hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, ACT_MXFP8=act_mxfp8, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)
+    cfg = configs[1] if configs else down_config(num_rows, inter, act_mxfp8)
+    _down_kernel[(slots, hidden // cfg.block_n)](
+        act, act_scale, w2, w2_s, weights, sorted_rows, expert_start, active_experts, num_active, y,
+        hidden, inter, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ACT_MXFP8=act_mxfp8,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
+        y, ids, out, hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, num_warps=4)
+    return out
+
+
+LAUNCHES_PER_FORWARD = 4
+
+
+def touched_expert_bytes(topk_ids: torch.Tensor, hidden: int, inter: int, num_experts: int) -> int:
+    """Bytes of weights + E8M0 scales of the distinct experts a step reads (host helper)."""
+    ids = topk_ids[(topk_ids >= 0) & (topk_ids < num_experts)]
+    distinct = int(torch.unique(ids).numel())
+    per_expert = 2 * inter * hidden // 2 + 2 * inter * hidden // MXFP4_GROUP
+    per_expert += hidden * inter // 2 + hidden * inter // MXFP4_GROUP
+    return distinct * per_expert
+
+
+# ---------------------------------------------------------------------------------------------
+# AOT configs (sm_120a / sm_121a)
+# ---------------------------------------------------------------------------------------------
+def _gate_up_sig(act_mxfp8):
+    x_t = "*fp8e4nv" if act_mxfp8 else "*bf16"
+    return {"x_ptr": x_t, "x_scale_ptr": "*u8" if act_mxfp8 else "*bf16", "w13_ptr": "*u8",
+            "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32",
+            "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
+            "act_ptr": x_t, "act_scale_ptr": "*u8" if act_mxfp8 else "*bf16", "hidden": "i32", "inter": "i32",
+            "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+            "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr"}
+
+
+def _down_sig(act_mxfp8):
+    a_t = "*fp8e4nv" if act_mxfp8 else "*bf16"
+    return {"act_ptr": a_t, "act_scale_ptr": "*u8" if act_mxfp8 else "*bf16", "w2_ptr": "*u8",
+            "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32", "sorted_rows_ptr": "*i32",
+            "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
+            "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_M": "constexpr",
+            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr"}
+
+
+def aot_configs() -> list[AotConfig]:
+    configs = []
+    decode_rows = (6, DECODE_MAX_ROWS)
+    seen = set()
+    for tp in SUPPORTED_TP:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        for rows in decode_rows:
+            for kind, pick, kernel, sig in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig),
+                                            ("down", down_config, _down_kernel, _down_sig)):
+                cfg = pick(rows, inter)
+                key = (kind, cfg)
+                if key in seen:
+                    continue
+                seen.add(key)
+                constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                              "ACT_MXFP8": False}
+                if kind == "gate_up":
+                    constexprs["TOP_K"] = TOP_K
+                configs.append(AotConfig(
+                    name=f"moe_mxfp4_{kind}_decode_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}",
+                    kernel=kernel, signature=sig(False), constexprs=constexprs, num_warps=cfg.num_warps,
+                    num_stages=cfg.num_stages, div16=("hidden", "inter"),
+                    expect_opcodes=("HMMA.16816.F32.BF16",)))
+    for act_mxfp8, opcode in ((False, "HMMA.16816.F32.BF16"), (True, "QMMA.SF")):
+        tag = "mxfp8" if act_mxfp8 else "bf16"
+        for kind, pick, kernel, sig in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig),
+                                        ("down", down_config, _down_kernel, _down_sig)):
+            cfg = pick(DECODE_MAX_ROWS + 1, MOE_INTERMEDIATE_SIZE, act_mxfp8)
+            constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                          "ACT_MXFP8": act_mxfp8}
+            if kind == "gate_up":
+                constexprs["TOP_K"] = TOP_K
+            configs.append(AotConfig(
+                name=f"moe_mxfp4_{kind}_prefill_{tag}", kernel=kernel, signature=sig(act_mxfp8),
+                constexprs=constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                div16=("hidden", "inter"), expect_opcodes=(opcode,),
+                note="shipped" if not act_mxfp8 else "compared alternative (not dispatched)"))
+    configs.append(AotConfig(
+        name="moe_mxfp4_route", kernel=_route_kernel,
+        signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",
+                   "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
+                   "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr", "NUM_BINS": "constexpr"},
+        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": 2048, "NUM_BINS": 512}, num_warps=4))
+    configs.append(AotConfig(
+        name="moe_mxfp4_topk_sum", kernel=_topk_sum_kernel,
+        signature={"y_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
+                   "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr", "BLOCK_H": "constexpr"},
+        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK},
+        num_warps=4, div16=("hidden",)))
+    return configs
+
+
+__all__ = [
+    "HIDDEN_SIZE", "LAUNCHES_PER_FORWARD", "aot_configs", "moe_mxfp4_forward", "quantize_mxfp8",
+    "reference_dequant_mxfp4", "reference_moe_mxfp4", "reference_moe_mxfp8_act", "reference_swiglu",
+    "repack_w13_", "scale_bytes", "touched_expert_bytes", "unpack_w13_",
+]

@@ -1,0 +1,259 @@
+"""MXFP4 routed-expert kernels against the float32 reference, under the CPU interpreter.
+
+Reduced shapes: 8 experts, H=256, per-rank I = 256/T for T in (1, 2, 4, 8) (the full model's
+2048/T scaled down 8x). Weights are random bytes (every e2m1 code), scales random E8M0 bytes
+around 2**0; the activations are large enough that the SwiGLU clamp (limit 10) is active.
+"""
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import moe_mxfp4 as moe
+from sglang_sm120.kernels.dsv4 import MXFP4_GROUP, SUPPORTED_TP, SWIGLU_LIMIT
+from sglang_sm120.kernels.harness.interpreter import interpreter_enabled
+
+DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
+
+NUM_EXPERTS = 8
+HIDDEN = 256
+INTERS = [256 // tp for tp in SUPPORTED_TP]
+TOP_K = 6
+
+
+def make_experts(inter, num_experts=NUM_EXPERTS, hidden=HIDDEN, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w13 = torch.randint(-128, 128, (num_experts, 2 * inter, hidden // 2), dtype=torch.int8, generator=g)
+    s13 = torch.randint(119, 128, (num_experts, 2 * inter, hidden // MXFP4_GROUP), dtype=torch.uint8, generator=g)
+    w2 = torch.randint(-128, 128, (num_experts, hidden, inter // 2), dtype=torch.int8, generator=g)
+    s2 = torch.randint(119, 128, (num_experts, hidden, inter // MXFP4_GROUP), dtype=torch.uint8, generator=g)
+    return [t.to(DEVICE) for t in (w13, s13.view(torch.float8_e8m0fnu), w2, s2.view(torch.float8_e8m0fnu))]
+
+
+def make_routing(batch, pattern, num_experts=NUM_EXPERTS, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    if pattern == "random":  # distinct experts per token, like SGLang's top-k
+        ids = torch.stack([torch.randperm(num_experts, generator=g)[:TOP_K] for _ in range(batch)]) \
+            if batch else torch.empty(0, TOP_K, dtype=torch.int64)
+    elif pattern == "skewed":  # every token hits expert 3, the rest from two experts
+        ids = torch.randint(5, 7, (batch, TOP_K), generator=g)
+        ids[:, 0] = 3
+    elif pattern == "duplicate":  # the same expert several times within a token
+        ids = torch.randint(0, num_experts, (batch, 1), generator=g).repeat(1, TOP_K)
+        ids[:, -1] = (ids[:, -1] + 1) % num_experts
+    elif pattern == "invalid":  # -1 / out-of-range ids (padding) contribute nothing
+        ids = torch.randint(0, num_experts, (batch, TOP_K), generator=g)
+        ids[::2, 1] = -1
+        ids[:, 4] = num_experts + 2
+    elif pattern == "all_invalid":
+        ids = torch.full((batch, TOP_K), -1)
+    else:
+        raise ValueError(pattern)
+    weights = torch.rand(batch, TOP_K, generator=g) * 1.5
+    return weights.to(DEVICE), ids.to(torch.int32).to(DEVICE)
+
+
+def make_x(batch, hidden=HIDDEN, seed=2, scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, hidden, generator=g) * scale).to(torch.bfloat16).to(DEVICE)
+
+
+def repacked(w13, s13):
+    w13r, s13r = w13.clone(), s13.clone()
+    moe.repack_w13_(w13r, s13r)
+    return w13r, s13r
+
+
+def run(x, experts, weights, ids, **kw):
+    w13, s13, w2, s2 = experts
+    w13r, s13r = repacked(w13, s13)
+    out = torch.full_like(x, float("nan"))
+    result = moe.moe_mxfp4_forward(x, w13r, s13r, w2, s2, weights, ids, out=out, **kw)
+    assert result is out
+    return out
+
+
+def rel(a, b):
+    return ((a.float() - b).norm() / b.norm().clamp(min=1e-30)).item()
+
+
+# --- the reference is upstream's dequantisation, bit for bit -------------------------------------
+def test_reference_dequant_matches_upstream_dequant_mxfp4():
+    from sglang.srt.layers.quantization.fp8_utils import dequant_mxfp4
+
+    g = torch.Generator().manual_seed(3)
+    packed = torch.randint(0, 256, (2, 5, 4 * 16), dtype=torch.uint8, generator=g)
+    scales = torch.arange(256, dtype=torch.uint8)[:40].reshape(2, 5, 4)  # includes 0 (2**-127)
+    scales = torch.cat([scales, torch.arange(216, 256, dtype=torch.uint8).reshape(2, 5, 4)], dim=1)
+    packed = torch.cat([packed, packed], dim=1)  # rows with the huge scales up to 255 (inf)
+    ours = moe.reference_dequant_mxfp4(packed, scales)
+    theirs = dequant_mxfp4(packed.view(2, 10, 4, 16), scales, torch.float32)
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    keep = ~ours.isnan()
+    assert torch.equal(ours[keep], theirs[keep])
+
+
+def test_reference_dequant_takes_e8m0_or_uint8_scales():
+    packed = torch.tensor([[0x21, 0xF9] * 16], dtype=torch.uint8)
+    scale = torch.tensor([[128]], dtype=torch.uint8)
+    got = moe.reference_dequant_mxfp4(packed, scale)
+    assert got[0, :4].tolist() == [1.0, 2.0, -1.0, -12.0]
+    assert torch.equal(got, moe.reference_dequant_mxfp4(packed, scale.view(torch.float8_e8m0fnu)))
+    with pytest.raises(ValueError, match="scale"):
+        moe.reference_dequant_mxfp4(packed, scale.float())
+
+
+# --- weight repacking -----------------------------------------------------------------------------
+@pytest.mark.parametrize("inter", INTERS)
+def test_repack_round_trips_in_place(inter):
+    w13, s13, _, _ = make_experts(inter)
+    w13r, s13r = w13.clone(), s13.clone()
+    ptrs = (w13r.data_ptr(), s13r.data_ptr())
+    moe.repack_w13_(w13r, s13r)
+    assert (w13r.data_ptr(), s13r.data_ptr()) == ptrs  # no second copy of the layer
+    assert torch.equal(w13r[:, 0::2], w13[:, :inter]) and torch.equal(w13r[:, 1::2], w13[:, inter:])
+    assert torch.equal(s13r.view(torch.uint8)[:, 1::2], s13.view(torch.uint8)[:, inter:])
+    moe.unpack_w13_(w13r, s13r)
+    assert torch.equal(w13r, w13) and torch.equal(s13r.view(torch.uint8), s13.view(torch.uint8))
+
+
+# --- decode / prefill forward ---------------------------------------------------------------------
+@pytest.mark.parametrize("inter", INTERS)
+@pytest.mark.parametrize("batch", [0, 1, 3, 64])
+def test_forward_matches_reference(inter, batch):
+    experts = make_experts(inter)
+    weights, ids = make_routing(batch, "random")
+    x = make_x(batch)
+    out = run(x, experts, weights, ids)
+    assert out.shape == (batch, HIDDEN) and out.dtype == torch.bfloat16
+    if batch == 0:
+        return
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    assert torch.isfinite(out).all()
+    assert rel(out, ref) < 2e-2  # bf16 activations and intermediates (interpreter truncates to bf16)
+
+
+def test_clamp_is_active_and_matters():
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(3, "random")
+    x = make_x(3, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    unclamped = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
+    assert rel(unclamped, ref) > 0.1  # the test inputs do exercise the clamp
+    out = run(x, experts, weights, ids)
+    assert rel(out, ref) < 2e-2
+    out_unclamped = run(x, experts, weights, ids, swiglu_limit=0.0)
+    assert rel(out_unclamped, unclamped) < 2e-2
+
+
+@pytest.mark.parametrize("pattern", ["skewed", "duplicate", "invalid", "all_invalid"])
+@pytest.mark.parametrize("batch", [1, 64])
+def test_forward_routing_patterns(pattern, batch):
+    inter = 32
+    experts = make_experts(inter)
+    weights, ids = make_routing(batch, pattern)
+    x = make_x(batch)
+    out = run(x, experts, weights, ids)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    if pattern == "all_invalid":
+        assert torch.equal(out, torch.zeros_like(out))
+    else:
+        assert rel(out, ref) < 2e-2
+
+
+def test_prefill_grouped_gemm_matches_reference():
+    inter = 64
+    batch = moe.DECODE_MAX_ROWS // TOP_K + 13  # past the decode tiles: 64-row grouped GEMM
+    experts = make_experts(inter)
+    weights, ids = make_routing(batch, "random")
+    ids[:40] = torch.tensor([1, 1, 2, 3, 4, 5], dtype=ids.dtype)  # skew the load
+    x = make_x(batch)
+    assert moe.gate_up_config(batch * TOP_K, inter).block_m == 64
+    out = run(x, experts, weights, ids)
+    assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
+
+
+def test_mxfp8_activation_variant_and_why_bf16_ships():
+    """The QMMA.SF alternative matches its own MXFP8 reference, and is less accurate than bf16."""
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(40, "random")
+    x = make_x(40)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    ref_mxfp8 = moe.reference_moe_mxfp8_act(x, *experts, weights, ids)
+    out_mxfp8 = run(x, experts, weights, ids, act_mxfp8=True)
+    out_bf16 = run(x, experts, weights, ids)
+    # the interpreter's fp32->e4m3 cast drops rounding carries, hence the looser bound
+    assert rel(out_mxfp8, ref_mxfp8) < 3e-2
+    assert rel(out_bf16, ref) < 2e-2
+    assert rel(ref_mxfp8, ref) > 3 * rel(out_bf16, ref)
+
+
+def test_quantize_mxfp8_bounds():
+    x = make_x(4, scale=300.0).float()
+    q, s = moe.quantize_mxfp8(x)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (4, HIDDEN // MXFP4_GROUP)
+    deq = (q.float().unflatten(-1, (-1, 32)) * torch.exp2(s.float() - 127).unsqueeze(-1)).flatten(-2)
+    assert torch.isfinite(deq).all()
+    assert ((deq - x).abs() <= x.abs() * 2 ** -4 + 1e-30).all()
+
+
+# --- validation -----------------------------------------------------------------------------------
+def test_validation_names_the_argument():
+    inter = 32
+    w13, s13, w2, s2 = make_experts(inter)
+    weights, ids = make_routing(2, "random")
+    x = make_x(2)
+    with pytest.raises(ValueError, match="x must"):
+        moe.moe_mxfp4_forward(x.float(), w13, s13, w2, s2, weights, ids)
+    with pytest.raises(ValueError, match="w13 must"):
+        moe.moe_mxfp4_forward(x, w13[:, :, :-1], s13, w2, s2, weights, ids)
+    with pytest.raises(ValueError, match="w2 must"):
+        moe.moe_mxfp4_forward(x, w13, s13, w2[:, :-1], s2, weights, ids)
+    with pytest.raises(ValueError, match="w2_scale"):
+        moe.moe_mxfp4_forward(x, w13, s13, w2, s2.view(torch.uint8)[:, :-1], weights, ids)
+    with pytest.raises(ValueError, match="scale must be"):
+        moe.moe_mxfp4_forward(x, w13, s13.view(torch.uint8).float(), w2, s2, weights, ids)
+    with pytest.raises(ValueError, match="topk_ids"):
+        moe.moe_mxfp4_forward(x, w13, s13, w2, s2, weights, ids[:1])
+    with pytest.raises(ValueError, match="topk_weights"):
+        moe.moe_mxfp4_forward(x, w13, s13, w2, s2, weights[:, :2], ids)
+    with pytest.raises(ValueError, match="out must"):
+        moe.moe_mxfp4_forward(x, w13, s13, w2, s2, weights, ids, out=torch.empty(2, HIDDEN))
+    with pytest.raises(ValueError, match="w13 must"):
+        moe.repack_w13_(w13[:, :3], s13)
+
+
+def test_touched_expert_bytes_counts_distinct_valid_experts():
+    ids = torch.tensor([[0, 1, 1], [1, -1, 2]])
+    per_expert = 2 * 64 * 256 // 2 + 2 * 64 * 256 // 32 + 256 * 64 // 2 + 256 * 64 // 32
+    assert moe.touched_expert_bytes(ids, 256, 64, 8) == 3 * per_expert
+    assert SWIGLU_LIMIT == 10.0
+
+
+@pytest.mark.parametrize("pattern", ["random", "skewed", "invalid"])
+def test_route_kernel_and_torch_route_agree(monkeypatch, pattern):
+    _, ids = make_routing(37, pattern)
+    ids[3, 2] = 0
+    triton_out = [t.clone() for t in moe.route(ids, NUM_EXPERTS)]
+    monkeypatch.setattr(moe, "ROUTE_TRITON_MAX_ROWS", 0)
+    torch_out = moe.route(ids, NUM_EXPERTS)
+    flat = ids.flatten().long()
+    valid = (flat >= 0) & (flat < NUM_EXPERTS)
+    num_valid = int(valid.sum())
+    n_active = int(torch_out[3])
+    assert int(triton_out[3]) == n_active == len(torch.unique(flat[valid]))
+    assert torch.equal(triton_out[0][:num_valid], torch_out[0][:num_valid])
+    assert torch.equal(triton_out[1], torch_out[1])
+    assert torch.equal(triton_out[2][:n_active], torch_out[2][:n_active])
+    # stable order: rows of one expert keep their original order
+    expected = torch.argsort(torch.where(valid, flat, NUM_EXPERTS), stable=True)[:num_valid]
+    assert torch.equal(torch_out[0][:num_valid].long(), expected)
+
+
+def test_forward_with_torch_route(monkeypatch):
+    monkeypatch.setattr(moe, "ROUTE_TRITON_MAX_ROWS", 0)
+    experts = make_experts(64)
+    weights, ids = make_routing(5, "invalid")
+    x = make_x(5)
+    assert rel(run(x, experts, weights, ids), moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
