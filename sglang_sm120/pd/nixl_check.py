@@ -366,3 +366,14 @@ def run_pair(spec: TransferSpec, wall_timeout_s: float = 120.0) -> dict:
                 proc.join(5)
     out["prefill_exitcode"] = prefill.exitcode
     return out
+
+
+def settings_from_plan(plan, role: str = "prefill") -> dict:
+    """The NIXL/UCX part of a planned server's environment, as TransferSpec fields: ``env`` (UCX_*),
+    ``backend`` and ``backend_params`` (from SGLANG_DISAGGREGATION_NIXL_BACKEND[_PARAMS])."""
+    import json
+
+    proc = next(p for p in plan.processes if p.role == role)
+    env = {k: v for k, v in proc.env.items() if k.startswith("UCX_")}
+    return {"env": env, "backend": proc.env.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX"),
+            "backend_params": json.loads(proc.env.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}"))}
