@@ -70,7 +70,8 @@ def _load_activation(row_ptr, freq_row, k, mask, INV_ROPE: tl.constexpr, HEAD: t
         return tl.load(row_ptr + k, mask=mask, other=0.0)
 
 
-@triton.jit
+# Row counts and split sizes vary call to call: no 1 / multiple-of-16 specialisation (one compile).
+@triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
 def _block_fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
     M, N, K,
@@ -79,9 +80,9 @@ def _block_fp8_gemv_kernel(
     stride_sg, stride_sn,
     stride_ym, stride_yg,
     stride_freq,
-    k_blocks_per_split,
+    k_blocks_per_split, num_splits,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
+    IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr,
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g,
@@ -158,19 +159,19 @@ def _block_fp8_gemv_kernel(
 
     y_ptrs = y_ptr + pid_g * stride_yg + rm[:, None] * stride_ym + rn[None, :]
     y_mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT_K == 1:
+    if not IS_SPLIT:
         tl.store(y_ptrs, acc.to(tl.bfloat16), mask=y_mask)
     else:
-        # partials [G, SPLIT_K, M, N] fp32; the last program of this tile to arrive sums them
-        part_base = partial_ptr + (pid_g * SPLIT_K).to(tl.int64) * M * N
+        # partials [G, num_splits, M, N] fp32; the last program of this tile to arrive sums them
+        part_base = partial_ptr + (pid_g * num_splits).to(tl.int64) * M * N
         tile_part = rm[:, None] * N + rn[None, :]
         tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, acc, mask=y_mask)
         tl.debug_barrier()
         tile = pid_g * tl.num_programs(0) + pid
         arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
+        if arrived == num_splits - 1:
             total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            for s in tl.static_range(SPLIT_K):
+            for s in range(num_splits):
                 total += tl.load(part_base + s * M * N + tile_part, mask=y_mask, other=0.0,
                                  cache_modifier=".cg")
             tl.store(y_ptrs, total.to(tl.bfloat16), mask=y_mask)
@@ -199,13 +200,32 @@ class GemvConfig:
 
 # Rows handled by the FMA form (no tensor cores); above it the dot form pads rows to 16.
 FMA_MAX_ROWS = 2
-# Programs wanted per launch for full memory bandwidth; split-K raises small-N launches to this.
-TARGET_PROGRAMS = 4 * 132
+# Programs wanted per SM for full memory bandwidth; split-K raises small-N launches to this.
+PROGRAMS_PER_SM = 4
 # A split keeps at least this many 128-wide K blocks so its partial store stays small.
 MIN_K_BLOCKS_PER_SPLIT = 4
+# SM count assumed when no GPU is visible (interpreter, AOT): the H200's.
+DEFAULT_SM_COUNT = 132
 
 
-def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int | None = None) -> int:
+    if torch.cuda.is_available():
+        index = torch.cuda.current_device() if device_index is None else device_index
+        return torch.cuda.get_device_properties(index).multi_processor_count
+    return DEFAULT_SM_COUNT
+
+
+def choose_split(tiles: int, k_blocks: int, target_programs: int) -> int:
+    """Largest power-of-two K split that keeps tiles*split <= target_programs and every split at
+    least MIN_K_BLOCKS_PER_SPLIT blocks long."""
+    split = 1
+    while tiles * split * 2 <= target_programs and k_blocks // (split * 2) >= MIN_K_BLOCKS_PER_SPLIT:
+        split *= 2
+    return split
+
+
+def default_config(m: int, n: int, k: int, groups: int = 1, programs_per_sm: int = PROGRAMS_PER_SM) -> GemvConfig:
     """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
     if m <= FMA_MAX_ROWS:
         block_m, block_n, use_dot = (1 if m <= 1 else 2), 32, False
@@ -214,10 +234,7 @@ def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     else:
         block_m, block_n, use_dot = 32, 64, True
     tiles = groups * triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
-    k_blocks = triton.cdiv(k, FP8_BLOCK)
-    split = 1
-    while (tiles * split * 2 <= TARGET_PROGRAMS and k_blocks // (split * 2) >= MIN_K_BLOCKS_PER_SPLIT):
-        split *= 2
+    split = choose_split(tiles, triton.cdiv(k, FP8_BLOCK), programs_per_sm * sm_count())
     return GemvConfig(block_m, block_n, split, use_dot)
 
 
@@ -277,9 +294,9 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         s3.stride(0), s3.stride(1),
         y3.stride(0), y3.stride(1),
         fr.stride(0) if inv_rope else 0,
-        per_split,
+        per_split, split,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK,
-        SPLIT_K=split, USE_DOT=cfg.use_dot,
+        IS_SPLIT=split > 1, USE_DOT=cfg.use_dot,
         INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -461,8 +478,8 @@ def aot_configs() -> list[AotConfig]:
         "M": "i32", "N": "i32", "K": "i32",
         "stride_xm": "i32", "stride_xg": "i32", "stride_wg": "i32", "stride_wn": "i32",
         "stride_sg": "i32", "stride_sn": "i32", "stride_ym": "i32", "stride_yg": "i32",
-        "stride_freq": "i32", "k_blocks_per_split": "i32",
-        "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "SPLIT_K": "constexpr",
+        "stride_freq": "i32", "k_blocks_per_split": "i32", "num_splits": "i32",
+        "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "IS_SPLIT": "constexpr",
         "USE_DOT": "constexpr", "INV_ROPE": "constexpr", "HEAD": "constexpr", "ROPE": "constexpr",
     }
     configs = []
@@ -471,7 +488,7 @@ def aot_configs() -> list[AotConfig]:
         name = f"fp8_gemv_{cfg.name}" + ("_invrope" if rope else "")
         configs.append(AotConfig(
             name=name, kernel=_block_fp8_gemv_kernel, signature=sig,
-            constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": FP8_BLOCK, "SPLIT_K": split,
+            constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": FP8_BLOCK, "IS_SPLIT": split > 1,
                         "USE_DOT": use_dot, "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM},
             num_warps=warps, num_stages=cfg.num_stages,
             # the JIT sees these as multiples of 16 for DSv4's shapes (K, N multiples of 128)

@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Device check and timing of the block-FP8 GEMV (``sglang_sm120.kernels.fp8_gemv``) at full DSv4 shapes.
+
+For each of the seven dense FP8 linears (``dsv4.dense_linear_shapes(T)``, T in 1, 2, 4, 8) and each
+row count M in 1, 2, 4, 8, 16, 32, in one run:
+
+* checks ours against the float32 reference (relative error);
+* times ours (default config, plus a small config sweep whose best is recorded), a bf16 matmul on
+  the dequantised weight, and the fastest FP8 matmul torch offers here (``torch.nn.functional.scaled_mm``
+  with 1x128 / 128x128 block scales, else ``torch._scaled_mm`` with per-row scales; GEMM only, the
+  activation pre-quantised); for wo_a, upstream's ``_apply_wo_a_bf16_matmul`` (bf16 einsum, extracted
+  from the installed wheel by ``--prepare``) and ours with the fused inverse RoPE;
+* measures copy bandwidth, and compares ours and an emulation of upstream's FP8-activation path
+  against the exact product at M=8.
+
+Every call is timed in a CUDA graph cycling through enough weight copies to exceed L2, so the
+figures are HBM-bound like one decode step's layers. ``--smoke`` runs the logic on the CPU under
+the Triton interpreter at tiny shapes (no timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _repo_imports import ensure_kernels_importable  # noqa: E402
+
+ensure_kernels_importable()
+
+UPSTREAM_FILE = "dsv4_wo_a.py"
+ROWS = (1, 2, 4, 8, 16, 32)
+TPS = (1, 2, 4, 8)
+L2_EXCEED_BYTES = 192 * 2**20  # cycle through weight copies totalling more than the 50 MB L2 by far
+
+
+def prepare() -> None:
+    import upstream
+
+    preamble = (
+        "from __future__ import annotations\nimport torch\n"
+        "# the sm_120 branch values of the globals _apply_wo_a_bf16_matmul reads (fast_path=False)\n"
+        "_is_hip = False\n_is_cuda = True\n_is_gfx95_supported = False\n"
+        "_wo_a_aiter_batched_gemm_enabled = False\n_wo_a_aiter_batched_gemm_disabled = False\n"
+        "class _Platform:\n    is_blackwell = True\n    is_sm90 = False\n"
+        "def get_platform():\n    return _Platform\n"
+    )
+    path = upstream.extract_functions("srt/models/deepseek_v4.py", {"_apply_wo_a_bf16_matmul",
+                                      "_wo_a_bf16_bmm_token_major"}, preamble=preamble, out_name=UPSTREAM_FILE)
+    print(f"wrote {path}")
+
+
+def candidates(m: int, n: int, k: int, groups: int, g):
+    """Sweep configs for one point: the default first."""
+    default = g.default_config(m, n, k, groups)
+    out = [("default", default)]
+
+    def with_split(bm, bn, dot, pps=g.PROGRAMS_PER_SM, warps=4, stages=3):
+        tiles = groups * math.ceil(n / bn) * math.ceil(m / bm)
+        split = g.choose_split(tiles, math.ceil(k / g.FP8_BLOCK), pps * g.sm_count())
+        return g.GemvConfig(bm, bn, split, dot, warps, stages)
+
+    if m <= g.FMA_MAX_ROWS:
+        bm = 1 if m == 1 else 2
+        out += [("fma_bn32_pps8", with_split(bm, 32, False, pps=8)), ("fma_bn64", with_split(bm, 64, False)),
+                ("fma_bn32_w8", with_split(bm, 32, False, warps=8)), ("fma_bn16_pps8", with_split(bm, 16, False, pps=8)),
+                ("dot16_bn64", with_split(16, 64, True))]
+    elif m <= 16:
+        out += [("dot16_bn64_pps8", with_split(16, 64, True, pps=8)), ("dot16_bn32", with_split(16, 32, True)),
+                ("dot16_bn128", with_split(16, 128, True)), ("dot16_bn64_st4", with_split(16, 64, True, stages=4)),
+                ("dot16_bn32_pps8", with_split(16, 32, True, pps=8))]
+    else:
+        out += [("dot32_bn128", with_split(32, 128, True)), ("dot16_bn64", with_split(16, 64, True)),
+                ("dot32_bn64_pps8", with_split(32, 64, True, pps=8)), ("dot32_bn32", with_split(32, 32, True))]
+    seen, unique = set(), []
+    for name, cfg in out:
+        if cfg not in seen:
+            seen.add(cfg)
+            unique.append((name, cfg))
+    return unique
+
+
+def main(out_dir: str, smoke: bool) -> None:
+    import torch
+
+    from sglang_sm120.kernels import dsv4
+    from sglang_sm120.kernels import fp8_gemv as g
+    from sglang_sm120.kernels.harness import devicebench as db
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = "cpu" if smoke else "cuda"
+    t_start = time.time()
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "200"))
+    rows = (1, 3) if smoke else ROWS
+    tps = (1, 8) if smoke else TPS
+
+    def timed(fn, calls=20, replays=20):
+        if smoke:
+            fn()
+            return float("nan")
+        return db.time_in_cuda_graph(fn, calls_per_graph=calls, replays=replays)
+
+    def rotating(fns):
+        """One call per weight copy in turn; every copy is called once first (JIT, split-K counters)."""
+        for f in fns:
+            f()
+        state = [0]
+
+        def call():
+            f = fns[state[0] % len(fns)]
+            state[0] += 1
+            return f()
+        return call
+
+    copy_gbs = float("nan") if smoke else db.copy_bandwidth_gbs()
+    upstream_wo_a = None
+    if not smoke:
+        import upstream as up
+
+        upstream_wo_a = up.load(UPSTREAM_FILE)._apply_wo_a_bf16_matmul
+
+    res = db.BenchResult(
+        name="fp8_gemv-h200",
+        title="Block-FP8 GEMV / grouped wo_a at DSv4-Flash decode shapes (CUDA-graph timed, weights cycled past L2)",
+        columns=["linear", "T", "N", "K", "M", "ours_us", "ours_pct_copy_bw", "best_us", "best_cfg",
+                 "bf16_us", "fp8_mm_us", "fp8_mm_kind", "einsum_us", "ours_rope_us", "rel_err"])
+    res.extra["copy bandwidth (GB/s, read+write)"] = round(copy_gbs, 1)
+    sweep_log = []
+    numerics = {}
+    fp8_kinds_failed = {}
+
+    def fp8_mm_variants(x, w, s):
+        """(kind, fn) for torch's FP8 matmuls on a pre-quantised activation; first working wins per kind."""
+        m, k = x.shape
+        xq_rows = x.float().abs().amax(-1, keepdim=True).clamp_min(1e-10) / g.FP8_MAX
+        xq = (x.float() / xq_rows).to(g.FP8_DTYPE)
+        groups = x.float().reshape(m, -1, g.FP8_BLOCK)
+        gs = groups.abs().amax(-1).clamp_min(1e-10) / g.FP8_MAX  # [m, k/128]
+        xqg = (groups / gs[..., None]).to(g.FP8_DTYPE).reshape(m, k)
+        gs_cm = gs.t().contiguous().t()  # outer-dim-major as cuBLAS wants
+        w_row_scale = torch.ones(1, w.shape[0], device=w.device)
+        out = []
+        F = torch.nn.functional
+        if hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):
+            out.append(("blockwise 1x128/128x128 (F.scaled_mm)", lambda: F.scaled_mm(
+                xqg, w.t(), gs_cm, F.ScalingType.BlockWise1x128, s.t(), F.ScalingType.BlockWise128x128,
+                output_dtype=torch.bfloat16)))
+        out.append(("rowwise (torch._scaled_mm, fast accum)", lambda: torch._scaled_mm(
+            xq, w.t(), scale_a=xq_rows, scale_b=w_row_scale, out_dtype=torch.bfloat16, use_fast_accum=True)))
+        one = torch.ones((), device=w.device)
+        out.append(("tensorwise (torch._scaled_mm, fast accum)", lambda: torch._scaled_mm(
+            xq, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)))
+        return out
+
+    def make_weights(n, k, groups, copies):
+        shape = (n, k) if groups is None else (groups, n, k)
+        base = (torch.randn(shape, device=dev) * 0.5).to(g.FP8_DTYPE)
+        sshape = (*shape[:-2], math.ceil(n / g.FP8_BLOCK), math.ceil(k / g.FP8_BLOCK))
+        scales = torch.exp2(torch.randint(-10, -5, sshape, device=dev).float())  # UE8M0-like
+        return [(base.clone(), scales.clone()) for _ in range(copies)]
+
+    shapes = []
+    for tp in tps:
+        for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
+            if name in ("wqkv_a", "indexer_wq_b") and tp != tps[0]:
+                continue  # replicated: the same at every T
+            if smoke:
+                n, k = min(n, 256), min(k, 512)
+            shapes.append((name, tp, n, k))
+
+    for name, tp, n, k in shapes:
+        if time.time() - t_start > budget_s:
+            res.notes.append(f"stopped at {name} T={tp}: time budget {budget_s:.0f} s reached")
+            break
+        is_wo_a = name == "wo_a"
+        groups = (dsv4.O_GROUPS // tp) if is_wo_a else None
+        r = dsv4.O_LORA_RANK if is_wo_a else n
+        if smoke and is_wo_a:
+            groups, r = max(1, 8 // tp // 4), 128
+        nbytes = (groups or 1) * r * k
+        # >= calls per graph distinct copies, or enough to push each copy out of L2 before its reuse
+        copies = 1 if smoke else min(20, max(2, math.ceil(L2_EXCEED_BYTES / nbytes)))
+        weights = make_weights(r, k, groups, copies)
+        dq = [g.dequantize_block_fp8(w, s, torch.bfloat16) for w, s in weights[:max(1, copies // 2 + 1)]]
+        for m in rows:
+            if is_wo_a:
+                x = torch.randn(m, groups, k, device=dev).to(torch.bfloat16)
+                head, rope = (dsv4.HEAD_DIM, dsv4.ROPE_DIM) if not smoke else (128, 32)
+                positions = torch.randint(0, 4096, (m,), device=dev)
+                freqs = torch.randn(4096, rope, device=dev)
+                ref = g.reference_grouped_wo_a(x, *weights[0])
+                y = g.grouped_fp8_wo_a(x, *weights[0])
+                err = db.relative_error(y, ref)
+                yr = g.grouped_fp8_wo_a(x, *weights[0], positions=positions, freqs=freqs, head_dim=head, rope_dim=rope)
+                err_rope = db.relative_error(yr, g.reference_grouped_wo_a(x, *weights[0], positions, freqs, head, rope))
+                err = max(err, err_rope)
+                ours_fns = lambda cfg=None: rotating([  # noqa: E731
+                    (lambda w=w, s=s: g.grouped_fp8_wo_a(x, w, s, config=cfg)) for w, s in weights])
+                ours_us = timed(ours_fns())
+                rope_us = timed(rotating([(lambda w=w, s=s: g.grouped_fp8_wo_a(
+                    x, w, s, positions=positions, freqs=freqs, head_dim=head, rope_dim=rope)) for w, s in weights]))
+                bf16_us = timed(rotating([(lambda w=w: torch.einsum("tgd,grd->tgr", x, w)) for w in dq]))
+                einsum_us = float("nan")
+                if upstream_wo_a is not None:
+                    einsum_us = timed(rotating([(lambda w=w: upstream_wo_a(x, w, is_decode=True)) for w in dq]))
+                fp8_us, fp8_kind = float("nan"), "n/a (grouped)"
+                n_eff = groups * r
+            else:
+                x = torch.randn(m, k, device=dev).to(torch.bfloat16)
+                ref = g.reference_block_fp8_linear(x, *weights[0])
+                y = g.block_fp8_linear(x, *weights[0])
+                err = db.relative_error(y, ref)
+                ours_fns = lambda cfg=None: rotating([  # noqa: E731
+                    (lambda w=w, s=s: g.block_fp8_linear(x, w, s, config=cfg)) for w, s in weights])
+                ours_us = timed(ours_fns())
+                rope_us = einsum_us = float("nan")
+                bf16_us = timed(rotating([(lambda w=w: torch.nn.functional.linear(x, w)) for w in dq]))
+                fp8_us, fp8_kind = float("nan"), "none worked"
+                if not smoke:
+                    for kind, _fn in fp8_mm_variants(x, *weights[0]):
+                        try:
+                            _fn()
+                            torch.cuda.synchronize()
+                            fns = [dict(fp8_mm_variants(x, w, s))[kind] for w, s in weights]
+                            us = timed(rotating(fns))
+                        except Exception as exc:  # unsupported scaling on this GPU/torch: record why
+                            fp8_kinds_failed[kind] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                            torch.cuda.synchronize()
+                            continue
+                        if not (us >= fp8_us):
+                            fp8_us, fp8_kind = us, kind
+                n_eff = n
+                if m == 8 and tp == 1:
+                    exact = ref
+                    numerics[name] = {
+                        "ours": round(err, 6),
+                        "upstream_fp8_activation_emulated": round(db.relative_error(
+                            g.reference_upstream_fp8_activation_linear(x, *weights[0]).to(torch.bfloat16), exact), 6),
+                        "bf16_rounding_floor": round(db.relative_error(exact.to(torch.bfloat16), exact), 6),
+                    }
+            # config sweep
+            best_us, best_cfg = ours_us, "default"
+            for cname, cfg in candidates(m, r, k, groups or 1, g)[1:]:
+                if smoke:
+                    cfg_y = (g.grouped_fp8_wo_a(x, *weights[0], config=cfg) if is_wo_a
+                             else g.block_fp8_linear(x, *weights[0], config=cfg))
+                    assert db.relative_error(cfg_y, ref) < 1e-2, cname
+                    continue
+                us = timed(ours_fns(cfg), calls=10, replays=10)
+                sweep_log.append({"linear": name, "T": tp, "M": m, "cfg": cname, "config": cfg.name, "us": round(us, 3)})
+                if us < best_us:
+                    best_us, best_cfg = us, f"{cname} ({cfg.name})"
+            sweep_log.append({"linear": name, "T": tp, "M": m, "cfg": "default",
+                              "config": g.default_config(m, r, k, groups or 1).name, "us": round(ours_us, 3)})
+            gbs = (groups or 1) * r * k / (ours_us * 1e-6) / 1e9
+            res.add(linear=name, T=tp, N=n_eff, K=k, M=m, ours_us=ours_us,
+                    ours_pct_copy_bw=round(100 * gbs / copy_gbs, 1) if copy_gbs == copy_gbs else float("nan"),
+                    best_us=best_us, best_cfg=best_cfg, bf16_us=bf16_us, fp8_mm_us=fp8_us, fp8_mm_kind=fp8_kind,
+                    einsum_us=einsum_us, ours_rope_us=rope_us, rel_err=float(f"{err:.3g}"))
+            print(res.rows[-1], flush=True)
+        del weights, dq
+        res.write(out_dir)  # partial results survive a later failure
+        if not smoke:
+            torch.cuda.empty_cache()
+
+    res.extra["numerics at M=8, T=1 (relative error vs exact fp32 product of bf16 x and dequantised W)"] = numerics
+    if fp8_kinds_failed:
+        res.extra["torch FP8 matmul kinds that failed here"] = fp8_kinds_failed
+    res.notes += [
+        "ours_pct_copy_bw: FP8 weight bytes / ours_us, over the copy bandwidth (read+write bytes) of this run.",
+        "bf16_us: F.linear (einsum for wo_a) on the bf16-dequantised weight; einsum_us: upstream "
+        "_apply_wo_a_bf16_matmul (extracted from the sglang 0.5.23 wheel) on the bf16 weight.",
+        "fp8_mm_us: fastest working torch FP8 GEMM on a pre-quantised activation (activation quantisation "
+        "not counted, which favours it); fp8_mm_kind says which.",
+        "best_us/best_cfg: best of a small config sweep (sweep.json); ours_us uses default_config.",
+        "wo_a rel_err is the max over plain and fused-inverse-RoPE; N for wo_a is groups x 1024.",
+    ]
+    json_path, md_path = res.write(out_dir)
+    with open(os.path.join(out_dir, "fp8_gemv-h200-sweep.json"), "w") as f:
+        json.dump(sweep_log, f, indent=0)
+    print(f"wrote {json_path} {md_path} in {time.time() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prepare", action="store_true", help="extract upstream baselines into .upstream/")
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks"))
+    parser.add_argument("--smoke", action="store_true", help="CPU interpreter run at tiny shapes, no timing")
+    args = parser.parse_args()
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
+
+        patch_bf16_dot()
+    if args.prepare:
+        prepare()
+    else:
+        main(args.out, args.smoke)
