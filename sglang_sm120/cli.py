@@ -1,4 +1,4 @@
-"""The ``sglang-sm120`` console script: ``doctor``, ``aot-check``, ``pd plan|launch``."""
+"""The ``sglang-sm120`` console script: ``doctor``, ``aot-check``, ``pd plan|launch``, ``bench``."""
 
 from __future__ import annotations
 
@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_pd_parser(sub)
+    try:
+        from .bench.cli import add_bench_parser
+    except ImportError:
+        pass
+    else:
+        add_bench_parser(sub)
     return parser
 
 
