@@ -1,0 +1,228 @@
+"""Lightning indexer on the device: full DSv4-Flash shapes checked against the float32 reference and
+timed in CUDA graphs beside upstream's torch path (``fp8_paged_mqa_logits_torch_sm120`` + torch.topk),
+with the copy bandwidth measured in the same run.
+
+    python3 tools/device_indexer.py --prepare          # here: extract the upstream baseline
+    python3 tools/device_indexer.py --out $OUT         # on the device (carry .upstream)
+    TRITON_INTERPRET=1 python3 tools/device_indexer.py --smoke   # here: the script's logic, tiny shapes
+
+Timing: each graph holds ``ROTATIONS`` calls, each over its own index-K pages (disjoint page
+tables into one cache), after an L2 flush, so every call reads cold pages as consecutive C4 layers do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _repo_imports import ensure_kernels_importable  # noqa: E402
+
+ensure_kernels_importable()
+
+import torch  # noqa: E402
+
+from sglang_sm120.kernels import indexer as ix  # noqa: E402
+from sglang_sm120.kernels.dsv4 import C4_RATIO, INDEX_PAGE_BYTES, INDEX_PAGE_SIZE, INDEX_SCALE_OFFSET, INDEX_TOPK  # noqa: E402
+
+UPSTREAM_FILE = "indexer_logits_torch.py"
+SHAPES = [(b, ctx) for b in (1, 16, 64) for ctx in (8192, 65536, 262144)]
+EXTRA_SHAPES = [(1, 1048576), (256, 8192)]  # the longest context and the largest batch, checked too
+FUSED_SPLITS = ix.FUSED_SPLIT_PAGES
+ROTATIONS = 8
+COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
+           "logits_rel_err", "sel_violations", "exact_overlap", "note")
+
+
+def prepare() -> None:
+    import upstream
+
+    path = upstream.extract_functions(
+        "srt/layers/attention/dsv4/indexer.py", {"fp8_paged_mqa_logits_torch_sm120"},
+        preamble="import torch\nimport torch.nn.functional as F\nfrom typing import Any\n"
+                 "FP8_DTYPE = torch.float8_e4m3fn\n",
+        out_name=UPSTREAM_FILE)
+    print("wrote", path)
+
+
+def build(batch, c4_len, device, rotations, seed=0):
+    """One cache holding ``rotations`` disjoint sets of pages; per rotation a page table, ragged
+    lengths near ``c4_len`` (row 0 exactly c4_len)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    width = -(-c4_len // INDEX_PAGE_SIZE)
+    n_pages = rotations * batch * width
+    flat = torch.randint(0, 256, (n_pages, INDEX_PAGE_BYTES), dtype=torch.uint8, device=device, generator=gen)
+    flat[:, :INDEX_SCALE_OFFSET] &= 0xBF  # e4m3 with |x| < 2: no NaN codes
+    scales = torch.rand(n_pages, INDEX_PAGE_SIZE, device=device, generator=gen) + 0.5
+    flat[:, INDEX_SCALE_OFFSET:] = scales.view(torch.uint8)
+    kv = flat.view(n_pages, INDEX_PAGE_SIZE, 1, 132)
+    q = (torch.randint(0, 256, (batch, 1, 64, 128), dtype=torch.uint8, device=device, generator=gen) & 0xBF
+         ).view(ix.FP8)
+    w = torch.randn(batch, 64, device=device, generator=gen) * 0.1
+    perm = torch.randperm(n_pages, device=device, generator=gen).int()
+    tables = [perm[r * batch * width:(r + 1) * batch * width].view(batch, width).contiguous() for r in range(rotations)]
+    lens = c4_len - torch.randint(0, INDEX_PAGE_SIZE, (batch,), device=device, generator=gen).int()
+    lens[0] = c4_len
+    return q, kv, w, lens.int(), tables
+
+
+def check_selection(slots_raw, ref, lens, k=INDEX_TOPK):
+    """(violations, overlap with the exact top-k): a violation is a selected position scoring below
+    the exact k-th by more than rounding, an unselected one above it, or a wrong -1 padding."""
+    batch, width = ref.shape
+    counts = lens.long().clamp(max=width).clamp(max=k)
+    j = torch.arange(k, device=ref.device)
+    pad_bad = ((slots_raw >= 0) != (j[None, :] < counts[:, None])).sum().item()
+    masked = ref.masked_fill(torch.arange(width, device=ref.device)[None, :] >= lens[:, None].long(), float("-inf"))
+    top = torch.topk(masked, min(k, width), dim=1)
+    kth = top.values[:, -1:]
+    tol = 1e-4 * masked.clamp(min=-1e30).abs().amax(dim=1, keepdim=True)
+    picked = torch.gather(masked, 1, slots_raw.long().clamp(min=0))
+    valid = slots_raw >= 0
+    below = (valid & (picked < kth - tol)).sum().item()
+    above_all = (masked > kth + tol).sum(dim=1)
+    above_picked = (valid & (picked > kth + tol)).sum(dim=1)
+    missed = (above_all - above_picked).clamp(min=0).sum().item()
+    exact = torch.zeros_like(masked, dtype=torch.bool).scatter_(1, top.indices, True) & torch.isfinite(masked)
+    hit = torch.gather(exact, 1, slots_raw.long().clamp(min=0)) & valid
+    overlap = hit.sum().item() / max(int(valid.sum().item()), 1)
+    return int(pad_bad + below + missed), round(overlap, 5)
+
+
+def timer(smoke):
+    if smoke:
+        def wall(fn):
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e6 / ROTATIONS
+        return wall
+    from sglang_sm120.kernels.harness.devicebench import time_in_cuda_graph
+
+    return lambda fn: time_in_cuda_graph(fn, calls_per_graph=1, replays=20)
+
+
+def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=False, rotations=ROTATIONS):
+    c4_len = ctx // C4_RATIO
+    q, kv, w, lens, tables = build(batch, c4_len, device, rotations)
+    pages_read = torch.div(lens.long() + INDEX_PAGE_SIZE - 1, INDEX_PAGE_SIZE, rounding_mode="floor").sum().item()
+    kbytes = pages_read * INDEX_PAGE_BYTES
+    base = dict(B=batch, context=ctx, c4_len=c4_len, index_k_MB=round(kbytes / 1e6, 2))
+    note = "extra shape" if extra else ""
+
+    # Correctness on the first rotation: float32 reference, both paths.
+    pt = tables[0]
+    ref = ix.reference_paged_mqa_logits(q, kv, w, lens, pt, c4_len)
+    logits = ix.paged_mqa_logits(q, kv, w, lens, pt, c4_len)
+    err = ix_relative_error(logits, ref)
+    checks = {}
+    out = torch.empty(batch, INDEX_TOPK, dtype=torch.int32, device=device)
+    raw = torch.empty_like(out)
+    ix.topk_transform_paged(logits, lens, pt, out, INDEX_PAGE_SIZE, raw)
+    checks["two_kernel"] = check_selection(raw, ref, lens)
+    for split in FUSED_SPLITS:
+        raw.fill_(12345)
+        ix.fused_logits_topk(q, kv, w, lens, pt, c4_len, out, raw, split_pages=split)
+        checks[f"fused_r{split}"] = check_selection(raw, ref, lens)
+    del ref, logits
+
+    def loop(call):
+        def fn():
+            for table in tables:
+                call(table)
+        return fn
+
+    outs = torch.empty(batch, INDEX_TOPK, dtype=torch.int32, device=device)
+    timings = {}
+    if up_logits is not None:
+        try:
+            timings["upstream_logits"] = timeit(loop(lambda t: up_logits(q, kv, w, lens, t, None, c4_len, False)))
+            up_scores = up_logits(q, kv, w, lens, tables[0], None, c4_len, False)
+            timings["upstream_topk"] = timeit(loop(lambda t: torch.topk(up_scores, min(INDEX_TOPK, c4_len), dim=1)))
+            del up_scores
+        except Exception as exc:  # keep our numbers even if the baseline cannot run this shape
+            note = (note + "; " if note else "") + f"upstream failed: {type(exc).__name__}: {str(exc)[:120]}"
+            traceback.print_exc()
+    logits_buf = torch.empty(batch, c4_len, dtype=torch.float32, device=device)
+    timings["ours_logits_only"] = timeit(loop(lambda t: ix.paged_mqa_logits(q, kv, w, lens, t, c4_len, out=logits_buf)))
+    timings["ours_topk_only"] = timeit(loop(lambda t: ix.topk_transform_paged(logits_buf, lens, t, outs, INDEX_PAGE_SIZE)))
+    timings["two_kernel"] = timeit(loop(lambda t: ix.indexer_topk(q, kv, w, lens, t, c4_len, outs,
+                                                                  plan=ix.Plan("two_kernel"))))
+    for split in FUSED_SPLITS:
+        timings[f"fused_r{split}"] = timeit(loop(lambda t, s=split: ix.fused_logits_topk(
+            q, kv, w, lens, t, c4_len, outs, split_pages=s)))
+    up_total = timings.get("upstream_logits", 0) + timings.get("upstream_topk", 0) if up_logits else None
+    for variant, us in timings.items():
+        row = dict(base, variant=variant, us=round(us, 2), note=note)
+        if variant.startswith(("two_kernel", "fused")):
+            gbs = kbytes / (us * 1e-6) / 1e9
+            row.update(read_GBps=round(gbs, 1), pct_copy_bw=round(100 * gbs / copy_gbs, 1) if copy_gbs else "",
+                       sel_violations=checks[variant][0], exact_overlap=checks[variant][1])
+            if up_total:
+                row["vs_upstream"] = round(up_total / us, 2)
+        if variant == "ours_logits_only":
+            row["logits_rel_err"] = f"{err:.2e}"
+        result.add(**row)
+    ours = {v: t for v, t in timings.items() if v.startswith(("two_kernel", "fused"))}
+    best = min(ours, key=ours.get)
+    result.extra.setdefault("best_variant", {})[f"B={batch} ctx={ctx}"] = f"{best} {ours[best]:.1f} us"
+    print(f"B={batch} ctx={ctx}: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items())
+          + f" | err {err:.1e} | checks {checks}", flush=True)
+    del q, kv, w, tables, logits_buf
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def ix_relative_error(actual, expected):
+    finite = torch.isfinite(expected)
+    if not torch.equal(finite, torch.isfinite(actual)):
+        return float("inf")
+    a, e = actual[finite].double(), expected[finite].double()
+    return ((a - e).norm() / e.norm().clamp(min=1e-30)).item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prepare", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
+    parser.add_argument("--out", default=os.environ.get("OUT"))
+    args = parser.parse_args()
+    if args.prepare:
+        prepare()
+        return
+    from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs
+
+    device = "cpu" if args.smoke else "cuda"
+    result = BenchResult("indexer-h200", "Lightning indexer: logits + top-512 (ours vs upstream torch path)", COLUMNS)
+    up_logits = None
+    try:
+        import upstream
+
+        up_logits = upstream.load(UPSTREAM_FILE).fp8_paged_mqa_logits_torch_sm120
+    except BaseException as exc:  # SystemExit when .upstream was not carried
+        result.notes.append(f"upstream baseline unavailable: {exc}")
+    copy_gbs = None if args.smoke else copy_bandwidth_gbs()
+    result.extra["copy_bandwidth_GBps (read+write)"] = round(copy_gbs, 1) if copy_gbs else "n/a"
+    result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
+    result.extra["timing"] = (f"CUDA graph of {ROTATIONS} calls, each over its own pages, after an L2 flush; "
+                              "us per call; read_GBps = index-K bytes of the live pages / time")
+    timeit = timer(args.smoke)
+    shapes = [(1, 2560), (2, 4400)] if args.smoke else SHAPES
+    extra = [] if args.smoke else EXTRA_SHAPES
+    for i, (batch, ctx) in enumerate(shapes + extra):
+        try:
+            run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=i >= len(shapes),
+                      rotations=2 if args.smoke else ROTATIONS)
+        except Exception as exc:
+            traceback.print_exc()
+            result.add(B=batch, context=ctx, variant="ERROR", note=f"{type(exc).__name__}: {str(exc)[:200]}")
+        result.write(args.out)
+    path = result.write(args.out)
+    print(result.markdown())
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
