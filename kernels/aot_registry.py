@@ -12,6 +12,7 @@ import importlib
 from .harness.aot import AotConfig
 
 KERNEL_MODULES: tuple[str, ...] = (
+    "sparse_mla_decode",
     "moe_mxfp4",
     "indexer",
     "fp8_gemv",

@@ -1,0 +1,538 @@
+"""Sparse MLA decode attention for DeepSeek-V4-Flash: one tensor-core Triton kernel for sm_120.
+
+Contract: SGLang 0.5.23's seam ``flash_mla_with_kvcache_sm120`` (see
+``shared/reference/dsv4-flash-in-sglang-0.5.23.md`` §2.1) with the semantics of upstream's torch
+fallback ``_sm120_sparse_decode_fwd``. For each query row ``(b, s)`` the candidates are the main
+cache's token slots ``indices[b, s, :topk_length[b]]`` followed by the optional extra cache's
+``extra_indices[b, s, :extra_topk_length[b]]``; a slot that is -1 *or outside its cache* is not a
+candidate (and is never read). With ``z = softmax_scale * q . kv`` over the 512-wide latent row:
+
+* ``lse = logsumexp(z)`` over the candidates (without the sink; -inf when there are none),
+* ``out = sum(exp(z - logaddexp(lse, sink)) * kv)`` (the sink only adds to the denominator),
+* a row with no candidate ("lonely") gets ``out = 0`` and ``lse = -inf``, sink or not.
+
+The KV row is the V4 layout (584 B/token, ``kernels/dsv4.py``): 448 FP8-e4m3 nope values in 7
+tiles of 64, each with a UE8M0 scale byte in the page's scale section, then 64 bf16 rope values.
+Every page size (SWA 256, C4 64, C128 2) is read in place through the cache view's page stride.
+
+Design (why it looks like this):
+
+* **MQA on the M dimension.** All heads of a query row share one latent KV row, so a program
+  holds all ``H`` heads (padded to 16 for ``tl.dot``) as the M dimension of both products:
+  ``S = Q[H,512] @ KV[BN,512]^T`` and ``O += P[H,BN] @ KV[BN,512]``. Each KV row is gathered
+  from HBM once per query row (one program touches each candidate), not once per head as in
+  upstream's grid-(B, H) SIMT kernel.
+* **bf16 dequant, not FP8 QK.** The KV tile is dequantised once in registers (FP8 x 2^e is exact
+  in bf16) and the same bf16 tile feeds both products. This makes QK exact against the
+  reference (bf16 x bf16 products, fp32 sums), whereas an FP8/MXFP8 QK would quantise ``q`` (3
+  mantissa bits) and the bf16 rope; PV needs the bf16 tile anyway. Measured with the AOT harness
+  on sm_120a (see ``aot_configs``): at ``BN = 32`` candidates per tile every shipped config fits
+  the 101376-byte shared-memory limit with no spills, so the FP8 QK's saving was not needed.
+  ``BN = 64`` at 64 heads does not fit (the two bf16 operand tiles plus the pipelined gathers).
+* **Split-K over candidates with an in-kernel combine.** The grid is ``(splits, B * s_q)``; split
+  ``j`` takes a contiguous run of candidate tiles across both caches, so ``B = 1`` still spreads
+  over many SMs. Each split writes its (max, sum, unnormalised accumulator) to an fp32 scratch
+  and takes a ticket on a per-row counter; the split that arrives last merges the others (read
+  back from L2), applies the sink, writes ``out`` and ``lse`` and resets the counter. There is no
+  second launch and no merge of main/extra caches in torch: both caches are tiles of one loop.
+  When ``B * s_q`` already fills the GPU there is one split and no scratch at all.
+* **Graph capture.** The split count depends only on shapes and the SM count; scratch is
+  ``torch.empty`` sized by shapes; the ticket counters are a per-device buffer that the kernel
+  leaves zeroed. Calls on one device must be stream-ordered (as SGLang's attention layers are).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .dsv4 import (E8M0_BIAS, HEAD_DIM, KV_DATA_BYTES, KV_GROUPS, KV_NUM_TILES, KV_SCALE_BYTES, KV_TILE,
+                   KV_TOKEN_BYTES, NOPE_DIM, ROPE_DIM, SPARSE_MLA_MAX_HEADS)
+from .harness.aot import AotConfig
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# Launch configuration by padded head count (8 -> 16): heads per program (BLOCK_H; a padded count
+# above it runs as several head blocks), candidates per tile, warps, pipeline stages. Chosen with
+# the sm_120a AOT report (shared memory <= 101376 B, no spills); see aot_configs().
+LAUNCH_CONFIGS = {
+    64: dict(BLOCK_H=64, BLOCK_N=16, num_warps=8, num_stages=1),
+    32: dict(BLOCK_H=32, BLOCK_N=16, num_warps=8, num_stages=2),
+    16: dict(BLOCK_H=16, BLOCK_N=16, num_warps=4, num_stages=2),
+}
+MIN_HEADS = 16  # tl.dot needs M >= 16: H = 8 runs padded to 16 rows
+MAX_SPLITS = 16  # bounds the last-arriving split's merge work
+TICKET_UNITS = 4096  # (row, head block) units that can be split; more never split (they fill the GPU)
+CPU_PROGRAMS = 8  # "SM count" used to pick splits under the CPU interpreter
+
+
+def padded_heads(num_heads: int) -> int:
+    return max(MIN_HEADS, triton.next_power_of_2(num_heads))
+
+
+@triton.jit
+def _kv_chunk(nope_ptr, rope_ptr, scale_ptr, data, scales_at, valid, C: tl.constexpr, BLOCK_N: tl.constexpr,
+              TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr, BIAS: tl.constexpr):
+    """Columns [128 C, 128 C + 128) of BLOCK_N gathered KV rows dequantised to bf16 (exactly):
+    FP8 groups 2C and 2C+1 (contiguous bytes) times their UE8M0 scales; in the last chunk the
+    second group is the bf16 rope."""
+    cols = tl.arange(0, 2 * TILE)
+    first = cols < TILE
+    lo = tl.load(scale_ptr + scales_at + 2 * C, mask=valid, other=BIAS).to(tl.int32)
+    if 2 * C + 1 < NOPE_TILES:
+        hi = tl.load(scale_ptr + scales_at + 2 * C + 1, mask=valid, other=BIAS).to(tl.int32)
+        byte = tl.where(first[None, :], lo[:, None], hi[:, None])
+        nope = tl.load(nope_ptr + data[:, None] + (2 * C * TILE) + cols[None, :], mask=valid[:, None], other=0.0)
+        kv = nope.to(tl.float32) * (byte << 23).to(tl.float32, bitcast=True)  # x 2 ** (byte - 127)
+    else:
+        nope = tl.load(nope_ptr + data[:, None] + (2 * C * TILE) + cols[None, :], mask=valid[:, None] & first[None, :],
+                       other=0.0)
+        rope = tl.load(rope_ptr + ((data + NOPE) // 2)[:, None] + (cols - TILE)[None, :],
+                       mask=valid[:, None] & (cols >= TILE)[None, :], other=0.0)
+        scale = (lo << 23).to(tl.float32, bitcast=True)
+        kv = tl.where(first[None, :], nope.to(tl.float32) * scale[:, None], rope.to(tl.float32))
+    return kv.to(tl.bfloat16)
+
+
+@triton.jit
+def _attend_tile(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, nope_ptr, rope_ptr, scale_ptr, idx_row_ptr,
+                 start, n_live, n_slots, page_size, page_stride, qk_scale,
+                 BLOCK_N: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
+                 DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, BIAS: tl.constexpr):
+    """Gather BLOCK_N candidates of one cache starting at ``start``, dequantise each KV row once,
+    and fold it into all heads' running (max, sum, acc); logits are base 2. The 512-wide row is
+    handled in four 128-column chunks so each MMA operand fragment stays small in registers."""
+    offs = start + tl.arange(0, BLOCK_N)
+    slot = tl.load(idx_row_ptr + offs, mask=offs < n_live, other=-1)
+    valid = (slot >= 0) & (slot < n_slots)  # out-of-range slots are invalid and never read
+    slot64 = tl.where(valid, slot, 0).to(tl.int64)
+    page = slot64 // page_size
+    in_page = slot64 - page * page_size
+    data = page * page_stride + in_page * DATA_BYTES
+    scales_at = page * page_stride + page_size * DATA_BYTES + in_page * SCALE_BYTES
+
+    kv0 = _kv_chunk(nope_ptr, rope_ptr, scale_ptr, data, scales_at, valid, 0, BLOCK_N, TILE, NOPE_TILES, NOPE, BIAS)
+    kv1 = _kv_chunk(nope_ptr, rope_ptr, scale_ptr, data, scales_at, valid, 1, BLOCK_N, TILE, NOPE_TILES, NOPE, BIAS)
+    kv2 = _kv_chunk(nope_ptr, rope_ptr, scale_ptr, data, scales_at, valid, 2, BLOCK_N, TILE, NOPE_TILES, NOPE, BIAS)
+    kv3 = _kv_chunk(nope_ptr, rope_ptr, scale_ptr, data, scales_at, valid, 3, BLOCK_N, TILE, NOPE_TILES, NOPE, BIAS)
+    s = tl.dot(q0, tl.trans(kv0))
+    s = tl.dot(q1, tl.trans(kv1), s)
+    s = tl.dot(q2, tl.trans(kv2), s)
+    s = tl.dot(q3, tl.trans(kv3), s)
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pb = p.to(tl.bfloat16)
+    acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None])
+    acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None])
+    acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None])
+    acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None])
+    return m_new, l_i, acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _store_chunk(ptr, value, heads, row_stride, mask, CHUNK: tl.constexpr, C: tl.constexpr):
+    cols = C * CHUNK + tl.arange(0, CHUNK)
+    tl.store(ptr + heads[:, None] * row_stride + cols[None, :], value, mask=mask[:, None])
+
+
+@triton.jit
+def sparse_mla_decode_kernel(
+        q_ptr, out_ptr, lse_ptr, sink_ptr,
+        nope_ptr, rope_ptr, scale_ptr, idx_ptr, len_ptr,
+        x_nope_ptr, x_rope_ptr, x_scale_ptr, x_idx_ptr, x_len_ptr,
+        part_acc_ptr, part_ml_ptr, ticket_ptr,
+        s_q, num_heads, q_stride_b, q_stride_s, q_stride_h,
+        topk, idx_stride_b, idx_stride_s, page_size, page_stride, n_slots,
+        x_topk, x_idx_stride_b, x_idx_stride_s, x_page_size, x_page_stride, x_n_slots,
+        tiles_per_split, num_splits, qk_scale,
+        BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
+        HAS_EXTRA: tl.constexpr, HAS_X_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT_K: tl.constexpr,
+        D: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
+        DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, BIAS: tl.constexpr):
+    """Grid ``(HEAD_BLOCKS * splits, B * s_q)``; see the module docstring."""
+    CHUNK: tl.constexpr = 2 * TILE
+    head_block = tl.program_id(0) % HEAD_BLOCKS
+    split = tl.program_id(0) // HEAD_BLOCKS
+    row = tl.program_id(1)
+    b = row // s_q
+    sq = row - b * s_q
+    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < num_heads
+    q_row = q_ptr + b * q_stride_b + sq * q_stride_s + heads[:, None] * q_stride_h
+    cols = tl.arange(0, CHUNK)
+    q0 = tl.load(q_row + cols[None, :], mask=head_ok[:, None], other=0.0)
+    q1 = tl.load(q_row + CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+    q2 = tl.load(q_row + 2 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+    q3 = tl.load(q_row + 3 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+
+    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_H,), tl.float32)
+    acc0 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
+    acc1 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
+    acc2 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
+    acc3 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
+
+    t_lo = split * tiles_per_split
+    t_hi = t_lo + tiles_per_split
+    main_tiles = tl.cdiv(topk, BLOCK_N)
+    n_live = topk
+    if HAS_LEN:
+        n_live = tl.minimum(n_live, tl.load(len_ptr + b))
+    idx_row = idx_ptr + b * idx_stride_b + sq * idx_stride_s
+    for t in range(t_lo, tl.minimum(t_hi, tl.cdiv(n_live, BLOCK_N))):
+        m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
+            q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, nope_ptr, rope_ptr, scale_ptr, idx_row, t * BLOCK_N,
+            n_live, n_slots, page_size, page_stride, qk_scale, BLOCK_N, TILE, NOPE_TILES, NOPE, DATA_BYTES,
+            SCALE_BYTES, BIAS)
+    if HAS_EXTRA:
+        x_live = x_topk
+        if HAS_X_LEN:
+            x_live = tl.minimum(x_live, tl.load(x_len_ptr + b))
+        x_row = x_idx_ptr + b * x_idx_stride_b + sq * x_idx_stride_s
+        for t in range(tl.maximum(t_lo, main_tiles), tl.minimum(t_hi, main_tiles + tl.cdiv(x_live, BLOCK_N))):
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
+                q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, x_nope_ptr, x_rope_ptr, x_scale_ptr, x_row,
+                (t - main_tiles) * BLOCK_N, x_live, x_n_slots, x_page_size, x_page_stride, qk_scale, BLOCK_N, TILE,
+                NOPE_TILES, NOPE, DATA_BYTES, SCALE_BYTES, BIAS)
+
+    out_row = out_ptr + row * num_heads * D
+    if SPLIT_K:
+        # Publish this split's partial, take a ticket; the split that arrives last merges all
+        # partials (L2-resident) one 128-column chunk at a time, so few registers stay live.
+        unit = row * HEAD_BLOCKS + head_block  # one ticket counter per (query row, head block)
+        local = tl.arange(0, BLOCK_H)
+        everyone = local >= 0
+        mine = part_acc_ptr + (unit * num_splits + split) * BLOCK_H * D
+        _store_chunk(mine, acc0, local, D, everyone, CHUNK, 0)
+        _store_chunk(mine, acc1, local, D, everyone, CHUNK, 1)
+        _store_chunk(mine, acc2, local, D, everyone, CHUNK, 2)
+        _store_chunk(mine, acc3, local, D, everyone, CHUNK, 3)
+        stats = part_ml_ptr + unit * num_splits * 2 * BLOCK_H
+        tl.store(stats + split * 2 * BLOCK_H + local, m_i)
+        tl.store(stats + split * 2 * BLOCK_H + BLOCK_H + local, l_i)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is released
+        ticket = tl.atomic_add(ticket_ptr + unit, 1, sem="acq_rel")
+        if ticket == num_splits - 1:
+            m_all = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+            for j in range(0, num_splits):
+                m_all = tl.maximum(m_all, tl.load(stats + j * 2 * BLOCK_H + local, cache_modifier=".cg"))
+            m_use = tl.where(m_all == float("-inf"), 0.0, m_all)
+            l_all = tl.zeros((BLOCK_H,), tl.float32)
+            for j in range(0, num_splits):
+                m_j = tl.load(stats + j * 2 * BLOCK_H + local, cache_modifier=".cg")
+                l_j = tl.load(stats + j * 2 * BLOCK_H + BLOCK_H + local, cache_modifier=".cg")
+                l_all += l_j * tl.exp2(m_j - m_use)
+            scale, lse = _finish_stats(m_all, l_all, sink_ptr, heads, head_ok, HAS_SINK)
+            cols = tl.arange(0, CHUNK)
+            for c in range(0, D // CHUNK):
+                o = tl.zeros((BLOCK_H, CHUNK), tl.float32)
+                for j in range(0, num_splits):
+                    w_j = tl.exp2(tl.load(stats + j * 2 * BLOCK_H + local, cache_modifier=".cg") - m_use)
+                    part = part_acc_ptr + (unit * num_splits + j) * BLOCK_H * D + c * CHUNK
+                    o += tl.load(part + local[:, None] * D + cols[None, :], cache_modifier=".cg") * w_j[:, None]
+                tl.store(out_row + heads[:, None] * D + c * CHUNK + cols[None, :], (o * scale[:, None]).to(tl.bfloat16),
+                         mask=head_ok[:, None])
+            tl.store(lse_ptr + row * num_heads + heads, lse, mask=head_ok)
+            tl.atomic_xchg(ticket_ptr + unit, 0)  # leave the counter ready for the next call
+    else:
+        scale, lse = _finish_stats(m_i, l_i, sink_ptr, heads, head_ok, HAS_SINK)
+        _store_chunk(out_row, (acc0 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 0)
+        _store_chunk(out_row, (acc1 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 1)
+        _store_chunk(out_row, (acc2 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 2)
+        _store_chunk(out_row, (acc3 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 3)
+        tl.store(lse_ptr + row * num_heads + heads, lse, mask=head_ok)
+
+
+@triton.jit
+def _finish_stats(m_i, l_i, sink_ptr, heads, head_ok, HAS_SINK: tl.constexpr):
+    """(output scale, natural-log LSE without the sink) from the base-2 running max and sum.
+    The sink only adds exp(sink) to the softmax denominator; a row with no candidate gets
+    scale 0 and LSE -inf, sink or not."""
+    has = l_i > 0.0
+    m_use = tl.where(has, m_i, 0.0)
+    denom = l_i
+    if HAS_SINK:
+        sink = tl.load(sink_ptr + heads, mask=head_ok, other=float("-inf")).to(tl.float32)
+        denom = denom + tl.exp2(sink * 1.4426950408889634 - m_use)
+    scale = tl.where(has, 1.0 / tl.where(has, denom, 1.0), 0.0)
+    lse = tl.where(has, (m_use + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    return scale, lse
+
+
+# --------------------------------------------------------------------------------------------------
+# host side
+
+
+def _fail(name: str, expected: str, got) -> None:
+    raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def _describe(t) -> str:
+    return "None" if t is None else f"{type(t).__name__} {tuple(t.shape)} {t.dtype} on {t.device}"
+
+
+def _check_cache(name: str, cache, device) -> None:
+    if not isinstance(cache, torch.Tensor) or cache.dim() != 4 or cache.shape[2] != 1 \
+            or cache.shape[3] != KV_TOKEN_BYTES or cache.dtype not in (torch.uint8, torch.float8_e4m3fn):
+        _fail(name, f"[pages, page_size, 1, {KV_TOKEN_BYTES}] uint8/float8_e4m3fn (V4 layout)", _describe(cache))
+    if cache.device != device:
+        _fail(name, f"a tensor on {device} (q's device)", _describe(cache))
+    if cache.stride(3) != 1 or cache.stride(1) % 2 or cache.stride(0) % 2 or cache.data_ptr() % 2:
+        _fail(name, "a view with unit byte stride and even page/row strides", f"strides {cache.stride()}")
+    if cache.shape[0] > 1 and cache.stride(0) < cache.shape[1] * KV_TOKEN_BYTES:
+        _fail(name, f"page stride >= page_size * {KV_TOKEN_BYTES} bytes", f"page stride {cache.stride(0)}")
+
+
+def _check_indices(name: str, idx, batch: int, s_q: int, device) -> None:
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 3 or tuple(idx.shape[:2]) != (batch, s_q) \
+            or idx.dtype != torch.int32:
+        _fail(name, f"[{batch}, {s_q}, topk] int32 token slots (-1 = invalid)", _describe(idx))
+    if idx.device != device:
+        _fail(name, f"a tensor on {device} (q's device)", _describe(idx))
+    if idx.shape[2] and idx.stride(2) != 1:
+        _fail(name, "unit stride along topk", f"strides {idx.stride()}")
+
+
+def _check_lengths(name: str, lengths, batch: int, device) -> None:
+    if lengths is None:
+        return
+    if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (batch,) or lengths.dtype != torch.int32:
+        _fail(name, f"None or [{batch}] int32", _describe(lengths))
+    if lengths.device != device:
+        _fail(name, f"a tensor on {device} (q's device)", _describe(lengths))
+
+
+def _cache_views(cache):
+    raw = cache.view(torch.uint8) if cache.dtype != torch.uint8 else cache
+    return raw.view(torch.float8_e4m3fn), raw.view(torch.bfloat16), raw
+
+
+@functools.lru_cache(maxsize=None)
+def _program_target(device: str) -> int:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+    return CPU_PROGRAMS
+
+
+_TICKETS: dict = {}
+
+
+def _tickets(device: torch.device) -> torch.Tensor:
+    """Per-device ticket counters; the kernel leaves them zeroed after every call."""
+    key = str(device)
+    if key not in _TICKETS:
+        _TICKETS[key] = torch.zeros(TICKET_UNITS, dtype=torch.int32, device=device)
+    return _TICKETS[key]
+
+
+def choose_splits(units: int, total_tiles: int, device) -> tuple[int, int]:
+    """(splits, tiles per split) for ``units`` (query row, head block) pairs, from shapes and the
+    SM count only, so a CUDA graph replays the same launch."""
+    target = _program_target(str(device))
+    if units >= target or total_tiles <= 1 or units > TICKET_UNITS:
+        return 1, max(total_tiles, 1)
+    splits = min(-(-target // units), total_tiles, MAX_SPLITS)
+    per = -(-total_tiles // splits)
+    return -(-total_tiles // per), per
+
+
+def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                      extra_k_cache=None, extra_indices=None, extra_topk_length=None, *, num_splits=None):
+    """Sparse MLA decode over V4-layout paged caches. Returns ``(out [B, s_q, H, 512] bf16,
+    lse [B, H, s_q] fp32)`` with the semantics of upstream's ``_sm120_sparse_decode_fwd``.
+
+    ``num_splits`` overrides the split-K count (tests, tuning); by default it follows the shapes
+    and the GPU's SM count.
+    """
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.dtype != torch.bfloat16 or q.shape[-1] != HEAD_DIM:
+        _fail("q", f"[B, s_q, H, {HEAD_DIM}] bfloat16", _describe(q))
+    batch, s_q, num_heads, _ = q.shape
+    device = q.device
+    if not 1 <= num_heads <= SPARSE_MLA_MAX_HEADS or s_q < 1:
+        _fail("q", f"[B, s_q >= 1, 1..{SPARSE_MLA_MAX_HEADS} heads, {HEAD_DIM}]", _describe(q))
+    if batch * s_q > MAX_ROWS:
+        _fail("q", f"at most {MAX_ROWS} query rows (B * s_q)", _describe(q))
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if head_dim_v != HEAD_DIM:
+        _fail("head_dim_v", str(HEAD_DIM), head_dim_v)
+    if softmax_scale is None:
+        softmax_scale = HEAD_DIM ** -0.5
+    _check_cache("k_cache", k_cache, device)
+    _check_indices("indices", indices, batch, s_q, device)
+    _check_lengths("topk_length", topk_length, batch, device)
+    if attn_sink is not None:
+        if not isinstance(attn_sink, torch.Tensor) or tuple(attn_sink.shape) != (num_heads,) \
+                or attn_sink.dtype != torch.float32 or attn_sink.device != device:
+            _fail("attn_sink", f"None or [{num_heads}] float32 on {device}", _describe(attn_sink))
+    has_extra = extra_k_cache is not None
+    if has_extra != (extra_indices is not None):
+        _fail("extra_indices", "a tensor exactly when extra_k_cache is given", _describe(extra_indices))
+    if has_extra:
+        _check_cache("extra_k_cache", extra_k_cache, device)
+        _check_indices("extra_indices", extra_indices, batch, s_q, device)
+        _check_lengths("extra_topk_length", extra_topk_length, batch, device)
+    elif extra_topk_length is not None:
+        _fail("extra_topk_length", "None without an extra cache", _describe(extra_topk_length))
+
+    out = torch.empty((batch, s_q, num_heads, HEAD_DIM), dtype=torch.bfloat16, device=device)
+    lse = torch.empty((batch, s_q, num_heads), dtype=torch.float32, device=device)
+    rows = batch * s_q
+    if rows == 0:
+        return out, lse.permute(0, 2, 1)
+
+    cfg = LAUNCH_CONFIGS[padded_heads(num_heads)]
+    block_h, block_n = cfg["BLOCK_H"], cfg["BLOCK_N"]
+    head_blocks = padded_heads(num_heads) // block_h
+    units = rows * head_blocks
+    topk = indices.shape[2]
+    x_topk = extra_indices.shape[2] if has_extra else 0
+    total_tiles = max(-(-topk // block_n) + -(-x_topk // block_n), 1)
+    if num_splits is None:
+        splits, per = choose_splits(units, total_tiles, device)
+    else:
+        if not 1 <= num_splits <= total_tiles or (num_splits > 1 and units > TICKET_UNITS):
+            _fail("num_splits", f"1..{total_tiles} (and B * s_q * head blocks <= {TICKET_UNITS} to split)",
+                  num_splits)
+        per = -(-total_tiles // num_splits)
+        splits = -(-total_tiles // per)
+    if splits > 1:
+        part_acc = torch.empty((units, splits, block_h, HEAD_DIM), dtype=torch.float32, device=device)
+        part_ml = torch.empty((units, splits, 2, block_h), dtype=torch.float32, device=device)
+        tickets = _tickets(device)
+    else:  # one split: no scratch, the pointers are never dereferenced
+        part_acc = part_ml = lse
+        tickets = indices
+
+    nope, rope, scale = _cache_views(k_cache)
+    if has_extra:
+        x_nope, x_rope, x_scale = _cache_views(extra_k_cache)
+        x_geometry = (extra_k_cache.shape[1], extra_k_cache.stride(0),
+                      extra_k_cache.shape[0] * extra_k_cache.shape[1])
+        x_idx = extra_indices
+    else:
+        x_nope, x_rope, x_scale, x_idx = nope, rope, scale, indices
+        x_geometry = (1, 0, 0)
+
+    sparse_mla_decode_kernel[(head_blocks * splits, rows)](
+        q, out, lse, attn_sink if attn_sink is not None else lse,
+        nope, rope, scale, indices, topk_length if topk_length is not None else indices,
+        x_nope, x_rope, x_scale, x_idx, extra_topk_length if extra_topk_length is not None else indices,
+        part_acc, part_ml, tickets,
+        s_q, num_heads, q.stride(0), q.stride(1), q.stride(2),
+        topk, indices.stride(0), indices.stride(1), k_cache.shape[1], k_cache.stride(0),
+        k_cache.shape[0] * k_cache.shape[1],
+        x_topk, x_idx.stride(0), x_idx.stride(1), *x_geometry,
+        per, splits, float(softmax_scale) * LOG2E,
+        BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, BLOCK_N=block_n, HAS_LEN=topk_length is not None,
+        HAS_EXTRA=has_extra, HAS_X_LEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
+        SPLIT_K=splits > 1, **_LAYOUT, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out, lse.permute(0, 2, 1)
+
+
+MAX_ROWS = 65535  # grid axis 1 carries the query rows
+_LAYOUT = dict(D=HEAD_DIM, TILE=KV_TILE, NOPE_TILES=KV_NUM_TILES, NOPE=NOPE_DIM, DATA_BYTES=KV_DATA_BYTES,
+               SCALE_BYTES=KV_SCALE_BYTES, BIAS=E8M0_BIAS)
+# The kernel reads a row as four 128-column chunks of two 64-groups; the rope is the 8th group.
+assert ROPE_DIM == KV_TILE and KV_GROUPS * KV_TILE == HEAD_DIM and KV_GROUPS % 2 == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# float32 reference (the specification)
+
+
+def dequantize_rows(cache, slots):
+    """KV rows ``[..., 512]`` fp32 of the V4-layout ``cache`` at valid token ``slots`` (any shape)."""
+    raw = cache.view(torch.uint8) if cache.dtype != torch.uint8 else cache
+    pages, page_size = raw.shape[0], raw.shape[1]
+    flat = raw.as_strided(((pages - 1) * raw.stride(0) + page_size * KV_TOKEN_BYTES,), (1,))
+    slots = slots.long()
+    page, in_page = slots // page_size, slots % page_size
+    data = page * raw.stride(0) + in_page * KV_DATA_BYTES
+    nope_bytes = flat[data[..., None] + torch.arange(NOPE_DIM, device=raw.device)]
+    rope_bytes = flat[data[..., None] + NOPE_DIM + torch.arange(2 * ROPE_DIM, device=raw.device)]
+    scale_at = page * raw.stride(0) + page_size * KV_DATA_BYTES + in_page * KV_SCALE_BYTES
+    scale_bytes = flat[scale_at[..., None] + torch.arange(KV_NUM_TILES, device=raw.device)]
+    nope = nope_bytes.view(torch.float8_e4m3fn).float().unflatten(-1, (KV_NUM_TILES, KV_TILE))
+    nope = nope * torch.exp2(scale_bytes.float() - E8M0_BIAS)[..., None]
+    rope = rope_bytes.contiguous().view(torch.bfloat16).float()
+    return torch.cat([nope.flatten(-2), rope], dim=-1)
+
+
+def _candidates(cache, idx, lengths):
+    """(kv [B, s_q, T, 512] fp32 with invalid rows zeroed, valid [B, s_q, T] bool)."""
+    n_slots = cache.shape[0] * cache.shape[1]
+    pos = torch.arange(idx.shape[-1], device=idx.device)
+    valid = (idx >= 0) & (idx < n_slots)
+    if lengths is not None:
+        valid &= pos.view(1, 1, -1) < lengths.view(-1, 1, 1)
+    kv = dequantize_rows(cache, torch.where(valid, idx, 0))
+    return kv.masked_fill(~valid[..., None], 0.0), valid
+
+
+def reference_sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                                extra_k_cache=None, extra_indices=None, extra_topk_length=None):
+    """Float32 specification: ``(out [B, s_q, H, 512] fp32, lse [B, H, s_q] fp32)``."""
+    kv, valid = _candidates(k_cache, indices, topk_length)
+    if extra_k_cache is not None:
+        x_kv, x_valid = _candidates(extra_k_cache, extra_indices, extra_topk_length)
+        kv, valid = torch.cat([kv, x_kv], dim=2), torch.cat([valid, x_valid], dim=2)
+    scale = HEAD_DIM ** -0.5 if softmax_scale is None else softmax_scale
+    z = torch.einsum("bshd,bstd->bsht", q.float(), kv) * scale
+    z = z.masked_fill(~valid[:, :, None, :], float("-inf"))
+    lse = torch.logsumexp(z, dim=-1)  # [B, s_q, H]
+    lonely = torch.isneginf(lse)
+    norm = lse if attn_sink is None else torch.logaddexp(lse, attn_sink.float().view(1, 1, -1))
+    weights = torch.exp(z - torch.where(lonely, 0.0, norm)[..., None])
+    weights = weights.masked_fill(lonely[..., None], 0.0)
+    out = torch.einsum("bsht,bstd->bshd", weights, kv[..., :head_dim_v])
+    return out, lse.permute(0, 2, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# AOT configs (every shipped launch config, compiled for sm_120a / sm_121a by the registry test)
+
+
+def _signature() -> dict:
+    sig = {}
+    for name in sparse_mla_decode_kernel.arg_names:
+        sig[name] = "i32"
+    pointers = {"q_ptr": "*bf16", "out_ptr": "*bf16", "lse_ptr": "*fp32", "sink_ptr": "*fp32",
+                "nope_ptr": "*fp8e4nv", "rope_ptr": "*bf16", "scale_ptr": "*u8", "idx_ptr": "*i32",
+                "len_ptr": "*i32", "x_nope_ptr": "*fp8e4nv", "x_rope_ptr": "*bf16", "x_scale_ptr": "*u8",
+                "x_idx_ptr": "*i32", "x_len_ptr": "*i32", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
+                "ticket_ptr": "*i32"}
+    sig.update(pointers)
+    sig["qk_scale"] = "fp32"
+    for name in ("BLOCK_H", "HEAD_BLOCKS", "BLOCK_N", "HAS_LEN", "HAS_EXTRA", "HAS_X_LEN", "HAS_SINK", "SPLIT_K",
+                 *_LAYOUT):
+        sig[name] = "constexpr"
+    return sig
+
+
+# Integer arguments the JIT sees as multiples of 16 at DSv4 shapes (strides of q/indices, page strides).
+_DIV16 = ("q_stride_b", "q_stride_s", "q_stride_h", "idx_stride_b", "idx_stride_s", "page_stride",
+          "x_idx_stride_b", "x_idx_stride_s", "x_page_stride", "topk", "x_topk", "n_slots", "x_n_slots")
+
+
+def aot_configs() -> list[AotConfig]:
+    configs = []
+    for heads, cfg in LAUNCH_CONFIGS.items():
+        constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
+                          HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True, **_LAYOUT)
+        configs.append(AotConfig(
+            name=f"sparse_mla_decode_h{heads}", kernel=sparse_mla_decode_kernel, signature=_signature(),
+            constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,
+            expect_opcodes=("HMMA.16816.F32.BF16",),
+            note=f"H={'8/16' if heads == 16 else heads}: {cfg['BLOCK_H']} heads x {cfg['BLOCK_N']} candidates per "
+                 f"tile, both caches, sink, split-K combine"))
+    return configs
