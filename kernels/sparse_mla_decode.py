@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from .dsv4 import (E8M0_BIAS, HEAD_DIM, KV_DATA_BYTES, KV_GROUPS, KV_NUM_TILES, KV_SCALE_BYTES, KV_TILE,
-                   KV_TOKEN_BYTES, NOPE_DIM, ROPE_DIM, SPARSE_MLA_MAX_HEADS)
+                   KV_TOKEN_BYTES, NOPE_DIM, ROPE_DIM, SPARSE_MLA_MAX_HEADS, kv_page_bytes)
 from .harness.aot import AotConfig
 
 LOG2E = 1.4426950408889634
@@ -311,6 +311,11 @@ def _check_lengths(name: str, lengths, batch: int, device) -> None:
         _fail(name, f"a tensor on {device} (q's device)", _describe(lengths))
 
 
+def _new_buffer(shape, dtype, device) -> torch.Tensor:
+    """Every output and scratch buffer comes from here (tests poison them with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _cache_views(cache):
     raw = cache.view(torch.uint8) if cache.dtype != torch.uint8 else cache
     return raw.view(torch.float8_e4m3fn), raw.view(torch.bfloat16), raw
@@ -384,8 +389,8 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
     elif extra_topk_length is not None:
         _fail("extra_topk_length", "None without an extra cache", _describe(extra_topk_length))
 
-    out = torch.empty((batch, s_q, num_heads, HEAD_DIM), dtype=torch.bfloat16, device=device)
-    lse = torch.empty((batch, s_q, num_heads), dtype=torch.float32, device=device)
+    out = _new_buffer((batch, s_q, num_heads, HEAD_DIM), torch.bfloat16, device)
+    lse = _new_buffer((batch, s_q, num_heads), torch.float32, device)
     rows = batch * s_q
     if rows == 0:
         return out, lse.permute(0, 2, 1)
@@ -406,8 +411,8 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         per = -(-total_tiles // num_splits)
         splits = -(-total_tiles // per)
     if splits > 1:
-        part_acc = torch.empty((units, splits, block_h, HEAD_DIM), dtype=torch.float32, device=device)
-        part_ml = torch.empty((units, splits, 2, block_h), dtype=torch.float32, device=device)
+        part_acc = _new_buffer((units, splits, block_h, HEAD_DIM), torch.float32, device)
+        part_ml = _new_buffer((units, splits, 2, block_h), torch.float32, device)
         tickets = _tickets(device)
     else:  # one split: no scratch, the pointers are never dereferenced
         part_acc = part_ml = lse
@@ -496,6 +501,26 @@ def reference_sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, hea
     weights = weights.masked_fill(lonely[..., None], 0.0)
     out = torch.einsum("bsht,bstd->bshd", weights, kv[..., :head_dim_v])
     return out, lse.permute(0, 2, 1)
+
+
+def random_v4_cache(num_pages: int, page_size: int, device="cpu", spare_pages: int = 0, generator=None):
+    """A V4-layout cache view ``[num_pages, page_size, 1, 584]`` uint8 over a page buffer padded
+    as SGLang pads it, with random FP8 nope (|x| up to ~8), bf16 rope and UE8M0 scales 2^-9..2^2.
+    ``spare_pages`` more pages follow in the buffer, outside the view, filled with FP8 NaNs and
+    scale byte 255: a kernel that reads past the view produces NaN. Returns ``(view, buffer)``."""
+    page_bytes = kv_page_bytes(page_size)
+    total = num_pages + spare_pages
+    buf = torch.full((total, page_bytes), 0xFF, dtype=torch.uint8, device=device)
+    data = buf[:num_pages, :page_size * KV_DATA_BYTES].view(num_pages, page_size, KV_DATA_BYTES)
+    nope = torch.randn(num_pages, page_size, NOPE_DIM, generator=generator, device=device) * 2
+    data[..., :NOPE_DIM] = nope.to(torch.float8_e4m3fn).view(torch.uint8)
+    rope = torch.randn(num_pages, page_size, ROPE_DIM, generator=generator, device=device)
+    data[..., NOPE_DIM:] = rope.to(torch.bfloat16).view(torch.uint8)
+    scales = buf[:num_pages, page_size * KV_DATA_BYTES:page_size * (KV_DATA_BYTES + KV_SCALE_BYTES)]
+    scales[:] = torch.randint(E8M0_BIAS - 9, E8M0_BIAS + 3, scales.shape, generator=generator, device=device,
+                              dtype=torch.int32).to(torch.uint8)
+    view = buf[:num_pages, :page_size * KV_TOKEN_BYTES].view(num_pages, page_size, 1, KV_TOKEN_BYTES)
+    return view, buf
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,220 @@
+"""Sparse MLA decode kernel under the interpreter (or on a GPU) against its float32 reference and
+against upstream SGLang's own torch fallback ``_sm120_sparse_decode_fwd``."""
+
+import math
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import sparse_mla_decode as smd
+from sglang_sm120.kernels.dsv4 import C4_PAGE_SIZE, C128_PAGE_SIZE, HEAD_DIM, SWA_PAGE_SIZE
+
+from ..conftest import DEVICE
+
+SCALE = HEAD_DIM ** -0.5
+OUT_TOL = 2e-2  # bf16 P and bf16 output rounding (the interpreter truncates instead of rounding)
+LSE_TOL = 1e-3
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    """Outputs and split-K scratch start as NaN, so anything the kernel fails to write shows."""
+    def nan_buffer(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(smd, "_new_buffer", nan_buffer)
+
+
+def _slots(gen, shape, n_slots, invalid_fraction=0.2, out_of_range=True):
+    """Token slots in [0, n_slots), with -1 and (optionally) out-of-range slots mixed in."""
+    slots = torch.randint(0, n_slots, shape, generator=gen, dtype=torch.int32)
+    roll = torch.rand(shape, generator=gen)
+    slots[roll < invalid_fraction] = -1
+    if out_of_range:
+        slots[(roll >= invalid_fraction) & (roll < invalid_fraction + 0.05)] = n_slots + 3
+    return slots
+
+
+def _case(seed, batch, s_q, heads, page_size, topk, extra_page_size=None, extra_topk=0, sink=True,
+          lengths="ragged", out_of_range=True):
+    gen = torch.Generator().manual_seed(seed)
+    pages = max(2, -(-3 * topk // page_size))
+    cache, _ = smd.random_v4_cache(pages, page_size, spare_pages=2, generator=gen)
+    q = (torch.randn(batch, s_q, heads, HEAD_DIM, generator=gen) * 0.5).to(torch.bfloat16)
+    args = dict(q=q, k_cache=cache, indices=_slots(gen, (batch, s_q, topk), pages * page_size,
+                                                    out_of_range=out_of_range),
+                topk_length=None, attn_sink=torch.randn(heads, generator=gen) if sink else None,
+                head_dim_v=HEAD_DIM, softmax_scale=SCALE)
+    if lengths == "ragged":
+        args["topk_length"] = torch.randint(0, topk + 1, (batch,), generator=gen, dtype=torch.int32)
+    elif lengths == "full":
+        args["topk_length"] = torch.full((batch,), topk, dtype=torch.int32)
+    if extra_page_size is not None:
+        x_pages = max(2, -(-3 * extra_topk // extra_page_size))
+        x_cache, _ = smd.random_v4_cache(x_pages, extra_page_size, spare_pages=2, generator=gen)
+        args.update(extra_k_cache=x_cache,
+                    extra_indices=_slots(gen, (batch, s_q, extra_topk), x_pages * extra_page_size,
+                                         out_of_range=out_of_range),
+                    extra_topk_length=torch.randint(0, extra_topk + 1, (batch,), generator=gen, dtype=torch.int32)
+                    if lengths == "ragged" else None)
+    return {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+
+
+def _check(args, num_splits=None):
+    out, lse = smd.sparse_mla_decode(**args, num_splits=num_splits)
+    ref_out, ref_lse = smd.reference_sparse_mla_decode(**args)
+    b, s_q, h, _ = args["q"].shape
+    assert out.shape == (b, s_q, h, HEAD_DIM) and out.dtype == torch.bfloat16
+    assert lse.shape == (b, h, s_q) and lse.dtype == torch.float32
+    assert torch.isfinite(out).all()
+    lonely = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), lonely)
+    torch.testing.assert_close(lse[~lonely], ref_lse[~lonely], atol=LSE_TOL, rtol=LSE_TOL)
+    assert (out.permute(0, 2, 1, 3)[lonely] == 0).all()  # lonely rows give zeros, sink or not
+    err = (out.double() - ref_out.double()).norm() / ref_out.double().norm().clamp_min(1e-30)
+    assert err < OUT_TOL, f"relative error {err:.3e}"
+    return out, lse
+
+
+# page sizes: SWA main cache (256) with a C4 (64) or C128 (2) extra cache, and each alone
+@pytest.mark.parametrize("page_size,topk,extra_page_size,extra_topk", [
+    (SWA_PAGE_SIZE, 48, C4_PAGE_SIZE, 80),
+    (SWA_PAGE_SIZE, 32, C128_PAGE_SIZE, 40),
+    (C4_PAGE_SIZE, 40, None, 0),
+    (C128_PAGE_SIZE, 24, None, 0),
+])
+@pytest.mark.parametrize("heads", [64, 32, 16, 8])
+def test_page_sizes_and_head_counts(page_size, topk, extra_page_size, extra_topk, heads):
+    _check(_case(heads + page_size, 2, 1, heads, page_size, topk, extra_page_size, extra_topk))
+
+
+@pytest.mark.parametrize("s_q", [2, 3, 4])
+@pytest.mark.parametrize("sink", [True, False])
+def test_mtp_query_rows_and_sink(s_q, sink):
+    _check(_case(10 * s_q + sink, 2, s_q, 16, SWA_PAGE_SIZE, 32, C4_PAGE_SIZE, 40, sink=sink))
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, "max"])
+@pytest.mark.parametrize("heads", [64, 16])
+def test_split_k_combine_matches_one_split(num_splits, heads):
+    args = _case(7, 1, 1, heads, SWA_PAGE_SIZE, 64, C4_PAGE_SIZE, 64, lengths="full")
+    tiles = -(-64 // smd.LAUNCH_CONFIGS[smd.padded_heads(heads)]["BLOCK_N"]) * 2
+    _check(args, num_splits=tiles if num_splits == "max" else num_splits)
+    assert not smd._tickets(torch.device(DEVICE)).any(), "ticket counters must be left at zero"
+
+
+@pytest.mark.parametrize("lengths", ["none", "full", "ragged"])
+def test_lengths(lengths):
+    _check(_case(3, 3, 1, 8, C4_PAGE_SIZE, 40, C128_PAGE_SIZE, 24, lengths=lengths))
+
+
+@pytest.mark.parametrize("sink", [True, False])
+def test_all_invalid_and_zero_length_rows_are_lonely(sink):
+    args = _case(5, 3, 2, 16, SWA_PAGE_SIZE, 32, C4_PAGE_SIZE, 32, sink=sink, lengths="full")
+    args["indices"][0] = -1  # row 0: every slot invalid in both caches
+    args["extra_indices"][0] = -1
+    args["topk_length"][1] = 0  # row 1: zero lengths
+    args["extra_topk_length"] = torch.tensor([32, 0, 32], dtype=torch.int32, device=DEVICE)
+    out, lse = _check(args, num_splits=3)
+    assert (out[:2] == 0).all() and torch.isneginf(lse[:2]).all()
+    assert torch.isfinite(lse[2]).all()
+
+
+def test_out_of_range_slots_are_never_read():
+    # slots past the view point into spare pages full of FP8 NaNs: reading one would give NaN
+    args = _case(11, 2, 1, 16, C4_PAGE_SIZE, 32, C128_PAGE_SIZE, 16, lengths="full", out_of_range=False)
+    n_slots = args["k_cache"].shape[0] * args["k_cache"].shape[1]
+    args["indices"][:, :, ::3] = n_slots + torch.arange(0, args["indices"][:, :, ::3].numel(),
+                                                        device=DEVICE).view_as(args["indices"][:, :, ::3]) % 64
+    x_slots = args["extra_k_cache"].shape[0] * args["extra_k_cache"].shape[1]
+    args["extra_indices"][:, :, 1::2] = x_slots
+    out, _ = _check(args)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("batch", [0, 1])
+def test_batch_zero_and_one(batch):
+    args = _case(13, batch, 1, 32, SWA_PAGE_SIZE, 16, C4_PAGE_SIZE, 16)
+    if batch == 0:
+        out, lse = smd.sparse_mla_decode(**args)
+        assert out.shape == (0, 1, 32, HEAD_DIM) and lse.shape == (0, 32, 1)
+    else:
+        _check(args)
+
+
+def test_fp8_typed_cache_view_and_strided_q():
+    args = _case(17, 2, 1, 16, SWA_PAGE_SIZE, 24, C4_PAGE_SIZE, 24)
+    args["k_cache"] = args["k_cache"].view(torch.float8_e4m3fn)  # SGLang hands either dtype
+    wide = torch.zeros(2, 1, 20, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+    wide[:, :, 2:18] = args["q"]
+    args["q"] = wide[:, :, 2:18]  # a head slice of a padded q, as the backend passes it
+    _check(args)
+
+
+# --- against upstream's own torch fallback (installed SGLang) ---------------------------------
+
+@pytest.mark.parametrize("heads,s_q,extra", [(64, 1, "c4"), (16, 2, "c128"), (8, 1, None)])
+@pytest.mark.parametrize("sink", [True, False])
+def test_matches_upstream_torch_fallback(heads, s_q, extra, sink):
+    fallback = pytest.importorskip("sglang.kernels.ops.attention.flash_mla_sm120")._sm120_sparse_decode_fwd
+    page, topk = {"c4": (C4_PAGE_SIZE, 48), "c128": (C128_PAGE_SIZE, 32), None: (None, 0)}[extra]
+    # upstream indexes out-of-range slots (an IndexError), so stay in range here
+    args = _case(heads + s_q + sink, 2, s_q, heads, SWA_PAGE_SIZE, 32, page, topk, sink=sink, out_of_range=False)
+    args["indices"][1, :, :5] = -1
+    up_out, up_lse = fallback(args["q"], args["k_cache"], args["indices"], args["topk_length"], args["attn_sink"],
+                              HEAD_DIM, SCALE, args.get("extra_k_cache"), args.get("extra_indices"),
+                              args.get("extra_topk_length"))
+    out, lse = smd.sparse_mla_decode(**args, num_splits=2)
+    assert lse.shape == up_lse.shape and out.shape == up_out.shape
+    lonely = torch.isneginf(up_lse)
+    assert torch.equal(torch.isneginf(lse), lonely)
+    torch.testing.assert_close(lse[~lonely], up_lse[~lonely], atol=LSE_TOL, rtol=LSE_TOL)
+    err = (out.double() - up_out.double()).norm() / up_out.double().norm()
+    assert err < OUT_TOL
+
+
+def test_reference_matches_upstream_torch_fallback_exactly():
+    fallback = pytest.importorskip("sglang.kernels.ops.attention.flash_mla_sm120")._sm120_sparse_decode_fwd
+    args = _case(23, 2, 2, 8, SWA_PAGE_SIZE, 40, C4_PAGE_SIZE, 40, out_of_range=False)
+    up_out, up_lse = fallback(*(args[k] for k in ("q", "k_cache", "indices", "topk_length", "attn_sink")), HEAD_DIM,
+                              SCALE, args["extra_k_cache"], args["extra_indices"], args["extra_topk_length"])
+    ref_out, ref_lse = smd.reference_sparse_mla_decode(**args)
+    torch.testing.assert_close(ref_lse, up_lse, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref_out.to(torch.bfloat16), up_out, atol=1e-2, rtol=1e-2)
+
+
+# --- validation ----------------------------------------------------------------------------
+
+def _bad(args, **changes):
+    return {**args, **changes}
+
+
+@pytest.mark.parametrize("change,name", [
+    (lambda a: _bad(a, q=a["q"].float()), "q"),
+    (lambda a: _bad(a, q=a["q"][..., :256]), "q"),
+    (lambda a: _bad(a, q=torch.zeros(2, 1, 65, HEAD_DIM, dtype=torch.bfloat16)), "q"),
+    (lambda a: _bad(a, k_cache=a["k_cache"][..., :528]), "k_cache"),
+    (lambda a: _bad(a, k_cache=a["k_cache"].view(torch.int8)), "k_cache"),
+    (lambda a: _bad(a, k_cache=torch.zeros(2, 64, 1, 584, dtype=torch.uint8, device="meta")), "k_cache"),
+    (lambda a: _bad(a, indices=a["indices"].long()), "indices"),
+    (lambda a: _bad(a, indices=a["indices"][:, 0]), "indices"),
+    (lambda a: _bad(a, topk_length=a["topk_length"][:1]), "topk_length"),
+    (lambda a: _bad(a, attn_sink=a["attn_sink"].to(torch.bfloat16)), "attn_sink"),
+    (lambda a: _bad(a, head_dim_v=448), "head_dim_v"),
+    (lambda a: _bad(a, extra_indices=None), "extra_indices"),
+    (lambda a: _bad(a, extra_indices=a["extra_indices"][:1]), "extra_indices"),
+    (lambda a: _bad(a, extra_topk_length=a["extra_topk_length"].float()), "extra_topk_length"),
+])
+def test_bad_input_raises_value_error_naming_the_argument(change, name):
+    args = _case(29, 2, 1, 16, SWA_PAGE_SIZE, 16, C4_PAGE_SIZE, 16)
+    with pytest.raises(ValueError, match=rf"^{name}: expected"):
+        smd.sparse_mla_decode(**change(args))
+
+
+def test_split_count_depends_on_shapes_only():
+    assert smd.choose_splits(1, 40, "cpu") == (8, 5)  # 8 "SMs" under the interpreter
+    assert smd.choose_splits(8, 40, "cpu") == (1, 40)
+    assert smd.choose_splits(1, 1, "cpu") == (1, 1)
+    splits, per = smd.choose_splits(3, 7, "cpu")
+    assert splits * per >= 7 and (splits - 1) * per < 7
+    assert math.isclose(smd.LOG2E * smd.LN2, 1.0)
