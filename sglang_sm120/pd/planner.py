@@ -342,9 +342,6 @@ def choose_transport(topology: Topology, prefill_hosts: dict[str, set[int]],
 # --- the plan -----------------------------------------------------------------------------------
 
 def _check_side(side: SideRequest, role: str, host: Host, model_weights_gib: float | None) -> None:
-    if side.tp not in dsv4.SUPPORTED_TP:
-        raise PlanError(f"--{role}-tp {side.tp}: DSv4-Flash runs at TP {', '.join(map(str, dsv4.SUPPORTED_TP))} "
-                        f"(its {dsv4.O_GROUPS} output groups split evenly)")
     dupes = sorted({g for g in side.gpus if side.gpus.count(g) > 1})
     if dupes:
         raise PlanError(f"{role} GPUs list GPU {', '.join(map(str, dupes))} more than once")
@@ -352,6 +349,9 @@ def _check_side(side: SideRequest, role: str, host: Host, model_weights_gib: flo
     if outside:
         raise PlanError(f"{role} asks for GPU {', '.join(map(str, outside))} but host {host.name} has "
                         f"{host.gpu_count} GPUs (0-{host.gpu_count - 1})")
+    if side.tp not in dsv4.SUPPORTED_TP:
+        raise PlanError(f"--{role}-tp {side.tp}: DSv4-Flash runs at TP {', '.join(map(str, dsv4.SUPPORTED_TP))} "
+                        f"(its {dsv4.O_GROUPS} output groups split evenly)")
     if len(side.gpus) % side.tp:
         raise PlanError(f"{role} has {len(side.gpus)} GPUs, not a multiple of --{role}-tp {side.tp}")
     for k in range(0, len(side.gpus), side.tp):

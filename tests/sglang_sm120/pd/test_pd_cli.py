@@ -1,0 +1,108 @@
+"""``pd plan`` through the argument parser, its errors, and the PD rows of ``doctor``."""
+
+import argparse
+import json
+
+import pytest
+
+from sglang_sm120.pd import cli
+
+
+def run(argv, capsys):
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def plan_json(capsys, *args):
+    code, out, err = run(["pd", "plan", "--model-path", "/models/dsv4", "--json", *args], capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_add_pd_parser_wires_plan_and_launch():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    cli.add_pd_parser(sub)
+    args = parser.parse_args(["pd", "plan", "--model-path", "m", "--split", "4+4"])
+    assert args.func is cli.plan_command and args.split == "4+4"
+    args = parser.parse_args(["pd", "launch", "--model-path", "m", "--local-host", "boxA"])
+    assert args.func is cli.launch_command and args.local_host == "boxA" and args.health_timeout == 1800
+
+
+def test_plan_from_flags(capsys):
+    data = plan_json(capsys, "--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--split", "4+4")
+    names = [p["name"] for p in data["processes"]]
+    assert names == ["prefill-0", "decode-0", "router"]
+    assert data["processes"][1]["gpus"] == [4, 5, 6, 7]
+    assert {s["name"]: s["value"] for s in data["settings"]}["UCX_TLS"] == "cuda_ipc,cuda_copy,tcp,sm"
+    assert all(s["reason"] for s in data["settings"])
+    # --p2p none makes the same box stage through host memory
+    data = plan_json(capsys, "--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--split", "4+4", "--p2p", "none")
+    assert {s["name"]: s["value"] for s in data["settings"]}["UCX_TLS"] == "cuda_copy,tcp,sm"
+
+
+def test_plan_from_a_topology_file_with_two_hosts(tmp_path, capsys):
+    topo = {"hosts": [
+        {"name": "boxA", "address": "10.1.0.1", "gpu_model": "RTX PRO 6000", "gpu_count": 8,
+         "nics": [{"name": "mlx5_0", "kind": "rdma", "gpudirect": True}]},
+        {"name": "boxB", "address": "10.1.0.2", "gpu_model": "RTX PRO 6000", "gpu_count": 8,
+         "nics": [{"name": "mlx5_3", "kind": "rdma", "gpudirect": True}]}]}
+    path = tmp_path / "topo.json"
+    path.write_text(json.dumps(topo))
+    data = plan_json(capsys, "--topology", str(path), "--prefill-host", "boxA", "--decode-host", "boxB",
+                     "--prefill-tp", "4", "--decode-tp", "8", "--env", "SGLANG_SM120_DISABLE=moe",
+                     "--server-arg", "--mem-fraction-static 0.85")
+    procs = {p["name"]: p for p in data["processes"]}
+    assert set(procs) == {"prefill-0", "prefill-1", "decode-0", "router"}
+    assert procs["prefill-1"]["gpus"] == [4, 5, 6, 7] and procs["prefill-1"]["bootstrap_port"] == 8999
+    assert procs["decode-0"]["env"]["UCX_NET_DEVICES"] == "mlx5_3:1"
+    assert procs["prefill-0"]["env"]["UCX_NET_DEVICES"] == "mlx5_0:1"
+    assert procs["decode-0"]["env"]["SGLANG_SM120_DISABLE"] == "moe"
+    assert procs["decode-0"]["argv"][-2:] == ["--mem-fraction-static", "0.85"]
+    assert procs["router"]["url"] == "http://10.1.0.1:8000"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--split", "4+6"], "decode asks for GPU 8, 9"),
+    (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--split", "four"], "--split expects P+D"),
+    (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--prefill-gpus", "0-3", "--decode-gpus", "2-5"],
+     "GPU 2, 3 on host local is in both"),
+    (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--split", "4+4", "--http-port", "8000"],
+     "port clash"),
+    (["--gpu-model", "RTX PRO 6000"], "--gpu-model and --gpu-count go together"),
+    (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--nic", "eth0"], "--nic 'eth0'"),
+    (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--env", "NOEQUALS"], "--env: expected NAME=VALUE"),
+    ([], "cannot detect a topology here"),
+])
+def test_plan_errors_exit_2_with_the_reason(args, message, capsys):
+    code, out, err = run(["pd", "plan", "--model-path", "/m", *args], capsys)
+    assert code == 2
+    assert message in err and err.startswith("pd: cannot plan:")
+    code, out, err = run(["pd", "plan", "--model-path", "/m", "--json", *args], capsys)
+    assert code == 2 and message in json.loads(out)["error"]
+
+
+def test_launch_refuses_a_multi_host_plan_without_local_host(tmp_path, capsys):
+    topo = {"hosts": [{"name": n, "address": a, "gpu_model": "RTX PRO 6000", "gpu_count": 2,
+                       "nics": [{"name": "eth0", "kind": "tcp"}]} for n, a in (("a", "10.0.0.1"), ("b", "10.0.0.2"))]}
+    path = tmp_path / "topo.json"
+    path.write_text(json.dumps(topo))
+    base = ["pd", "launch", "--model-path", "/m", "--topology", str(path), "--prefill-host", "a", "--decode-host", "b",
+            "--model-weights-gib", "1"]
+    code, _out, err = run(base, capsys)
+    assert code == 2 and "run it on each with --local-host NAME" in err
+    code, _out, err = run(base + ["--local-host", "c"], capsys)
+    assert code == 2 and "--local-host 'c' runs nothing" in err
+
+
+def test_doctor_rows_on_this_machine():
+    rows = cli.doctor_pd_report()
+    labels = [label for label, _value, _ok in rows]
+    assert labels[:4] == ["nixl", "NIXL backends", "UCX transports", "sglang-router"]
+    values = {label: (value, ok) for label, value, ok in rows}
+    assert values["nixl"] == ("1.5.1", True)
+    assert "UCX" in values["NIXL backends"][0].split(", ")
+    # UCX itself lists what it can use here: tcp and shared memory at least
+    assert {"tcp", "sm"} <= set(values["UCX transports"][0].split(", "))
+    assert "P2P matrix" in values and "planner here" in values
