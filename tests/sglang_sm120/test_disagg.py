@@ -1,0 +1,98 @@
+"""The ``disagg`` seam: no SGLang function is replaced; in a PD server started from a plan it checks that
+the process's KV-layout and NIXL/UCX settings match the plan, and fails (logged) when they drifted."""
+
+import logging
+import os
+import sys
+
+import pytest
+
+from sglang_sm120 import disagg
+from sglang_sm120.pd.planner import ENV_LAYOUT, ENV_ROLE, PlanRequest, SideRequest, make_plan
+from sglang_sm120.pd.topology import topology_from_dict
+from sglang_sm120.seams import SeamRegistry, SeamState
+
+
+@pytest.fixture
+def planned_decode():
+    topo = topology_from_dict({"hosts": [{"name": "box", "gpu_model": "RTX PRO 6000", "gpu_count": 8}]})
+    req = PlanRequest(topo, "/m", SideRequest(None, (0, 1, 2, 3), 4), SideRequest(None, (4, 5, 6, 7), 4),
+                      server_args=("--kv-cache-dtype", "fp8_e4m3"))
+    proc = make_plan(req).servers()[1]
+    assert proc.role == "decode"
+    return dict(proc.env), proc.argv[3:]  # what the server process sees: its env and sys.argv[1:]
+
+
+def test_seam_shape():
+    seam = disagg.make_seam()
+    assert seam.name == "disagg" and seam.targets == ()
+    assert "no SGLang function is replaced" in seam.description
+
+
+def test_applies_only_to_planned_prefill_and_decode_servers(monkeypatch):
+    monkeypatch.delenv(ENV_ROLE, raising=False)
+    assert "SGLANG_SM120_PD_ROLE unset" in disagg._applies()
+    monkeypatch.setenv(ENV_ROLE, "router")
+    assert "not a prefill or decode server" in disagg._applies()
+    for role in ("prefill", "decode"):
+        monkeypatch.setenv(ENV_ROLE, role)
+        assert disagg._applies() is None
+
+
+def test_planned_settings_pass(planned_decode):
+    env, argv = planned_decode
+    assert disagg.check_pd_environment(env, argv) == []
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"SGLANG_OPT_SM120_DIRECT_SWA_KV": "1"}, "SGLANG_OPT_SM120_DIRECT_SWA_KV=1"),
+    ({"SGLANG_SM120_DISABLE": "attention"}, "SGLANG_SM120_DISABLE=attention"),
+    ({"UCX_TLS": "tcp,cuda_copy"}, "UCX_TLS=tcp,cuda_copy"),
+])
+def test_drifted_env_is_reported_with_the_current_values(planned_decode, change, message):
+    env, argv = planned_decode
+    problems = disagg.check_pd_environment({**env, **change}, argv)
+    assert len(problems) == 1 and "drifted from the plan" in problems[0] and message in problems[0]
+
+
+def test_drifted_server_args_are_reported(planned_decode):
+    env, argv = planned_decode
+    argv = [a if a != "fp8_e4m3" else "bf16" for a in argv]
+    (problem,) = disagg.check_pd_environment(env, argv)
+    assert "--kv-cache-dtype=bf16" in problem
+
+
+@pytest.mark.parametrize("change,message", [
+    ({ENV_LAYOUT: ""}, "SGLANG_SM120_PD_LAYOUT is unset"),
+    ({"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS": '{"num_threads": 8}'}, "not a JSON object of strings"),
+    ({"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS": "not json"}, "not a JSON object of strings"),
+    ({"UCX_TLS": "sm,cuda_copy"}, "no transport with a peer-failure handler"),
+])
+def test_bad_nixl_environment_is_reported(planned_decode, change, message):
+    env, argv = planned_decode
+    problems = disagg.check_pd_environment({**env, **change}, argv)
+    assert any(message in p for p in problems), problems
+
+
+def test_registry_marks_the_seam_active_or_failed(planned_decode, monkeypatch, caplog):
+    env, argv = planned_decode
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "argv", ["launch_server", *argv])
+    forced = {**os.environ, "SGLANG_SM120_FORCE": "1"}
+    registry = SeamRegistry()
+    seam = registry.add(disagg.make_seam())
+    registry.apply_all(environ=forced, gpu=(False, "no CUDA device"))
+    assert seam.state is SeamState.ACTIVE, seam.reason
+
+    monkeypatch.setenv("SGLANG_OPT_SM120_DIRECT_SWA_KV", "1")
+    registry.reset()
+    with caplog.at_level(logging.ERROR, logger="sglang_sm120"):
+        registry.apply_all(environ=forced, gpu=(False, "no CUDA device"))
+    assert seam.state is SeamState.FAILED and "drifted from the plan" in seam.reason
+    assert any("drifted from the plan" in r.getMessage() for r in caplog.records)
+
+    monkeypatch.delenv(ENV_ROLE)
+    registry.reset()
+    registry.apply_all(environ=forced, gpu=(False, "no CUDA device"))
+    assert seam.state is SeamState.NOT_APPLICABLE
