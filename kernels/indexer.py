@@ -26,8 +26,8 @@ rate, while ``tl.dot_scaled(..e4m3.., ..e4m3..)`` with unit (127) E8M0 scales be
 ``QMMA.SF.16832...E8`` with identical numerics; on sm_90 ``dot_scaled`` is emulated (bf16 HGMMA plus
 conversions), so the plain fp8 dot (``QGMMA``) is used there. :func:`use_scaled_dot` picks by arch.
 
-Selection: scores map to order-preserving int32 keys; a 32-step bitwise search finds the K-th
-largest key of a block held in registers, and cumulative sums compact the winners.
+Selection: scores map to order-preserving int32 keys; a 4-round radix select (256-bin histograms)
+finds the K-th largest key of a block held in registers, and cumulative sums compact the winners.
 """
 
 from __future__ import annotations
@@ -146,7 +146,12 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
 @triton.jit
 def _select(vals, valid, K: tl.constexpr, N: tl.constexpr):
     """Pick the K largest of ``vals[valid]`` (all valid ones if fewer). Returns (selected mask,
-    output slot of each selected element in block order, number selected)."""
+    output slot of each selected element in block order, number selected).
+
+    Radix select on order-preserving 32-bit keys, 8 bits a round from the top: a 256-bin histogram
+    of the elements still matching the threshold's upper digits fixes the next digit, so the K-th
+    largest key is known after 4 rounds (few block-wide synchronisations, which is what bounds a
+    select on a few thousand registers-resident scores)."""
     n_valid = tl.sum(valid.to(tl.int32), axis=0)
     k_eff = tl.minimum(n_valid, K)
     if N <= K:
@@ -155,18 +160,32 @@ def _select(vals, valid, K: tl.constexpr, N: tl.constexpr):
         bits = (vals + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0: equal scores, equal keys
         key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed int order == float order
         sign = tl.full((), -2147483648, tl.int32)
-        # Build the K-th largest key bit by bit, in unsigned order (u = key ^ sign).
+        key_u = key ^ sign  # unsigned order, kept in int32 bits
+        bins = tl.arange(0, 256)
         thr_u = tl.full((), 0, tl.int32)
-        for i in tl.static_range(32):
-            cand_u = thr_u | (tl.full((), 1, tl.int32) << (31 - i))
-            count = tl.sum((valid & (key >= (cand_u ^ sign))).to(tl.int32), axis=0)
-            thr_u = tl.where(count >= k_eff, cand_u, thr_u)
+        need = k_eff  # how many still to take at or below the digits fixed so far
+        n_in = n_valid  # valid elements whose upper digits equal the threshold's
+        for r in tl.static_range(4):
+            shift = 24 - 8 * r
+            if r == 0:
+                in_prefix = valid
+            else:
+                # Arithmetic shifts on both sides: equal upper bits <=> equal shifted values.
+                in_prefix = valid & ((key_u >> (shift + 8)) == (thr_u >> (shift + 8)))
+            digit = (key_u >> shift) & 255
+            hist = tl.histogram(tl.where(in_prefix, digit, 0), 256)
+            hist = tl.where(bins == 0, hist - (N - n_in), hist)  # drop the parked outsiders
+            at_or_above = n_in - tl.cumsum(hist, axis=0) + hist
+            d_star = tl.sum((at_or_above >= need).to(tl.int32), axis=0) - 1
+            packed = tl.sum(tl.where(bins == d_star, at_or_above * 65536 + hist, 0), axis=0)
+            need = need - (packed // 65536 - packed % 65536)  # minus those strictly above d_star
+            n_in = packed % 65536
+            thr_u = thr_u | (d_star << shift)
         thr = thr_u ^ sign
         above = valid & (key > thr)
         tie = valid & (key == thr)
-        n_above = tl.sum(above.to(tl.int32), axis=0)
         tie_rank = tl.cumsum(tie.to(tl.int32), axis=0) - 1
-        sel = above | (tie & (tie_rank < k_eff - n_above))
+        sel = above | (tie & (tie_rank < need))
     slot = tl.cumsum(sel.to(tl.int32), axis=0) - 1
     return sel, slot, k_eff
 

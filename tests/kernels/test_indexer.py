@@ -111,6 +111,7 @@ def test_logits_batch_zero_and_width_zero():
     ([0, 1, 511, 512, 513], 600),
     ([4500, 9000, 100], 9000),  # two merge levels (chunks of 4096)
     ([2000, 1500], 2048),
+    ([20000, 7000], 20000),  # two levels of chunks of 4096, then the final merge
 ])
 def test_topk_transform_matches_reference_and_upstream(lens, width):
     gen = torch.Generator().manual_seed(width)
