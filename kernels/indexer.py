@@ -26,8 +26,8 @@ rate, while ``tl.dot_scaled(..e4m3.., ..e4m3..)`` with unit (127) E8M0 scales be
 ``QMMA.SF.16832...E8`` with identical numerics; on sm_90 ``dot_scaled`` is emulated (bf16 HGMMA plus
 conversions), so the plain fp8 dot (``QGMMA``) is used there. :func:`use_scaled_dot` picks by arch.
 
-Selection: scores map to order-preserving int32 keys; a 4-round radix select (256-bin histograms)
-finds the K-th largest key of a block held in registers, and cumulative sums compact the winners.
+Selection: scores map to order-preserving int32 keys; a 32-step bitwise search finds the K-th
+largest key of a block held in registers, and cumulative sums compact the winners.
 """
 
 from __future__ import annotations
@@ -148,10 +148,9 @@ def _select(vals, valid, K: tl.constexpr, N: tl.constexpr):
     """Pick the K largest of ``vals[valid]`` (all valid ones if fewer). Returns (selected mask,
     output slot of each selected element in block order, number selected).
 
-    Radix select on order-preserving 32-bit keys, 8 bits a round from the top: a 256-bin histogram
-    of the elements still matching the threshold's upper digits fixes the next digit, so the K-th
-    largest key is known after 4 rounds (few block-wide synchronisations, which is what bounds a
-    select on a few thousand registers-resident scores)."""
+    The K-th largest key is built bit by bit from the top (32 block-wide counts). A radix select
+    with 256-bin ``tl.histogram`` rounds (4 rounds instead of 32 counts) measured slower on the
+    H200 with Triton 3.6 (benchmarks/indexer-h200-run2-radix.md), so the counting search stays."""
     n_valid = tl.sum(valid.to(tl.int32), axis=0)
     k_eff = tl.minimum(n_valid, K)
     if N <= K:
@@ -160,32 +159,18 @@ def _select(vals, valid, K: tl.constexpr, N: tl.constexpr):
         bits = (vals + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0: equal scores, equal keys
         key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed int order == float order
         sign = tl.full((), -2147483648, tl.int32)
-        key_u = key ^ sign  # unsigned order, kept in int32 bits
-        bins = tl.arange(0, 256)
+        # Build the K-th largest key bit by bit, in unsigned order (u = key ^ sign).
         thr_u = tl.full((), 0, tl.int32)
-        need = k_eff  # how many still to take at or below the digits fixed so far
-        n_in = n_valid  # valid elements whose upper digits equal the threshold's
-        for r in tl.static_range(4):
-            shift = 24 - 8 * r
-            if r == 0:
-                in_prefix = valid
-            else:
-                # Arithmetic shifts on both sides: equal upper bits <=> equal shifted values.
-                in_prefix = valid & ((key_u >> (shift + 8)) == (thr_u >> (shift + 8)))
-            digit = (key_u >> shift) & 255
-            hist = tl.histogram(tl.where(in_prefix, digit, 0), 256)
-            hist = tl.where(bins == 0, hist - (N - n_in), hist)  # drop the parked outsiders
-            at_or_above = n_in - tl.cumsum(hist, axis=0) + hist
-            d_star = tl.sum((at_or_above >= need).to(tl.int32), axis=0) - 1
-            packed = tl.sum(tl.where(bins == d_star, at_or_above * 65536 + hist, 0), axis=0)
-            need = need - (packed // 65536 - packed % 65536)  # minus those strictly above d_star
-            n_in = packed % 65536
-            thr_u = thr_u | (d_star << shift)
+        for i in tl.static_range(32):
+            cand_u = thr_u | (tl.full((), 1, tl.int32) << (31 - i))
+            count = tl.sum((valid & (key >= (cand_u ^ sign))).to(tl.int32), axis=0)
+            thr_u = tl.where(count >= k_eff, cand_u, thr_u)
         thr = thr_u ^ sign
         above = valid & (key > thr)
         tie = valid & (key == thr)
+        n_above = tl.sum(above.to(tl.int32), axis=0)
         tie_rank = tl.cumsum(tie.to(tl.int32), axis=0) - 1
-        sel = above | (tie & (tie_rank < need))
+        sel = above | (tie & (tie_rank < k_eff - n_above))
     slot = tl.cumsum(sel.to(tl.int32), axis=0) - 1
     return sel, slot, k_eff
 
@@ -488,7 +473,19 @@ class Plan:
 
 
 # Decision table, per (batch, compressed length) bucket: the first row whose limits cover the shape
-# wins. Filled from benchmarks/indexer-h200.md (H200, sm_90) — see that file for the numbers.
+# wins. Measured on the H200 (benchmarks/indexer-h200.md, us per call, logits + top-512):
+#
+#   B    context  two-kernel  best fused          B    context  two-kernel  best fused
+#   1    8K       13.6        21.5 (8 pages)      16   256K     90.4        97.1 (8)
+#   1    64K      27.3        35.7 (8)            64   8K       19.6        24.6 (8)
+#   1    256K     40.4        46.9 (8)            64   64K      79.7        88.0 (8)
+#   16   8K       15.3        22.9 (8)            64   256K     271.5       282.8 (16)
+#   16   64K      38.0        41.4 (8)            1    1M       55.7        57.8 (8)
+#                                                 256  8K       35.5        43.9 (8)
+#
+# The two-kernel path won everywhere: writing the fp32 logits row costs ~3 % of the index-K bytes,
+# less than the in-kernel selection costs the bandwidth-bound split. No sm_120 timing exists; the
+# fused path stays selectable (SGLANG_SM120_INDEXER_PATH=fused) for measuring it there.
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel")),
 )
