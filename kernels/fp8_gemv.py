@@ -48,26 +48,27 @@ _MAX_COUNTERS = 1 << 16
 
 
 @triton.jit
-def _load_activation(row_ptr, freq_row, k, mask, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
-                     ROPE: tl.constexpr):
-    """bf16 activation at ``row_ptr + k`` (any broadcastable shapes); with INV_ROPE the last ROPE
-    dims of each HEAD-wide head get upstream's inverse rotation of interleaved (re, im) pairs:
-    re' = re*c + im*s, im' = im*c - re*s (the partner of element k is k ^ 1), rounded to bf16 as
-    upstream's in-place write is."""
+def _load_activation(row_ptr, freq_row, k, mask, k_first, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
+                     ROPE: tl.constexpr, WIDTH: tl.constexpr):
+    """bf16 activation at ``row_ptr + k`` (any broadcastable shapes). With INV_ROPE, when this
+    WIDTH-wide slice starting at ``k_first`` reaches into the last ROPE dims of a HEAD-wide head,
+    those dims get upstream's inverse rotation of interleaved (re, im) pairs: re' = re*c + im*s,
+    im' = im*c - re*s (the partner of element k is k ^ 1), rounded to bf16 as upstream's in-place
+    write is. Slices without rope dims (most of them) take the plain load only."""
+    x = tl.load(row_ptr + k, mask=mask, other=0.0)
     if INV_ROPE:
-        x = tl.load(row_ptr + k, mask=mask, other=0.0).to(tl.float32)
-        r = (k % HEAD) - (HEAD - ROPE)
-        is_rope = r >= 0
-        rope_mask = mask & is_rope
-        partner = tl.load(row_ptr + (k ^ 1), mask=rope_mask, other=0.0).to(tl.float32)
-        pair = tl.where(is_rope, r // 2, 0)
-        cos = tl.load(freq_row + 2 * pair, mask=rope_mask, other=1.0)
-        sin = tl.load(freq_row + 2 * pair + 1, mask=rope_mask, other=0.0)
-        sign = tl.where((k % 2) == 0, 1.0, -1.0)
-        rotated = x * cos + sign * partner * sin
-        return tl.where(rope_mask, rotated, x).to(tl.bfloat16)
-    else:
-        return tl.load(row_ptr + k, mask=mask, other=0.0)
+        if (k_first % HEAD) + WIDTH > HEAD - ROPE:
+            r = (k % HEAD) - (HEAD - ROPE)
+            is_rope = r >= 0
+            rope_mask = mask & is_rope
+            partner = tl.load(row_ptr + (k ^ 1), mask=rope_mask, other=0.0).to(tl.float32)
+            pair = tl.where(is_rope, r // 2, 0)
+            cos = tl.load(freq_row + 2 * pair, mask=rope_mask, other=1.0)
+            sin = tl.load(freq_row + 2 * pair + 1, mask=rope_mask, other=0.0)
+            sign = tl.where((k % 2) == 0, 1.0, -1.0)
+            xf = x.to(tl.float32)
+            x = tl.where(rope_mask, xf * cos + sign * partner * sin, xf).to(tl.bfloat16)
+    return x
 
 
 # Row counts and split sizes vary call to call: no 1 / multiple-of-16 specialisation (one compile).
@@ -81,19 +82,24 @@ def _block_fp8_gemv_kernel(
     stride_ym, stride_yg,
     stride_freq,
     k_blocks_per_split, num_splits,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
+    IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g,
-    over K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split). BLOCK_K is the scale block, so
-    the weight scale is one scalar per (tile, K block) and partial sums are scaled in fp32.
+    over K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), K_UNROLL blocks per iteration.
+    BLOCK_K is the scale block and BLOCK_N divides it, so a tile has one weight scale per K block.
 
     USE_DOT: rows padded to BLOCK_M (>= 16) on tensor cores, the weight converted e4m3 -> bf16
-    (exact). Otherwise (BLOCK_M 1 or 2) CUDA-core FMAs on [BLOCK_N, BLOCK_K] tiles, each row kept
-    as its own 2-D accumulator so the activation is loaded straight into the broadcast layout."""
+    (exact); with K_UNROLL == 1 each block's fp32 partial product is scaled (exact for any scale),
+    with K_UNROLL > 1 the scale is folded into the bf16 activation (exact for power-of-two scales,
+    as DSv4's UE8M0 checkpoints have; one extra bf16 rounding otherwise). SWAP_AB puts the weight
+    in the MMA's A operand. Otherwise (BLOCK_M 1 or 2) CUDA-core FMAs with the scale folded into
+    the fp32 activation (exact), each row its own accumulator so the activation loads straight
+    into the broadcast layout."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     tl.static_assert(USE_DOT or BLOCK_M <= 2)
+    BLOCK_KI: tl.constexpr = BLOCK_K * K_UNROLL
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_g = tl.program_id(2)
@@ -103,7 +109,7 @@ def _block_fp8_gemv_kernel(
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rk = tl.arange(0, BLOCK_KI)
     m_mask = rm < M
     n_mask = rn < N
 
@@ -114,6 +120,7 @@ def _block_fp8_gemv_kernel(
     k_blocks = tl.cdiv(K, BLOCK_K)
     kb_begin = pid_k * k_blocks_per_split
     kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
+    k_stop = tl.minimum(kb_end * BLOCK_K, K)
 
     if USE_DOT:
         x_rows = x_base + rm[:, None] * stride_xm  # [BM, 1]
@@ -121,15 +128,31 @@ def _block_fp8_gemv_kernel(
         if INV_ROPE:
             pos = tl.load(pos_ptr + rm, mask=m_mask, other=0)
             freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for kb in range(kb_begin, kb_end):
+        if SWAP_AB:
+            acc_t = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for kb in range(kb_begin, kb_end, K_UNROLL):
             k = kb * BLOCK_K + rk
-            k_mask = k < K
+            k_mask = k < k_stop
             w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            scale = tl.load(s_row + kb)
             x = _load_activation(x_rows, freq_rows, k[None, :], m_mask[:, None] & k_mask[None, :],
-                                 INV_ROPE, HEAD, ROPE)
-            acc += tl.dot(x, tl.trans(w.to(tl.bfloat16))) * scale  # e4m3 -> bf16 is exact
+                                 kb * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+            if K_UNROLL == 1:
+                scale = tl.load(s_row + kb)
+                if SWAP_AB:
+                    acc_t += tl.dot(w.to(tl.bfloat16), tl.trans(x)) * scale
+                else:
+                    acc += tl.dot(x, tl.trans(w.to(tl.bfloat16))) * scale  # e4m3 -> bf16 is exact
+            else:
+                s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
+                xs = (x.to(tl.float32) * s_cols[None, :]).to(tl.bfloat16)
+                if SWAP_AB:
+                    acc_t += tl.dot(w.to(tl.bfloat16), tl.trans(xs))
+                else:
+                    acc += tl.dot(xs, tl.trans(w.to(tl.bfloat16)))
+        if SWAP_AB:
+            acc = tl.trans(acc_t)
     else:
         row0 = pid_m * BLOCK_M
         row1 = row0 + 1
@@ -140,19 +163,20 @@ def _block_fp8_gemv_kernel(
             if BLOCK_M == 2:
                 pos1 = tl.load(pos_ptr + row1, mask=row1 < M, other=0)
                 freq1 = freqs_ptr + pos1.to(tl.int64) * stride_freq
-        acc0 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        acc1 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        for kb in range(kb_begin, kb_end):
+        acc0 = tl.zeros((BLOCK_N, BLOCK_KI), tl.float32)
+        acc1 = tl.zeros((BLOCK_N, BLOCK_KI), tl.float32)
+        for kb in range(kb_begin, kb_end, K_UNROLL):
             k = kb * BLOCK_K + rk
-            k_mask = k < K
+            k_mask = k < k_stop
             w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-            scale = tl.load(s_row + kb)
-            x0 = _load_activation(x_base + row0 * stride_xm, freq0, k, k_mask, INV_ROPE, HEAD, ROPE)
-            acc0 += w * (x0.to(tl.float32) * scale)[None, :]
+            s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
+            x0 = _load_activation(x_base + row0 * stride_xm, freq0, k, k_mask, kb * BLOCK_K, INV_ROPE, HEAD,
+                                  ROPE, BLOCK_KI)
+            acc0 += w * (x0.to(tl.float32) * s_cols)[None, :]
             if BLOCK_M == 2:
-                x1 = _load_activation(x_base + row1 * stride_xm, freq1, k, k_mask & (row1 < M), INV_ROPE,
-                                      HEAD, ROPE)
-                acc1 += w * (x1.to(tl.float32) * scale)[None, :]
+                x1 = _load_activation(x_base + row1 * stride_xm, freq1, k, k_mask & (row1 < M), kb * BLOCK_K,
+                                      INV_ROPE, HEAD, ROPE, BLOCK_KI)
+                acc1 += w * (x1.to(tl.float32) * s_cols)[None, :]
         acc = tl.sum(acc0, axis=1)[None, :]
         if BLOCK_M == 2:
             acc = tl.where((rm == row0)[:, None], acc, tl.sum(acc1, axis=1)[None, :])
@@ -191,17 +215,22 @@ class GemvConfig:
     use_dot: bool
     num_warps: int = 4
     num_stages: int = 3
+    k_unroll: int = 1  # 128-wide K blocks per loop iteration
+    swap_ab: bool = False  # dot form: the weight is the MMA's A operand
 
     @property
     def name(self) -> str:
-        kind = "dot" if self.use_dot else "fma"
-        return f"{kind}_m{self.block_m}_n{self.block_n}_s{self.split_k}_w{self.num_warps}_st{self.num_stages}"
+        kind = ("dotT" if self.swap_ab else "dot") if self.use_dot else "fma"
+        return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
+                f"_st{self.num_stages}")
 
 
-# Rows handled by the FMA form (no tensor cores); above it the dot form pads rows to 16.
-FMA_MAX_ROWS = 2
+# Rows handled by the FMA form (no tensor cores); above it the dot form pads rows to 16. Chosen on
+# the H200 (benchmarks/fp8_gemv-h200*.md): FMA wins at one row, tensor cores from two.
+FMA_MAX_ROWS = 1
 # Programs wanted per SM for full memory bandwidth; split-K raises small-N launches to this.
 PROGRAMS_PER_SM = 4
+FMA_PROGRAMS_PER_SM = 8
 # A split keeps at least this many 128-wide K blocks so its partial store stays small.
 MIN_K_BLOCKS_PER_SPLIT = 4
 # SM count assumed when no GPU is visible (interpreter, AOT): the H200's.
@@ -225,10 +254,12 @@ def choose_split(tiles: int, k_blocks: int, target_programs: int) -> int:
     return split
 
 
-def default_config(m: int, n: int, k: int, groups: int = 1, programs_per_sm: int = PROGRAMS_PER_SM) -> GemvConfig:
+def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
+    programs_per_sm = PROGRAMS_PER_SM
     if m <= FMA_MAX_ROWS:
         block_m, block_n, use_dot = (1 if m <= 1 else 2), 32, False
+        programs_per_sm = FMA_PROGRAMS_PER_SM
     elif m <= 16:
         block_m, block_n, use_dot = 16, 64, True
     else:
@@ -275,8 +306,9 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     n_tiles = triton.cdiv(n, cfg.block_n)
     k_blocks = triton.cdiv(k, FP8_BLOCK)
     split = max(1, min(cfg.split_k, k_blocks))
-    per_split = triton.cdiv(k_blocks, split)
-    split = triton.cdiv(k_blocks, per_split)  # no empty splits
+    # whole iterations per split, and no empty splits
+    per_split = triton.cdiv(triton.cdiv(k_blocks, split), cfg.k_unroll) * cfg.k_unroll
+    split = triton.cdiv(k_blocks, per_split)
     grid = (m_tiles * n_tiles, split, groups)
     if split > 1:
         partial = torch.empty((groups, split, m, n), dtype=torch.float32, device=x3.device)
@@ -295,8 +327,8 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         y3.stride(0), y3.stride(1),
         fr.stride(0) if inv_rope else 0,
         per_split, split,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK,
-        IS_SPLIT=split > 1, USE_DOT=cfg.use_dot,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
+        IS_SPLIT=split > 1, USE_DOT=cfg.use_dot, SWAP_AB=cfg.swap_ab,
         INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -457,17 +489,20 @@ def reference_upstream_fp8_activation_linear(x: torch.Tensor, weight: torch.Tens
 # AOT configs
 # ----------------------------------------------------------------------------------------------
 
-# (block_m, block_n, split_k, use_dot, inv_rope, num_warps): every form default_config can pick
-# (split_k only matters as 1 vs > 1 for code generation) plus the fused-RoPE wo_a forms.
+# (GemvConfig, inv_rope): every form default_config can pick (split_k only matters as 1 vs > 1 for
+# code generation) plus the fused-RoPE wo_a forms.
 SHIPPED_FORMS = (
-    (1, 32, 1, False, False, 4),
-    (1, 32, 4, False, False, 4),
-    (2, 32, 4, False, False, 4),
-    (16, 64, 1, True, False, 4),
-    (16, 64, 4, True, False, 4),
-    (32, 64, 1, True, False, 4),
-    (1, 32, 4, False, True, 4),
-    (16, 64, 4, True, True, 4),
+    (GemvConfig(1, 32, 1, False), False),
+    (GemvConfig(1, 32, 4, False), False),
+    (GemvConfig(2, 32, 4, False), False),
+    (GemvConfig(16, 64, 1, True), False),
+    (GemvConfig(16, 64, 4, True), False),
+    (GemvConfig(32, 64, 1, True), False),
+    (GemvConfig(1, 32, 4, False, k_unroll=2), False),
+    (GemvConfig(16, 64, 4, True, k_unroll=2), False),
+    (GemvConfig(16, 64, 4, True, swap_ab=True), False),
+    (GemvConfig(1, 32, 4, False), True),
+    (GemvConfig(16, 64, 4, True), True),
 )
 
 
@@ -479,22 +514,22 @@ def aot_configs() -> list[AotConfig]:
         "stride_xm": "i32", "stride_xg": "i32", "stride_wg": "i32", "stride_wn": "i32",
         "stride_sg": "i32", "stride_sn": "i32", "stride_ym": "i32", "stride_yg": "i32",
         "stride_freq": "i32", "k_blocks_per_split": "i32", "num_splits": "i32",
-        "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "IS_SPLIT": "constexpr",
-        "USE_DOT": "constexpr", "INV_ROPE": "constexpr", "HEAD": "constexpr", "ROPE": "constexpr",
+        "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_UNROLL": "constexpr",
+        "IS_SPLIT": "constexpr", "USE_DOT": "constexpr", "SWAP_AB": "constexpr", "INV_ROPE": "constexpr", "HEAD": "constexpr", "ROPE": "constexpr",
     }
     configs = []
-    for bm, bn, split, use_dot, rope, warps in SHIPPED_FORMS:
-        cfg = GemvConfig(bm, bn, split, use_dot, warps)
+    for cfg, rope in SHIPPED_FORMS:
         name = f"fp8_gemv_{cfg.name}" + ("_invrope" if rope else "")
         configs.append(AotConfig(
             name=name, kernel=_block_fp8_gemv_kernel, signature=sig,
-            constexprs={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": FP8_BLOCK, "IS_SPLIT": split > 1,
-                        "USE_DOT": use_dot, "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM},
-            num_warps=warps, num_stages=cfg.num_stages,
+            constexprs={"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": FP8_BLOCK,
+                        "K_UNROLL": cfg.k_unroll, "IS_SPLIT": cfg.split_k > 1, "USE_DOT": cfg.use_dot,
+                        "SWAP_AB": cfg.swap_ab, "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM},
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             # the JIT sees these as multiples of 16 for DSv4's shapes (K, N multiples of 128)
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),
-            expect_opcodes=("HMMA.16816.F32.BF16",) if use_dot else ("FFMA",),
+            expect_opcodes=("HMMA.16816.F32.BF16",) if cfg.use_dot else ("FFMA",),
             note="16-byte weight loads expected (LDG.E.128)",
         ))
     return configs

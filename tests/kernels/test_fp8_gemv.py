@@ -14,21 +14,24 @@ from ..conftest import DEVICE
 OUTPUT_TOL = 6e-3
 
 
-def block_quantize(w: torch.Tensor):
-    """A bf16/fp32 weight -> (e4m3 weight, fp32 128x128 block scales), as checkpoints store it."""
+def block_quantize(w: torch.Tensor, pow2: bool = False):
+    """A bf16/fp32 weight -> (e4m3 weight, fp32 128x128 block scales), as checkpoints store it;
+    ``pow2`` rounds the scales up to powers of two (UE8M0, as DSv4-Flash's checkpoint has)."""
     n, k = w.shape[-2:]
     nb, kb = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
     padded = torch.nn.functional.pad(w.float(), (0, kb * FP8_BLOCK - k, 0, nb * FP8_BLOCK - n))
     blocks = padded.reshape(*w.shape[:-2], nb, FP8_BLOCK, kb, FP8_BLOCK)
     scale = blocks.abs().amax(dim=(-3, -1)).clamp_min(1e-12) / g.FP8_MAX
+    if pow2:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
     q = (blocks / scale[..., :, None, :, None]).clamp(-g.FP8_MAX, g.FP8_MAX).reshape(padded.shape)
     return q[..., :n, :k].to(g.FP8_DTYPE).contiguous(), scale.contiguous()
 
 
-def random_weight(n, k, groups=None, gen=None):
+def random_weight(n, k, groups=None, gen=None, pow2=False):
     shape = (n, k) if groups is None else (groups, n, k)
     w = torch.randn(shape, generator=gen) * 0.02
-    wq, s = block_quantize(w)
+    wq, s = block_quantize(w, pow2)
     return wq.to(DEVICE), s.to(DEVICE)
 
 
@@ -58,8 +61,10 @@ def test_linear_matches_reference(m, n, k):
 
 
 FORMS = [g.GemvConfig(1, 32, 1, False), g.GemvConfig(1, 32, 4, False), g.GemvConfig(2, 32, 3, False),
+         g.GemvConfig(1, 16, 2, False, k_unroll=4), g.GemvConfig(2, 32, 1, False, k_unroll=2),
          g.GemvConfig(16, 64, 1, True), g.GemvConfig(16, 64, 4, True), g.GemvConfig(32, 64, 2, True),
-         g.GemvConfig(16, 32, 2, True)]
+         g.GemvConfig(16, 32, 2, True), g.GemvConfig(16, 64, 3, True, k_unroll=2),
+         g.GemvConfig(16, 64, 2, True, swap_ab=True), g.GemvConfig(16, 32, 1, True, k_unroll=4, swap_ab=True)]
 
 
 @pytest.mark.parametrize("cfg", FORMS, ids=lambda c: c.name)
@@ -69,7 +74,8 @@ def test_every_launch_form(cfg, m):
         m = cfg.block_m if cfg.block_m > 1 else 3  # FMA rows tile the grid too
     gen = torch.Generator().manual_seed(7 * m + cfg.block_n + cfg.split_k)
     n, k = 160, 1024  # 8 K blocks: split-K 3/4 gives ragged splits, N ragged against every BLOCK_N
-    w, s = random_weight(n, k, gen=gen)
+    folds_scale_into_bf16 = cfg.use_dot and cfg.k_unroll > 1  # exact for power-of-two scales only
+    w, s = random_weight(n, k, gen=gen, pow2=folds_scale_into_bf16)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
     ref = g.reference_block_fp8_linear(x, w, s)
     for _ in range(2):  # the second call checks the split-K counters were left at zero
@@ -78,6 +84,18 @@ def test_every_launch_form(cfg, m):
         assert rel_err(y, ref) < OUTPUT_TOL
     if cfg.split_k > 1:
         assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+
+
+def test_folded_scale_forms_with_arbitrary_scales_stay_close():
+    """With non-power-of-two scales the unrolled dot form rounds x*scale to bf16 once more: still
+    well inside the error of upstream's FP8-activation path."""
+    gen = torch.Generator().manual_seed(9)
+    w, s = random_weight(160, 1024, gen=gen)
+    x = torch.randn(5, 1024, generator=gen).to(torch.bfloat16).to(DEVICE)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    y = g.block_fp8_linear(x, w, s, config=g.GemvConfig(16, 64, 2, True, k_unroll=2))
+    assert rel_err(y, ref) < 2 * OUTPUT_TOL
+    assert rel_err(y, ref) < rel_err(g.reference_upstream_fp8_activation_linear(x, w, s), ref) / 2
 
 
 def test_leading_dims_strided_rows_and_empty():
@@ -171,11 +189,12 @@ def test_wo_a_matches_reference(b, rope):
 
 
 @pytest.mark.parametrize("cfg", [g.GemvConfig(1, 32, 4, False), g.GemvConfig(2, 32, 2, False),
-                                 g.GemvConfig(16, 64, 4, True)], ids=lambda c: c.name)
+                                 g.GemvConfig(1, 32, 1, False, k_unroll=2), g.GemvConfig(16, 64, 4, True),
+                                 g.GemvConfig(16, 64, 2, True, k_unroll=2, swap_ab=True)], ids=lambda c: c.name)
 def test_wo_a_forms_with_rope_and_strided_o(cfg):
     gen = torch.Generator().manual_seed(11)
     b, groups, r, d = 3, 2, 128, 512
-    w, s = random_weight(r, d, groups=groups, gen=gen)
+    w, s = random_weight(r, d, groups=groups, gen=gen, pow2=cfg.use_dot and cfg.k_unroll > 1)
     heads = torch.randn(b, groups * d + 64, generator=gen).to(torch.bfloat16).to(DEVICE)
     o = heads[:, :groups * d].view(b, groups, d)  # token stride > G*D, as a sliced attention output
     pos, freqs, _ = rope_inputs(b, gen)
