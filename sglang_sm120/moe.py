@@ -126,6 +126,9 @@ def _get_quant_method_around(original, quant_config, layer, prefix):
     return upstream_quant_method(original, quant_config, layer, prefix)
 
 
+dispatch_quant_method = _get_quant_method_around  # (original, quant_config, layer, prefix): patches/moe.diff
+
+
 def upstream_quant_method(original, quant_config, layer, prefix):
     """Upstream's own choice for these experts: ``get_quant_method`` run as if the backend were
     ``flashinfer_mxfp4`` (``auto`` for the FP8-dequant mode). The method builds its own
