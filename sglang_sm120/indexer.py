@@ -194,6 +194,27 @@ def forward_c4_indexer_hook(original, self, *args, **kwargs):
         _fusable.reset(token)
 
 
+def route(logits_fn, topk_fn, backend, c4_indexer):
+    """Entry point of ``patches/indexer.diff`` (for a patched SGLang source tree instead of runtime
+    hooks): SGLang's chosen logits and ``topk_transform_paged`` functions, wrapped exactly like the
+    hooks (the originals serve uncovered calls); returned unchanged when the seam is not active."""
+    if not REGISTRY.is_active("indexer"):
+        return logits_fn, topk_fn
+    fusable = fusable_call(backend, c4_indexer)
+
+    def logits(*args, **kwargs):
+        token = _fusable.set(fusable)
+        try:
+            return logits_hook(logits_fn, *args, **kwargs)
+        finally:
+            _fusable.reset(token)
+
+    def topk(*args, **kwargs):
+        return topk_hook(topk_fn, *args, **kwargs)
+
+    return logits, topk
+
+
 # (target, hook, required): the TileLang module needs tilelang importable; without it SGLang cannot
 # pick that function either, so the seam goes on without that hook.
 HOOKS = (

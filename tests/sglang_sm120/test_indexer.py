@@ -101,10 +101,23 @@ FUSED_CALL_SEQUENCE = """
 """
 
 
+PATCH_ROUTE = """
+    # patches/indexer.diff calls route() with SGLang's own functions at the same point.
+    from sglang_sm120.indexer import route
+    os.environ["SGLANG_SM120_INDEXER_PATH"] = "fused"
+    fn, topk_fn = route(up.fp8_paged_mqa_logits_torch_sm120.__wrapped__, up.topk_transform_paged.__wrapped__,
+                        Backend(), C4())
+    logits = fn(q, kv, w, l, pt, None, 1536, False)
+    routed = torch.full((2, 512), 12345, dtype=torch.int32)
+    topk_fn(logits, l, pt, routed, 64, None)
+    results["route"] = {"logits_bytes": logits.untyped_storage().nbytes(),
+                        "same": [sorted(r) for r in routed.tolist()] == [sorted(r) for r in two.tolist()]}
+"""
+
 FORCED = ("import os\nresults = {}\n" + textwrap.dedent(ROUTING)
           + "".join(f"os.environ['SGLANG_SM120_INDEXER_PATH'] = '{path}'\n" + textwrap.dedent(FUSED_CALL_SEQUENCE)
                     for path in ("fused", "two_kernel"))
-          + "print(json.dumps(results))\n")
+          + textwrap.dedent(PATCH_ROUTE) + "print(json.dumps(results))\n")
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +142,10 @@ def test_two_kernel_path_through_the_same_sequence(forced):
     out = forced["two_kernel"]
     assert out["logits_bytes"] == 2 * 1536 * 4
     assert out["same_as_two_kernel"] and out["raw_consistent"] and out["short_row_in_order"]
+
+
+def test_patch_entry_point_routes_like_the_hooks(forced):
+    assert forced["route"] == {"logits_bytes": 4, "same": True}
 
 
 def test_kill_switch_leaves_upstream_functions():
