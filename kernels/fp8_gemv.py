@@ -225,12 +225,15 @@ class GemvConfig:
                 f"_st{self.num_stages}")
 
 
-# Rows handled by the FMA form (no tensor cores); above it the dot form pads rows to 16. Chosen on
-# the H200 (benchmarks/fp8_gemv-h200*.md): FMA wins at one row, tensor cores from two.
+# Launch forms chosen from the H200 sweep (benchmarks/fp8_gemv-h200.md, -sweep.json; geometric
+# mean over the seven linears at T = 1, 2, 4, 8): one row runs on CUDA-core FMAs two 128-blocks per
+# iteration; 2 to 16 rows on tensor cores with 16-row, 32-column tiles; more rows with 32x64 tiles.
 FMA_MAX_ROWS = 1
+FMA_BLOCK_N, FMA_K_UNROLL = 32, 2
+DOT_BLOCK_N = 32
+WIDE_BLOCK_M, WIDE_BLOCK_N = 32, 64
 # Programs wanted per SM for full memory bandwidth; split-K raises small-N launches to this.
 PROGRAMS_PER_SM = 4
-FMA_PROGRAMS_PER_SM = 8
 # A split keeps at least this many 128-wide K blocks so its partial store stays small.
 MIN_K_BLOCKS_PER_SPLIT = 4
 # SM count assumed when no GPU is visible (interpreter, AOT): the H200's.
@@ -256,17 +259,16 @@ def choose_split(tiles: int, k_blocks: int, target_programs: int) -> int:
 
 def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
-    programs_per_sm = PROGRAMS_PER_SM
+    unroll = 1
     if m <= FMA_MAX_ROWS:
-        block_m, block_n, use_dot = (1 if m <= 1 else 2), 32, False
-        programs_per_sm = FMA_PROGRAMS_PER_SM
+        block_m, block_n, use_dot, unroll = 1, FMA_BLOCK_N, False, FMA_K_UNROLL
     elif m <= 16:
-        block_m, block_n, use_dot = 16, 64, True
+        block_m, block_n, use_dot = 16, DOT_BLOCK_N, True
     else:
-        block_m, block_n, use_dot = 32, 64, True
+        block_m, block_n, use_dot = WIDE_BLOCK_M, WIDE_BLOCK_N, True
     tiles = groups * triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
-    split = choose_split(tiles, triton.cdiv(k, FP8_BLOCK), programs_per_sm * sm_count())
-    return GemvConfig(block_m, block_n, split, use_dot)
+    split = choose_split(tiles, triton.cdiv(k, FP8_BLOCK), PROGRAMS_PER_SM * sm_count())
+    return GemvConfig(block_m, block_n, split, use_dot, k_unroll=unroll)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -492,17 +494,14 @@ def reference_upstream_fp8_activation_linear(x: torch.Tensor, weight: torch.Tens
 # (GemvConfig, inv_rope): every form default_config can pick (split_k only matters as 1 vs > 1 for
 # code generation) plus the fused-RoPE wo_a forms.
 SHIPPED_FORMS = (
-    (GemvConfig(1, 32, 1, False), False),
-    (GemvConfig(1, 32, 4, False), False),
-    (GemvConfig(2, 32, 4, False), False),
-    (GemvConfig(16, 64, 1, True), False),
-    (GemvConfig(16, 64, 4, True), False),
-    (GemvConfig(32, 64, 1, True), False),
+    (GemvConfig(1, 32, 1, False, k_unroll=2), False),
     (GemvConfig(1, 32, 4, False, k_unroll=2), False),
-    (GemvConfig(16, 64, 4, True, k_unroll=2), False),
-    (GemvConfig(16, 64, 4, True, swap_ab=True), False),
-    (GemvConfig(1, 32, 4, False), True),
-    (GemvConfig(16, 64, 4, True), True),
+    (GemvConfig(16, 32, 1, True), False),
+    (GemvConfig(16, 32, 4, True), False),
+    (GemvConfig(32, 64, 1, True), False),
+    (GemvConfig(32, 64, 4, True), False),
+    (GemvConfig(1, 32, 4, False, k_unroll=2), True),
+    (GemvConfig(16, 32, 4, True), True),
 )
 
 
