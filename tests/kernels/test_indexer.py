@@ -103,6 +103,13 @@ def test_logits_match_reference_and_upstream(lens, max_seq_len, scaled_dot):
 def test_logits_batch_zero_and_width_zero():
     q, kv, w, l, pt = make_inputs([], 128)
     assert ix.paged_mqa_logits(q, kv, w, l, pt, 128).shape == (0, 128)
+    for plan in (ix.Plan("two_kernel"), ix.Plan("fused", 8)):
+        assert ix.indexer_topk(q, kv, w, l, pt, 128, torch.empty(0, INDEX_TOPK, dtype=torch.int32), plan=plan).shape == (0, 512)
+    q, kv, w, l, pt = make_inputs([0, 0], 700)  # every length 0: every slot -1, both paths
+    for plan in (ix.Plan("two_kernel"), ix.Plan("fused", 8)):
+        out = torch.full((2, INDEX_TOPK), 12345, dtype=torch.int32)
+        ix.indexer_topk(q, kv, w, l, pt, 700, out, plan=plan)
+        assert (out == -1).all()
     q, kv, w, l, pt = make_inputs([3], 64)
     assert ix.paged_mqa_logits(q, kv, w, l, pt, 0).shape == (1, 0)
 
