@@ -1,0 +1,239 @@
+"""The ``dense`` seam: DSv4-Flash's dense FP8 projections at decode on ``sglang_sm120.kernels.fp8_gemv``.
+
+Hooks (SGLang 0.5.23):
+
+* ``srt/models/deepseek_v4.py: wo_a_fp8_gemm_enabled`` AROUND: also True for an FP8 128x128
+  block-quantised checkpoint. Upstream decides with it (``MqaAttentionBase.__init__`` :1065-1147 and
+  ``DeepseekV4ForCausalLM.__init__`` :4674) whether ``wo_a`` is allocated in FP8 with block scales
+  and whether ``load_weights`` (:5267-5271) dequantises the checkpoint's ``wo_a`` to bf16 while
+  streaming it. True keeps the checkpoint's FP8 weight and scales; the bf16 copy is never made.
+  ``post_load_weights`` then lays the scales out as ``[G, R/128, D/128]`` fp32 (:5002-5058).
+* ``MqaAttentionBase.__init__`` AROUND: for a layer whose ``wo_a`` is FP8 because of the hook above,
+  clears ``self.wo_a_fp8`` again, so ``forward`` (:3032-3053) takes the
+  ``_apply_wo_a_bf16_matmul(o, self.wo_a.weight.view(G, R, -1), ...)`` branch instead of the
+  activation-quantising DeepGEMM ``fp8_einsum`` branch (:3000-3024, which needs an sm_120 DeepGEMM
+  build), and records the scale parameter on the weight.
+* ``_apply_wo_a_bf16_matmul`` (:502-604) AROUND: an FP8 ``wo_a`` goes to
+  :func:`~sglang_sm120.kernels.fp8_gemv.grouped_fp8_wo_a`; a bf16 one to upstream.
+* ``srt/layers/quantization/fp8_utils.py: dispatch_w8a8_block_fp8_linear`` (:704-750) AROUND: the
+  block-FP8 linear ``Fp8LinearMethod`` keeps (CUTLASS on sm_120) is wrapped so that calls with a
+  bf16 activation of 1..``SGLANG_SM120_DENSE_MAX_ROWS`` rows (default 16) and 128x128 fp32 scales
+  run :func:`~sglang_sm120.kernels.fp8_gemv.block_fp8_linear` (no activation quantisation);
+  larger row counts, pre-quantised activations and anything else keep upstream's linear. Runners
+  whose load-time processing rewrites the scales (DeepGEMM, aiter) are not wrapped.
+
+If upstream's own FP8 ``wo_a`` GEMM was opted into (``SGLANG_OPT_FP8_WO_A_GEMM=1`` with an sm_120
+DeepGEMM build), ``wo_a`` stays entirely upstream's. Every hook checks at call time that the seam
+is active, so a seam that is not active changes nothing even where hooks were installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from .hooks import install_hooks
+from .seams import REGISTRY, Seam
+
+logger = logging.getLogger("sglang_sm120")
+
+DSV4 = "sglang.srt.models.deepseek_v4"
+WO_A_ENABLED = f"{DSV4}.wo_a_fp8_gemm_enabled"
+MQA_INIT = f"{DSV4}.MqaAttentionBase.__init__"
+WO_A_MATMUL = f"{DSV4}._apply_wo_a_bf16_matmul"
+FP8_DISPATCH = "sglang.srt.layers.quantization.fp8_utils.dispatch_w8a8_block_fp8_linear"
+TARGETS = (WO_A_ENABLED, MQA_INIT, WO_A_MATMUL, FP8_DISPATCH)
+
+ENV_MAX_ROWS = "SGLANG_SM120_DENSE_MAX_ROWS"
+# Rows up to which the block-FP8 linear runs our GEMV. On the H200 (benchmarks/fp8_gemv-h200.md) ours
+# beats upstream's quant-kernel + FP8 GEMM shape at one row on every linear and is within -12 %..+7 %
+# of it per layer at 2..16 rows (with 15x lower error); at 32 rows it is 20-40 % slower.
+DEFAULT_MAX_ROWS = 16
+# attributes the seam puts on an FP8 wo_a weight Parameter
+SCALE_ATTR = "sm120_wo_a_scale"
+FP8 = torch.float8_e4m3fn
+BLOCK = [128, 128]
+
+_logged: set[str] = set()
+
+
+def _log_once(key: str, message: str, *args) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logger.info("sglang-sm120 dense: " + message, *args)
+
+
+def _kernels():
+    from .kernels import fp8_gemv
+
+    return fp8_gemv
+
+
+def active() -> bool:
+    return REGISTRY.is_active("dense")
+
+
+def max_rows() -> int:
+    raw = os.environ.get(ENV_MAX_ROWS, "").strip()
+    try:
+        return int(raw) if raw else DEFAULT_MAX_ROWS
+    except ValueError:
+        _log_once("bad-env", "%s=%r is not an integer; using %d", ENV_MAX_ROWS, raw, DEFAULT_MAX_ROWS)
+        return DEFAULT_MAX_ROWS
+
+
+def _upstream_fp8_wo_a_opted_in() -> bool:
+    """Whether upstream runs its own FP8 wo_a GEMM (DeepGEMM fp8_einsum) in this process."""
+    import sglang.srt.models.deepseek_v4 as dsv4
+
+    return bool(dsv4._FP8_WO_A_GEMM)
+
+
+def _runnable(t: torch.Tensor) -> bool:
+    if t.is_cuda:
+        return True
+    from .kernels.harness.interpreter import interpreter_enabled
+
+    return interpreter_enabled()
+
+
+# --- wo_a ------------------------------------------------------------------------------------------
+
+
+def keeps_wo_a_fp8(quant_config) -> bool:
+    """True when the seam keeps ``wo_a`` in the checkpoint's FP8 128x128 block format."""
+    if not active() or _upstream_fp8_wo_a_opted_in():
+        return False
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+    return isinstance(quant_config, Fp8Config) and list(quant_config.weight_block_size or []) == BLOCK
+
+
+def wo_a_fp8_gemm_enabled_hook(original, quant_config):
+    return original(quant_config) or keeps_wo_a_fp8(quant_config)
+
+
+def adopt_fp8_wo_a(layer) -> bool:
+    """After upstream built ``layer`` with an FP8 ``wo_a``: route its forward to the bf16-matmul
+    branch (which reaches :func:`wo_a_matmul`) and remember the scale parameter on the weight."""
+    wo_a = getattr(layer, "wo_a", None)
+    weight = getattr(wo_a, "weight", None)
+    if (not getattr(layer, "wo_a_fp8", False) or not active() or _upstream_fp8_wo_a_opted_in()
+            or weight is None or weight.dtype != FP8 or not hasattr(wo_a, "weight_scale_inv")):
+        return False
+    setattr(weight, SCALE_ATTR, wo_a.weight_scale_inv)  # the Parameter: post_load_weights replaces its .data
+    layer.wo_a_fp8 = False
+    layer.sm120_fp8_wo_a = True
+    _log_once("wo_a", "wo_a kept in FP8 (%s, %.1f MB instead of %.1f MB bf16 per layer)", tuple(weight.shape),
+              weight.numel() / 1e6, 2 * weight.numel() / 1e6)
+    return True
+
+
+def mqa_init_hook(original, self, *args, **kwargs):
+    original(self, *args, **kwargs)
+    adopt_fp8_wo_a(self)
+
+
+def wo_a_scale(wo_a: torch.Tensor) -> torch.Tensor:
+    """The ``[G, R/128, D/128]`` fp32 scales of an FP8 ``wo_a`` view ``[G, R, D]`` of the layer's weight."""
+    base = wo_a if wo_a._base is None else wo_a._base
+    param = getattr(base, SCALE_ATTR, None)
+    if param is None:
+        raise RuntimeError("sglang-sm120 dense: FP8 wo_a without recorded block scales (was the layer built "
+                           "with the dense seam active?)")
+    g, r, d = wo_a.shape
+    return param.data.view(g, -(-r // 128), -(-d // 128))
+
+
+def wo_a_fp8_matmul(o: torch.Tensor, wo_a: torch.Tensor) -> torch.Tensor:
+    """``o [T, G, D] bf16 x wo_a [G, R, D] e4m3 -> [T, G, R] bf16`` on the grouped FP8 kernel."""
+    return _kernels().grouped_fp8_wo_a(o, wo_a, wo_a_scale(wo_a))
+
+
+def wo_a_matmul_hook(original, o, wo_a, *args, **kwargs):
+    if wo_a.dtype != FP8 or not active():
+        return original(o, wo_a, *args, **kwargs)
+    unsupported = [k for k in ("fuse_mxfp8_quant", "fp8_grid", "emit_fp8") if kwargs.get(k)]
+    if unsupported:  # FlashInfer-MXFP8 wo_b / ROCm routes; not taken by DSv4 on sm_120
+        raise NotImplementedError(f"sglang-sm120 dense: FP8 wo_a with {unsupported}")
+    return wo_a_fp8_matmul(o, wo_a)
+
+
+# --- block-FP8 linear ------------------------------------------------------------------------------
+
+
+class SmallRowFp8Linear:
+    """SGLang's block-FP8 linear with bf16 activations of 1..max_rows rows sent to our GEMV."""
+
+    def __init__(self, upstream, rows: int):
+        self.upstream = upstream
+        self.max_rows = rows
+        self.__name__ = f"sm120_small_row({getattr(upstream, '__name__', upstream)})"
+
+    def covers(self, x, weight, block_size, weight_scale, input_scale, bias, extra) -> bool:
+        if input_scale is not None or extra or not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
+            return False
+        if not active() or list(block_size or []) != BLOCK or weight.dtype != FP8 or weight.dim() != 2:
+            return False
+        n, k = weight.shape
+        if x.dim() == 0 or x.shape[-1] != k or weight_scale.dtype != torch.float32:
+            return False
+        if tuple(weight_scale.shape) != (-(-n // 128), -(-k // 128)) or weight_scale.stride(-1) != 1:
+            return False
+        rows = x.numel() // k if k else 0
+        if not 1 <= rows <= self.max_rows:
+            return False
+        if bias is not None and (bias.dtype != torch.bfloat16 or bias.shape[-1] != n):
+            return False
+        return _runnable(x) and weight.stride(-1) == 1 and x.stride(-1) == 1
+
+    def __call__(self, input, weight, block_size, weight_scale, input_scale=None, bias=None, **extra):
+        if self.covers(input, weight, block_size, weight_scale, input_scale, bias, extra):
+            y = _kernels().block_fp8_linear(input, weight, weight_scale)
+            return y if bias is None else y.add_(bias)
+        return self.upstream(input=input, weight=weight, block_size=block_size, weight_scale=weight_scale,
+                             input_scale=input_scale, bias=bias, **extra)
+
+
+def _wraps_safely(linear) -> bool:
+    """Upstream runners whose weight processing keeps plain [N/128, K/128] fp32 scales."""
+    from sglang.srt.layers.quantization import fp8_utils
+
+    fn = getattr(linear, "func", linear)
+    rewrites = {getattr(fp8_utils, name, None) for name in (
+        "deepgemm_w8a8_block_fp8_linear_with_fallback", "aiter_w8a8_block_fp8_linear",
+        "flashinfer_deepgemm_w8a8_block_fp8_linear_with_fallback")}
+    return fn not in rewrites
+
+
+def dispatch_hook(original, *args, **kwargs):
+    linear = original(*args, **kwargs)
+    block = kwargs.get("weight_block_size", args[0] if args else None)
+    if not active() or list(block or []) != BLOCK or not _wraps_safely(linear):
+        return linear
+    _log_once("linear", "block-FP8 linears with 1..%d bf16 rows run the Triton GEMV; more rows stay on %s",
+              max_rows(), getattr(linear, "__name__", linear))
+    return SmallRowFp8Linear(linear, max_rows())
+
+
+# --- seam --------------------------------------------------------------------------------------------
+
+
+def install() -> None:
+    install_hooks([
+        (WO_A_ENABLED, wo_a_fp8_gemm_enabled_hook, "AROUND"),
+        (MQA_INIT, mqa_init_hook, "AROUND"),
+        (WO_A_MATMUL, wo_a_matmul_hook, "AROUND"),
+        (FP8_DISPATCH, dispatch_hook, "AROUND"),
+    ])
+
+
+def make_seam() -> Seam:
+    return Seam(
+        name="dense",
+        description="dense FP8 projections: wo_a kept in FP8 on a grouped kernel, block-FP8 GEMV for small M",
+        targets=TARGETS,
+        install=install,
+    )
