@@ -528,7 +528,9 @@ def aot_configs() -> list[AotConfig]:
             # the JIT sees these as multiples of 16 for DSv4's shapes (K, N multiples of 128)
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),
-            expect_opcodes=("HMMA.16816.F32.BF16",) if cfg.use_dot else ("FFMA",),
-            note="16-byte weight loads expected (LDG.E.128)",
+            # the FP8 weight moves in 16-byte loads: cp.async into shared memory for the tensor-core
+            # form, straight into registers for the FMA form
+            expect_opcodes=(("HMMA.16816.F32.BF16", "LDGSTS.E.BYPASS.128") if cfg.use_dot
+                            else ("FFMA", "LDG.E.128")),
         ))
     return configs
