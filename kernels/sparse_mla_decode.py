@@ -61,13 +61,13 @@ LN2 = 0.6931471805599453
 # above it runs as several head blocks), candidates per tile, warps, pipeline stages. Chosen with
 # the sm_120a AOT report (shared memory <= 101376 B, no spills); see aot_configs().
 LAUNCH_CONFIGS = {
-    64: dict(BLOCK_H=64, BLOCK_N=16, num_warps=8, num_stages=1),
-    32: dict(BLOCK_H=32, BLOCK_N=16, num_warps=8, num_stages=2),
-    16: dict(BLOCK_H=16, BLOCK_N=16, num_warps=4, num_stages=2),
+    64: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1),
+    32: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1),
+    16: dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1),
 }
 MIN_HEADS = 16  # tl.dot needs M >= 16: H = 8 runs padded to 16 rows
-MAX_SPLITS = 16  # bounds the last-arriving split's merge work
-TICKET_UNITS = 4096  # (row, head block) units that can be split; more never split (they fill the GPU)
+MAX_SPLITS = 16  # bounds the combine's registers (all splits of a block are loaded at once)
+COMBINE_SUB_H, COMBINE_COLS, COMBINE_WARPS = 16, 32, 4  # combine block: 16 heads x 32 columns per program
 CPU_PROGRAMS = 8  # "SM count" used to pick splits under the CPU interpreter
 
 
@@ -76,50 +76,95 @@ def padded_heads(num_heads: int) -> int:
 
 
 @triton.jit
-def _kv_chunk(nope_ptr, rope_ptr, scale_ptr, data, scales_at, valid, C: tl.constexpr, BLOCK_N: tl.constexpr,
-              TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr, BIAS: tl.constexpr):
-    """Columns [128 C, 128 C + 128) of BLOCK_N gathered KV rows dequantised to bf16 (exactly):
-    FP8 groups 2C and 2C+1 (contiguous bytes) times their UE8M0 scales; in the last chunk the
-    second group is the bf16 rope."""
+def _tile_source(u, main_live, idx_row, x_row, n_live, x_live, HAS_EXTRA: tl.constexpr):
+    """Which cache live tile ``u`` of a query row reads: (is_main, slot row pointer, first
+    candidate, candidates live in that cache). Main-cache tiles come first, then extra-cache ones."""
+    if HAS_EXTRA:
+        is_main = u < main_live
+        start = tl.where(is_main, u, u - main_live)
+        row_ptr = tl.where(is_main, idx_row, x_row)
+        live = tl.where(is_main, n_live, x_live)
+    else:
+        is_main = u >= 0
+        start = u
+        row_ptr = idx_row
+        live = n_live
+    return is_main, row_ptr, start, live
+
+
+@triton.jit
+def _load_slots(u, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N: tl.constexpr, HAS_EXTRA: tl.constexpr):
+    """Token slots of live tile ``u`` (-1 past the row's candidates or past ``u_end``)."""
+    is_main, row_ptr, start, live = _tile_source(u, main_live, idx_row, x_row, n_live, x_live, HAS_EXTRA)
+    offs = start * BLOCK_N + tl.arange(0, BLOCK_N)
+    return tl.load(row_ptr + offs, mask=(offs < live) & (u < u_end), other=-1)
+
+
+@triton.jit
+def _load_tile(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots,
+               x_nope_ptr, x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots,
+               BLOCK_N: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
+               DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, HAS_EXTRA: tl.constexpr):
+    """Issue the raw loads of one tile (FP8 nope in four 128-byte chunks, bf16 rope, UE8M0 scale
+    bytes) straight from the paged cache; out-of-range and -1 slots are masked, never read."""
+    if HAS_EXTRA:
+        is_main = u < main_live
+        nope_p = tl.where(is_main, nope_ptr, x_nope_ptr)
+        rope_p = tl.where(is_main, rope_ptr, x_rope_ptr)
+        scale_p = tl.where(is_main, scale_ptr, x_scale_ptr)
+        p_size = tl.where(is_main, page_size, x_page_size)
+        p_stride = tl.where(is_main, page_stride, x_page_stride)
+        limit = tl.where(is_main, n_slots, x_n_slots)
+    else:
+        nope_p, rope_p, scale_p = nope_ptr, rope_ptr, scale_ptr
+        p_size, p_stride, limit = page_size, page_stride, n_slots
+    valid = (slots >= 0) & (slots < limit)
+    slot64 = tl.where(valid, slots, 0).to(tl.int64)
+    page = slot64 // p_size
+    in_page = slot64 - page * p_size
+    data = page * p_stride + in_page * DATA_BYTES
     cols = tl.arange(0, 2 * TILE)
     first = cols < TILE
-    lo = tl.load(scale_ptr + scales_at + 2 * C, mask=valid, other=BIAS).to(tl.int32)
+    row = nope_p + data[:, None] + cols[None, :]
+    n0 = tl.load(row, mask=valid[:, None], other=0.0)
+    n1 = tl.load(row + 2 * TILE, mask=valid[:, None], other=0.0)
+    n2 = tl.load(row + 4 * TILE, mask=valid[:, None], other=0.0)
+    n3 = tl.load(row + 6 * TILE, mask=valid[:, None] & first[None, :], other=0.0)  # group 6; 7 is the rope
+    # the rope lands in columns 64..127 of the last chunk (lanes 0..63 are masked, never loaded)
+    rope = tl.load(rope_p + ((data + NOPE) // 2)[:, None] + (cols - TILE)[None, :],
+                   mask=valid[:, None] & (cols >= TILE)[None, :], other=0.0)
+    g = tl.arange(0, 8)
+    scales = tl.load(scale_p + (page * p_stride + p_size * DATA_BYTES + in_page * SCALE_BYTES)[:, None] + g[None, :],
+                     mask=valid[:, None] & (g < NOPE_TILES)[None, :], other=0)
+    return valid, n0, n1, n2, n3, rope, scales
+
+
+@triton.jit
+def _dequant(nope, scales, rope, C: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr):
+    """Chunk C (columns 128 C .. 128 C + 127) of the tile in bf16, exactly: FP8 groups 2C, 2C+1
+    times 2 ** (scale byte - 127); the last chunk's second group is the rope."""
+    g = tl.arange(0, 8)
+    first = tl.arange(0, 2 * TILE) < TILE
+    lo = tl.sum(tl.where(g[None, :] == 2 * C, scales, 0).to(tl.int32), axis=1)
     if 2 * C + 1 < NOPE_TILES:
-        hi = tl.load(scale_ptr + scales_at + 2 * C + 1, mask=valid, other=BIAS).to(tl.int32)
+        hi = tl.sum(tl.where(g[None, :] == 2 * C + 1, scales, 0).to(tl.int32), axis=1)
         byte = tl.where(first[None, :], lo[:, None], hi[:, None])
-        nope = tl.load(nope_ptr + data[:, None] + (2 * C * TILE) + cols[None, :], mask=valid[:, None], other=0.0)
-        kv = nope.to(tl.float32) * (byte << 23).to(tl.float32, bitcast=True)  # x 2 ** (byte - 127)
+        kv = nope.to(tl.float32) * (byte << 23).to(tl.float32, bitcast=True)
     else:
-        nope = tl.load(nope_ptr + data[:, None] + (2 * C * TILE) + cols[None, :], mask=valid[:, None] & first[None, :],
-                       other=0.0)
-        rope = tl.load(rope_ptr + ((data + NOPE) // 2)[:, None] + (cols - TILE)[None, :],
-                       mask=valid[:, None] & (cols >= TILE)[None, :], other=0.0)
         scale = (lo << 23).to(tl.float32, bitcast=True)
         kv = tl.where(first[None, :], nope.to(tl.float32) * scale[:, None], rope.to(tl.float32))
     return kv.to(tl.bfloat16)
 
 
 @triton.jit
-def _attend_tile(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, nope_ptr, rope_ptr, scale_ptr, idx_row_ptr,
-                 start, n_live, n_slots, page_size, page_stride, qk_scale,
-                 BLOCK_N: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
-                 DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, BIAS: tl.constexpr):
-    """Gather BLOCK_N candidates of one cache starting at ``start``, dequantise each KV row once,
-    and fold it into all heads' running (max, sum, acc); logits are base 2. The 512-wide row is
-    handled in four 128-column chunks so each MMA operand fragment stays small in registers."""
-    offs = start + tl.arange(0, BLOCK_N)
-    slot = tl.load(idx_row_ptr + offs, mask=offs < n_live, other=-1)
-    valid = (slot >= 0) & (slot < n_slots)  # out-of-range slots are invalid and never read
-    slot64 = tl.where(valid, slot, 0).to(tl.int64)
-    page = slot64 // page_size
-    in_page = slot64 - page * page_size
-    data = page * page_stride + in_page * DATA_BYTES
-    scales_at = page * page_stride + page_size * DATA_BYTES + in_page * SCALE_BYTES
-
-    kv0 = _kv_chunk(nope_ptr, rope_ptr, scale_ptr, data, scales_at, valid, 0, BLOCK_N, TILE, NOPE_TILES, NOPE, BIAS)
-    kv1 = _kv_chunk(nope_ptr, rope_ptr, scale_ptr, data, scales_at, valid, 1, BLOCK_N, TILE, NOPE_TILES, NOPE, BIAS)
-    kv2 = _kv_chunk(nope_ptr, rope_ptr, scale_ptr, data, scales_at, valid, 2, BLOCK_N, TILE, NOPE_TILES, NOPE, BIAS)
-    kv3 = _kv_chunk(nope_ptr, rope_ptr, scale_ptr, data, scales_at, valid, 3, BLOCK_N, TILE, NOPE_TILES, NOPE, BIAS)
+def _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, valid, n0, n1, n2, n3, rope, scales, qk_scale,
+            TILE: tl.constexpr, NOPE_TILES: tl.constexpr):
+    """Fold one dequantised tile into all heads' running (max, sum, acc), logits in base 2. The
+    512-wide row is four 128-column chunks so each MMA operand fragment stays small."""
+    kv0 = _dequant(n0, scales, rope, 0, TILE, NOPE_TILES)
+    kv1 = _dequant(n1, scales, rope, 1, TILE, NOPE_TILES)
+    kv2 = _dequant(n2, scales, rope, 2, TILE, NOPE_TILES)
+    kv3 = _dequant(n3, scales, rope, 3, TILE, NOPE_TILES)
     s = tl.dot(q0, tl.trans(kv0))
     s = tl.dot(q1, tl.trans(kv1), s)
     s = tl.dot(q2, tl.trans(kv2), s)
@@ -145,114 +190,6 @@ def _store_chunk(ptr, value, heads, row_stride, mask, CHUNK: tl.constexpr, C: tl
 
 
 @triton.jit
-def sparse_mla_decode_kernel(
-        q_ptr, out_ptr, lse_ptr, sink_ptr,
-        nope_ptr, rope_ptr, scale_ptr, idx_ptr, len_ptr,
-        x_nope_ptr, x_rope_ptr, x_scale_ptr, x_idx_ptr, x_len_ptr,
-        part_acc_ptr, part_ml_ptr, ticket_ptr,
-        s_q, num_heads, q_stride_b, q_stride_s, q_stride_h,
-        topk, idx_stride_b, idx_stride_s, page_size, page_stride, n_slots,
-        x_topk, x_idx_stride_b, x_idx_stride_s, x_page_size, x_page_stride, x_n_slots,
-        tiles_per_split, num_splits, qk_scale,
-        BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
-        HAS_EXTRA: tl.constexpr, HAS_X_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT_K: tl.constexpr,
-        D: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
-        DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, BIAS: tl.constexpr):
-    """Grid ``(HEAD_BLOCKS * splits, B * s_q)``; see the module docstring."""
-    CHUNK: tl.constexpr = 2 * TILE
-    head_block = tl.program_id(0) % HEAD_BLOCKS
-    split = tl.program_id(0) // HEAD_BLOCKS
-    row = tl.program_id(1)
-    b = row // s_q
-    sq = row - b * s_q
-    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
-    head_ok = heads < num_heads
-    q_row = q_ptr + b * q_stride_b + sq * q_stride_s + heads[:, None] * q_stride_h
-    cols = tl.arange(0, CHUNK)
-    q0 = tl.load(q_row + cols[None, :], mask=head_ok[:, None], other=0.0)
-    q1 = tl.load(q_row + CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
-    q2 = tl.load(q_row + 2 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
-    q3 = tl.load(q_row + 3 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
-
-    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_H,), tl.float32)
-    acc0 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
-    acc1 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
-    acc2 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
-    acc3 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
-
-    t_lo = split * tiles_per_split
-    t_hi = t_lo + tiles_per_split
-    main_tiles = tl.cdiv(topk, BLOCK_N)
-    n_live = topk
-    if HAS_LEN:
-        n_live = tl.minimum(n_live, tl.load(len_ptr + b))
-    idx_row = idx_ptr + b * idx_stride_b + sq * idx_stride_s
-    for t in range(t_lo, tl.minimum(t_hi, tl.cdiv(n_live, BLOCK_N))):
-        m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
-            q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, nope_ptr, rope_ptr, scale_ptr, idx_row, t * BLOCK_N,
-            n_live, n_slots, page_size, page_stride, qk_scale, BLOCK_N, TILE, NOPE_TILES, NOPE, DATA_BYTES,
-            SCALE_BYTES, BIAS)
-    if HAS_EXTRA:
-        x_live = x_topk
-        if HAS_X_LEN:
-            x_live = tl.minimum(x_live, tl.load(x_len_ptr + b))
-        x_row = x_idx_ptr + b * x_idx_stride_b + sq * x_idx_stride_s
-        for t in range(tl.maximum(t_lo, main_tiles), tl.minimum(t_hi, main_tiles + tl.cdiv(x_live, BLOCK_N))):
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
-                q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, x_nope_ptr, x_rope_ptr, x_scale_ptr, x_row,
-                (t - main_tiles) * BLOCK_N, x_live, x_n_slots, x_page_size, x_page_stride, qk_scale, BLOCK_N, TILE,
-                NOPE_TILES, NOPE, DATA_BYTES, SCALE_BYTES, BIAS)
-
-    out_row = out_ptr + row * num_heads * D
-    if SPLIT_K:
-        # Publish this split's partial, take a ticket; the split that arrives last merges all
-        # partials (L2-resident) one 128-column chunk at a time, so few registers stay live.
-        unit = row * HEAD_BLOCKS + head_block  # one ticket counter per (query row, head block)
-        local = tl.arange(0, BLOCK_H)
-        everyone = local >= 0
-        mine = part_acc_ptr + (unit * num_splits + split) * BLOCK_H * D
-        _store_chunk(mine, acc0, local, D, everyone, CHUNK, 0)
-        _store_chunk(mine, acc1, local, D, everyone, CHUNK, 1)
-        _store_chunk(mine, acc2, local, D, everyone, CHUNK, 2)
-        _store_chunk(mine, acc3, local, D, everyone, CHUNK, 3)
-        stats = part_ml_ptr + unit * num_splits * 2 * BLOCK_H
-        tl.store(stats + split * 2 * BLOCK_H + local, m_i)
-        tl.store(stats + split * 2 * BLOCK_H + BLOCK_H + local, l_i)
-        tl.debug_barrier()  # every thread's partial is written before the ticket is released
-        ticket = tl.atomic_add(ticket_ptr + unit, 1, sem="acq_rel")
-        if ticket == num_splits - 1:
-            m_all = tl.full((BLOCK_H,), float("-inf"), tl.float32)
-            for j in range(0, num_splits):
-                m_all = tl.maximum(m_all, tl.load(stats + j * 2 * BLOCK_H + local, cache_modifier=".cg"))
-            m_use = tl.where(m_all == float("-inf"), 0.0, m_all)
-            l_all = tl.zeros((BLOCK_H,), tl.float32)
-            for j in range(0, num_splits):
-                m_j = tl.load(stats + j * 2 * BLOCK_H + local, cache_modifier=".cg")
-                l_j = tl.load(stats + j * 2 * BLOCK_H + BLOCK_H + local, cache_modifier=".cg")
-                l_all += l_j * tl.exp2(m_j - m_use)
-            scale, lse = _finish_stats(m_all, l_all, sink_ptr, heads, head_ok, HAS_SINK)
-            cols = tl.arange(0, CHUNK)
-            for c in range(0, D // CHUNK):
-                o = tl.zeros((BLOCK_H, CHUNK), tl.float32)
-                for j in range(0, num_splits):
-                    w_j = tl.exp2(tl.load(stats + j * 2 * BLOCK_H + local, cache_modifier=".cg") - m_use)
-                    part = part_acc_ptr + (unit * num_splits + j) * BLOCK_H * D + c * CHUNK
-                    o += tl.load(part + local[:, None] * D + cols[None, :], cache_modifier=".cg") * w_j[:, None]
-                tl.store(out_row + heads[:, None] * D + c * CHUNK + cols[None, :], (o * scale[:, None]).to(tl.bfloat16),
-                         mask=head_ok[:, None])
-            tl.store(lse_ptr + row * num_heads + heads, lse, mask=head_ok)
-            tl.atomic_xchg(ticket_ptr + unit, 0)  # leave the counter ready for the next call
-    else:
-        scale, lse = _finish_stats(m_i, l_i, sink_ptr, heads, head_ok, HAS_SINK)
-        _store_chunk(out_row, (acc0 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 0)
-        _store_chunk(out_row, (acc1 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 1)
-        _store_chunk(out_row, (acc2 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 2)
-        _store_chunk(out_row, (acc3 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 3)
-        tl.store(lse_ptr + row * num_heads + heads, lse, mask=head_ok)
-
-
-@triton.jit
 def _finish_stats(m_i, l_i, sink_ptr, heads, head_ok, HAS_SINK: tl.constexpr):
     """(output scale, natural-log LSE without the sink) from the base-2 running max and sum.
     The sink only adds exp(sink) to the softmax denominator; a row with no candidate gets
@@ -266,6 +203,144 @@ def _finish_stats(m_i, l_i, sink_ptr, heads, head_ok, HAS_SINK: tl.constexpr):
     scale = tl.where(has, 1.0 / tl.where(has, denom, 1.0), 0.0)
     lse = tl.where(has, (m_use + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
     return scale, lse
+
+
+@triton.jit
+def sparse_mla_decode_kernel(
+        q_ptr, out_ptr, lse_ptr, sink_ptr,
+        nope_ptr, rope_ptr, scale_ptr, idx_ptr, len_ptr,
+        x_nope_ptr, x_rope_ptr, x_scale_ptr, x_idx_ptr, x_len_ptr,
+        part_acc_ptr, part_ml_ptr,
+        s_q, num_heads, q_stride_b, q_stride_s, q_stride_h,
+        topk, idx_stride_b, idx_stride_s, page_size, page_stride, n_slots,
+        x_topk, x_idx_stride_b, x_idx_stride_s, x_page_size, x_page_stride, x_n_slots,
+        tiles_per_split, num_splits, qk_scale,
+        BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
+        HAS_EXTRA: tl.constexpr, HAS_X_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT_K: tl.constexpr,
+        PREFETCH_KV: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
+        DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
+    """Grid ``(HEAD_BLOCKS * splits, B * s_q)``; see the module docstring. Split ``j`` of a query
+    row takes live tiles ``[j * tiles_per_split, (j + 1) * tiles_per_split)`` of the row's
+    candidate list (main cache, then extra cache), prefetching slots two tiles and KV one tile
+    ahead in registers so the gathers overlap the tensor-core work."""
+    CHUNK: tl.constexpr = 2 * TILE
+    head_block = tl.program_id(0) % HEAD_BLOCKS
+    split = tl.program_id(0) // HEAD_BLOCKS
+    row = tl.program_id(1)
+    b = row // s_q
+    sq = row - b * s_q
+
+    n_live = topk
+    if HAS_LEN:
+        n_live = tl.minimum(n_live, tl.load(len_ptr + b))
+    idx_row = idx_ptr + b * idx_stride_b + sq * idx_stride_s
+    main_live = tl.cdiv(n_live, BLOCK_N)
+    live_tiles = main_live
+    x_live = 0
+    x_row = idx_row
+    if HAS_EXTRA:
+        x_live = x_topk
+        if HAS_X_LEN:
+            x_live = tl.minimum(x_live, tl.load(x_len_ptr + b))
+        x_row = x_idx_ptr + b * x_idx_stride_b + sq * x_idx_stride_s
+        live_tiles += tl.cdiv(x_live, BLOCK_N)
+    u_lo = split * tiles_per_split
+    u_end = tl.minimum(u_lo + tiles_per_split, live_tiles)
+
+    slots = _load_slots(u_lo, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+    if PREFETCH_KV:  # KV of tile u_lo now, slots of tile u_lo + 1
+        valid, n0, n1, n2, n3, rope, scales = _load_tile(
+            u_lo, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
+            x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
+            DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
+        slots = _load_slots(u_lo + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+
+    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < num_heads
+    q_row = q_ptr + b * q_stride_b + sq * q_stride_s + heads[:, None] * q_stride_h
+    cols = tl.arange(0, CHUNK)
+    q0 = tl.load(q_row + cols[None, :], mask=head_ok[:, None], other=0.0)
+    q1 = tl.load(q_row + CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+    q2 = tl.load(q_row + 2 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+    q3 = tl.load(q_row + 3 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+    m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_H,), tl.float32)
+    acc0 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
+    acc1 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
+    acc2 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
+    acc3 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
+
+    if PREFETCH_KV:  # KV one tile ahead and slots two tiles ahead, in registers
+        for u in range(u_lo, u_end):
+            c_valid, c0, c1, c2, c3, c_rope, c_scales = valid, n0, n1, n2, n3, rope, scales
+            valid, n0, n1, n2, n3, rope, scales = _load_tile(
+                u + 1, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
+                x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
+                DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
+            slots = _load_slots(u + 2, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
+                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES)
+    else:  # slots one tile ahead only (fewer live registers)
+        for u in range(u_lo, u_end):
+            c_valid, c0, c1, c2, c3, c_rope, c_scales = _load_tile(
+                u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
+                x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
+                DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
+            slots = _load_slots(u + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
+                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES)
+
+    if SPLIT_K:  # publish (acc, max, sum); sparse_mla_combine_kernel merges the splits
+        unit = row * HEAD_BLOCKS + head_block
+        local = tl.arange(0, BLOCK_H)
+        everyone = local >= 0
+        mine = part_acc_ptr + (unit * num_splits + split) * BLOCK_H * D
+        _store_chunk(mine, acc0, local, D, everyone, CHUNK, 0)
+        _store_chunk(mine, acc1, local, D, everyone, CHUNK, 1)
+        _store_chunk(mine, acc2, local, D, everyone, CHUNK, 2)
+        _store_chunk(mine, acc3, local, D, everyone, CHUNK, 3)
+        stats = part_ml_ptr + (unit * num_splits + split) * 2 * BLOCK_H
+        tl.store(stats + local, m_i)
+        tl.store(stats + BLOCK_H + local, l_i)
+    else:
+        scale, lse = _finish_stats(m_i, l_i, sink_ptr, heads, head_ok, HAS_SINK)
+        out_row = out_ptr + row * num_heads * D
+        _store_chunk(out_row, (acc0 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 0)
+        _store_chunk(out_row, (acc1 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 1)
+        _store_chunk(out_row, (acc2 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 2)
+        _store_chunk(out_row, (acc3 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 3)
+        tl.store(lse_ptr + row * num_heads + heads, lse, mask=head_ok)
+
+
+@triton.jit
+def sparse_mla_combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, sink_ptr, num_heads, num_splits,
+                              BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, SUB_H: tl.constexpr,
+                              COLS: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr):
+    """Merge the splits of one (query row, head block): grid ``(units, BLOCK_H / SUB_H, D / COLS)``,
+    each program one [SUB_H, COLS] block, all splits loaded at once (one round trip to L2)."""
+    unit = tl.program_id(0)
+    local = tl.program_id(1) * SUB_H + tl.arange(0, SUB_H)
+    c0 = tl.program_id(2) * COLS
+    row = unit // HEAD_BLOCKS
+    heads = (unit % HEAD_BLOCKS) * BLOCK_H + local
+    head_ok = heads < num_heads
+    j = tl.arange(0, SPLITS)
+    j_ok = j < num_splits
+    stats = part_ml_ptr + ((unit * num_splits + j) * 2 * BLOCK_H)[:, None] + local[None, :]
+    m_j = tl.load(stats, mask=j_ok[:, None], other=float("-inf"))
+    l_j = tl.load(stats + BLOCK_H, mask=j_ok[:, None], other=0.0)
+    m = tl.max(m_j, 0)
+    w = tl.exp2(m_j - tl.where(m == float("-inf"), 0.0, m)[None, :])
+    w = tl.where(j_ok[:, None], w, 0.0)
+    l_sum = tl.sum(l_j * w, 0)
+    cols = c0 + tl.arange(0, COLS)
+    part = part_acc_ptr + ((unit * num_splits + j) * BLOCK_H * D)[:, None, None] + (local * D)[None, :, None] \
+        + cols[None, None, :]
+    acc = tl.sum(tl.load(part, mask=j_ok[:, None, None], other=0.0) * w[:, :, None], 0)
+    scale, lse = _finish_stats(m, l_sum, sink_ptr, heads, head_ok, HAS_SINK)
+    tl.store(out_ptr + (row * num_heads + heads)[:, None] * D + cols[None, :], (acc * scale[:, None]).to(tl.bfloat16),
+             mask=head_ok[:, None])
+    tl.store(lse_ptr + row * num_heads + heads, lse, mask=head_ok & (c0 == 0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -328,22 +403,11 @@ def _program_target(device: str) -> int:
     return CPU_PROGRAMS
 
 
-_TICKETS: dict = {}
-
-
-def _tickets(device: torch.device) -> torch.Tensor:
-    """Per-device ticket counters; the kernel leaves them zeroed after every call."""
-    key = str(device)
-    if key not in _TICKETS:
-        _TICKETS[key] = torch.zeros(TICKET_UNITS, dtype=torch.int32, device=device)
-    return _TICKETS[key]
-
-
 def choose_splits(units: int, total_tiles: int, device) -> tuple[int, int]:
     """(splits, tiles per split) for ``units`` (query row, head block) pairs, from shapes and the
     SM count only, so a CUDA graph replays the same launch."""
     target = _program_target(str(device))
-    if units >= target or total_tiles <= 1 or units > TICKET_UNITS:
+    if units >= target or total_tiles <= 1:
         return 1, max(total_tiles, 1)
     splits = min(-(-target // units), total_tiles, MAX_SPLITS)
     per = -(-total_tiles // splits)
@@ -405,18 +469,15 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
     if num_splits is None:
         splits, per = choose_splits(units, total_tiles, device)
     else:
-        if not 1 <= num_splits <= total_tiles or (num_splits > 1 and units > TICKET_UNITS):
-            _fail("num_splits", f"1..{total_tiles} (and B * s_q * head blocks <= {TICKET_UNITS} to split)",
-                  num_splits)
+        if not 1 <= num_splits <= min(total_tiles, MAX_SPLITS):
+            _fail("num_splits", f"1..{min(total_tiles, MAX_SPLITS)}", num_splits)
         per = -(-total_tiles // num_splits)
         splits = -(-total_tiles // per)
     if splits > 1:
         part_acc = _new_buffer((units, splits, block_h, HEAD_DIM), torch.float32, device)
         part_ml = _new_buffer((units, splits, 2, block_h), torch.float32, device)
-        tickets = _tickets(device)
     else:  # one split: no scratch, the pointers are never dereferenced
         part_acc = part_ml = lse
-        tickets = indices
 
     nope, rope, scale = _cache_views(k_cache)
     if has_extra:
@@ -432,7 +493,7 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         q, out, lse, attn_sink if attn_sink is not None else lse,
         nope, rope, scale, indices, topk_length if topk_length is not None else indices,
         x_nope, x_rope, x_scale, x_idx, extra_topk_length if extra_topk_length is not None else indices,
-        part_acc, part_ml, tickets,
+        part_acc, part_ml,
         s_q, num_heads, q.stride(0), q.stride(1), q.stride(2),
         topk, indices.stride(0), indices.stride(1), k_cache.shape[1], k_cache.stride(0),
         k_cache.shape[0] * k_cache.shape[1],
@@ -440,13 +501,20 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         per, splits, float(softmax_scale) * LOG2E,
         BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, BLOCK_N=block_n, HAS_LEN=topk_length is not None,
         HAS_EXTRA=has_extra, HAS_X_LEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
-        SPLIT_K=splits > 1, **_LAYOUT, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        SPLIT_K=splits > 1, PREFETCH_KV=cfg["PREFETCH_KV"], **_LAYOUT, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+    if splits > 1:
+        sparse_mla_combine_kernel[(units, block_h // COMBINE_SUB_H, HEAD_DIM // COMBINE_COLS)](
+            part_acc, part_ml, out, lse, attn_sink if attn_sink is not None else lse, num_heads, splits,
+            BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, SUB_H=COMBINE_SUB_H, COLS=COMBINE_COLS,
+            SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=attn_sink is not None,
+            num_warps=COMBINE_WARPS)
     return out, lse.permute(0, 2, 1)
 
 
 MAX_ROWS = 65535  # grid axis 1 carries the query rows
 _LAYOUT = dict(D=HEAD_DIM, TILE=KV_TILE, NOPE_TILES=KV_NUM_TILES, NOPE=NOPE_DIM, DATA_BYTES=KV_DATA_BYTES,
-               SCALE_BYTES=KV_SCALE_BYTES, BIAS=E8M0_BIAS)
+               SCALE_BYTES=KV_SCALE_BYTES)
 # The kernel reads a row as four 128-column chunks of two 64-groups; the rope is the 8th group.
 assert ROPE_DIM == KV_TILE and KV_GROUPS * KV_TILE == HEAD_DIM and KV_GROUPS % 2 == 0
 
@@ -534,12 +602,11 @@ def _signature() -> dict:
     pointers = {"q_ptr": "*bf16", "out_ptr": "*bf16", "lse_ptr": "*fp32", "sink_ptr": "*fp32",
                 "nope_ptr": "*fp8e4nv", "rope_ptr": "*bf16", "scale_ptr": "*u8", "idx_ptr": "*i32",
                 "len_ptr": "*i32", "x_nope_ptr": "*fp8e4nv", "x_rope_ptr": "*bf16", "x_scale_ptr": "*u8",
-                "x_idx_ptr": "*i32", "x_len_ptr": "*i32", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
-                "ticket_ptr": "*i32"}
+                "x_idx_ptr": "*i32", "x_len_ptr": "*i32", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32"}
     sig.update(pointers)
     sig["qk_scale"] = "fp32"
     for name in ("BLOCK_H", "HEAD_BLOCKS", "BLOCK_N", "HAS_LEN", "HAS_EXTRA", "HAS_X_LEN", "HAS_SINK", "SPLIT_K",
-                 *_LAYOUT):
+                 "PREFETCH_KV", *_LAYOUT):
         sig[name] = "constexpr"
     return sig
 
@@ -553,11 +620,23 @@ def aot_configs() -> list[AotConfig]:
     configs = []
     for heads, cfg in LAUNCH_CONFIGS.items():
         constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
-                          HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True, **_LAYOUT)
+                          HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
+                          PREFETCH_KV=cfg["PREFETCH_KV"], **_LAYOUT)
         configs.append(AotConfig(
             name=f"sparse_mla_decode_h{heads}", kernel=sparse_mla_decode_kernel, signature=_signature(),
             constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,
             expect_opcodes=("HMMA.16816.F32.BF16",),
             note=f"H={'8/16' if heads == 16 else heads}: {cfg['BLOCK_H']} heads x {cfg['BLOCK_N']} candidates per "
-                 f"tile, both caches, sink, split-K combine"))
+                 f"tile, both caches, sink, split-K partials"))
+    for heads, cfg in LAUNCH_CONFIGS.items():
+        configs.append(AotConfig(
+            name=f"sparse_mla_combine_h{heads}", kernel=sparse_mla_combine_kernel,
+            signature={"part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
+                       "sink_ptr": "*fp32", "num_heads": "i32", "num_splits": "i32", "BLOCK_H": "constexpr",
+                       "HEAD_BLOCKS": "constexpr", "SUB_H": "constexpr", "COLS": "constexpr", "SPLITS": "constexpr",
+                       "D": "constexpr", "HAS_SINK": "constexpr"},
+            constexprs=dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], SUB_H=COMBINE_SUB_H,
+                            COLS=COMBINE_COLS, SPLITS=MAX_SPLITS, D=HEAD_DIM, HAS_SINK=True),
+            num_warps=COMBINE_WARPS, num_stages=1, div16=("num_heads",),
+            note="split-K merge + sink + LSE, widest split count (no tensor cores: a reduction)"))
     return configs

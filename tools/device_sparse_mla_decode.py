@@ -256,13 +256,15 @@ def sweep_splits(result, caches, rotations, mm):
         ref_out, _ = smd.reference_sparse_mla_decode(**calls[0])
         cands = calls[0]["indices"].shape[-1] + calls[0]["extra_indices"].shape[-1]
         flops = 4.0 * 64 * HEAD_DIM * cands * batch
-        variants = [("BH64 st1", saved[64])] + [
-            ("2x BH32 st2", dict(BLOCK_H=32, BLOCK_N=16, num_warps=8, num_stages=2))]
+        variants = [("shipped", saved[64]),
+                    ("2x BH32 BN16 prefetch", dict(BLOCK_H=32, BLOCK_N=16, PREFETCH_KV=True, num_warps=8, num_stages=1)),
+                    ("1x BH64 BN16 no-KV-prefetch (spills on sm_120)",
+                     dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, num_warps=8, num_stages=1))]
         for label, cfg in variants:
             smd.LAUNCH_CONFIGS[64] = cfg
             tiles = -(-128 // cfg["BLOCK_N"]) + -(-INDEX_TOPK // cfg["BLOCK_N"])
-            for splits in (None, 1, 2, 4, 8, 16, 40):
-                if splits is not None and splits > tiles:
+            for splits in (None, 1, 2, 3, 4, 8, 16):
+                if splits is not None and splits > min(tiles, smd.MAX_SPLITS):
                     continue
                 err = rel_err(smd.sparse_mla_decode(**calls[0], num_splits=splits)[0], ref_out)
                 t = graph_time(lambda i: (lambda c=calls[i]: smd.sparse_mla_decode(**c, num_splits=splits)),

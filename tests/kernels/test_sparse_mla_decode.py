@@ -94,13 +94,12 @@ def test_mtp_query_rows_and_sink(s_q, sink):
     _check(_case(10 * s_q + sink, 2, s_q, 16, SWA_PAGE_SIZE, 32, C4_PAGE_SIZE, 40, sink=sink))
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 5, "max"])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, "max"])
 @pytest.mark.parametrize("heads", [64, 16])
 def test_split_k_combine_matches_one_split(num_splits, heads):
     args = _case(7, 1, 1, heads, SWA_PAGE_SIZE, 64, C4_PAGE_SIZE, 64, lengths="full")
     tiles = -(-64 // smd.LAUNCH_CONFIGS[smd.padded_heads(heads)]["BLOCK_N"]) * 2
-    _check(args, num_splits=tiles if num_splits == "max" else num_splits)
-    assert not smd._tickets(torch.device(DEVICE)).any(), "ticket counters must be left at zero"
+    _check(args, num_splits=min(tiles, smd.MAX_SPLITS) if num_splits == "max" else num_splits)
 
 
 @pytest.mark.parametrize("lengths", ["none", "full", "ragged"])
@@ -115,7 +114,7 @@ def test_all_invalid_and_zero_length_rows_are_lonely(sink):
     args["extra_indices"][0] = -1
     args["topk_length"][1] = 0  # row 1: zero lengths
     args["extra_topk_length"] = torch.tensor([32, 0, 32], dtype=torch.int32, device=DEVICE)
-    out, lse = _check(args, num_splits=3)
+    out, lse = _check(args, num_splits=2)
     assert (out[:2] == 0).all() and torch.isneginf(lse[:2]).all()
     assert torch.isfinite(lse[2]).all()
 
@@ -159,7 +158,7 @@ def test_matches_upstream_torch_fallback(heads, s_q, extra, sink):
     fallback = pytest.importorskip("sglang.kernels.ops.attention.flash_mla_sm120")._sm120_sparse_decode_fwd
     page, topk = {"c4": (C4_PAGE_SIZE, 48), "c128": (C128_PAGE_SIZE, 32), None: (None, 0)}[extra]
     # upstream indexes out-of-range slots (an IndexError), so stay in range here
-    args = _case(heads + s_q + sink, 2, s_q, heads, SWA_PAGE_SIZE, 32, page, topk, sink=sink, out_of_range=False)
+    args = _case(heads + s_q + sink, 2, s_q, heads, SWA_PAGE_SIZE, 64, page, topk, sink=sink, out_of_range=False)
     args["indices"][1, :, :5] = -1
     up_out, up_lse = fallback(args["q"], args["k_cache"], args["indices"], args["topk_length"], args["attn_sink"],
                               HEAD_DIM, SCALE, args.get("extra_k_cache"), args.get("extra_indices"),
