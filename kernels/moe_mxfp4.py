@@ -260,7 +260,7 @@ def _e4m3_tile(packed_ptrs, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
 def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr,
                     active_experts_ptr, num_active_ptr, act_ptr, act_scale_ptr, hidden, inter,
                     swiglu_limit, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, ACT_MXFP8: tl.constexpr):
+                    BLOCK_K: tl.constexpr, ACT_MXFP8: tl.constexpr, DOT_SCALED: tl.constexpr):
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
@@ -289,6 +289,12 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
                 wq = _e4m3_tile(w_base + k0 // 2 + kb[None, :], 2 * BLOCK_N, BLOCK_K)
                 ws = tl.load(s_base + k0 // 32 + ks[None, :])
                 acc = tl.dot_scaled(xq, xs, "e4m3", tl.trans(wq), ws, "e4m3", acc)
+            elif DOT_SCALED:
+                # Triton upcasts e2m1 x E8M0 to bf16 in the MMA operand layout (packed bytes in smem)
+                xt = tl.load(x_ptr + tokens[:, None] * hidden + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                wb = tl.load(w_base + k0 // 2 + kb[None, :])
+                ws = tl.load(s_base + k0 // 32 + ks[None, :])
+                acc = tl.dot_scaled(xt, None, "bf16", wb.T, ws, "e2m1", acc)
             else:
                 xt = tl.load(x_ptr + tokens[:, None] * hidden + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
                 w = _dequant_tile(w_base + k0 // 2 + kb[None, :], s_base + k0 // 32 + ks[None, :],
@@ -318,7 +324,7 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
 def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr,
                  expert_start_ptr, active_experts_ptr, num_active_ptr, y_ptr, hidden, inter,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 ACT_MXFP8: tl.constexpr):
+                 ACT_MXFP8: tl.constexpr, DOT_SCALED: tl.constexpr):
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
@@ -344,6 +350,11 @@ def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr,
                 wq = _e4m3_tile(w_base + k0 // 2 + kb[None, :], BLOCK_N, BLOCK_K)
                 ws = tl.load(s_base + k0 // 32 + ks[None, :])
                 acc = tl.dot_scaled(aq, as_, "e4m3", tl.trans(wq), ws, "e4m3", acc)
+            elif DOT_SCALED:
+                a = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                wb = tl.load(w_base + k0 // 2 + kb[None, :])
+                ws = tl.load(s_base + k0 // 32 + ks[None, :])
+                acc = tl.dot_scaled(a, None, "bf16", wb.T, ws, "e2m1", acc)
             else:
                 a = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
                 w = _dequant_tile(w_base + k0 // 2 + kb[None, :], s_base + k0 // 32 + ks[None, :],
@@ -378,15 +389,18 @@ class GemmConfig:
     num_stages: int
 
 
-DECODE_MAX_ROWS = 512  # routed rows (B * top_k) up to which the decode tiles are used
+DOT_SCALED = True  # bf16-activation GEMMs upcast weights with tl.dot_scaled (see benchmarks/moe_mxfp4-h200.md)
+DECODE_MAX_ROWS = 2048  # routed rows (B * top_k) up to which the decode (16-row) tiles are used
 TOPK_SUM_BLOCK = 1024
 ROUTE_TRITON_MAX_ROWS = 2048  # one routing program sorts up to this many rows; torch sorts more
 
 
 def gate_up_config(num_rows: int, inter: int, act_mxfp8: bool = False) -> GemmConfig:
-    if act_mxfp8 or num_rows > DECODE_MAX_ROWS:
+    if act_mxfp8:
         return GemmConfig(64, min(64, inter), 128, 8, 3)
-    # weight streaming: small N blocks keep >= ~200 programs busy even at I = 2048/8
+    if num_rows > DECODE_MAX_ROWS:
+        return GemmConfig(128, min(64, inter), 64, 8, 3)
+    # weight streaming: small N blocks keep enough programs busy even at I = 2048/8
     if inter >= 1024:
         return GemmConfig(16, 32, 128, 4, 3)
     return GemmConfig(16, 16, 256, 4, 3)
@@ -397,7 +411,7 @@ def down_config(num_rows: int, inter: int, act_mxfp8: bool = False) -> GemmConfi
         return GemmConfig(64, 128, min(128, inter), 8, 3)
     if num_rows > DECODE_MAX_ROWS:
         return GemmConfig(64, 128, min(64, inter), 8, 3)
-    return GemmConfig(16, 32, min(256, inter), 4, 3)
+    return GemmConfig(16, 64, min(128, inter), 4, 3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,12 +481,15 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
                       w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                       swiglu_limit: float = SWIGLU_LIMIT, out: torch.Tensor | None = None,
                       act_mxfp8: bool = False,
-                      configs: tuple[GemmConfig, GemmConfig] | None = None) -> torch.Tensor:
+                      configs: tuple[GemmConfig, GemmConfig] | None = None,
+                      dot_scaled: bool | None = None) -> torch.Tensor:
     """Routed-expert MoE on repacked MXFP4 weights (see :func:`repack_w13_`): bf16 ``[B, H]``.
 
     ``topk_weights`` already carry any routed scaling; ids outside ``[0, E)`` contribute nothing.
     ``act_mxfp8`` runs the MXFP8-activation GEMM variant instead of bf16 activations; ``configs``
-    overrides the (gate/up, down) tiles (device tuning).
+    overrides the (gate/up, down) tiles (device tuning); ``dot_scaled`` picks how bf16-activation
+    GEMMs upcast the weights (``tl.dot_scaled`` vs the explicit register dequantisation), default
+    :data:`DOT_SCALED`.
     """
     batch, hidden, num_experts, inter = _validate(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
@@ -483,12 +500,14 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     num_rows = batch * top_k
     if num_rows == 0:
         return out
+    dot_scaled = DOT_SCALED if dot_scaled is None else dot_scaled
     device = x.device
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()
     sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)
     slots = min(num_rows, num_experts)
     w13_s, w2_s = scale_bytes(w13_scale), scale_bytes(w2_scale)
+    w13, w2 = w13.view(torch.uint8), w2.view(torch.uint8)  # tl.dot_scaled takes e2m1 pairs as uint8
     if act_mxfp8:
         x_in, x_scale = quantize_mxfp8(x)
         act = torch.empty(num_rows, inter, dtype=torch.float8_e4m3fn, device=device)
@@ -501,13 +520,14 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     _gate_up_kernel[(slots, inter // cfg.block_n)](
         x_in, x_scale, w13, w13_s, sorted_rows, expert_start, active_experts, num_active, act, act_scale,
         hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, ACT_MXFP8=act_mxfp8, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_K=cfg.block_k, ACT_MXFP8=act_mxfp8, DOT_SCALED=dot_scaled, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)
     cfg = configs[1] if configs else down_config(num_rows, inter, act_mxfp8)
     _down_kernel[(slots, hidden // cfg.block_n)](
         act, act_scale, w2, w2_s, weights, sorted_rows, expert_start, active_experts, num_active, y,
         hidden, inter, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ACT_MXFP8=act_mxfp8,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DOT_SCALED=dot_scaled, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
         y, ids, out, hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, num_warps=4)
     return out
@@ -535,7 +555,7 @@ def _gate_up_sig(act_mxfp8):
             "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
             "act_ptr": x_t, "act_scale_ptr": "*u8" if act_mxfp8 else "*bf16", "hidden": "i32", "inter": "i32",
             "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-            "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr"}
+            "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr", "DOT_SCALED": "constexpr"}
 
 
 def _down_sig(act_mxfp8):
@@ -544,46 +564,45 @@ def _down_sig(act_mxfp8):
             "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32", "sorted_rows_ptr": "*i32",
             "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
             "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_M": "constexpr",
-            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr"}
+            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr", "DOT_SCALED": "constexpr"}
 
 
 def aot_configs() -> list[AotConfig]:
     configs = []
-    decode_rows = (6, DECODE_MAX_ROWS)
     seen = set()
-    for tp in SUPPORTED_TP:
-        inter = MOE_INTERMEDIATE_SIZE // tp
-        for rows in decode_rows:
+    shapes = [(rows, MOE_INTERMEDIATE_SIZE // tp) for tp in SUPPORTED_TP for rows in (TOP_K, DECODE_MAX_ROWS + 1)]
+    for dot_scaled in (True, False):
+        upcast = "ds" if dot_scaled else "regs"
+        for rows, inter in shapes:
+            phase = "decode" if rows <= DECODE_MAX_ROWS else "prefill"
+            if phase == "prefill" and dot_scaled != DOT_SCALED:
+                continue  # the register-dequant alternative is only measured at decode sizes
             for kind, pick, kernel, sig in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig),
                                             ("down", down_config, _down_kernel, _down_sig)):
                 cfg = pick(rows, inter)
-                key = (kind, cfg)
-                if key in seen:
+                if (kind, cfg, dot_scaled) in seen:
                     continue
-                seen.add(key)
+                seen.add((kind, cfg, dot_scaled))
                 constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                              "ACT_MXFP8": False}
+                              "ACT_MXFP8": False, "DOT_SCALED": dot_scaled}
                 if kind == "gate_up":
                     constexprs["TOP_K"] = TOP_K
                 configs.append(AotConfig(
-                    name=f"moe_mxfp4_{kind}_decode_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}",
+                    name=f"moe_mxfp4_{kind}_{phase}_{upcast}_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}",
                     kernel=kernel, signature=sig(False), constexprs=constexprs, num_warps=cfg.num_warps,
-                    num_stages=cfg.num_stages, div16=("hidden", "inter"),
-                    expect_opcodes=("HMMA.16816.F32.BF16",)))
-    for act_mxfp8, opcode in ((False, "HMMA.16816.F32.BF16"), (True, "QMMA.SF")):
-        tag = "mxfp8" if act_mxfp8 else "bf16"
-        for kind, pick, kernel, sig in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig),
-                                        ("down", down_config, _down_kernel, _down_sig)):
-            cfg = pick(DECODE_MAX_ROWS + 1, MOE_INTERMEDIATE_SIZE, act_mxfp8)
-            constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                          "ACT_MXFP8": act_mxfp8}
-            if kind == "gate_up":
-                constexprs["TOP_K"] = TOP_K
-            configs.append(AotConfig(
-                name=f"moe_mxfp4_{kind}_prefill_{tag}", kernel=kernel, signature=sig(act_mxfp8),
-                constexprs=constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                div16=("hidden", "inter"), expect_opcodes=(opcode,),
-                note="shipped" if not act_mxfp8 else "compared alternative (not dispatched)"))
+                    num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",),
+                    note="shipped" if dot_scaled == DOT_SCALED else "measured alternative"))
+    for kind, pick, kernel, sig in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig),
+                                    ("down", down_config, _down_kernel, _down_sig)):
+        cfg = pick(DECODE_MAX_ROWS + 1, MOE_INTERMEDIATE_SIZE, True)
+        constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                      "ACT_MXFP8": True, "DOT_SCALED": False}
+        if kind == "gate_up":
+            constexprs["TOP_K"] = TOP_K
+        configs.append(AotConfig(
+            name=f"moe_mxfp4_{kind}_prefill_mxfp8", kernel=kernel, signature=sig(True), constexprs=constexprs,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, div16=("hidden", "inter"),
+            expect_opcodes=("QMMA.SF",), note="compared alternative (MXFP8 activations), not dispatched"))
     configs.append(AotConfig(
         name="moe_mxfp4_route", kernel=_route_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",
