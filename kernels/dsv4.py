@@ -112,3 +112,14 @@ INDEX_MAX_BATCH = 256  # SGLang's max_running_requests default for DSv4
 
 # --- MXFP4 routed experts (issue 4: kernels/moe_mxfp4.py) -------------------------------------
 MXFP4_E8M0_BIAS = 127  # E8M0 scale byte b means 2**(b - 127)
+
+# --- decode-step benchmark (issue 8: sglang_sm120/bench) ----------------------------------------
+# Compressor projections SGLang 0.5.23 keeps in bf16 (reference §1.3 B5/C1/C2): wkv_gate is
+# [2 * coff * 512, hidden] with coff = 2 for C4 and 1 for C128; the indexer's compressor is
+# [2 * 2 * 128, hidden]; weights_proj is [index heads, hidden].
+COMPRESSOR_OUT = {C4_RATIO: 2 * 2 * KV_LORA_RANK, C128_RATIO: 2 * 1 * KV_LORA_RANK}
+INDEX_COMPRESSOR_OUT = 2 * 2 * INDEX_HEAD_DIM
+INDEX_WEIGHT_SCALE = INDEX_HEAD_DIM ** -0.5 * INDEX_N_HEADS ** -0.5  # folded into weights_proj's output
+LAYER_KIND_RATIO = {"swa": 0, "c4": C4_RATIO, "c128": C128_RATIO}
+LAYER_COUNTS = {kind: sum(layer_compress_ratio(i) == ratio for i in range(NUM_LAYERS))  # 2, 21, 20
+                for kind, ratio in LAYER_KIND_RATIO.items()}

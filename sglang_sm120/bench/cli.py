@@ -1,0 +1,117 @@
+"""``sglang-sm120 bench``: the DSv4-Flash decode-step benchmark (plugin vs upstream path).
+
+With a GPU: full-size layers, every stage and layer timed in CUDA graphs beside the upstream path,
+the 43-layer step, a plot, and the sm_120 projection. Without one: reduced sizes under the Triton
+interpreter, both paths checked against the float32 references, nothing timed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+GPU_GRID = dict(batches=(1, 8, 32, 64), tps=(1, 4), contexts=(8192, 65536))
+
+
+def add_bench_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="DSv4-Flash decode-step benchmark: plugin kernels vs the upstream SGLang path",
+        description=__doc__)
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="cuda: full sizes, timed; cpu: reduced sizes under the Triton interpreter, checks only "
+                        "(auto: cuda when a GPU is visible)")
+    p.add_argument("--batch", "-b", type=int, action="append", help="batch sizes B (repeatable)")
+    p.add_argument("--tp", type=int, action="append", help="tensor-parallel sizes T, one rank timed (repeatable)")
+    p.add_argument("--context", type=int, action="append", help="context lengths in tokens (repeatable)")
+    p.add_argument("--kind", action="append", choices=("swa", "c4", "c128"), help="layer kinds (default: all)")
+    p.add_argument("--check", choices=("all", "corners", "none"), default=None,
+                   help="where to check against the float32 references (GPU default: corners = smallest "
+                        "context at the smallest and largest B; CPU: all)")
+    p.add_argument("--replays", type=int, default=7, help="CUDA-graph replays per timing (median)")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="stop starting new grid points after this many seconds (the rest are listed as skipped)")
+    p.add_argument("--allreduce-us", type=float, default=None,
+                   help="measured time of one [B, 4096] bf16 all-reduce at your T, for the sm_120 projection; "
+                        "without it the projection excludes all-reduce for T > 1 and says so")
+    p.add_argument("--upstream", choices=("auto", "sglang", "files"), default="auto",
+                   help="where the upstream code comes from: the installed SGLang, or files extracted by "
+                        "tools/device_bench.py --prepare (auto: files when present)")
+    p.add_argument("--upstream-dir", default=".upstream")
+    p.add_argument("--out", default="bench-results", help="folder for <name>.json/.md/.png")
+    p.add_argument("--name", default=None, help="file name stem (default: bench-<gpu> or bench-cpu)")
+    p.set_defaults(func=run_bench)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def run_bench(args) -> int:
+    import torch
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("bench: --device cuda but no CUDA device is visible", file=sys.stderr)
+        return 2
+    if device == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            if any(m.startswith("sglang_sm120.kernels.") and m.split(".")[-1] in
+                   ("sparse_mla_decode", "indexer", "moe_mxfp4", "fp8_gemv") for m in sys.modules):
+                print("bench: kernels were imported before TRITON_INTERPRET=1 could be set; "
+                      "run `TRITON_INTERPRET=1 sglang-sm120 bench --device cpu`", file=sys.stderr)
+                return 2
+            os.environ["TRITON_INTERPRET"] = "1"
+        print("bench: no GPU in use -> reduced DSv4-Flash sizes under the Triton CPU interpreter; both paths are "
+              "checked against the float32 references. NOTHING IS TIMED.", flush=True)
+
+    from . import report, runner
+
+    runner.interpreter_ready()
+    if device == "cpu":
+        cfg = runner.default_cpu_config()
+    else:
+        cfg = runner.BenchConfig(device="cuda", **GPU_GRID)
+    if args.batch:
+        cfg.batches = tuple(args.batch)
+    if args.tp:
+        cfg.tps = tuple(args.tp)
+    if args.context:
+        cfg.contexts = tuple(args.context)
+    if args.kind:
+        cfg.kinds = tuple(args.kind)
+    if args.check:
+        cfg.check = args.check
+    cfg.replays = args.replays
+    cfg.time_budget_s = args.time_budget_s
+    cfg.upstream_source = args.upstream
+    cfg.upstream_dir = args.upstream_dir
+    for tp in cfg.tps:
+        cfg.dims.rank(tp)  # ValueError early for a T that does not divide the model
+
+    results = runner.run(cfg)
+    gpu = results["env"].get("gpu", "")
+    name = args.name or ("bench-cpu" if device == "cpu" else f"bench-{_slug(gpu)}")
+    paths = report.write(results, args.out, name, args.allreduce_us)
+    _print_summary(results)
+    print("wrote " + ", ".join(paths.values()))
+    return 1 if results["checks_failed"] else 0
+
+
+def _print_summary(results) -> None:
+    failed = results["checks_failed"]
+    n_checks = sum(len(r["checks"]) for r in results["layers"])
+    if results["timed"]:
+        print(f"\n{results['env'].get('gpu')}: copy bandwidth {results['copy_bandwidth_gbs']:.0f} GB/s")
+        for s in results["steps"]:
+            print(f"  T={s['T']} ctx={s['context']} B={s['B']}: plugin {s.get('plugin_step_us', 0) / 1e3:.2f} ms/step, "
+                  f"upstream {s.get('upstream_step_us', 0) / 1e3:.2f} ms/step, speed-up {s.get('speedup', 0):.2f}x")
+    else:
+        print("\nNOTHING WAS TIMED (no GPU): reduced sizes under the Triton interpreter.")
+    print(f"checks against the float32 references: {n_checks - len(failed)} passed, {len(failed)} failed")
+    for f in failed:
+        print("  FAILED:", f)
+    for note in results["notes"]:
+        print("note:", note)

@@ -1,0 +1,303 @@
+"""One decoder layer's decode step as a list of stages, for the plugin path or the upstream path.
+
+A stage reads and writes tensors in a shared state dict, so the same list runs as one layer (all
+stages in order, one CUDA graph) or stage by stage (each in its own graph, for the per-kernel
+times). Stages the plugin does not replace (norms, the router gate GEMM and top-k, the bf16
+compressor projections, weights_proj, the shared expert's activation) are the *same code* in both
+paths, so the difference between the paths is the plugin's.
+
+Not modelled (the same in both paths on a real server, and not runnable here): the mHC boundary
+kernels (TileLang), RoPE and the KV/compressor cache writes (JIT CUDA), and the TP all-reduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from ..kernels import dsv4
+from . import model, upstream_ops
+
+PLUGIN, UPSTREAM = "plugin", "upstream"
+PATHS = (PLUGIN, UPSTREAM)
+# what each replaced component is, per path (printed with the results)
+COMPONENT_NAMES = {
+    "dense": {PLUGIN: "block_fp8_linear (FP8 GEMV, bf16 activations)", UPSTREAM: upstream_ops.NAMES["dense"]},
+    "attention": {PLUGIN: "sparse_mla_decode (tensor-core Triton, split-K)", UPSTREAM: upstream_ops.NAMES["attention"]},
+    "indexer": {PLUGIN: "indexer_topk (FP8 paged logits + Triton top-k)", UPSTREAM: upstream_ops.NAMES["indexer"]},
+    "wo_a": {PLUGIN: "grouped_fp8_wo_a (FP8 weight)", UPSTREAM: upstream_ops.NAMES["wo_a"]},
+    "moe": {PLUGIN: "moe_mxfp4_forward (MXFP4 experts)", UPSTREAM: upstream_ops.NAMES["moe"]},
+    "common": {PLUGIN: "torch (same code in both paths)", UPSTREAM: "torch (same code in both paths)"},
+}
+COMPONENTS = tuple(COMPONENT_NAMES)
+
+
+@dataclasses.dataclass
+class Stage:
+    name: str
+    component: str  # one of COMPONENTS
+    fn: Callable[[], None]
+    bytes: int  # what it must read (and write), checkpoint formats, this rank
+    check: Callable[[], dict] | None = None  # against the float32 reference, after a full run
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(torch.bfloat16)
+
+
+def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int):
+    """DSv4 router (noaux_tc, sqrtsoftplus, ungrouped): top-k of score + bias, weights renormalised
+    and scaled by the routed scaling factor (folded in, as SGLang does)."""
+    scores = torch.sqrt(torch.nn.functional.softplus(logits))
+    ids = torch.topk(scores + bias, top_k, dim=-1).indices
+    w = scores.gather(1, ids)
+    w = w / w.sum(-1, keepdim=True) * dsv4.ROUTED_SCALING_FACTOR
+    return ids.to(torch.int32), w.float()
+
+
+def _relerr(actual, expected) -> float:
+    a, e = actual.double(), expected.double()
+    return ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
+
+
+class LayerState:
+    """Weights prepared for both paths (the plugin repacks w13 in place; upstream gets bf16
+    dequantised copies of the experts and of wo_a, as SGLang on sm_120 holds them)."""
+
+    def __init__(self, weights: model.Weights, upstream: upstream_ops.UpstreamOps | None):
+        from ..kernels import fp8_gemv, moe_mxfp4
+
+        self.w = weights
+        self.upstream = upstream
+        self.w13_plugin = weights.w13.clone()
+        self.w13_scale_plugin = weights.w13_scale.clone()
+        moe_mxfp4.repack_w13_(self.w13_plugin, self.w13_scale_plugin)
+        if upstream is not None:
+            self.wo_a_bf16 = fp8_gemv.dequantize_block_fp8(*weights.wo_a, torch.bfloat16)
+            self.w13_bf16 = _dequant_experts(weights.w13, weights.w13_scale)
+            self.w2_bf16 = _dequant_experts(weights.w2, weights.w2_scale)
+
+
+def _dequant_experts(packed, scale):
+    from ..kernels import moe_mxfp4
+
+    out = torch.empty(*packed.shape[:-1], packed.shape[-1] * 2, dtype=torch.bfloat16, device=packed.device)
+    for e in range(packed.shape[0]):  # one expert at a time: fp32 scratch stays small
+        out[e] = moe_mxfp4.reference_dequant_mxfp4(packed[e], scale[e]).to(torch.bfloat16)
+    return out
+
+
+def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, x: torch.Tensor,
+                 state: dict) -> list[Stage]:
+    """The decode step of one ``kind`` layer on ``x [B, hidden]`` as stages of ``path``."""
+    from ..kernels import fp8_gemv, indexer, moe_mxfp4, sparse_mla_decode
+
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    w, rank = layer.w, layer.w.rank
+    d = rank.dims
+    ups = layer.upstream
+    if path == UPSTREAM and ups is None:
+        raise ValueError("the upstream path needs upstream ops (upstream_ops.load())")
+    batch = x.shape[0]
+    st = state
+    st["x"] = x
+    stages: list[Stage] = []
+
+    def add(name, component, fn, nbytes, check=None):
+        stages.append(Stage(name, component, fn, int(nbytes), check))
+
+    def dense(name, src, dst, view=None):
+        weight, scale = w.dense[name]
+        n, k = weight.shape
+
+        def fn():
+            a = st[src] if view is None else view(st[src])
+            if path == PLUGIN:
+                st[dst] = fp8_gemv.block_fp8_linear(a, weight, scale)
+            else:
+                st[dst] = upstream_ops.block_fp8_linear(ups, a, weight, scale)
+
+        def check():
+            a = st[src] if view is None else view(st[src])
+            exact = _relerr(st[dst], fp8_gemv.reference_block_fp8_linear(a, weight, scale))
+            if path == PLUGIN:
+                return {"rel_err": exact}
+            # upstream quantises activations to FP8 per 128-group: its float32 specification is
+            # that quantisation followed by the exact block GEMM; the error vs exact is reported too
+            spec = fp8_gemv.reference_upstream_fp8_activation_linear(a, weight, scale)
+            return {"rel_err": _relerr(st[dst], spec), "rel_err_vs_exact": exact}
+        add(name, "dense", fn, model.fp8_linear_bytes(n, k, batch), check)
+
+    def bf16_proj(name, weight, src, dst, scale=1.0):
+        def fn():
+            st[dst] = torch.nn.functional.linear(st[src], weight).float() * scale
+        add(name, "common", fn, model.bf16_linear_bytes(weight.shape[0], weight.shape[1], batch))
+
+    act_bytes = batch * d.hidden * 2 * 2
+
+    def input_norm():
+        st["h"] = rms_norm(st["x"], w.norms["attn"])
+    add("input_norm", "common", input_norm, act_bytes)
+    dense("wqkv_a", "h", "qkv")
+
+    def q_norm():
+        st["q_lora"] = rms_norm(st["qkv"][:, :d.q_lora], w.norms["q"])
+    add("q_norm", "common", q_norm, batch * d.q_lora * 4)
+
+    if kind in ("c4", "c128"):
+        bf16_proj("compressor_wkv_gate", w.compressor[kind], "h", "kv_score")
+
+    if kind == "c4":
+        bf16_proj("indexer_compressor", w.index_compressor, "h", "index_score")
+        dense("indexer_wq_b", "q_lora", "index_q")
+
+        def index_q_quant():  # stands for the fused RoPE + Hadamard + FP8 quant (JIT CUDA upstream)
+            q = st["index_q"].view(batch, 1, d.index_heads, d.index_head_dim).float()
+            st["index_q_fp8"] = q.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        add("indexer_q_quant", "common", index_q_quant, batch * d.index_heads * d.index_head_dim * 3)
+        bf16_proj("weights_proj", w.weights_proj, "h", "index_w", dsv4.INDEX_WEIGHT_SCALE)
+        n_c = caches.compressed_len
+        k = d.index_topk
+
+        def select():
+            if path == PLUGIN:
+                out = caches.extra_indices.view(batch, k)
+                indexer.indexer_topk(st["index_q_fp8"], caches.index_k, st["index_w"], _lens(caches), caches.page_table,
+                                     n_c, out)
+            else:
+                slots = upstream_ops.indexer_topk(ups, st["index_q_fp8"], caches.index_k, st["index_w"], _lens(caches),
+                                                  caches.page_table, n_c, k)
+                caches.extra_indices.view(batch, k).copy_(slots)
+
+        def check_select():
+            ref = indexer.reference_paged_mqa_logits(st["index_q_fp8"], caches.index_k, st["index_w"], _lens(caches),
+                                                     caches.page_table, n_c)
+            return selection_check(caches.extra_indices.view(batch, k), ref, caches.page_table, k)
+        add("indexer", "indexer", select, caches.index_k_bytes() + batch * (d.index_heads * (d.index_head_dim + 4)),
+            check_select)
+
+    dense("wq_b", "q_lora", "q_raw")
+
+    def q_head_norm():  # per-head RMSNorm without weight (RoPE not modelled)
+        st["q"] = rms_norm(st["q_raw"].view(batch, 1, rank.heads, d.head_dim), None)
+    add("q_head_norm", "common", q_head_norm, batch * rank.heads * d.head_dim * 4)
+
+    attn_args = lambda: (st["q"], caches.swa, caches.swa_indices, caches.swa_lengths, w.attn_sink,  # noqa: E731
+                         d.head_dim, d.head_dim ** -0.5, caches.extra, caches.extra_indices, caches.extra_lengths)
+
+    def attention():
+        if path == PLUGIN:
+            st["o"] = sparse_mla_decode.sparse_mla_decode(*attn_args())[0]
+        else:
+            st["o"] = ups.sparse_decode(*attn_args())[0]
+
+    def check_attention():
+        ref = sparse_mla_decode.reference_sparse_mla_decode(*attn_args())[0]
+        return {"rel_err": _relerr(st["o"], ref)}
+    attn_bytes = caches.kv_rows_read(d.index_topk) * dsv4.KV_TOKEN_BYTES + batch * rank.heads * d.head_dim * 4
+    add("attention", "attention", attention, attn_bytes, check_attention)
+
+    wo_a_w, wo_a_s = w.wo_a
+    o_view = lambda: st["o"].reshape(batch, rank.groups, rank.group_width)  # noqa: E731
+
+    def wo_a():
+        if path == PLUGIN:
+            st["oa"] = fp8_gemv.grouped_fp8_wo_a(o_view(), wo_a_w, wo_a_s)
+        else:
+            st["oa"] = ups.wo_a(o_view(), layer.wo_a_bf16, is_decode=True)
+
+    def check_wo_a():
+        return {"rel_err": _relerr(st["oa"], fp8_gemv.reference_grouped_wo_a(o_view(), wo_a_w, wo_a_s))}
+    add("wo_a", "wo_a", wo_a, model.fp8_linear_bytes(d.o_rank, rank.group_width, batch, groups=rank.groups),
+        check_wo_a)
+    dense("wo_b", "oa", "attn_out", view=lambda t: t.reshape(batch, rank.groups * d.o_rank))
+
+    def post_norm():  # residual add + RMSNorm (the mHC boundary is not modelled)
+        st["h2"] = rms_norm(st["x"].float() + st["attn_out"].float(), w.norms["ffn"])
+    add("post_attention_norm", "common", post_norm, act_bytes * 2)
+    bf16_proj("router_gate", w.gate, "h2", "router_logits")
+
+    def router_topk():
+        st["topk_ids"], st["topk_weights"] = route(st["router_logits"], w.gate_bias, d.top_k)
+    add("router_topk", "common", router_topk, batch * d.experts * 4)
+
+    def routed():
+        args = (st["topk_weights"], st["topk_ids"])
+        if path == PLUGIN:
+            st["routed"] = moe_mxfp4.moe_mxfp4_forward(st["h2"], layer.w13_plugin, layer.w13_scale_plugin, w.w2,
+                                                       w.w2_scale, *args)
+        else:
+            st["routed"] = upstream_ops.fused_experts(ups, st["h2"], layer.w13_bf16, layer.w2_bf16, *args)
+
+    def check_routed():
+        ref = moe_mxfp4.reference_moe_mxfp4(st["h2"], w.w13, w.w13_scale, w.w2, w.w2_scale, st["topk_weights"],
+                                            st["topk_ids"])
+        return {"rel_err": _relerr(st["routed"], ref)}
+    stage_index = len(stages)
+    add("routed_experts", "moe", routed, 0, check_routed)  # bytes depend on the routing: set by moe_bytes()
+
+    dense("shared_gate_up", "h2", "shared_gu")
+
+    def shared_act():
+        gate, up = st["shared_gu"].float().chunk(2, dim=-1)
+        st["shared_act"] = moe_mxfp4.reference_swiglu(gate, up, dsv4.SWIGLU_LIMIT).to(torch.bfloat16)
+    add("shared_act", "common", shared_act, batch * rank.shared_inter * 6)
+    dense("shared_down", "shared_act", "shared_out")
+
+    def combine():
+        st["out"] = (st["x"].float() + st["attn_out"].float() + st["routed"].float()
+                     + st["shared_out"].float()).to(torch.bfloat16)
+    add("combine", "common", combine, act_bytes * 3)
+    st["_moe_stage"] = stage_index
+    return stages
+
+
+def _lens(caches: model.Caches) -> torch.Tensor:
+    return torch.full((caches.batch,), caches.compressed_len, dtype=torch.int32, device=caches.swa.device)
+
+
+def moe_bytes(state: dict, rank: model.RankDims) -> int:
+    """Bytes of the distinct experts this step's routing touches (MXFP4 + E8M0) plus activations."""
+    from ..kernels import moe_mxfp4
+
+    d = rank.dims
+    ids = state["topk_ids"]
+    weight = moe_mxfp4.touched_expert_bytes(ids, d.hidden, rank.moe_inter, d.experts)
+    return weight + ids.shape[0] * d.hidden * 4
+
+
+def selection_check(slots: torch.Tensor, ref_logits: torch.Tensor, page_table: torch.Tensor, k: int) -> dict:
+    """Whether ``slots [B, k]`` are a top-k of the float32 reference logits: ``violations`` counts
+    selected positions scoring below the exact k-th (beyond rounding), missed ones above it, and
+    wrong -1 padding; ``overlap`` is the fraction of the exact top-k selected."""
+    batch, width = ref_logits.shape
+    page = dsv4.INDEX_PAGE_SIZE
+    # slots -> positions through the page table
+    inv = torch.full((int(page_table.max()) + 1,), -1, dtype=torch.long, device=slots.device)
+    inv[page_table.long().flatten()] = torch.arange(page_table.numel(), device=slots.device) % page_table.shape[1]
+    s = slots.long()
+    pos = torch.where(s >= 0, inv[(s.clamp(min=0) // page)] * page + s.clamp(min=0) % page, -1)
+    live = torch.isfinite(ref_logits).sum(1)
+    want = live.clamp(max=k)
+    valid = pos >= 0
+    pad_bad = int((valid.sum(1) != want).sum())
+    kk = min(k, width)
+    top = torch.topk(ref_logits, kk, dim=1)
+    kth = top.values[:, -1:]
+    finite_max = ref_logits.masked_fill(~torch.isfinite(ref_logits), 0).abs().amax(1, keepdim=True)
+    tol = 1e-4 * finite_max
+    picked = ref_logits.gather(1, pos.clamp(min=0))
+    below = int((valid & (picked < kth - tol)).sum())
+    above_all = (ref_logits > kth + tol).sum(1)
+    above_picked = (valid & (picked > kth + tol)).sum(1)
+    missed = int((above_all - above_picked).clamp(min=0).sum())
+    exact = torch.zeros_like(ref_logits, dtype=torch.bool).scatter_(1, top.indices, True) & torch.isfinite(ref_logits)
+    overlap = float((exact.gather(1, pos.clamp(min=0)) & valid).sum()) / max(int(valid.sum()), 1)
+    return {"violations": pad_bad + below + missed, "overlap": round(overlap, 5)}

@@ -1,0 +1,278 @@
+"""Turn the bench's results into the 43-layer step table, the sm_120 projection, markdown, JSON and a plot."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..kernels import dsv4
+from . import layer as L
+from . import projection as P
+
+TITLE = "DeepSeek-V4-Flash decode step: sglang-sm120 plugin vs the upstream SGLang 0.5.23 path"
+TARGET_BW_RATIO = 1.5  # issue 8: each layer kind at B=1 within 1.5x of its bytes over the copy bandwidth
+TARGET_SPEEDUP = 5.0  # issue 8: plugin >= 5x upstream per step at B=1 and B=64
+
+
+def _layer(results, kind, tp, ctx, b, path):
+    for row in results["layers"]:
+        if (row["kind"], row["T"], row["context"], row["B"], row["path"]) == (kind, tp, ctx, b, path):
+            return row
+    return None
+
+
+def _lm_head(results, tp, b):
+    for row in results["lm_head"]:
+        if (row["T"], row["B"]) == (tp, b):
+            return row
+    return None
+
+
+def step_rows(results) -> list[dict]:
+    """The full step per (T, context, B): sum over kinds of count x measured layer time, plus the
+    lm_head ([vocab/T, hidden] bf16, the same code in both paths); only where every kind was run."""
+    rows = []
+    grid = results["grid"]
+    counts = results["layer_counts"]
+    for tp in grid["T"]:
+        for ctx in grid["context"]:
+            for b in grid["B"]:
+                head = _lm_head(results, tp, b)
+                row = {"T": tp, "context": ctx, "B": b, "lm_head_us": head and head["us"],
+                       "lm_head_bytes": head and head["bytes"]}
+                complete = head is not None
+                for path in results["paths"]:
+                    layers = [_layer(results, kind, tp, ctx, b, path) for kind in counts]
+                    if head is None or any(x is None for x in layers):
+                        complete = False
+                        continue
+                    nbytes = sum(counts[x["kind"]] * x["layer_bytes"] for x in layers) + head["bytes"]
+                    row[f"{path}_bytes"] = nbytes
+                    if results["timed"]:
+                        us = sum(counts[x["kind"]] * x["layer_us"] for x in layers) + head["us"]
+                        row[f"{path}_step_us"] = us
+                        row[f"{path}_pct_copy_bw"] = 100 * nbytes / (us * 1e-6) / (results["copy_bandwidth_gbs"] * 1e9)
+                        row[f"{path}_tokens_per_s_per_seq"] = 1e6 / us
+                if not complete:
+                    continue
+                if results["timed"] and f"{L.UPSTREAM}_step_us" in row and f"{L.PLUGIN}_step_us" in row:
+                    row["speedup"] = row[f"{L.UPSTREAM}_step_us"] / row[f"{L.PLUGIN}_step_us"]
+                rows.append(row)
+    return rows
+
+
+def projection_rows(results, allreduce_us: float | None) -> list[dict]:
+    """The plugin path's step projected to each sm_120 GPU by ``projection.project_step_us``."""
+    if not results["timed"]:
+        return []
+    out = []
+    counts = results["layer_counts"]
+    copy_gbs = results["copy_bandwidth_gbs"]
+    for step in step_rows(results):
+        tp, ctx, b = step["T"], step["context"], step["B"]
+        layers = [_layer(results, kind, tp, ctx, b, L.PLUGIN) for kind in counts]
+        measured = [P.LayerMeasurement(x["kind"], counts[x["kind"]], x["layer_bytes"], x["layer_us"], copy_gbs)
+                    for x in layers]
+        measured.append(P.LayerMeasurement("lm_head", 1, step["lm_head_bytes"], step["lm_head_us"], copy_gbs))
+        for gpu, spec in P.SM120_GPUS.items():
+            p = P.project_step_us(measured, spec["bandwidth_gbs"], tp, allreduce_us)
+            out.append({"gpu": gpu, "T": tp, "context": ctx, "B": b, **p})
+    return out
+
+
+def target_checks(results, steps) -> list[dict]:
+    """The issue's H200 targets, each marked met or not (B=1 bandwidth ratio; 5x at B=1 and B=64)."""
+    if not results["timed"]:
+        return []
+    out = []
+    copy = results["copy_bandwidth_gbs"] * 1e9
+    for row in results["layers"]:
+        if row["path"] == L.PLUGIN and row["B"] == 1 and row["layer_us"]:
+            floor_us = row["layer_bytes"] / copy * 1e6
+            ratio = row["layer_us"] / floor_us
+            out.append({"target": f"{row['kind']} layer at B=1 within {TARGET_BW_RATIO}x of bytes/copy BW",
+                        "T": row["T"], "context": row["context"], "value": round(ratio, 2),
+                        "met": ratio <= TARGET_BW_RATIO})
+    for step in steps:
+        if step["B"] in (1, 64) and "speedup" in step:
+            out.append({"target": f"plugin >= {TARGET_SPEEDUP:g}x upstream per step at B={step['B']}", "T": step["T"],
+                        "context": step["context"], "value": round(step["speedup"], 2),
+                        "met": step["speedup"] >= TARGET_SPEEDUP})
+    return out
+
+
+def _f(x, nd=1):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def markdown(results, steps, projections, targets, allreduce_us) -> str:
+    env = results["env"]
+    timed = results["timed"]
+    lines = [f"# {TITLE}", ""]
+    lines.append(f"{env.get('gpu')} (cc {env.get('capability', '-')}), torch {env['torch']}, triton {env['triton']}, "
+                 f"CUDA {env.get('cuda')}, {env['date']}. Mode: {results['mode']}; "
+                 f"{'full DSv4-Flash sizes' if results['full_size'] else 'reduced sizes'}.")
+    lines.append("")
+    if not timed:
+        lines += ["**Nothing was timed.** No GPU: the layers ran at reduced sizes under the Triton CPU interpreter "
+                  "and both paths were checked against the float32 references (table below).", ""]
+    else:
+        lines += [f"Copy bandwidth measured in this run (device-to-device, read + write counted): "
+                  f"**{results['copy_bandwidth_gbs']:.0f} GB/s**. All times are medians of CUDA-graph replays "
+                  f"after an L2 flush; a layer is one graph of all its stages, a stage its own graph.", ""]
+    lines += ["## What each path runs", "", "| component | plugin | upstream |", "|---|---|---|"]
+    for comp in L.COMPONENTS:
+        lines.append(f"| {comp} | {L.COMPONENT_NAMES[comp][L.PLUGIN]} | {L.COMPONENT_NAMES[comp][L.UPSTREAM]} |")
+    lines += ["", f"Upstream code source: {results['upstream_source']}. Not modelled in either path: mHC boundaries, "
+              "RoPE, KV/compressor cache writes, the TP all-reduce (see the projection for the latter).", ""]
+    if timed and steps:
+        counts = results["layer_counts"]
+        lines += [f"## Decode step: {counts['swa']} SWA + {counts['c4']} C4 + {counts['c128']} C128 layers + "
+                  f"lm_head [{dsv4.VOCAB_SIZE}/T, {dsv4.HIDDEN_SIZE}] bf16, one rank of T", "",
+                  "| T | context | B | plugin ms | upstream ms | speed-up | plugin GB read | plugin % copy BW "
+                  "| plugin tok/s/seq |", "|---|---|---|---|---|---|---|---|---|"]
+        for s in steps:
+            lines.append(f"| {s['T']} | {s['context']} | {s['B']} | {_f(s.get('plugin_step_us', 0) / 1e3, 2)} | "
+                         f"{_f(s.get('upstream_step_us', 0) / 1e3, 2)} | {_f(s.get('speedup'), 2)} | "
+                         f"{_f(s.get('plugin_bytes', 0) / 1e9, 2)} | {_f(s.get('plugin_pct_copy_bw'))} | "
+                         f"{_f(s.get('plugin_tokens_per_s_per_seq'))} |")
+        lines.append("")
+    comps = list(L.COMPONENTS)
+    for kind in results["grid"]["kinds"]:
+        rows = [r for r in results["layers"] if r["kind"] == kind]
+        if not rows:
+            continue
+        lines += [f"## {kind.upper()} layer", ""]
+        if timed:
+            head = ["T", "context", "B", "path"] + [f"{c} µs" for c in comps] + ["layer µs", "MB read", "% copy BW",
+                                                                                 "speed-up"]
+            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            for r in rows:
+                cu = r["components_us"] or {}
+                cells = [r["T"], r["context"], r["B"], r["path"]] + [_f(cu.get(c)) for c in comps] + [
+                    _f(r["layer_us"]), _f(r["layer_bytes"] / 1e6), _f(r["pct_copy_bw"]), _f(r.get("speedup"), 2)]
+                lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+            lines.append("")
+        checked = [r for r in rows if r["checks"]]
+        if checked:
+            names = [s["name"] for s in checked[0]["stages"] if any(s["name"] in r["checks"] for r in checked)]
+            lines += [f"Checks against the float32 reference ({kind}): relative error (indexer: fraction of the "
+                      "exact top-k selected); ✗ = over tolerance", "",
+                      "| T | context | B | path | " + " | ".join(names) + " |", "|" + "---|" * (4 + len(names))]
+            for r in checked:
+                cells = []
+                for n in names:
+                    c = r["checks"].get(n)
+                    if c is None:
+                        cells.append("-")
+                    else:
+                        v = c.get("rel_err", c.get("overlap"))
+                        cells.append(f"{v:.2e}" + ("" if c["ok"] else " ✗"))
+                lines.append(f"| {r['T']} | {r['context']} | {r['B']} | {r['path']} | " + " | ".join(cells) + " |")
+            lines.append("")
+    if targets:
+        lines += ["## Issue targets on this GPU", "", "| target | T | context | value | met |", "|---|---|---|---|---|"]
+        for t in targets:
+            lines.append(f"| {t['target']} | {t['T']} | {t['context']} | {t['value']} | {'yes' if t['met'] else 'NO'} |")
+        lines.append("")
+    if projections:
+        lines += ["## Projection to sm_120 GPUs — a MODEL, not a measurement", "",
+                  "    t_step = sum_kinds count * bytes_per_rank / (BW_gpu * efficiency)"
+                  "  +  lm_head term  +  [T>1] n_layers * 2 * t_allreduce",
+                  "",
+                  "efficiency = the plugin layer's bytes / time / copy bandwidth, measured above on "
+                  f"{env.get('gpu')}; BW_gpu = specified bandwidth "
+                  + ", ".join(f"{g} {v['bandwidth_gbs']:.0f} GB/s" for g, v in P.SM120_GPUS.items())
+                  + " (projection.py cites the source). Assumes the sm_120 kernels reach the same fraction of their "
+                  "GPU's bandwidth and that copy bandwidth equals the specification. "
+                  + (f"All-reduce: {allreduce_us} µs each, from --allreduce-us." if allreduce_us is not None else
+                     "**The all-reduce term is excluded for T > 1** (no measured value given: pass --allreduce-us)."),
+                  "", "| GPU | T | context | B | projected step ms | tok/s/seq | all-reduce included |",
+                  "|---|---|---|---|---|---|---|"]
+        for p in projections:
+            lines.append(f"| {p['gpu']} | {p['T']} | {p['context']} | {p['B']} | {p['step_us'] / 1e3:.2f} | "
+                         f"{p['tokens_per_s_per_sequence']:.1f} | {'yes' if p['allreduce_included'] else 'NO'} |")
+        lines.append("")
+    failed = results["checks_failed"]
+    lines += ["## Summary", "",
+              f"- checks: {'all passed' if not failed else f'{len(failed)} FAILED'} "
+              f"({sum(len(r['checks']) for r in results['layers'])} stage checks)"]
+    if not timed:
+        lines.append("- nothing was timed (no GPU)")
+    for note in results["notes"]:
+        lines.append(f"- {note}")
+    lines.append(f"- elapsed: {results.get('elapsed_s')} s")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, path: str) -> str | None:
+    """Layer time against B for both paths, one panel per layer kind; None (and why) if it cannot."""
+    if not results["timed"]:
+        return "nothing was timed, so there is nothing to plot"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: plot skipped (pip install matplotlib)"
+    kinds = results["grid"]["kinds"]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4), squeeze=False)
+    styles = {L.PLUGIN: "-", L.UPSTREAM: "--"}
+    for ax, kind in zip(axes[0], kinds):
+        for path in results["paths"]:
+            for tp in results["grid"]["T"]:
+                for ctx in results["grid"]["context"]:
+                    pts = sorted((r["B"], r["layer_us"]) for r in results["layers"]
+                                 if (r["kind"], r["path"], r["T"], r["context"]) == (kind, path, tp, ctx) and r["layer_us"])
+                    if pts:
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[path], marker="o",
+                                label=f"{path} T={tp} ctx={ctx // 1024}K")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch B")
+        ax.set_ylabel("layer time (µs)")
+        ax.set_title(f"{kind.upper()} layer")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"DSv4-Flash decode layer, plugin vs upstream path — {results['env'].get('gpu')}, "
+                 f"{results['env']['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def finalize(results, allreduce_us: float | None) -> dict:
+    steps = step_rows(results)
+    projections = projection_rows(results, allreduce_us)
+    targets = target_checks(results, steps)
+    results.update(steps=steps, projection=projections, targets=targets, allreduce_us=allreduce_us,
+                   projection_model={"formula": P.__doc__.strip(), "gpus": P.SM120_GPUS,
+                                     "allreduces_per_layer": P.ALLREDUCES_PER_LAYER,
+                                     "allreduce_us": allreduce_us,
+                                     "allreduce": "from --allreduce-us" if allreduce_us is not None
+                                     else "excluded for T > 1 (no measured value given)"})
+    return results
+
+
+def write(results, out_dir: str, name: str, allreduce_us: float | None = None) -> dict:
+    """Write ``<name>.json``, ``<name>.md`` and (GPU runs) ``<name>.png``; returns their paths."""
+    finalize(results, allreduce_us)
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, f"{name}.json"), "md": os.path.join(out_dir, f"{name}.md")}
+    png = os.path.join(out_dir, f"{name}.png")
+    why = plot(results, png)
+    if why is None:
+        paths["png"] = png
+    else:
+        results["notes"].append(f"plot: {why}")
+    with open(paths["md"], "w") as f:
+        f.write(markdown(results, results["steps"], results["projection"], results["targets"], allreduce_us))
+    with open(paths["json"], "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    return paths
