@@ -15,30 +15,41 @@ The KV row is the V4 layout (584 B/token, ``kernels/dsv4.py``): 448 FP8-e4m3 nop
 tiles of 64, each with a UE8M0 scale byte in the page's scale section, then 64 bf16 rope values.
 Every page size (SWA 256, C4 64, C128 2) is read in place through the cache view's page stride.
 
-Design (why it looks like this):
+Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and from
+``benchmarks/sparse_mla_decode-h200.md``):
 
-* **MQA on the M dimension.** All heads of a query row share one latent KV row, so a program
-  holds all ``H`` heads (padded to 16 for ``tl.dot``) as the M dimension of both products:
-  ``S = Q[H,512] @ KV[BN,512]^T`` and ``O += P[H,BN] @ KV[BN,512]``. Each KV row is gathered
-  from HBM once per query row (one program touches each candidate), not once per head as in
-  upstream's grid-(B, H) SIMT kernel.
-* **bf16 dequant, not FP8 QK.** The KV tile is dequantised once in registers (FP8 x 2^e is exact
-  in bf16) and the same bf16 tile feeds both products. This makes QK exact against the
-  reference (bf16 x bf16 products, fp32 sums), whereas an FP8/MXFP8 QK would quantise ``q`` (3
-  mantissa bits) and the bf16 rope; PV needs the bf16 tile anyway. Measured with the AOT harness
-  on sm_120a (see ``aot_configs``): at ``BN = 32`` candidates per tile every shipped config fits
-  the 101376-byte shared-memory limit with no spills, so the FP8 QK's saving was not needed.
-  ``BN = 64`` at 64 heads does not fit (the two bf16 operand tiles plus the pipelined gathers).
-* **Split-K over candidates with an in-kernel combine.** The grid is ``(splits, B * s_q)``; split
-  ``j`` takes a contiguous run of candidate tiles across both caches, so ``B = 1`` still spreads
-  over many SMs. Each split writes its (max, sum, unnormalised accumulator) to an fp32 scratch
-  and takes a ticket on a per-row counter; the split that arrives last merges the others (read
-  back from L2), applies the sink, writes ``out`` and ``lse`` and resets the counter. There is no
-  second launch and no merge of main/extra caches in torch: both caches are tiles of one loop.
-  When ``B * s_q`` already fills the GPU there is one split and no scratch at all.
-* **Graph capture.** The split count depends only on shapes and the SM count; scratch is
-  ``torch.empty`` sized by shapes; the ticket counters are a per-device buffer that the kernel
-  leaves zeroed. Calls on one device must be stream-ordered (as SGLang's attention layers are).
+* **MQA on the M dimension.** All heads of a head block share one latent KV row, so a program
+  holds them (padded to 16 rows for ``tl.dot``) as the M dimension of both products:
+  ``S = Q[BH,512] @ KV[BN,512]^T`` and ``O += P[BH,BN] @ KV[BN,512]``, both ``HMMA.16816.F32.BF16``
+  on sm_120. The 512-wide row is handled as four 128-column chunks: with one 512-wide operand
+  Triton keeps the whole Q fragment (128 registers per thread) live and spills.
+* **bf16 dequant, not FP8 QK.** Each gathered tile is dequantised once in registers (FP8 x 2^e is
+  exact in bf16) and the same bf16 tile feeds both products, so QK is exact against the reference
+  (bf16 products, fp32 sums); only P is rounded to bf16 (relative error ~1.7e-3 at full shapes).
+  An FP8/MXFP8 QK would save one bf16 copy of the tile in shared memory but quantise ``q`` and the
+  rope to 3 mantissa bits; the bf16 path fits once the tile is 16-32 candidates, so it was kept.
+* **Head blocks of 32, KV gathered once per head block.** Shared memory is q (BH x 1 KB) plus
+  the KV tile twice (two operand swizzles, 2 KB per candidate). 64 heads in one program fit at
+  16 candidates per tile (98304 B without, >101376 B with cp.async staging) but need every
+  register: 226 without prefetching and spills (332-460 B) with it. So H=64 runs as two programs
+  of 32 heads that gather the same rows (the second read mostly hits L2): 67584 B, 242
+  registers, no spills. On the H200 (sweep rows in the benchmark) it is faster at B=1 (17.8 vs
+  19.7 us) but slower at B=64 (95-105 us vs 73.6 us for the 64-head program with 2 splits), so
+  the single 64-head program is the next thing to make fit without spills. H=32 runs one 32-head
+  block, H=16 and H=8 one 16-head block.
+* **Gathers overlap the MMAs.** One loop walks the row's live tiles, main cache first, then the
+  extra cache (both read in place through their own page size and page stride); slots are loaded
+  two tiles ahead and the raw KV (FP8 nope, bf16 rope, UE8M0 bytes) one tile ahead, in
+  registers. With the combine kernel below this took C4, H=64, B=1 from 57.6 to 17.9 us on the
+  H200 (``benchmarks/sparse_mla_decode-h200-run1.md`` has the first version).
+* **Split-K over candidates.** The grid is ``(head_blocks * splits, B * s_q)``; split ``j`` takes
+  a contiguous run of the row's live tiles, so B=1 spreads over the GPU. Splits write fp32
+  (acc, max, sum) partials and one small combine kernel (all splits of a 16 x 32 block loaded in
+  one round trip) merges them, applies the sink and writes ``out`` and ``lse``. A first version
+  merged in the last-arriving split (atomic ticket): that single program's serial L2 reads cost
+  ~20-30 us at B=1, more than the launch it saved. With one split (large B) there is no scratch
+  and no second launch; the sink and both caches are always inside the main kernel.
+* **Graph capture.** Launch geometry and scratch depend only on shapes and the SM count.
 """
 
 from __future__ import annotations
