@@ -55,7 +55,6 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import triton

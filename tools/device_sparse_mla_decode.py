@@ -257,7 +257,8 @@ def sweep_splits(result, caches, rotations, mm):
         cands = calls[0]["indices"].shape[-1] + calls[0]["extra_indices"].shape[-1]
         flops = 4.0 * 64 * HEAD_DIM * cands * batch
         variants = [("shipped", saved[64]),
-                    ("2x BH32 BN16 prefetch", dict(BLOCK_H=32, BLOCK_N=16, PREFETCH_KV=True, num_warps=8, num_stages=1)),
+                    ("2x BH32 BN16 prefetch",
+                     dict(BLOCK_H=32, BLOCK_N=16, PREFETCH_KV=True, num_warps=8, num_stages=1)),
                     ("1x BH64 BN16 no-KV-prefetch (spills on sm_120)",
                      dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, num_warps=8, num_stages=1))]
         for label, cfg in variants:
