@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 
 import torch
 
@@ -57,6 +58,8 @@ FP8 = torch.float8_e4m3fn
 BLOCK = [128, 128]
 
 _logged: set[str] = set()
+# every FP8 wo_a weight Parameter the seam adopted, to find the scales of a view not made from it
+_adopted: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
 
 
 def _log_once(key: str, message: str, *args) -> None:
@@ -124,6 +127,7 @@ def adopt_fp8_wo_a(layer) -> bool:
             or weight is None or weight.dtype != FP8 or not hasattr(wo_a, "weight_scale_inv")):
         return False
     setattr(weight, SCALE_ATTR, wo_a.weight_scale_inv)  # the Parameter: post_load_weights replaces its .data
+    _adopted.add(weight)
     layer.wo_a_fp8 = False
     layer.sm120_fp8_wo_a = True
     _log_once("wo_a", "wo_a kept in FP8 (%s, %.1f MB instead of %.1f MB bf16 per layer)", tuple(weight.shape),
@@ -140,6 +144,8 @@ def wo_a_scale(wo_a: torch.Tensor) -> torch.Tensor:
     """The ``[G, R/128, D/128]`` fp32 scales of an FP8 ``wo_a`` view ``[G, R, D]`` of the layer's weight."""
     base = wo_a if wo_a._base is None else wo_a._base
     param = getattr(base, SCALE_ATTR, None)
+    if param is None:  # e.g. a view of weight.data: find the adopted weight with the same memory
+        param = next((getattr(w, SCALE_ATTR) for w in _adopted if w.data_ptr() == wo_a.data_ptr()), None)
     if param is None:
         raise RuntimeError("sglang-sm120 dense: FP8 wo_a without recorded block scales (was the layer built "
                            "with the dense seam active?)")

@@ -107,6 +107,8 @@ def test_wo_a_stays_fp8_and_reaches_grouped_kernel(seam):
         y = dsv4._apply_wo_a_bf16_matmul(o, view, is_decode=True)
     assert y.shape == (3, GROUPS, RANK) and y.dtype == torch.bfloat16
     assert rel_err(y, fp8_gemv.reference_grouped_wo_a(o, w, s)) < 6e-3
+    # a view of .data (not of the Parameter) still finds the scales
+    assert torch.equal(dense.wo_a_scale(wo_a.weight.data.view(GROUPS, RANK, -1)), wo_a.weight_scale_inv.data)
 
 
 def test_bf16_wo_a_and_inactive_seam_stay_upstream(seam):
