@@ -14,21 +14,25 @@ After loading, :func:`repack_w13_` permutes the w13 rows (and their scales) in p
 ``gate_0, up_0, gate_1, up_1, ...`` so one contiguous tile holds both halves of the SwiGLU for a
 block of intermediate columns; nothing else is copied. :func:`unpack_w13_` is its inverse.
 
-One forward (:func:`moe_mxfp4_forward`) is four launches, all CUDA-graph capturable (no host
+One forward (:func:`moe_mxfp4_forward`) is four launches (:data:`LAUNCHES_PER_FORWARD`), all CUDA-graph capturable (no host
 sync, scratch sized by shapes only):
 
 1. ``_route_kernel`` (one program): sorts the ``B*top_k`` routed rows by expert (stable), and
    lists the experts actually touched;
 2. ``_gate_up_kernel``: grid (touched expert slot, block of I). Each program streams its expert's
-   gate+up weight tile once, dequantises e2m1 x E8M0 in registers to bf16 (exact), multiplies all
-   rows routed to that expert on tensor cores (bf16 ``tl.dot``, fp32 accumulate) and applies the
-   clamped SwiGLU, ``silu(min(g, limit)) * clamp(u, -limit, limit)``; writes bf16 activations;
+   gate+up weight tile once, upcasts e2m1 x E8M0 to bf16 (exact) -- with ``tl.dot_scaled`` or an
+   explicit register dequantisation, :func:`use_dot_scaled` picks per shape from the H200 numbers --
+   multiplies all rows routed to that expert on tensor cores (bf16 MMA, fp32 accumulate) and applies
+   the clamped SwiGLU, ``silu(min(g, limit)) * clamp(u, -limit, limit)``; writes bf16 activations;
 3. ``_down_kernel``: grid (touched expert slot, block of H): down projection the same way, times
    the routing weight, fp32 rows;
 4. ``_topk_sum_kernel``: sums each token's top-k rows into the bf16 output.
 
 The same kernels serve decode (``BLOCK_M`` 16: every weight byte read once per step) and prefill
-(``BLOCK_M`` 64: a grouped GEMM, weights re-read from L2 per row block). ``ACT_MXFP8`` selects the
+(``BLOCK_M`` 128/64: a grouped GEMM, weights re-read from L2 per row block). Routing: one Triton
+program up to ``ROUTE_TRITON_MAX_ROWS`` routed rows, a torch sort beyond (prefill).
+Edge semantics: an E8M0 byte 0 gives 0 instead of upstream's 2**-127 on the ``tl.dot_scaled`` path
+(Triton 3.8, triton#11737) -- no checkpoint scale is that small. ``ACT_MXFP8`` selects the
 alternative prefill GEMM that was compared against bf16 activations: activations quantised to
 MXFP8 (e4m3 + E8M0 per 32) by :func:`quantize_mxfp8`, weights widened e2m1 -> e4m3 (exact) in
 registers, and ``tl.dot_scaled`` (native ``QMMA.SF`` on sm_120). See ``benchmarks/moe_mxfp4-h200.md``
@@ -389,7 +393,16 @@ class GemmConfig:
     num_stages: int
 
 
-DOT_SCALED = True  # bf16-activation GEMMs upcast weights with tl.dot_scaled (see benchmarks/moe_mxfp4-h200.md)
+# How the bf16-activation GEMMs upcast the weights, chosen from the H200 run in benchmarks/moe_mxfp4-h200.md:
+# tl.dot_scaled (Triton's layout-aware e2m1 upcast) was 13-17 % faster at I = 2048 (T=1) and for prefill,
+# the explicit register dequantisation 3-9 % faster for decode at I = 512 (T=4).
+DOT_SCALED_MIN_INTER = 1024
+
+
+def use_dot_scaled(num_rows: int, inter: int) -> bool:
+    return num_rows > DECODE_MAX_ROWS or inter >= DOT_SCALED_MIN_INTER
+
+
 DECODE_MAX_ROWS = 2048  # routed rows (B * top_k) up to which the decode (16-row) tiles are used
 TOPK_SUM_BLOCK = 1024
 ROUTE_TRITON_MAX_ROWS = 2048  # one routing program sorts up to this many rows; torch sorts more
@@ -489,7 +502,7 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     ``act_mxfp8`` runs the MXFP8-activation GEMM variant instead of bf16 activations; ``configs``
     overrides the (gate/up, down) tiles (device tuning); ``dot_scaled`` picks how bf16-activation
     GEMMs upcast the weights (``tl.dot_scaled`` vs the explicit register dequantisation), default
-    :data:`DOT_SCALED`.
+    :func:`use_dot_scaled`.
     """
     batch, hidden, num_experts, inter = _validate(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
@@ -500,7 +513,7 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     num_rows = batch * top_k
     if num_rows == 0:
         return out
-    dot_scaled = DOT_SCALED if dot_scaled is None else dot_scaled
+    dot_scaled = use_dot_scaled(num_rows, inter) if dot_scaled is None else dot_scaled
     device = x.device
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()
@@ -575,7 +588,8 @@ def aot_configs() -> list[AotConfig]:
         upcast = "ds" if dot_scaled else "regs"
         for rows, inter in shapes:
             phase = "decode" if rows <= DECODE_MAX_ROWS else "prefill"
-            if phase == "prefill" and dot_scaled != DOT_SCALED:
+            shipped = dot_scaled == use_dot_scaled(rows, inter)
+            if phase == "prefill" and not shipped:
                 continue  # the register-dequant alternative is only measured at decode sizes
             for kind, pick, kernel, sig in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig),
                                             ("down", down_config, _down_kernel, _down_sig)):
@@ -590,8 +604,7 @@ def aot_configs() -> list[AotConfig]:
                 configs.append(AotConfig(
                     name=f"moe_mxfp4_{kind}_{phase}_{upcast}_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}",
                     kernel=kernel, signature=sig(False), constexprs=constexprs, num_warps=cfg.num_warps,
-                    num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",),
-                    note="shipped" if dot_scaled == DOT_SCALED else "measured alternative"))
+                    num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",)))
     for kind, pick, kernel, sig in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig),
                                     ("down", down_config, _down_kernel, _down_sig)):
         cfg = pick(DECODE_MAX_ROWS + 1, MOE_INTERMEDIATE_SIZE, True)
