@@ -238,3 +238,21 @@ def test_seam_metadata():
     assert seam.name == "moe" and seam.targets == (sm120_moe.DISPATCH_TARGET,)
     assert "register_backend_name" in seam.description
     assert os.environ.get("SGLANG_SM120_FORCE") is None  # tests decide activation explicitly
+
+
+def test_mtp_draft_layer_built_under_speculative_backend_gets_plugin_method(seam):
+    """Target on upstream's flashinfer_mxfp4, draft on --speculative-moe-runner-backend sm120: SGLang
+    builds the draft inside speculative_moe_backend_context(), and its FP4 experts get our method."""
+    from sglang.srt.layers.moe.utils import resolve_moe_runner_backend, speculative_moe_backend_context
+    from sglang.srt.runtime_context import get_flags
+
+    seam({"SGLANG_SM120_FORCE": "1"})
+    with get_flags().moe.override(speculative_runner_backend=resolve_moe_runner_backend("sm120")):
+        target = build_layer(backend=sm120_moe.UPSTREAM_BACKEND)
+        with speculative_moe_backend_context():
+            from sglang.srt.layers.moe.utils import get_moe_runner_backend
+
+            draft = build_layer(backend=get_moe_runner_backend().value)
+    assert not isinstance(target.quant_method, sm120_moe.Sm120Mxfp4MoEMethod)
+    assert isinstance(draft.quant_method, sm120_moe.Sm120Mxfp4MoEMethod)
+    assert draft.runner_backend.value == "sm120"
