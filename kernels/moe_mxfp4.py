@@ -48,7 +48,6 @@ import triton
 import triton.language as tl
 
 from .dsv4 import (
-    HIDDEN_SIZE,
     MOE_INTERMEDIATE_SIZE,
     MXFP4_E8M0_BIAS,
     MXFP4_GROUP,
@@ -632,7 +631,7 @@ def aot_configs() -> list[AotConfig]:
 
 
 __all__ = [
-    "HIDDEN_SIZE", "LAUNCHES_PER_FORWARD", "aot_configs", "moe_mxfp4_forward", "quantize_mxfp8",
+    "LAUNCHES_PER_FORWARD", "aot_configs", "moe_mxfp4_forward", "quantize_mxfp8",
     "reference_dequant_mxfp4", "reference_moe_mxfp4", "reference_moe_mxfp8_act", "reference_swiglu",
-    "repack_w13_", "scale_bytes", "touched_expert_bytes", "unpack_w13_",
+    "repack_w13_", "route", "scale_bytes", "touched_expert_bytes", "unpack_w13_", "use_dot_scaled",
 ]
