@@ -91,13 +91,18 @@ def run_bench(args) -> int:
     for tp in cfg.tps:
         cfg.dims.rank(tp)  # ValueError early for a T that does not divide the model
 
-    results = runner.run(cfg)
-    gpu = results["env"].get("gpu", "")
-    name = args.name or ("bench-cpu" if device == "cpu" else f"bench-{_slug(gpu)}")
+    from ..kernels.harness.devicebench import environment
+
+    name = args.name or ("bench-cpu" if device == "cpu" else f"bench-{_slug(environment().get('gpu', ''))}")
+
+    def partial(results):  # a run cut short still leaves its numbers
+        report.write(results, args.out, name, args.allreduce_us, with_plot=False)
+
+    results = runner.run(cfg, on_point=partial if device != "cpu" else None)
     paths = report.write(results, args.out, name, args.allreduce_us)
     _print_summary(results)
     print("wrote " + ", ".join(paths.values()))
-    return 1 if results["checks_failed"] else 0
+    return 1 if results["checks_failed"] or results.get("errors") else 0
 
 
 def _print_summary(results) -> None:
@@ -111,6 +116,8 @@ def _print_summary(results) -> None:
     else:
         print("\nNOTHING WAS TIMED (no GPU): reduced sizes under the Triton interpreter.")
     print(f"checks against the float32 references: {n_checks - len(failed)} passed, {len(failed)} failed")
+    for err in results.get("errors", []):
+        print("  ERROR:", {k: v for k, v in err.items() if k != "traceback"})
     for f in failed:
         print("  FAILED:", f)
     for note in results["notes"]:

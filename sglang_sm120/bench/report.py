@@ -43,7 +43,8 @@ def step_rows(results) -> list[dict]:
                 complete = head is not None
                 for path in results["paths"]:
                     layers = [_layer(results, kind, tp, ctx, b, path) for kind in counts]
-                    if head is None or any(x is None for x in layers):
+                    if head is None or any(x is None or (results["timed"] and x["layer_us"] is None)
+                                           for x in layers) or (results["timed"] and head["us"] is None):
                         complete = False
                         continue
                     nbytes = sum(counts[x["kind"]] * x["layer_bytes"] for x in layers) + head["bytes"]
@@ -203,6 +204,13 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
               f"({sum(len(r['checks']) for r in results['layers'])} stage checks)"]
     if not timed:
         lines.append("- nothing was timed (no GPU)")
+    for err in results.get("errors", []):
+        lines.append(f"- ERROR at {err['kind']} T={err['T']} context={err['context']} B={err['B']}: {err['error']}")
+    for row in results["layers"]:
+        for st in row["stages"]:
+            if "error" in st:
+                lines.append(f"- timing error, {row['kind']} T={row['T']} ctx={row['context']} B={row['B']} "
+                             f"{row['path']} {st['name']}: {st['error']}")
     for note in results["notes"]:
         lines.append(f"- {note}")
     lines.append(f"- elapsed: {results.get('elapsed_s')} s")
@@ -260,16 +268,17 @@ def finalize(results, allreduce_us: float | None) -> dict:
     return results
 
 
-def write(results, out_dir: str, name: str, allreduce_us: float | None = None) -> dict:
-    """Write ``<name>.json``, ``<name>.md`` and (GPU runs) ``<name>.png``; returns their paths."""
+def write(results, out_dir: str, name: str, allreduce_us: float | None = None, with_plot: bool = True) -> dict:
+    """Write ``<name>.json``, ``<name>.md`` and (GPU runs) ``<name>.png``; returns their paths.
+    ``with_plot=False`` writes the partial results while the grid is still running."""
     finalize(results, allreduce_us)
     os.makedirs(out_dir, exist_ok=True)
     paths = {"json": os.path.join(out_dir, f"{name}.json"), "md": os.path.join(out_dir, f"{name}.md")}
     png = os.path.join(out_dir, f"{name}.png")
-    why = plot(results, png)
+    why = plot(results, png) if with_plot else "partial results: the plot is drawn at the end"
     if why is None:
         paths["png"] = png
-    else:
+    elif with_plot:
         results["notes"].append(f"plot: {why}")
     with open(paths["md"], "w") as f:
         f.write(markdown(results, results["steps"], results["projection"], results["targets"], allreduce_us))

@@ -117,7 +117,7 @@ def _run_checks(stages, path, record_point, failures) -> dict:
     return out
 
 
-def run(cfg: BenchConfig, log=print) -> dict:
+def run(cfg: BenchConfig, log=print, on_point=None) -> dict:
     """The whole grid; returns the results dict (see report.py for what is written from it)."""
     from ..kernels.harness.devicebench import copy_bandwidth_gbs, environment
 
@@ -141,7 +141,7 @@ def run(cfg: BenchConfig, log=print) -> dict:
         "layer_counts": dict(dsv4.LAYER_COUNTS),
         "paths": {p: {c: L.COMPONENT_NAMES[c][p] for c in L.COMPONENTS} for p in cfg.paths},
         "upstream_source": ups.source if ups else None,
-        "layers": [], "lm_head": [], "checks_failed": [], "skipped": [], "notes": notes,
+        "layers": [], "lm_head": [], "checks_failed": [], "errors": [], "skipped": [], "notes": notes,
     }
     points = [(tp, ctx, kind, b) for tp in cfg.tps for ctx in cfg.contexts for kind in cfg.kinds for b in cfg.batches]
     bar = _progress(len(points), "decode-step bench" + ("" if cfg.timed else " (CPU interpreter: checks only)"))
@@ -169,10 +169,19 @@ def run(cfg: BenchConfig, log=print) -> dict:
                             bar.update(1)
                             continue
                         bar.set_postfix_str(f"T={tp} ctx={ctx} {kind} B={b}")
-                        results["layers"] += _run_point(cfg, point, state_w, timeit, copy_gbs,
-                                                        results["checks_failed"])
+                        try:
+                            results["layers"] += _run_point(cfg, point, state_w, timeit, copy_gbs,
+                                                            results["checks_failed"])
+                        except Exception as exc:  # record and go on: one bad point must not lose the run
+                            import traceback
+
+                            results["errors"].append(dict(point, error=f"{type(exc).__name__}: {str(exc)[:500]}",
+                                                          traceback=traceback.format_exc()[-2000:]))
+                            bar.write(f"ERROR at {point}: {type(exc).__name__}: {str(exc)[:200]}")
                         bar.update(1)
-            del weights, state_w
+                        if on_point is not None:
+                            on_point(results)
+            weights = state_w = None  # free this T's weights before the next
             gc.collect()
             if cfg.timed:
                 torch.cuda.empty_cache()
@@ -204,24 +213,32 @@ def _run_point(cfg, point, state_w, timeit, copy_gbs, failures) -> list[dict]:
         if not torch.isfinite(state["out"].float()).all():
             failures.append(dict(point, path=path, stage="layer output", ok=False, note="non-finite output"))
         for stage in stages:
-            us = timeit(stage.fn) if timeit else None
-            row["stages"].append({"name": stage.name, "component": stage.component, "bytes": stage.bytes, "us": us,
-                                  "pct_copy_bw": _pct(stage.bytes, us, copy_gbs)})
+            entry = {"name": stage.name, "component": stage.component, "bytes": stage.bytes, "us": None}
+            try:
+                entry["us"] = timeit(stage.fn) if timeit else None
+            except Exception as exc:  # keep the rest of the run; the row says what failed
+                entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            entry["pct_copy_bw"] = _pct(stage.bytes, entry["us"], copy_gbs)
+            row["stages"].append(entry)
 
         def whole():
             for stage in stages:
                 stage.fn()
-        row["layer_us"] = timeit(whole, calls=2) if timeit else None
+        row["layer_us"] = None
+        try:
+            row["layer_us"] = timeit(whole, calls=2) if timeit else None
+        except Exception as exc:
+            row["error"] = f"layer timing: {type(exc).__name__}: {str(exc)[:300]}"
         row["layer_bytes"] = sum(s.bytes for s in stages)
         row["pct_copy_bw"] = _pct(row["layer_bytes"], row["layer_us"], copy_gbs)
         row["components_us"] = _components(row["stages"])
         rows.append(row)
-        del state, stages
+        state = stages = None
     if len(rows) == 2 and rows[0]["layer_us"] and rows[1]["layer_us"]:
         plugin, upstream = rows
         plugin["speedup"] = upstream["layer_us"] / plugin["layer_us"]
         for s_p, s_u in zip(plugin["stages"], upstream["stages"]):
-            s_p["speedup"] = s_u["us"] / s_p["us"] if s_p["us"] else None
+            s_p["speedup"] = s_u["us"] / s_p["us"] if s_p["us"] and s_u["us"] else None
     del caches
     return rows
 

@@ -12,8 +12,9 @@ wo_a          ``_apply_wo_a_bf16_matmul`` on the bf16-dequantised weight (what s
 dense FP8     ``_per_token_group_quant_8bit`` + ``_w8a8_block_fp8_matmul`` (SGLang's Triton block-FP8
               path, default config; stands for the CUTLASS SM120 blockwise GEMM)
 routed MoE    ``fused_moe_kernel`` (SGLang's Triton ``fused_experts``) on bf16-dequantised experts,
-              ``get_default_config``; expert alignment, clamped SwiGLU and the top-k sum in torch
-              (stand for sgl_kernel's ``moe_align_block_size``, ``silu_and_mul`` and ``moe_sum_reduce``)
+              upstream's tuned table for the GPU when one ships, else ``get_default_config``;
+              alignment, clamped SwiGLU and the top-k sum in torch (they stand for sgl_kernel's
+              ``moe_align_block_size``, ``silu_and_mul`` and ``moe_sum_reduce``)
 ============  ==================================================================================
 
 Where the code comes from: with SGLang installed (the CPU test environment) it is imported from
@@ -41,6 +42,9 @@ UPSTREAM_FILES = {
     "wo_a": "dsv4_wo_a.py",  # tools/device_fp8_gemv.py --prepare
     "triton": "bench_triton_kernels.py",  # fused_moe_kernel, w8a8 block GEMM, group quant, moe config
 }
+# optional: upstream's tuned fused-MoE tables for this GPU ({"up/<I>": {M: cfg}, "down/<I>": ...}),
+# written by tools/device_moe_mxfp4.py --prepare; without them upstream uses get_default_config
+MOE_TABLES_FILE = "upstream_fused_moe_configs.json"
 
 NAMES = {
     "attention": "SGLang flash_mla_sparse_decode_triton (SIMT Triton, grid B x H)",
@@ -62,6 +66,7 @@ class UpstreamOps:
     moe_default_config: Callable
     block_fp8_matmul_kernel: Any
     group_quant_kernel: Any
+    moe_tables: dict = dataclasses.field(default_factory=dict)
 
 
 # Upstream Triton kernels (and the MoE default-config function) the bench launches itself:
@@ -161,10 +166,16 @@ def _from_files(directory: str) -> UpstreamOps:
     indexer = _load_file(directory, UPSTREAM_FILES["indexer"])
     wo_a = _load_file(directory, UPSTREAM_FILES["wo_a"])
     kernels = _load_file(directory, UPSTREAM_FILES["triton"])
+    tables = {}
+    if os.path.exists(os.path.join(directory, MOE_TABLES_FILE)):
+        import json
+
+        with open(os.path.join(directory, MOE_TABLES_FILE)) as f:
+            tables = json.load(f)
     return UpstreamOps(f"files in {directory}", attention.flash_mla_sparse_decode_triton, attention,
                        indexer.fp8_paged_mqa_logits_torch_sm120, wo_a._apply_wo_a_bf16_matmul,
                        kernels.fused_moe_kernel, kernels.get_default_config, kernels._w8a8_block_fp8_matmul,
-                       kernels._per_token_group_quant_8bit)
+                       kernels._per_token_group_quant_8bit, tables)
 
 
 def load(source: str = "auto", directory: str = ".upstream") -> UpstreamOps:
@@ -246,7 +257,9 @@ def _moe_gemm(ops, a, w, c, topk_weights, sorted_ids, expert_ids, total, rows, t
     import triton
     import triton.language as tl
 
-    grid = (triton.cdiv(sorted_ids.shape[0], cfg["BLOCK_SIZE_M"]) * triton.cdiv(w.shape[1], cfg["BLOCK_SIZE_N"]),)
+    meta = {key: cfg[key] for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")}
+    launch = {key: cfg[key] for key in ("num_warps", "num_stages") if key in cfg}
+    grid = (triton.cdiv(sorted_ids.shape[0], meta["BLOCK_SIZE_M"]) * triton.cdiv(w.shape[1], meta["BLOCK_SIZE_N"]),)
     ops.fused_moe_kernel[grid](
         a, None, w, None, None, c, None, None, topk_weights, sorted_ids, expert_ids, total, None,
         w.shape[1], w.shape[2], sorted_ids.shape[0], rows,
@@ -254,8 +267,18 @@ def _moe_gemm(ops, a, w, c, topk_weights, sorted_ids, expert_ids, total, rows, t
         0, 0, 0, 0, 0, 0, 0,
         MUL_ROUTED_WEIGHT=mul_weight, top_k=top_k, compute_type=tl.bfloat16, use_fp8_w8a8=False,
         use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False,
-        even_Ks=w.shape[2] % cfg["BLOCK_SIZE_K"] == 0, c_sorted=False, swap_ab=False, FUSE_ADD_TO_OUTPUT=False,
-        MASK_OUTPUT=False, FUSE_SUM_ALL_REDUCE=False, ROUTER_TOPK=top_k, **cfg)
+        even_Ks=w.shape[2] % meta["BLOCK_SIZE_K"] == 0, c_sorted=False, swap_ab=False, FUSE_ADD_TO_OUTPUT=False,
+        MASK_OUTPUT=False, FUSE_SUM_ALL_REDUCE=False, ROUTER_TOPK=top_k, **meta, **launch)
+
+
+def moe_config(ops: UpstreamOps, which: str, num_tokens: int, num_experts: int, inter: int, hidden: int,
+               top_k: int) -> dict:
+    """Upstream's choice (``try_get_optimal_moe_config``): the tuned table's nearest M when one ships
+    for this GPU and width, else ``get_default_config`` (bf16)."""
+    table = ops.moe_tables.get(f"{which}/{inter}")
+    if table:
+        return dict(table[min(table, key=lambda m: abs(int(m) - num_tokens))])
+    return dict(ops.moe_default_config(num_tokens, num_experts, inter, hidden, top_k, None, False))
 
 
 def fused_experts(ops: UpstreamOps, x, w13_bf16, w2_bf16, topk_weights, topk_ids,
@@ -263,17 +286,21 @@ def fused_experts(ops: UpstreamOps, x, w13_bf16, w2_bf16, topk_weights, topk_ids
     """Upstream's Triton fused_experts on bf16 experts (w13 rows [gate; up]): ``[B, H]`` bf16."""
     batch, hidden = x.shape
     num_experts, two_i, _ = w13_bf16.shape
+    inter = two_i // 2
     top_k = topk_ids.shape[1]
     rows = batch * top_k
-    cfg = ops.moe_default_config(batch, num_experts, two_i // 2, hidden, top_k, None, False)
-    sorted_ids, expert_ids, total = align_block_size(topk_ids, cfg["BLOCK_SIZE_M"], num_experts)
+    cfg1 = moe_config(ops, "up", batch, num_experts, inter, hidden, top_k)
+    cfg2 = moe_config(ops, "down", batch, num_experts, inter, hidden, top_k) if ops.moe_tables else cfg1
+    sorted_ids, expert_ids, total = align_block_size(topk_ids, cfg1["BLOCK_SIZE_M"], num_experts)
     gate_up = torch.empty(batch, top_k, two_i, dtype=torch.bfloat16, device=x.device)
-    _moe_gemm(ops, x, w13_bf16, gate_up, topk_weights, sorted_ids, expert_ids, total, rows, top_k, False, cfg)
+    _moe_gemm(ops, x, w13_bf16, gate_up, topk_weights, sorted_ids, expert_ids, total, rows, top_k, False, cfg1)
     gate, up = gate_up.view(rows, two_i).float().chunk(2, dim=-1)
     act = (torch.nn.functional.silu(gate.clamp(max=swiglu_limit)) * up.clamp(-swiglu_limit, swiglu_limit))
     act = act.to(torch.bfloat16)
+    if cfg2["BLOCK_SIZE_M"] != cfg1["BLOCK_SIZE_M"]:
+        sorted_ids, expert_ids, total = align_block_size(topk_ids, cfg2["BLOCK_SIZE_M"], num_experts)
     down = torch.empty(batch, top_k, hidden, dtype=torch.bfloat16, device=x.device)
-    _moe_gemm(ops, act, w2_bf16, down, topk_weights, sorted_ids, expert_ids, total, rows, 1, True, cfg)
+    _moe_gemm(ops, act, w2_bf16, down, topk_weights, sorted_ids, expert_ids, total, rows, 1, True, cfg2)
     return down.sum(dim=1, dtype=torch.float32).to(torch.bfloat16)
 
 

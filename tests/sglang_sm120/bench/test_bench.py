@@ -1,0 +1,166 @@
+"""`sglang-sm120 bench`: the CPU mode end to end (reduced layers under the interpreter, both paths
+against the float32 references), and the report's tables/JSON on a timed result."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from sglang_sm120.bench import layer as L
+from sglang_sm120.bench import model, projection, report, runner, upstream_ops
+from sglang_sm120.kernels import dsv4
+
+REPLACED = {"dense", "attention", "indexer", "wo_a", "moe"}
+
+
+@pytest.fixture(scope="module")
+def cpu_results():
+    runner.interpreter_ready()
+    cfg = runner.BenchConfig(device="cpu", dims=model.Dims.reduced(), batches=(2,), tps=(1, 2), contexts=(1024,),
+                             check="all", upstream_source="sglang")
+    return runner.run(cfg, log=lambda *a: None)
+
+
+def test_cpu_mode_both_paths_match_the_reference(cpu_results):
+    assert cpu_results["mode"] == "cpu-interpreter" and not cpu_results["timed"]
+    assert cpu_results["checks_failed"] == []
+    rows = cpu_results["layers"]
+    assert {(r["kind"], r["T"], r["path"]) for r in rows} == {
+        (k, t, p) for k in model.KINDS for t in (1, 2) for p in L.PATHS}
+    for r in rows:
+        replaced = {s["name"] for s in r["stages"] if s["component"] in REPLACED}
+        assert set(r["checks"]) == replaced, (r["kind"], r["path"])  # every replaced stage was checked
+        assert all(c["ok"] for c in r["checks"].values())
+        assert all(s["us"] is None for s in r["stages"]) and r["layer_us"] is None  # nothing timed
+        if r["kind"] == "c4":
+            assert r["checks"]["indexer"]["overlap"] >= runner.MIN_TOPK_OVERLAP
+        # both paths ran the same stages, and the ones neither replaces are shared code
+        assert [s["name"] for s in r["stages"]][-1] == "combine"
+    by_kind = {(r["kind"], r["T"], r["path"]): [s["name"] for s in r["stages"]] for r in rows}
+    for k in model.KINDS:
+        assert by_kind[(k, 1, L.PLUGIN)] == by_kind[(k, 1, L.UPSTREAM)]
+    assert "indexer" in by_kind[("c4", 1, L.PLUGIN)] and "indexer" not in by_kind[("c128", 1, L.PLUGIN)]
+    assert "compressor_wkv_gate" not in by_kind[("swa", 1, L.PLUGIN)]
+
+
+def test_cpu_report_says_nothing_was_timed(cpu_results, tmp_path):
+    paths = report.write(copy.deepcopy(cpu_results), str(tmp_path), "bench-cpu")
+    md = open(paths["md"]).read()
+    assert "Nothing was timed" in md and "png" not in paths
+    data = json.load(open(paths["json"]))
+    for key in ("env", "dims", "layers", "checks_failed", "paths", "upstream_source", "steps", "projection"):
+        assert key in data
+    assert data["env"]["torch"] and data["env"]["triton"] and data["env"]["date"]
+    assert data["projection"] == [] and all("plugin_step_us" not in s for s in data["steps"])
+
+
+def _as_timed(results):
+    """The CPU results with synthetic times filled in (what a GPU run records), to test the report."""
+    res = copy.deepcopy(results)
+    res.update(timed=True, mode="gpu", copy_bandwidth_gbs=4000.0)
+    res["grid"]["B"] = [1]  # relabelled so that the issue's B=1 targets apply
+    for r in res["layers"] + res["lm_head"]:
+        r["B"] = 1
+    for r in res["layers"]:
+        speed = 2000e9 if r["path"] == L.PLUGIN else 400e9
+        for s in r["stages"]:
+            s["us"] = s["bytes"] / speed * 1e6 + 1.0
+            s["pct_copy_bw"] = runner._pct(s["bytes"], s["us"], 4000.0)
+        r["layer_us"] = sum(s["us"] for s in r["stages"])
+        r["pct_copy_bw"] = runner._pct(r["layer_bytes"], r["layer_us"], 4000.0)
+        r["components_us"] = runner._components(r["stages"])
+    for r in res["layers"]:
+        if r["path"] == L.PLUGIN:
+            up = next(u for u in res["layers"] if u["path"] == L.UPSTREAM and
+                      (u["kind"], u["T"], u["context"], u["B"]) == (r["kind"], r["T"], r["context"], r["B"]))
+            r["speedup"] = up["layer_us"] / r["layer_us"]
+    for h in res["lm_head"]:
+        h["us"] = h["bytes"] / 2000e9 * 1e6
+    return res
+
+
+def test_step_time_and_projection_arithmetic(cpu_results):
+    res = _as_timed(cpu_results)
+    steps = report.step_rows(res)
+    assert len(steps) == 2  # T = 1, 2 at one context and batch
+    for s in steps:
+        layers = {(r["kind"], r["path"]): r for r in res["layers"] if r["T"] == s["T"]}
+        head = next(h for h in res["lm_head"] if h["T"] == s["T"])
+        for path in L.PATHS:
+            want = sum(dsv4.LAYER_COUNTS[k] * layers[(k, path)]["layer_us"] for k in model.KINDS) + head["us"]
+            assert s[f"{path}_step_us"] == pytest.approx(want)
+        assert s["speedup"] == pytest.approx(s["upstream_step_us"] / s["plugin_step_us"])
+    proj = report.projection_rows(res, allreduce_us=None)
+    assert {p["gpu"] for p in proj} == set(projection.SM120_GPUS)
+    for p in proj:
+        assert p["allreduce_included"] == (p["T"] == 1)
+        # every layer kind and the lm_head are terms of the model, with their measured efficiency
+        assert [t["kind"] for t in p["terms"]] == [*model.KINDS, "lm_head"]
+    with_ar = report.projection_rows(res, allreduce_us=12.5)
+    t2 = [p for p in with_ar if p["T"] == 2]
+    assert t2 and all(p["allreduce_us_total"] == pytest.approx(dsv4.NUM_LAYERS * projection.ALLREDUCES_PER_LAYER * 12.5)
+                      for p in t2)
+
+
+def test_timed_table_and_json_carry_every_field(cpu_results, tmp_path):
+    res = _as_timed(cpu_results)
+    paths = report.write(res, str(tmp_path), "bench-fake", allreduce_us=None)
+    md = open(paths["md"]).read()
+    for needle in ("## Decode step", "plugin ms", "upstream ms", "speed-up", "% copy BW", "MB read", "layer µs",
+                   "dense µs", "attention µs", "indexer µs", "wo_a µs", "moe µs", "## SWA layer", "## C4 layer",
+                   "## C128 layer", "a MODEL, not a measurement", "t_step", "all-reduce term is excluded",
+                   "RTX PRO 6000", "RTX 5090", "Copy bandwidth measured in this run", "## Issue targets"):
+        assert needle in md, needle
+    data = json.load(open(paths["json"]))
+    assert data["copy_bandwidth_gbs"] == 4000.0 and data["env"]["date"]
+    stage = data["layers"][0]["stages"][0]
+    assert {"name", "component", "bytes", "us", "pct_copy_bw"} <= set(stage)
+    row = next(r for r in data["layers"] if r["path"] == L.PLUGIN)
+    assert {"layer_us", "layer_bytes", "pct_copy_bw", "speedup", "components_us", "checks"} <= set(row)
+    step = data["steps"][0]
+    assert {"plugin_step_us", "upstream_step_us", "speedup", "plugin_bytes", "lm_head_us"} <= set(step)
+    assert data["projection_model"]["allreduce"].startswith("excluded")
+    assert "png" in paths or any(n.startswith("plot:") for n in data["notes"])
+
+
+def test_align_block_size_sorts_rows_into_single_expert_blocks():
+    torch.manual_seed(0)
+    ids = torch.randint(0, 8, (5, 3), dtype=torch.int32)
+    block = 4
+    sorted_ids, expert_ids, total = upstream_ops.align_block_size(ids, block, 8)
+    flat = ids.flatten()
+    n = int(total)
+    assert n % block == 0 and sorted(sorted_ids[:n][sorted_ids[:n] < flat.numel()].tolist()) == list(range(15))
+    assert (sorted_ids[n:] == flat.numel()).all()
+    for b in range(n // block):
+        rows = sorted_ids[b * block:(b + 1) * block]
+        rows = rows[rows < flat.numel()].long()
+        assert (flat[rows] == expert_ids[b]).all()
+    assert (expert_ids[n // block:] == -1).all()
+
+
+def test_triton_bundle_keeps_the_jit_decorators():
+    src = upstream_ops.triton_bundle_source()
+    for name in ("fused_moe_kernel", "write_zeros_to_output", "_w8a8_block_fp8_matmul", "_per_token_group_quant_8bit"):
+        assert f"@triton.jit\ndef {name}(" in src, name
+    assert "def get_default_config(" in src
+
+
+def test_cli_wires_the_bench_subcommand():
+    from sglang_sm120.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--device", "cpu", "-b", "1", "-b", "4", "--allreduce-us", "9"])
+    assert args.func.__name__ == "run_bench" and args.batch == [1, 4] and args.allreduce_us == 9.0
+
+
+def test_rank_shards_and_rejects_indivisible_tp():
+    full = model.Dims.full()
+    for tp in dsv4.SUPPORTED_TP:
+        ours = full.rank(tp).dense_shapes()
+        theirs = dsv4.dense_linear_shapes(tp)
+        for name in ours:
+            assert ours[name] == theirs[name], (name, tp)
+        assert full.rank(tp).groups * full.rank(tp).group_width == theirs["wo_a"][0] // dsv4.O_LORA_RANK * 4096
+    with pytest.raises(ValueError, match="T=3"):
+        model.Dims.reduced().rank(3)
