@@ -51,3 +51,14 @@ def test_patch_applies_cleanly(entry, tmp_path):
     for rel in touched:
         if rel.endswith(".py"):
             compile((tmp_path / rel).read_text(), rel, "exec")
+
+
+def test_every_seam_that_hooks_sglang_has_a_patch():
+    """Fork users get the same change as plugin users: each seam with hook targets ships a diff."""
+    from sglang_sm120.plugin import build_registry
+    from sglang_sm120.seams import REGISTRY
+
+    build_registry()
+    hooking = {seam.name for seam in REGISTRY if seam.targets}
+    assert hooking, "no seam declares hook targets"
+    assert hooking <= {e["seam"] for e in ENTRIES}
