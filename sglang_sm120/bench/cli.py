@@ -40,6 +40,9 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--upstream-dir", default=".upstream")
     p.add_argument("--out", default="bench-results", help="folder for <name>.json/.md/.png")
     p.add_argument("--name", default=None, help="file name stem (default: bench-<gpu> or bench-cpu)")
+    p.add_argument("--from-json", default=None,
+                   help="re-render the tables, plot and projection from a results JSON of an earlier run "
+                        "(e.g. with a measured --allreduce-us); runs nothing")
     p.set_defaults(func=run_bench)
 
 
@@ -48,6 +51,22 @@ def _slug(text: str) -> str:
 
 
 def run_bench(args) -> int:
+    if args.from_json:
+        import json
+
+        from . import report
+
+        with open(args.from_json) as f:
+            results = json.load(f)
+        results["notes"] = [n for n in results["notes"] if not n.startswith(("plot:", "rendered from"))]
+        results["notes"].append(f"rendered from {os.path.basename(args.from_json)} by `sglang-sm120 bench "
+                                f"--from-json` (the numbers are that run's)")
+        name = args.name or os.path.splitext(os.path.basename(args.from_json))[0]
+        paths = report.write(results, args.out, name, args.allreduce_us)
+        _print_summary(results)
+        print("re-rendered from", args.from_json, "->", ", ".join(paths.values()))
+        return 0
+
     import torch
 
     device = args.device

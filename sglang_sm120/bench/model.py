@@ -311,3 +311,23 @@ def fp8_linear_bytes(n: int, k: int, rows: int, groups: int = 1) -> int:
 
 def bf16_linear_bytes(n: int, k: int, rows: int) -> int:
     return n * k * 2 + rows * k * 2 + rows * n * 4
+
+
+def weight_bytes_per_rank(dims: Dims, tp: int) -> int:
+    """Checkpoint-format weight bytes one rank of T holds for the whole model (43 layers, the
+    embedding and the lm_head; KV caches and activations not included)."""
+    rank = dims.rank(tp)
+    shapes = rank.dense_shapes()
+    counts = dsv4.LAYER_COUNTS
+    fp8 = lambda n, k: fp8_linear_bytes(n, k, 0)  # noqa: E731
+    per_expert = (2 * rank.moe_inter * dims.hidden // 2 + 2 * rank.moe_inter * dims.hidden // dsv4.MXFP4_GROUP
+                  + dims.hidden * rank.moe_inter // 2 + dims.hidden * rank.moe_inter // dsv4.MXFP4_GROUP)
+    every = (sum(fp8(*shapes[n]) for n in ("wqkv_a", "wq_b", "wo_b", "shared_gate_up", "shared_down"))
+             + fp8_linear_bytes(dims.o_rank, rank.group_width, 0, groups=rank.groups)
+             + dims.experts * per_expert + dims.experts * dims.hidden * 2)
+    c4 = (fp8(*shapes["indexer_wq_b"]) + 2 * dims.hidden * (dsv4.COMPRESSOR_OUT[dsv4.C4_RATIO]
+          + dsv4.INDEX_COMPRESSOR_OUT + dims.index_heads))
+    c128 = 2 * dims.hidden * dsv4.COMPRESSOR_OUT[dsv4.C128_RATIO]
+    total_layers = sum(counts.values())
+    return (total_layers * every + counts["c4"] * c4 + counts["c128"] * c128
+            + 2 * rank.vocab * dims.hidden * 2)  # embedding + lm_head, both vocab-parallel

@@ -75,9 +75,16 @@ def projection_rows(results, allreduce_us: float | None) -> list[dict]:
         measured = [P.LayerMeasurement(x["kind"], counts[x["kind"]], x["layer_bytes"], x["layer_us"], copy_gbs)
                     for x in layers]
         measured.append(P.LayerMeasurement("lm_head", 1, step["lm_head_bytes"], step["lm_head_us"], copy_gbs))
+        weights_gib = None
+        if results["full_size"]:
+            from .model import Dims, weight_bytes_per_rank
+
+            weights_gib = weight_bytes_per_rank(Dims.full(), tp) / 2**30
         for gpu, spec in P.SM120_GPUS.items():
             p = P.project_step_us(measured, spec["bandwidth_gbs"], tp, allreduce_us)
-            out.append({"gpu": gpu, "T": tp, "context": ctx, "B": b, **p})
+            fits = None if weights_gib is None else weights_gib < spec["memory_gib"]
+            out.append({"gpu": gpu, "T": tp, "context": ctx, "B": b, **p, "weights_per_rank_gib": weights_gib,
+                        "weights_fit": fits})
     return out
 
 
@@ -124,7 +131,12 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
     else:
         lines += [f"Copy bandwidth measured in this run (device-to-device, read + write counted): "
                   f"**{results['copy_bandwidth_gbs']:.0f} GB/s**. All times are medians of CUDA-graph replays "
-                  f"after an L2 flush; a layer is one graph of all its stages, a stage its own graph.", ""]
+                  f"after an L2 flush; a layer is one graph of all its stages (the layer µs and step figures), a "
+                  f"stage its own one-call graph (the per-component µs, which therefore each carry one graph launch "
+                  f"and sum to more than the layer). 'common' is the unfused torch code both paths share (norms, "
+                  f"router, bf16 compressor GEMMs, SwiGLU of the shared expert). Bytes: what each piece must read in "
+                  f"the checkpoint formats (FP8 + block scales, MXFP4 + E8M0, KV rows touched), the same figure for "
+                  f"both paths; upstream actually reads more (bf16 wo_a and experts).", ""]
     lines += ["## What each path runs", "", "| component | plugin | upstream |", "|---|---|---|"]
     for comp in L.COMPONENTS:
         lines.append(f"| {comp} | {L.COMPONENT_NAMES[comp][L.PLUGIN]} | {L.COMPONENT_NAMES[comp][L.UPSTREAM]} |")
@@ -192,11 +204,16 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
                   "GPU's bandwidth and that copy bandwidth equals the specification. "
                   + (f"All-reduce: {allreduce_us} µs each, from --allreduce-us." if allreduce_us is not None else
                      "**The all-reduce term is excluded for T > 1** (no measured value given: pass --allreduce-us)."),
-                  "", "| GPU | T | context | B | projected step ms | tok/s/seq | all-reduce included |",
-                  "|---|---|---|---|---|---|---|"]
+                  "", "The last column compares the checkpoint-format weights one rank holds (43 layers, embedding, "
+                  "lm_head; no KV cache) with the card's memory: a configuration whose weights do not fit cannot run.",
+                  "", "| GPU | T | context | B | projected step ms | tok/s/seq | all-reduce included "
+                  "| weights/rank GiB (fit) |", "|---|---|---|---|---|---|---|---|"]
         for p in projections:
+            fit = "-" if p["weights_fit"] is None else (
+                f"{p['weights_per_rank_gib']:.0f} ({'fits' if p['weights_fit'] else 'DOES NOT FIT'})")
             lines.append(f"| {p['gpu']} | {p['T']} | {p['context']} | {p['B']} | {p['step_us'] / 1e3:.2f} | "
-                         f"{p['tokens_per_s_per_sequence']:.1f} | {'yes' if p['allreduce_included'] else 'NO'} |")
+                         f"{p['tokens_per_s_per_sequence']:.1f} | {'yes' if p['allreduce_included'] else 'NO'} "
+                         f"| {fit} |")
         lines.append("")
     failed = results["checks_failed"]
     lines += ["## Summary", "",
@@ -232,14 +249,15 @@ def plot(results, path: str) -> str | None:
     fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4), squeeze=False)
     styles = {L.PLUGIN: "-", L.UPSTREAM: "--"}
     for ax, kind in zip(axes[0], kinds):
-        for path in results["paths"]:
+        for which in results["paths"]:
             for tp in results["grid"]["T"]:
                 for ctx in results["grid"]["context"]:
                     pts = sorted((r["B"], r["layer_us"]) for r in results["layers"]
-                                 if (r["kind"], r["path"], r["T"], r["context"]) == (kind, path, tp, ctx) and r["layer_us"])
+                                 if (r["kind"], r["path"], r["T"], r["context"]) == (kind, which, tp, ctx)
+                                 and r["layer_us"])
                     if pts:
-                        ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[path], marker="o",
-                                label=f"{path} T={tp} ctx={ctx // 1024}K")
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[which], marker="o",
+                                label=f"{which} T={tp} ctx={ctx // 1024}K")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch B")

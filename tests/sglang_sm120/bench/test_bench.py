@@ -164,3 +164,12 @@ def test_rank_shards_and_rejects_indivisible_tp():
         assert full.rank(tp).groups * full.rank(tp).group_width == theirs["wo_a"][0] // dsv4.O_LORA_RANK * 4096
     with pytest.raises(ValueError, match="T=3"):
         model.Dims.reduced().rank(3)
+
+
+def test_weights_per_rank_shrink_with_tp():
+    full = model.Dims.full()
+    t1 = model.weight_bytes_per_rank(full, 1)
+    assert 130 * 2**30 < t1 < 160 * 2**30  # DSv4-Flash in its checkpoint formats
+    for tp in (2, 4, 8):
+        # everything but wqkv_a, the indexer, compressors and the router is split T ways
+        assert t1 / tp < model.weight_bytes_per_rank(full, tp) < 1.1 * t1 / tp
