@@ -85,7 +85,16 @@ def seam_decisions(gpu: tuple[bool, str]) -> list[tuple[str, str, str]]:
 
 def run(out: Callable[[str], None] = print) -> int:
     # doctor reports seam failures itself; keep the plugin's tracebacks out of its output
-    logging.getLogger("sglang_sm120").setLevel(logging.ERROR)
+    plugin_logger = logging.getLogger("sglang_sm120")
+    saved_level = plugin_logger.level
+    plugin_logger.setLevel(logging.ERROR)
+    try:
+        return _report(out)
+    finally:
+        plugin_logger.setLevel(saved_level)
+
+
+def _report(out: Callable[[str], None]) -> int:
     problems = []
     out("sglang-sm120 doctor")
     out("")
