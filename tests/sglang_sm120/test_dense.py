@@ -31,26 +31,13 @@ GROUPS, RANK, HEADS, HEAD_DIM = 2, 128, 4, 256  # reduced DSv4 attention: D = HE
 
 
 @pytest.fixture
-def seam(monkeypatch):
+def seam(install_seam, monkeypatch):
     """The dense seam decided the way the plugin decides it, in this process, with SGLang's
     sm_120 default of no upstream FP8 wo_a GEMM."""
     import sglang.srt.models.deepseek_v4 as dsv4
 
     monkeypatch.setattr(dsv4, "_FP8_WO_A_GEMM", False)
-    seam = dense.make_seam()
-    previous = REGISTRY._seams.get("dense")
-    REGISTRY.add(seam)
-
-    def decide(environ):
-        seam.state = None
-        REGISTRY.apply_all(environ=environ, gpu=(False, "no CUDA device"))
-        return seam
-
-    yield decide
-    if previous is not None:
-        REGISTRY.add(previous)
-    else:
-        REGISTRY._seams.pop("dense", None)
+    return install_seam(dense.make_seam())
 
 
 def fp8_config():

@@ -21,7 +21,7 @@ import torch
 from sglang_sm120 import moe as sm120_moe
 from sglang_sm120.kernels import moe_mxfp4
 from sglang_sm120.kernels.dsv4 import MXFP4_GROUP, SWIGLU_LIMIT
-from sglang_sm120.seams import REGISTRY, SeamState
+from sglang_sm120.seams import SeamState
 
 NUM_EXPERTS, HIDDEN, INTER, TOP_K = 8, 256, 128, 6  # I: Fp8MoEMethod checks divisibility by 128
 
@@ -33,22 +33,9 @@ def registered():
 
 
 @pytest.fixture
-def seam(registered, monkeypatch):
+def seam(registered, install_seam):
     """The moe seam decided the way the plugin decides it, here in the test process."""
-    seam = sm120_moe.make_seam()
-    previous = REGISTRY._seams.get("moe")
-    REGISTRY.add(seam)
-
-    def decide(environ):
-        seam.state = None
-        REGISTRY.apply_all(environ=environ, gpu=(False, "no CUDA device"))
-        return seam
-
-    yield decide
-    if previous is not None:
-        REGISTRY.add(previous)
-    else:
-        REGISTRY._seams.pop("moe", None)
+    yield install_seam(sm120_moe.make_seam())
     sm120_moe._logged_reasons.clear()
 
 
