@@ -33,7 +33,6 @@ largest key of a block held in registers, and cumulative sums compact the winner
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 import triton

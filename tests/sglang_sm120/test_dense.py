@@ -23,7 +23,7 @@ import torch
 
 from sglang_sm120 import dense
 from sglang_sm120.kernels import fp8_gemv
-from sglang_sm120.seams import REGISTRY, SeamState
+from sglang_sm120.seams import SeamState
 
 from ..kernels.test_fp8_gemv import random_weight, rel_err
 
