@@ -20,8 +20,8 @@ sync, scratch sized by shapes only):
 1. ``_route_kernel`` (one program): sorts the ``B*top_k`` routed rows by expert (stable), and
    lists the experts actually touched;
 2. ``_gate_up_kernel``: grid (touched expert slot, block of I). Each program streams its expert's
-   gate+up weight tile once, upcasts e2m1 x E8M0 to bf16 (exact) -- with ``tl.dot_scaled`` or an
-   explicit register dequantisation, :func:`use_dot_scaled` picks per shape from the H200 numbers --
+   gate+up weight tile once, upcasts e2m1 x E8M0 to bf16 (exact) -- one of :data:`UPCASTS`,
+   :func:`default_upcast` picks per shape from the H200 numbers (below) --
    multiplies all rows routed to that expert on tensor cores (bf16 MMA, fp32 accumulate) and applies
    the clamped SwiGLU, ``silu(min(g, limit)) * clamp(u, -limit, limit)``; writes bf16 activations;
 3. ``_down_kernel``: grid (touched expert slot, block of H): down projection the same way, times
@@ -31,8 +31,18 @@ sync, scratch sized by shapes only):
 The same kernels serve decode (``BLOCK_M`` 16: every weight byte read once per step) and prefill
 (``BLOCK_M`` 128/64: a grouped GEMM, weights re-read from L2 per row block). Routing: one Triton
 program up to ``ROUTE_TRITON_MAX_ROWS`` routed rows, a torch sort beyond (prefill).
+Weight upcast (``upcast``, :data:`UPCASTS`): ``split_bf16`` -- :func:`_dequant_nibble_tiles` builds the
+low nibbles (even k) and high nibbles (odd k) as two bf16 tiles with a few integer ops and two packed
+bf16 multiplies per pair of values and multiplies them with the even and odd activation columns, so
+the weights are never interleaved -- is the default for decode at I = 2048 (T=1): on the H200 it was
+12-18 % faster than ``tl.dot_scaled`` at B = 1, 8, 64 (``benchmarks/moe_mxfp4-h200-dequant.md``; 482
+vs 555 SASS instructions per K step of the sm_90 decode gate/up loop, 535 vs 490 on sm_120 where
+Triton's own upcast is leaner). At I = 512 (T=4) it was 5 % faster at B=1 but 7 % slower than the
+register dequantisation at B = 8, 64, so smaller I keep the earlier choice (:func:`use_dot_scaled`:
+``tl.dot_scaled`` at I >= 1024 and for prefill, ``regs`` below); T=2 and T=8 are not measured.
 Edge semantics: an E8M0 byte 0 gives 0 instead of upstream's 2**-127 on the ``tl.dot_scaled`` path
-(Triton 3.8, triton#11737) -- no checkpoint scale is that small. ``ACT_MXFP8`` selects the
+(Triton 3.8, triton#11737) -- no checkpoint scale is that small; the split-nibble upcasts give
+upstream's float32 values for every byte (2**-127 for byte 0, inf/NaN for 255). ``ACT_MXFP8`` selects the
 alternative prefill GEMM that was compared against bf16 activations: activations quantised to
 MXFP8 (e4m3 + E8M0 per 32) by :func:`quantize_mxfp8`, weights widened e2m1 -> e4m3 (exact) in
 registers, and ``tl.dot_scaled`` (native ``QMMA.SF`` on sm_120). See ``benchmarks/moe_mxfp4-h200.md``
@@ -57,9 +67,15 @@ from .dsv4 import (
     TOP_K,
 )
 from .harness.aot import AotConfig
+from .harness.interpreter import interpreter_enabled
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude codes 0..7; bit 3 is the sign
 E4M3_MAX = 448.0
+E2M1_UNBIAS: tl.constexpr = tl.constexpr(2.0 ** 126)  # bits e2m1 << 22 (fp32) / << 6 (bf16) are e2m1 * 2**-126
+# SPLIT_NIBBLES values of the GEMM kernels (0: the weight upcast is tl.dot_scaled or the interleaving
+# register dequantisation, per DOT_SCALED)
+SCALE_MATH_F32 = 1
+SCALE_MATH_BF16 = 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,6 +266,70 @@ def _dequant_tile(packed_ptrs, scale_ptrs, ROWS: tl.constexpr, BLOCK_K: tl.const
 
 
 @triton.jit
+def _e8m0_to_f32(scale_bytes):
+    """E8M0 byte -> float32 ``2**(byte-127)``, upstream's ``exp2(byte - 127)`` exactly: byte 0 is the
+    float32 subnormal ``2**-127`` and byte 255 is inf (so a zero code gives NaN, as upstream)."""
+    s = scale_bytes.to(tl.int32) & 0xFF
+    return tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequant_nibble_tiles(packed_ptrs, scale_ptrs, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+                          SCALE_MATH: tl.constexpr):
+    """Load ``[ROWS, BLOCK_K/2]`` packed bytes + ``[ROWS, BLOCK_K/32]`` E8M0 -> two bf16
+    ``[ROWS, BLOCK_K/2]`` tiles, the low nibbles (even k) and the high nibbles (odd k), holding exactly
+    upstream's dequantised values. The caller multiplies them with the even and odd activation
+    columns, so the weights are never interleaved (no ``tl.join``/``tl.reshape`` shuffles).
+
+    A nibble ``s e1 e0 m`` placed at bf16 bits ``s`` -> 15, ``e1 e0 m`` -> 8..6 (float32: 31, 24..22)
+    is exactly ``e2m1 * 2**-126``: the 0.5 code is the subnormal ``2**-127``. Two shifts and two masks
+    per value, then ``* 2**126`` gives the exact e2m1 value and ``* 2**(byte-127)`` the exact
+    dequantised one (two multiplies, because ``2**(byte-1)`` overflows for bytes above 128); every
+    product is exact, so the arithmetic's precision does not matter. ``SCALE_MATH``
+    :data:`SCALE_MATH_BF16`: both multiplies in packed bf16 (``HMUL2``, two values per instruction;
+    relies on bf16 subnormal inputs being kept, as PTX ``mul.bf16x2`` does -- checked on the device by
+    :func:`dequant_nibbles`); :data:`SCALE_MATH_F32`: in float32 (``FMUL``; Triton does not flush
+    fp32 subnormals), then one conversion to bf16. The CPU interpreter cannot do bf16 arithmetic
+    (triton#10945), so there the bf16 variant runs the float32 arithmetic: same values, by exactness."""
+    codes = tl.load(packed_ptrs).to(tl.int32)
+    factor = tl.reshape(_e8m0_to_f32(tl.load(scale_ptrs)), [ROWS, BLOCK_K // 32, 1])
+    if SCALE_MATH == 2:
+        factor = factor.to(tl.bfloat16)
+        unbias = tl.full([1, 1], E2M1_UNBIAS, tl.float32).to(tl.bfloat16)
+        lo = (((codes << 12) & 0x8000) | ((codes << 6) & 0x01C0)).to(tl.int16).to(tl.bfloat16, bitcast=True) * unbias
+        hi = (((codes << 8) & 0x8000) | ((codes << 2) & 0x01C0)).to(tl.int16).to(tl.bfloat16, bitcast=True) * unbias
+    else:
+        lo = ((codes << 28) & -0x80000000) | ((codes << 22) & 0x01C00000)
+        hi = ((codes << 24) & -0x80000000) | ((codes << 18) & 0x01C00000)
+        lo = lo.to(tl.float32, bitcast=True) * E2M1_UNBIAS
+        hi = hi.to(tl.float32, bitcast=True) * E2M1_UNBIAS
+    lo = tl.reshape(tl.reshape(lo, [ROWS, BLOCK_K // 32, 16]) * factor, [ROWS, BLOCK_K // 2])
+    hi = tl.reshape(tl.reshape(hi, [ROWS, BLOCK_K // 32, 16]) * factor, [ROWS, BLOCK_K // 2])
+    if SCALE_MATH != 2:
+        # exact values: the bf16 is the float32's top half (the interpreter's fp32->bf16 cast would
+        # lose the 2**-128 subnormals of E8M0 byte 0)
+        lo = (lo.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        hi = (hi.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _dequant_nibbles_kernel(packed_ptr, scale_ptr, out_ptr, K: tl.constexpr, ROWS: tl.constexpr,
+                            SCALE_MATH: tl.constexpr):
+    """Test/probe kernel: ``[N, K/2]`` packed + ``[N, K/32]`` E8M0 -> float32 ``[N, K]`` through
+    :func:`_dequant_nibble_tiles` (so its exactness is checked on the hardware that runs it)."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    kb = tl.arange(0, K // 2)
+    ks = tl.arange(0, K // 32)
+    lo, hi = _dequant_nibble_tiles(packed_ptr + r[:, None] * (K // 2) + kb[None, :],
+                                   scale_ptr + r[:, None] * (K // 32) + ks[None, :], ROWS, K, SCALE_MATH)
+    out = out_ptr + r[:, None] * K + 2 * kb[None, :]
+    # widen by bits (exact; the interpreter's bf16->fp32 cast drops subnormals)
+    tl.store(out, ((lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True))
+    tl.store(out + 1, ((hi.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def _e4m3_tile(packed_ptrs, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
     """Load ``[ROWS, BLOCK_K/2]`` packed e2m1 -> e4m3 ``[ROWS, BLOCK_K]`` (the E8M0 scale stays apart)."""
     codes = tl.load(packed_ptrs).to(tl.int32) & 0xFF
@@ -263,7 +343,8 @@ def _e4m3_tile(packed_ptrs, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
 def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr,
                     active_experts_ptr, num_active_ptr, act_ptr, act_scale_ptr, hidden, inter,
                     swiglu_limit, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, ACT_MXFP8: tl.constexpr, DOT_SCALED: tl.constexpr):
+                    BLOCK_K: tl.constexpr, ACT_MXFP8: tl.constexpr, DOT_SCALED: tl.constexpr,
+                    SPLIT_NIBBLES: tl.constexpr):
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
@@ -284,6 +365,7 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
         rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0)
         tokens = (rows // TOP_K).to(tl.int64)
         acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+        acc_t = tl.zeros([2 * BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
             if ACT_MXFP8:
                 xq = tl.load(x_ptr + tokens[:, None] * hidden + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
@@ -292,6 +374,14 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
                 wq = _e4m3_tile(w_base + k0 // 2 + kb[None, :], 2 * BLOCK_N, BLOCK_K)
                 ws = tl.load(s_base + k0 // 32 + ks[None, :])
                 acc = tl.dot_scaled(xq, xs, "e4m3", tl.trans(wq), ws, "e4m3", acc)
+            elif SPLIT_NIBBLES:
+                xt = tl.load(x_ptr + tokens[:, None] * hidden + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                x_even, x_odd = tl.split(tl.reshape(xt, [BLOCK_M, BLOCK_K // 2, 2]))
+                w_even, w_odd = _dequant_nibble_tiles(w_base + k0 // 2 + kb[None, :], s_base + k0 // 32 + ks[None, :],
+                                                      2 * BLOCK_N, BLOCK_K, SPLIT_NIBBLES)
+                # weights as the MMA's A operand (built in registers), activations as B: acc^T
+                acc_t = tl.dot(w_even, tl.trans(x_even), acc_t)
+                acc_t = tl.dot(w_odd, tl.trans(x_odd), acc_t)
             elif DOT_SCALED:
                 # Triton upcasts e2m1 x E8M0 to bf16 in the MMA operand layout (packed bytes in smem)
                 xt = tl.load(x_ptr + tokens[:, None] * hidden + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
@@ -303,6 +393,8 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
                 w = _dequant_tile(w_base + k0 // 2 + kb[None, :], s_base + k0 // 32 + ks[None, :],
                                   2 * BLOCK_N, BLOCK_K)
                 acc = tl.dot(xt, tl.trans(w), acc)
+        if SPLIT_NIBBLES:
+            acc = tl.trans(acc_t)
         gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
         if swiglu_limit > 0:
             gate = tl.minimum(gate, swiglu_limit)
@@ -327,7 +419,7 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
 def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr,
                  expert_start_ptr, active_experts_ptr, num_active_ptr, y_ptr, hidden, inter,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 ACT_MXFP8: tl.constexpr, DOT_SCALED: tl.constexpr):
+                 ACT_MXFP8: tl.constexpr, DOT_SCALED: tl.constexpr, SPLIT_NIBBLES: tl.constexpr):
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
@@ -345,6 +437,7 @@ def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr,
         m_ok = m < row_end
         rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k0 in range(0, inter, BLOCK_K):
             if ACT_MXFP8:
                 aq = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
@@ -353,6 +446,13 @@ def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr,
                 wq = _e4m3_tile(w_base + k0 // 2 + kb[None, :], BLOCK_N, BLOCK_K)
                 ws = tl.load(s_base + k0 // 32 + ks[None, :])
                 acc = tl.dot_scaled(aq, as_, "e4m3", tl.trans(wq), ws, "e4m3", acc)
+            elif SPLIT_NIBBLES:
+                a = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, BLOCK_K // 2, 2]))
+                w_even, w_odd = _dequant_nibble_tiles(w_base + k0 // 2 + kb[None, :], s_base + k0 // 32 + ks[None, :],
+                                                      BLOCK_N, BLOCK_K, SPLIT_NIBBLES)
+                acc_t = tl.dot(w_even, tl.trans(a_even), acc_t)
+                acc_t = tl.dot(w_odd, tl.trans(a_odd), acc_t)
             elif DOT_SCALED:
                 a = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
                 wb = tl.load(w_base + k0 // 2 + kb[None, :])
@@ -363,6 +463,8 @@ def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr,
                 w = _dequant_tile(w_base + k0 // 2 + kb[None, :], s_base + k0 // 32 + ks[None, :],
                                   BLOCK_N, BLOCK_K)
                 acc = tl.dot(a, tl.trans(w), acc)
+        if SPLIT_NIBBLES:
+            acc = tl.trans(acc_t)
         weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows[:, None] * hidden + n[None, :], acc * weight[:, None], mask=m_ok[:, None])
 
@@ -400,6 +502,31 @@ DOT_SCALED_MIN_INTER = 1024
 
 def use_dot_scaled(num_rows: int, inter: int) -> bool:
     return num_rows > DECODE_MAX_ROWS or inter >= DOT_SCALED_MIN_INTER
+
+
+# How the bf16-activation GEMMs turn e2m1 x E8M0 weights into bf16 MMA operands:
+#   "dot_scaled": tl.dot_scaled (Triton's upcast, through shared memory);
+#   "regs":       _dequant_tile, float32 per value then tl.join/tl.reshape into k order;
+#   "split_f32" / "split_bf16": _dequant_nibble_tiles, low and high nibbles as two tiles multiplied
+#                 with the even and odd activation columns (no interleaving), scale in bf16 (HMUL2);
+#                 the e2m1 unbias multiply in float32 (FMUL) or packed bf16 (HMUL2).
+UPCASTS = ("dot_scaled", "regs", "split_f32", "split_bf16")
+_SPLIT_NIBBLES = {"split_f32": SCALE_MATH_F32, "split_bf16": SCALE_MATH_BF16}
+
+
+def _split_nibbles(upcast: str) -> int:
+    """SPLIT_NIBBLES constexpr for ``upcast``; bf16 arithmetic runs as float32 in the CPU interpreter."""
+    math = _SPLIT_NIBBLES.get(upcast, 0)
+    return SCALE_MATH_F32 if math == SCALE_MATH_BF16 and interpreter_enabled() else math
+
+
+SPLIT_NIBBLES_MIN_INTER = 2048  # decode at I = 2048: split_bf16 12-18 % faster than tl.dot_scaled (H200)
+
+
+def default_upcast(num_rows: int, inter: int) -> str:
+    if num_rows <= DECODE_MAX_ROWS and inter >= SPLIT_NIBBLES_MIN_INTER:
+        return "split_bf16"
+    return "dot_scaled" if use_dot_scaled(num_rows, inter) else "regs"
 
 
 DECODE_MAX_ROWS = 2048  # routed rows (B * top_k) up to which the decode (16-row) tiles are used
@@ -494,14 +621,15 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
                       swiglu_limit: float = SWIGLU_LIMIT, out: torch.Tensor | None = None,
                       act_mxfp8: bool = False,
                       configs: tuple[GemmConfig, GemmConfig] | None = None,
-                      dot_scaled: bool | None = None) -> torch.Tensor:
+                      dot_scaled: bool | None = None, upcast: str | None = None) -> torch.Tensor:
     """Routed-expert MoE on repacked MXFP4 weights (see :func:`repack_w13_`): bf16 ``[B, H]``.
 
     ``topk_weights`` already carry any routed scaling; ids outside ``[0, E)`` contribute nothing.
     ``act_mxfp8`` runs the MXFP8-activation GEMM variant instead of bf16 activations; ``configs``
     overrides the (gate/up, down) tiles (device tuning); ``dot_scaled`` picks how bf16-activation
-    GEMMs upcast the weights (``tl.dot_scaled`` vs the explicit register dequantisation), default
-    :func:`use_dot_scaled`.
+    GEMMs upcast the weights (``tl.dot_scaled`` vs the explicit register dequantisation); ``upcast``
+    (one of :data:`UPCASTS`, overrides ``dot_scaled``) picks among all variants, default
+    :func:`default_upcast`.
     """
     batch, hidden, num_experts, inter = _validate(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
@@ -512,7 +640,12 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     num_rows = batch * top_k
     if num_rows == 0:
         return out
-    dot_scaled = use_dot_scaled(num_rows, inter) if dot_scaled is None else dot_scaled
+    if upcast is None:
+        upcast = default_upcast(num_rows, inter) if dot_scaled is None else ("dot_scaled" if dot_scaled else "regs")
+    if upcast not in UPCASTS:
+        raise ValueError(f"upcast must be one of {UPCASTS}, got {upcast!r}")
+    dot_scaled = upcast == "dot_scaled"
+    split_nibbles = _split_nibbles(upcast)
     device = x.device
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()
@@ -532,20 +665,38 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     _gate_up_kernel[(slots, inter // cfg.block_n)](
         x_in, x_scale, w13, w13_s, sorted_rows, expert_start, active_experts, num_active, act, act_scale,
         hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, ACT_MXFP8=act_mxfp8, DOT_SCALED=dot_scaled, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        BLOCK_K=cfg.block_k, ACT_MXFP8=act_mxfp8, DOT_SCALED=dot_scaled, SPLIT_NIBBLES=split_nibbles,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)
     cfg = configs[1] if configs else down_config(num_rows, inter, act_mxfp8)
     _down_kernel[(slots, hidden // cfg.block_n)](
         act, act_scale, w2, w2_s, weights, sorted_rows, expert_start, active_experts, num_active, y,
         hidden, inter, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ACT_MXFP8=act_mxfp8,
-        DOT_SCALED=dot_scaled, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DOT_SCALED=dot_scaled, SPLIT_NIBBLES=split_nibbles, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
         y, ids, out, hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, num_warps=4)
     return out
 
 
 LAUNCHES_PER_FORWARD = 4
+
+
+def dequant_nibbles(packed: torch.Tensor, scale: torch.Tensor, upcast: str = "split_bf16") -> torch.Tensor:
+    """``[N, K/2]`` packed e2m1 + ``[N, K/32]`` E8M0 -> float32 ``[N, K]`` through the split-nibble
+    upcast the GEMMs use (``upcast`` "split_f32" or "split_bf16"): its values must equal
+    :func:`reference_dequant_mxfp4` bit for bit (tests; the device tool checks it on the GPU).
+    N a multiple of 16, K a power of two >= 32."""
+    if upcast not in _SPLIT_NIBBLES:
+        raise ValueError(f"upcast must be one of {tuple(_SPLIT_NIBBLES)}, got {upcast!r}")
+    rows, half_k = packed.shape
+    k = 2 * half_k
+    if rows % 16 or k < 32 or k & (k - 1) or tuple(scale.shape) != (rows, k // MXFP4_GROUP):
+        raise ValueError(f"packed must be [N, K/2] with N % 16 == 0 and K a power of two >= 32, scale "
+                         f"[N, K/32]; got {tuple(packed.shape)} and {tuple(scale.shape)}")
+    out = torch.empty(rows, k, dtype=torch.float32, device=packed.device)
+    _dequant_nibbles_kernel[(rows // 16,)](packed.contiguous().view(torch.uint8), scale_bytes(scale).contiguous(),
+                                           out, K=k, ROWS=16, SCALE_MATH=_split_nibbles(upcast), num_warps=4)
+    return out
 
 
 def touched_expert_bytes(topk_ids: torch.Tensor, hidden: int, inter: int, num_experts: int) -> int:
@@ -567,7 +718,8 @@ def _gate_up_sig(act_mxfp8):
             "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
             "act_ptr": x_t, "act_scale_ptr": "*u8" if act_mxfp8 else "*bf16", "hidden": "i32", "inter": "i32",
             "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-            "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr", "DOT_SCALED": "constexpr"}
+            "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr", "DOT_SCALED": "constexpr",
+            "SPLIT_NIBBLES": "constexpr"}
 
 
 def _down_sig(act_mxfp8):
@@ -576,39 +728,41 @@ def _down_sig(act_mxfp8):
             "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32", "sorted_rows_ptr": "*i32",
             "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
             "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_M": "constexpr",
-            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr", "DOT_SCALED": "constexpr"}
+            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr", "DOT_SCALED": "constexpr",
+            "SPLIT_NIBBLES": "constexpr"}
 
 
 def aot_configs() -> list[AotConfig]:
     configs = []
     seen = set()
     shapes = [(rows, MOE_INTERMEDIATE_SIZE // tp) for tp in SUPPORTED_TP for rows in (TOP_K, DECODE_MAX_ROWS + 1)]
-    for dot_scaled in (True, False):
-        upcast = "ds" if dot_scaled else "regs"
+    tags = {"dot_scaled": "ds", "regs": "regs", "split_f32": "splitf32", "split_bf16": "splitbf16"}
+    for upcast in UPCASTS:
         for rows, inter in shapes:
             phase = "decode" if rows <= DECODE_MAX_ROWS else "prefill"
-            shipped = dot_scaled == use_dot_scaled(rows, inter)
+            shipped = upcast == default_upcast(rows, inter)
             if phase == "prefill" and not shipped:
-                continue  # the register-dequant alternative is only measured at decode sizes
+                continue  # the alternatives are only measured at decode sizes
             for kind, pick, kernel, sig in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig),
                                             ("down", down_config, _down_kernel, _down_sig)):
                 cfg = pick(rows, inter)
-                if (kind, cfg, dot_scaled) in seen:
+                if (kind, cfg, upcast) in seen:
                     continue
-                seen.add((kind, cfg, dot_scaled))
+                seen.add((kind, cfg, upcast))
                 constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                              "ACT_MXFP8": False, "DOT_SCALED": dot_scaled}
+                              "ACT_MXFP8": False, "DOT_SCALED": upcast == "dot_scaled",
+                              "SPLIT_NIBBLES": _SPLIT_NIBBLES.get(upcast, 0)}
                 if kind == "gate_up":
                     constexprs["TOP_K"] = TOP_K
                 configs.append(AotConfig(
-                    name=f"moe_mxfp4_{kind}_{phase}_{upcast}_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}",
+                    name=f"moe_mxfp4_{kind}_{phase}_{tags[upcast]}_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}",
                     kernel=kernel, signature=sig(False), constexprs=constexprs, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",)))
     for kind, pick, kernel, sig in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig),
                                     ("down", down_config, _down_kernel, _down_sig)):
         cfg = pick(DECODE_MAX_ROWS + 1, MOE_INTERMEDIATE_SIZE, True)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                      "ACT_MXFP8": True, "DOT_SCALED": False}
+                      "ACT_MXFP8": True, "DOT_SCALED": False, "SPLIT_NIBBLES": 0}
         if kind == "gate_up":
             constexprs["TOP_K"] = TOP_K
         configs.append(AotConfig(
@@ -631,7 +785,7 @@ def aot_configs() -> list[AotConfig]:
 
 
 __all__ = [
-    "LAUNCHES_PER_FORWARD", "aot_configs", "moe_mxfp4_forward", "quantize_mxfp8",
+    "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs", "default_upcast", "dequant_nibbles", "moe_mxfp4_forward", "quantize_mxfp8",
     "reference_dequant_mxfp4", "reference_moe_mxfp4", "reference_moe_mxfp8_act", "reference_swiglu",
     "repack_w13_", "route", "scale_bytes", "touched_expert_bytes", "unpack_w13_", "use_dot_scaled",
 ]

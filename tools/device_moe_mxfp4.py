@@ -4,6 +4,7 @@
     python3 tools/device_moe_mxfp4.py --prepare          # here: upstream's Triton fused-MoE kernel -> .upstream/
     python3 tools/device_moe_mxfp4.py --out $OUT [--sweep] # device (carry .upstream)
     python3 tools/device_moe_mxfp4.py --smoke             # CPU interpreter, tiny shapes: the script's logic
+    python3 tools/device_moe_mxfp4.py --variants --out $OUT [--smoke]  # weight-upcast variants only (no carry)
 
 For T in (1, 4) (per-rank I = 2048/T), 256 experts, H = 4096, top-6 routing (distinct random experts
 per token, weights with the 1.5 routed scale folded in):
@@ -21,6 +22,11 @@ per token, weights with the 1.5 routed scale folded in):
 * weight repacking: device memory before/after and peak during (the repack is in place).
 
 Our weights rotate over several copies of the layer (consecutive layers do not share L2).
+
+``--variants``: the quick comparison of the decode weight upcasts (``moe_mxfp4.UPCASTS``) at
+B in {1, 8, 64} x T in {1, 4}, each checked against the float32 reference and timed in CUDA graphs
+beside the copy bandwidth of the same run; first, the split-nibble dequantisation is checked bit for
+bit against the reference on the GPU over every byte and every E8M0 scale byte.
 """
 
 from __future__ import annotations
@@ -255,15 +261,99 @@ PREFILL_SWEEP = {
 }
 
 
+VARIANT_BATCHES = (1, 8, 64)
+
+
+def variant_comparison(args) -> None:
+    from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
+
+    if args.smoke:
+        from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
+
+        patch_bf16_dot()
+        device, num_experts, hidden, tps, copies, base_inter = "cpu", 8, 256, (2, 4), 2, 256
+    else:
+        device, num_experts, hidden, tps, copies, base_inter = "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE
+    run = timer(args.smoke)
+    t_start = time.time()
+    copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
+    result = BenchResult(
+        name="moe_mxfp4-h200-dequant",
+        title="sm120 MoE decode: e2m1 x E8M0 -> bf16 weight-upcast variants, DSv4-Flash shapes, H200",
+        columns=["T", "B", "upcast", "us", "touched_MB", "GB/s", "%copy", "rel_err", "vs_default"])
+    result.extra.update({"copy bandwidth (GB/s, read+write)": round(copy_gbs, 1),
+                         "launches per forward": moe.LAUNCHES_PER_FORWARD})
+    # the split-nibble dequantisation on this GPU, bit for bit: every byte under every scale byte
+    rows = torch.arange(256, device=device)
+    packed = (torch.arange(256, device=device)[None, :] + 37 * rows[:, None]).remainder(256).to(torch.uint8)
+    scale = rows[:, None].repeat(1, 512 // MXFP4_GROUP).to(torch.uint8)
+    # reference on the CPU: CUDA's exp2(-127) is not exactly 2**-127 (run of 2026-11-30)
+    ref_deq = moe.reference_dequant_mxfp4(packed.cpu(), scale.cpu())
+    for upcast in ("split_f32", "split_bf16"):
+        got = moe.dequant_nibbles(packed, scale, upcast).cpu()
+        same = (got == ref_deq) | (got.isnan() & ref_deq.isnan())
+        result.extra[f"{upcast} dequant bit-exact (65536 bytes x 256 scales)"] = bool(same.all())
+        if not bool(same.all()):
+            bad = (~same).nonzero()[:4].tolist()
+            result.notes.append(f"{upcast} dequant mismatches: {int((~same).sum())}, e.g. (row=scale byte, k) {bad}: "
+                                f"{[float(got[i, j]) for i, j in bad]} vs {[float(ref_deq[i, j]) for i, j in bad]}")
+    for tp in tps:
+        inter = base_inter // tp
+        layers = [make_layer(num_experts, hidden, inter, device, seed=100 * tp + c) for c in range(copies)]
+        ckpt = [t.clone() for t in layers[0]]
+        for layer in layers:
+            moe.repack_w13_(layer[0], layer[1])
+        for batch in VARIANT_BATCHES:
+            x, weights, ids = make_routing(batch, num_experts, hidden, device, seed=batch + tp)
+            touched = moe.touched_expert_bytes(ids, hidden, inter, num_experts)
+            ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids)
+            default = moe.default_upcast(batch * TOP_K, inter)
+            times, rows_out = {}, []
+            for upcast in moe.UPCASTS:
+                def per_layer(layer, upcast=upcast):
+                    return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, upcast=upcast)
+                try:
+                    err = relative_error(per_layer(layers[0]), ref)
+                    times[upcast] = us = run(cycling(per_layer, layers))
+                except Exception as exc:  # one broken variant must not lose the run
+                    result.notes.append(f"T={tp} B={batch} {upcast}: {type(exc).__name__}: {str(exc)[:300]}")
+                    continue
+                gbs = touched / (us * 1e-6) / 1e9
+                rows_out.append(dict(T=tp, B=batch, upcast=upcast + (" (default)" if upcast == default else ""), us=us,
+                                     touched_MB=touched / 1e6, rel_err=err,
+                                     **{"GB/s": gbs, "%copy": 100 * gbs / copy_gbs if copy_gbs else 0.0}))
+            for row in rows_out:
+                result.add(**row, vs_default=times[default] / row["us"] if default in times else float("nan"))
+        del layers, ckpt
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        result.extra["wall seconds"] = round(time.time() - t_start, 1)
+        result.write(args.out)  # partial results survive a timeout
+    result.notes.append("upcast: dot_scaled = tl.dot_scaled; regs = float32 per value then tl.join/tl.reshape into k "
+                        "order; split_f32 / split_bf16 = low and high nibbles as two tiles against the even/odd "
+                        "activation columns, unbias + E8M0 scale multiplies in float32 / packed bf16 (HMUL2)")
+    result.notes.append("vs_default = time of the shipped default for that shape / time of this row (> 1: faster); "
+                        "touched_MB = distinct experts x (w13 + w2 + E8M0 scales); weights rotate over "
+                        f"{copies} layer copies")
+    result.extra["wall seconds"] = round(time.time() - t_start, 1)
+    paths = result.write(args.out)
+    print(result.markdown())
+    print("wrote", paths)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
+    parser.add_argument("--variants", action="store_true", help="only compare the decode weight upcasts")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.prepare:
         prepare()
+        return
+    if args.variants:
+        variant_comparison(args)
         return
     from sglang_sm120.kernels.harness.devicebench import (
         BenchResult, bf16_matmul_tflops, copy_bandwidth_gbs, relative_error)

@@ -117,13 +117,14 @@ def test_repack_round_trips_in_place(inter):
 
 
 # --- decode / prefill forward ---------------------------------------------------------------------
+@pytest.mark.parametrize("upcast", [None, "split_bf16"])
 @pytest.mark.parametrize("inter", INTERS)
 @pytest.mark.parametrize("batch", [0, 1, 3, 64])
-def test_forward_matches_reference(inter, batch):
+def test_forward_matches_reference(inter, batch, upcast):
     experts = make_experts(inter)
     weights, ids = make_routing(batch, "random")
     x = make_x(batch)
-    out = run(x, experts, weights, ids)
+    out = run(x, experts, weights, ids, upcast=upcast)
     assert out.shape == (batch, HIDDEN) and out.dtype == torch.bfloat16
     if batch == 0:
         return
@@ -146,14 +147,15 @@ def test_clamp_is_active_and_matters():
     assert rel(out_unclamped, unclamped) < 2e-2
 
 
+@pytest.mark.parametrize("upcast", [None, "split_bf16"])
 @pytest.mark.parametrize("pattern", ["skewed", "duplicate", "invalid", "all_invalid"])
 @pytest.mark.parametrize("batch", [1, 64])
-def test_forward_routing_patterns(pattern, batch):
+def test_forward_routing_patterns(pattern, batch, upcast):
     inter = 32
     experts = make_experts(inter)
     weights, ids = make_routing(batch, pattern)
     x = make_x(batch)
-    out = run(x, experts, weights, ids)
+    out = run(x, experts, weights, ids, upcast=upcast)
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
     if pattern == "all_invalid":
         assert torch.equal(out, torch.zeros_like(out))
@@ -260,11 +262,46 @@ def test_forward_with_torch_route(monkeypatch):
 
 
 @pytest.mark.parametrize("inter", INTERS)
-def test_both_weight_upcasts_match_reference(inter):
-    """tl.dot_scaled (shipped) and the explicit register dequantisation agree with the reference."""
+def test_every_weight_upcast_matches_reference(inter):
+    """tl.dot_scaled, the interleaving register dequantisation and both split-nibble variants agree
+    with the reference; an unknown variant is refused."""
     experts = make_experts(inter)
     weights, ids = make_routing(3, "random")
     x = make_x(3)
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
-    for dot_scaled in (True, False):
+    for upcast in moe.UPCASTS:
+        assert rel(run(x, experts, weights, ids, upcast=upcast), ref) < 2e-2, upcast
+    for dot_scaled in (True, False):  # the older switch still selects the first two
         assert rel(run(x, experts, weights, ids, dot_scaled=dot_scaled), ref) < 2e-2
+    with pytest.raises(ValueError, match="upcast must be one of"):
+        run(x, experts, weights, ids, upcast="lut")
+
+
+@pytest.mark.parametrize("upcast", ["split_f32", "split_bf16"])
+def test_split_nibble_dequant_is_bit_exact(upcast):
+    """Every byte (both nibbles, every e2m1 code and sign) under every E8M0 byte 0..255 dequantises
+    to exactly upstream's float32 value: 2**-127 for byte 0, inf (NaN for a zero code) for 255."""
+    rows = torch.arange(256, dtype=torch.uint8)
+    packed = (torch.arange(256, dtype=torch.int64)[None, :] + 37 * rows.long()[:, None]).remainder(256)
+    packed = packed.to(torch.uint8).to(DEVICE)  # [256, 256]: each row holds every byte once
+    scale = rows[:, None].repeat(1, 512 // MXFP4_GROUP).to(DEVICE)  # row r: E8M0 byte r
+    ref = moe.reference_dequant_mxfp4(packed, scale)
+    got = moe.dequant_nibbles(packed, scale.view(torch.float8_e8m0fnu), upcast)
+    assert torch.equal(got.isnan(), ref.isnan())
+    keep = ~ref.isnan()
+    assert torch.equal(got[keep], ref[keep])
+    assert ref[0].abs().min() == 0 and (ref[0][ref[0] != 0].abs().min() == 2.0 ** -128)  # byte 0 covered
+    assert ref[255].isinf().any() and ref[255].isnan().any()  # byte 255 covered
+    with pytest.raises(ValueError, match="upcast"):
+        moe.dequant_nibbles(packed, scale, "regs")
+
+
+def test_default_upcast_follows_the_h200_numbers():
+    """split_bf16 for decode at the full model's I = 2048 (T=1); the earlier choices elsewhere."""
+    full_i = 2048
+    assert moe.default_upcast(TOP_K, full_i) == "split_bf16"
+    assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
+    assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "dot_scaled"  # prefill
+    assert moe.default_upcast(TOP_K, full_i // 2) == "dot_scaled"
+    assert moe.default_upcast(64 * TOP_K, full_i // 4) == "regs"
+    assert set(moe.default_upcast(r, full_i // tp) for r in (TOP_K, 4096) for tp in SUPPORTED_TP) <= set(moe.UPCASTS)

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""SASS instructions in the inner K loop of the MXFP4 decode GEMMs, per weight-upcast variant (AOT, no GPU).
+
+    .venv/bin/python tools/moe_mxfp4_sass_loop.py [--arch 90 --arch 120] [--upcast split_bf16 ...]
+
+Compiles ``_gate_up_kernel`` / ``_down_kernel`` at the decode tiles with each ``moe_mxfp4.UPCASTS``
+variant (same divisibility hints as the JIT), finds the innermost backward branch whose body holds the
+tensor-core MMA (the K loop), and prints its instruction count, per weight byte of one K step (packed
+bytes + E8M0 scale bytes of the program's tile), and its opcode histogram. One loop iteration is one
+``BLOCK_K`` step of one warp, so lower is fewer issue slots per streamed byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import io
+import json
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from sglang_sm120.kernels import moe_mxfp4 as moe
+from sglang_sm120.kernels.harness import aot
+
+_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)(.*)$")
+TILES = {"gate_up": moe.GemmConfig(16, 32, 128, 4, 3), "down": moe.GemmConfig(16, 64, 128, 4, 3)}  # T=1 decode
+
+
+def sass_lines(cfg: aot.AotConfig, arch: int):
+    names = list(cfg.kernel.arg_names)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]]
+             for n, ty in cfg.signature.items() if ty.startswith("*") or n in cfg.div16}
+    src = triton.compiler.ASTSource(fn=cfg.kernel, signature=dict(cfg.signature), constexprs=dict(cfg.constexprs),
+                                    attrs=attrs)
+    with contextlib.redirect_stdout(io.StringIO()):
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    proc = aot._run_tool([aot._triton_tool("cuobjdump"), "-sass"], compiled.asm["cubin"], ".cubin")
+    rows = []
+    for line in proc.stdout.splitlines():
+        m = _LINE.match(line)
+        if m:
+            rows.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    return rows, compiled
+
+
+def mma_loop(rows):
+    loops = []
+    for addr, op, rest in rows:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) < addr:
+            body = [r for r in rows if int(target.group(1), 16) <= r[0] <= addr]
+            if any(o.startswith(("HMMA", "HGMMA")) for _, o, _ in body):
+                loops.append(body)
+    return min(loops, key=len) if loops else []
+
+
+def config(kind: str, upcast: str, tile: moe.GemmConfig) -> aot.AotConfig:
+    constexprs = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "ACT_MXFP8": False,
+                  "DOT_SCALED": upcast == "dot_scaled", "SPLIT_NIBBLES": moe._SPLIT_NIBBLES.get(upcast, 0)}
+    if kind == "gate_up":
+        constexprs["TOP_K"] = moe.TOP_K
+        kernel, sig = moe._gate_up_kernel, moe._gate_up_sig(False)
+    else:
+        kernel, sig = moe._down_kernel, moe._down_sig(False)
+    return aot.AotConfig(f"{kind}_{upcast}", kernel, sig, constexprs, tile.num_warps, tile.num_stages,
+                         ("hidden", "inter"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--arch", type=int, action="append")
+    parser.add_argument("--upcast", action="append", choices=moe.UPCASTS)
+    args = parser.parse_args()
+    for kind, tile in TILES.items():
+        rows_w = 2 * tile.block_n if kind == "gate_up" else tile.block_n
+        step_bytes = rows_w * tile.block_k // 2 + rows_w * tile.block_k // moe.MXFP4_GROUP
+        for upcast in args.upcast or moe.UPCASTS:
+            for arch in args.arch or (90, 120):
+                rows, compiled = sass_lines(config(kind, upcast, tile), arch)
+                body = mma_loop(rows)
+                hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
+                print(json.dumps({"kernel": kind, "upcast": upcast, "arch": arch, "loop_instructions": len(body),
+                                  "per_weight_byte": round(len(body) / step_bytes, 4), "kernel_total": len(rows),
+                                  "smem": compiled.metadata.shared, "top": hist.most_common(10)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
