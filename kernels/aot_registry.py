@@ -16,6 +16,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "moe_mxfp4",
     "indexer",
     "fp8_gemv",
+    "bench_common",
 )
 
 

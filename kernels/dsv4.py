@@ -123,3 +123,7 @@ INDEX_WEIGHT_SCALE = INDEX_HEAD_DIM ** -0.5 * INDEX_N_HEADS ** -0.5  # folded in
 LAYER_KIND_RATIO = {"swa": 0, "c4": C4_RATIO, "c128": C128_RATIO}
 LAYER_COUNTS = {kind: sum(layer_compress_ratio(i) == ratio for i in range(NUM_LAYERS))  # 2, 21, 20
                 for kind, ratio in LAYER_KIND_RATIO.items()}
+
+# --- bench common stages (issue 8 follow-up: kernels/bench_common.py) --------------------------
+RMS_NORM_EPS = 1e-6  # rms_norm_eps of DeepSeek-V4-Flash's config (every RMSNorm of the layer)
+SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus: above it softplus(x) = x

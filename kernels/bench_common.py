@@ -1,0 +1,317 @@
+"""Fused Triton kernels for the decode-step stages the plugin does not replace (RMSNorm with an
+optional fused residual add, the DSv4 router, the shared expert's clamped SwiGLU, the residual
+combine).
+
+Why: ``sglang-sm120 bench`` runs these stages with the same code in both paths. As unfused torch
+(5-6 launches per RMSNorm, ~8 per router) they cost about as much as the plugin's kernels at B=1,
+whereas SGLang runs them as a handful of fused JIT kernels. One launch per stage here keeps the
+bench's absolute step times representative. They are not seams: SGLang keeps its own kernels.
+
+Semantics (each ``reference_*`` is the float32 specification):
+
+* ``rms_norm(x, weight, residual)``: ``h = x (+ residual)`` in fp32, ``h * rsqrt(mean(h^2) + eps)``
+  (``* weight``), rounded to bf16 once. ``x``/``residual`` ``[M, N]`` bf16 (last dim contiguous,
+  any row stride), ``weight [N]`` bf16 or None.
+* ``route(logits, bias, top_k, scale)``: DSv4's noaux_tc router with sqrtsoftplus scoring:
+  ``s = sqrt(softplus(logits))``; ids = the ``top_k`` largest ``s + bias`` (ties: the lower expert
+  index first, i.e. a stable descending sort; ``torch.topk`` leaves ties unspecified); weights
+  ``s[ids] / sum(s[ids]) * scale``. ``logits [M, E]`` fp32 or bf16 (the gate GEMM's output),
+  ``bias [E]`` fp32 -> ids ``[M, k]`` int32 in descending order of ``s + bias``, weights ``[M, k]``
+  fp32. One program per token. Inputs are assumed finite (NaN logits are not handled).
+* ``swiglu(gate_up, limit)``: ``gate_up [M, 2I]`` bf16 = ``[gate | up]``;
+  ``silu(min(gate, limit)) * clamp(up, -limit, limit)`` -> ``[M, I]`` bf16.
+* ``combine(x, a, b, c)``: ``x + a + b + c`` in fp32, rounded once to bf16 (``[M, N]`` bf16 each).
+
+All are CUDA-graph capturable (outputs sized by shapes only, no host syncs).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .dsv4 import HEAD_DIM, HIDDEN_SIZE, NUM_EXPERTS, Q_LORA_RANK, RMS_NORM_EPS, SOFTPLUS_THRESHOLD, TOP_K
+from .harness.aot import AotConfig
+
+# elements per program of the elementwise kernels (SwiGLU, combine): 16-byte bf16 accesses
+ELEMENTWISE_BLOCK = 1024
+ELEMENTWISE_WARPS = 4
+
+
+def _check(cond: bool, name: str, expected: str, got) -> None:
+    if not cond:
+        raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def _describe(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{tuple(t.shape)} {t.dtype} on {t.device} strides {t.stride()}"
+
+
+def _check_rows(t, name: str, dtype: torch.dtype, device=None, shape=None) -> None:
+    _check(isinstance(t, torch.Tensor) and t.dim() == 2 and t.dtype == dtype
+           and (t.shape[1] <= 1 or t.stride(1) == 1) and (device is None or t.device == device)
+           and (shape is None or tuple(t.shape) == tuple(shape)),
+           name, f"a 2-D {dtype} tensor{'' if shape is None else f' of shape {tuple(shape)}'}"
+           f"{'' if device is None else f' on {device}'} with a contiguous last dim", _describe(t))
+
+
+def _norm_warps(block_n: int) -> int:
+    # 8 bf16 (16 bytes) per thread and access for widths up to 2048, at most 8 warps
+    return max(1, min(8, block_n // 256))
+
+
+# --- RMSNorm ----------------------------------------------------------------------------------
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, N, stride_xm, stride_rm, stride_ym, eps,
+                     BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_N)
+    mask = offs < N
+    h = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        h += tl.load(r_ptr + row * stride_rm + offs, mask=mask, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / N + eps)
+    y = h * inv
+    if HAS_WEIGHT:
+        y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + offs, y.to(tl.bfloat16), mask=mask)
+
+
+def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                       eps: float = RMS_NORM_EPS) -> torch.Tensor:
+    """float32 ``[M, N]``: RMSNorm of ``x (+ residual)`` (``* weight``), before the bf16 rounding."""
+    h = x.float() if residual is None else x.float() + residual.float()
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight.float()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+             eps: float = RMS_NORM_EPS, out: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 ``[M, N]`` RMSNorm of ``x`` (plus ``residual``, added in fp32), one launch."""
+    _check_rows(x, "x", torch.bfloat16)
+    m, n = x.shape
+    _check(n > 0, "x", "a non-empty last dim", _describe(x))
+    if residual is not None:
+        _check_rows(residual, "residual", torch.bfloat16, x.device, (m, n))
+    if weight is not None:
+        _check(isinstance(weight, torch.Tensor) and weight.shape == (n,) and weight.dtype == torch.bfloat16
+               and weight.device == x.device and weight.is_contiguous(),
+               "weight", f"a contiguous ({n},) bfloat16 tensor on {x.device}", _describe(weight))
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    else:
+        _check_rows(out, "out", torch.bfloat16, x.device, (m, n))
+    if m == 0:
+        return out
+    block_n = triton.next_power_of_2(n)
+    dummy = x
+    _rms_norm_kernel[(m,)](x, residual if residual is not None else dummy, weight if weight is not None else dummy,
+                           out, n, x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+                           float(eps), BLOCK_N=block_n, HAS_RESIDUAL=residual is not None,
+                           HAS_WEIGHT=weight is not None, num_warps=_norm_warps(block_n))
+    return out
+
+
+# --- router -----------------------------------------------------------------------------------
+
+@triton.jit
+def _softplus(x, THRESHOLD: tl.constexpr):
+    # log1p(u) without log1p: log(1 + u) * u / ((1 + u) - 1) is accurate to a few ulp (Goldberg)
+    # (exp of the clamped x and a safe denominator keep the untaken branches finite)
+    u = tl.exp(tl.minimum(x, THRESHOLD))
+    v = 1.0 + u
+    log1p = tl.where(v == 1.0, u, tl.log(v) * (u / tl.where(v == 1.0, 1.0, v - 1.0)))
+    return tl.where(x > THRESHOLD, x, log1p)
+
+
+@triton.jit
+def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, E, stride_lm, stride_im, stride_wm, scale,
+                  TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, THRESHOLD: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    mask = offs < E
+    logits = tl.load(logits_ptr + row * stride_lm + offs, mask=mask, other=0.0).to(tl.float32)
+    scores = tl.sqrt(_softplus(logits, THRESHOLD))
+    biased = scores + tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    biased = tl.where(mask, biased, float("-inf"))
+    taken = offs < 0  # all False
+    slot = tl.arange(0, BLOCK_K)
+    picked_ids = tl.zeros([BLOCK_K], dtype=tl.int32)
+    picked_scores = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(tl.where(taken, float("-inf"), biased), axis=0)
+        # the lowest not-yet-taken index holding the maximum: deterministic ties
+        idx = tl.min(tl.where((biased == best) & ~taken & mask, offs, BLOCK_E), axis=0)
+        hit = offs == idx
+        taken = taken | hit
+        picked_ids = tl.where(slot == k, idx, picked_ids)
+        picked_scores = tl.where(slot == k, tl.sum(tl.where(hit, scores, 0.0), axis=0), picked_scores)
+    total = tl.sum(picked_scores, axis=0)  # unused slots hold 0
+    keep = slot < TOP_K
+    tl.store(ids_ptr + row * stride_im + slot, picked_ids, mask=keep)
+    tl.store(w_ptr + row * stride_wm + slot, picked_scores / total * scale, mask=keep)
+
+
+def reference_route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float):
+    """(ids ``[M, k]`` int64, weights ``[M, k]`` float32): sqrtsoftplus scores, top-k of score + bias
+    by a stable descending sort (ties: lower index first), renormalised and scaled."""
+    scores = torch.sqrt(torch.nn.functional.softplus(logits.float(), threshold=SOFTPLUS_THRESHOLD))
+    order = torch.sort(scores + bias.float(), dim=-1, descending=True, stable=True).indices
+    ids = order[:, :top_k]
+    w = scores.gather(1, ids)
+    return ids, w / w.sum(-1, keepdim=True) * scale
+
+
+def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float,
+          out_ids: torch.Tensor | None = None, out_weights: torch.Tensor | None = None):
+    """(ids ``[M, top_k]`` int32, weights ``[M, top_k]`` float32), one launch (see module doc)."""
+    _check(isinstance(logits, torch.Tensor) and logits.dtype in (torch.float32, torch.bfloat16),
+           "logits", "a float32 or bfloat16 tensor", _describe(logits))
+    _check_rows(logits, "logits", logits.dtype)
+    m, e = logits.shape
+    _check(isinstance(bias, torch.Tensor) and bias.shape == (e,) and bias.dtype == torch.float32
+           and bias.device == logits.device and bias.is_contiguous(),
+           "bias", f"a contiguous ({e},) float32 tensor on {logits.device}", _describe(bias))
+    _check(isinstance(top_k, int) and 0 < top_k <= e, "top_k", f"an int in [1, {e}]", top_k)
+    if out_ids is None:
+        out_ids = torch.empty(m, top_k, dtype=torch.int32, device=logits.device)
+    else:
+        _check_rows(out_ids, "out_ids", torch.int32, logits.device, (m, top_k))
+    if out_weights is None:
+        out_weights = torch.empty(m, top_k, dtype=torch.float32, device=logits.device)
+    else:
+        _check_rows(out_weights, "out_weights", torch.float32, logits.device, (m, top_k))
+    if m == 0:
+        return out_ids, out_weights
+    block_e = triton.next_power_of_2(e)
+    _route_kernel[(m,)](logits, bias, out_ids, out_weights, e, logits.stride(0), out_ids.stride(0),
+                        out_weights.stride(0), float(scale), TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k),
+                        BLOCK_E=block_e,
+                        THRESHOLD=SOFTPLUS_THRESHOLD, num_warps=4)
+    return out_ids, out_weights
+
+
+# --- SwiGLU and combine -----------------------------------------------------------------------
+
+@triton.jit
+def _swiglu_kernel(gu_ptr, y_ptr, I, stride_gm, stride_ym, limit, BLOCK: tl.constexpr, HAS_LIMIT: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < I
+    gate = tl.load(gu_ptr + row * stride_gm + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + row * stride_gm + I + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_LIMIT:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(y_ptr + row * stride_ym + offs, y.to(tl.bfloat16), mask=mask)
+
+
+def reference_swiglu(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
+    """float32 ``[M, I]``: the clamped SwiGLU of ``[gate | up]`` (SGLang's swiglu_limit_func)."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    if limit > 0:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+    return torch.nn.functional.silu(gate) * up
+
+
+def swiglu(gate_up: torch.Tensor, limit: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 ``[M, I]`` clamped SwiGLU of ``gate_up [M, 2I]`` bf16 (``limit <= 0``: no clamp)."""
+    _check_rows(gate_up, "gate_up", torch.bfloat16)
+    m, two_i = gate_up.shape
+    _check(two_i > 0 and two_i % 2 == 0, "gate_up", "an even, non-zero last dim [gate | up]", _describe(gate_up))
+    inter = two_i // 2
+    if out is None:
+        out = torch.empty(m, inter, dtype=torch.bfloat16, device=gate_up.device)
+    else:
+        _check_rows(out, "out", torch.bfloat16, gate_up.device, (m, inter))
+    if m == 0:
+        return out
+    _swiglu_kernel[(m, triton.cdiv(inter, ELEMENTWISE_BLOCK))](
+        gate_up, out, inter, gate_up.stride(0), out.stride(0), float(limit), BLOCK=ELEMENTWISE_BLOCK,
+        HAS_LIMIT=limit > 0, num_warps=ELEMENTWISE_WARPS)
+    return out
+
+
+@triton.jit
+def _combine_kernel(x_ptr, a_ptr, b_ptr, c_ptr, y_ptr, N, stride_xm, stride_am, stride_bm, stride_cm, stride_ym,
+                    BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    y = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    y += tl.load(a_ptr + row * stride_am + offs, mask=mask, other=0.0).to(tl.float32)
+    y += tl.load(b_ptr + row * stride_bm + offs, mask=mask, other=0.0).to(tl.float32)
+    y += tl.load(c_ptr + row * stride_cm + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + offs, y.to(tl.bfloat16), mask=mask)
+
+
+def reference_combine(x, a, b, c) -> torch.Tensor:
+    """float32 ``x + a + b + c`` (summed left to right in fp32)."""
+    return x.float() + a.float() + b.float() + c.float()
+
+
+def combine(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 ``x + a + b + c`` (residual + attention + routed + shared expert), one launch."""
+    _check_rows(x, "x", torch.bfloat16)
+    m, n = x.shape
+    for name, t in (("a", a), ("b", b), ("c", c)):
+        _check_rows(t, name, torch.bfloat16, x.device, (m, n))
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    else:
+        _check_rows(out, "out", torch.bfloat16, x.device, (m, n))
+    if m == 0 or n == 0:
+        return out
+    _combine_kernel[(m, triton.cdiv(n, ELEMENTWISE_BLOCK))](
+        x, a, b, c, out, n, x.stride(0), a.stride(0), b.stride(0), c.stride(0), out.stride(0),
+        BLOCK=ELEMENTWISE_BLOCK, num_warps=ELEMENTWISE_WARPS)
+    return out
+
+
+# --- AOT --------------------------------------------------------------------------------------
+
+def aot_configs() -> list[AotConfig]:
+    configs = []
+    norm_sig = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32",
+                "stride_xm": "i32", "stride_rm": "i32", "stride_ym": "i32", "eps": "fp32",
+                "BLOCK_N": "constexpr", "HAS_RESIDUAL": "constexpr", "HAS_WEIGHT": "constexpr"}
+    # (width, residual, weight) as the bench launches them: input / post-attention / q / per-head q norms
+    for n, residual, weight in ((HIDDEN_SIZE, False, True), (HIDDEN_SIZE, True, True), (Q_LORA_RANK, False, True),
+                                (HEAD_DIM, False, False)):
+        block_n = triton.next_power_of_2(n)
+        configs.append(AotConfig(
+            name=f"rms_norm_{n}{'_residual' if residual else ''}{'' if weight else '_noweight'}",
+            kernel=_rms_norm_kernel, signature=norm_sig,
+            constexprs={"BLOCK_N": block_n, "HAS_RESIDUAL": residual, "HAS_WEIGHT": weight},
+            num_warps=_norm_warps(block_n), num_stages=1,
+            div16=("N", "stride_xm", "stride_rm", "stride_ym"), expect_opcodes=()))
+    for logits_type in ("fp32", "bf16"):
+        configs.append(AotConfig(
+            name=f"route_sqrtsoftplus_{NUM_EXPERTS}_top{TOP_K}_{logits_type}", kernel=_route_kernel,
+            signature={"logits_ptr": f"*{logits_type}", "bias_ptr": "*fp32", "ids_ptr": "*i32", "w_ptr": "*fp32",
+                       "E": "i32", "stride_lm": "i32", "stride_im": "i32", "stride_wm": "i32", "scale": "fp32",
+                       "TOP_K": "constexpr", "BLOCK_K": "constexpr", "BLOCK_E": "constexpr", "THRESHOLD": "constexpr"},
+            constexprs={"TOP_K": TOP_K, "BLOCK_K": triton.next_power_of_2(TOP_K),
+                        "BLOCK_E": triton.next_power_of_2(NUM_EXPERTS), "THRESHOLD": SOFTPLUS_THRESHOLD},
+            num_warps=4, num_stages=1, div16=("E", "stride_lm"), expect_opcodes=()))
+    configs.append(AotConfig(
+        name="swiglu_clamped", kernel=_swiglu_kernel,
+        signature={"gu_ptr": "*bf16", "y_ptr": "*bf16", "I": "i32", "stride_gm": "i32", "stride_ym": "i32",
+                   "limit": "fp32", "BLOCK": "constexpr", "HAS_LIMIT": "constexpr"},
+        constexprs={"BLOCK": ELEMENTWISE_BLOCK, "HAS_LIMIT": True}, num_warps=ELEMENTWISE_WARPS, num_stages=1,
+        div16=("I", "stride_gm", "stride_ym"), expect_opcodes=()))
+    configs.append(AotConfig(
+        name="combine4", kernel=_combine_kernel,
+        signature={"x_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "y_ptr": "*bf16",
+                   "N": "i32", "stride_xm": "i32", "stride_am": "i32", "stride_bm": "i32", "stride_cm": "i32",
+                   "stride_ym": "i32", "BLOCK": "constexpr"},
+        constexprs={"BLOCK": ELEMENTWISE_BLOCK}, num_warps=ELEMENTWISE_WARPS, num_stages=1,
+        div16=("N", "stride_xm", "stride_am", "stride_bm", "stride_cm", "stride_ym"), expect_opcodes=()))
+    return configs

@@ -1,0 +1,182 @@
+"""The bench's fused common-stage kernels (RMSNorm, router, clamped SwiGLU, combine) against their
+float32 references under the CPU interpreter: fresh random inputs, NaN-poisoned outputs, B = 0, 1
+and odd row counts, strided rows, router ties, and input validation."""
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import bench_common as bc
+from sglang_sm120.kernels import moe_mxfp4
+from sglang_sm120.kernels.dsv4 import ROUTED_SCALING_FACTOR, SWIGLU_LIMIT
+
+from ..conftest import DEVICE
+
+BF16_TOL = 2 ** -8  # one bf16 rounding of the fp32 result
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def poisoned(*shape, dtype=torch.bfloat16):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def randn(*shape, gen, scale=1.0, dtype=torch.bfloat16):
+    return (scale * torch.randn(*shape, generator=gen)).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 5])
+@pytest.mark.parametrize("width", [64, 96, 512])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("weight", [False, True])
+def test_rms_norm(rows, width, residual, weight):
+    gen = torch.Generator().manual_seed(rows * 1000 + width + 10 * residual + weight)
+    x = randn(rows, width, gen=gen, scale=3.0)
+    r = randn(rows, width, gen=gen) if residual else None
+    w = (1 + 0.1 * torch.randn(width, generator=gen)).to(torch.bfloat16).to(DEVICE) if weight else None
+    out = poisoned(rows, width)
+    got = bc.rms_norm(x, w, r, out=out)
+    assert got is out and got.dtype == torch.bfloat16 and got.shape == (rows, width)
+    ref = bc.reference_rms_norm(x, w, r)
+    assert not got.isnan().any()
+    if rows:
+        assert rel_err(got, ref) < BF16_TOL
+        # each element is the reference rounded once to bf16 (up to fp32 summation order)
+        torch.testing.assert_close(got.float(), ref.to(torch.bfloat16).float(), rtol=2 ** -7, atol=1e-6)
+
+
+def test_rms_norm_strided_rows_and_heads():
+    """q_norm reads a column slice of qkv (row stride > width); the per-head norm a [B*H, D] view."""
+    gen = torch.Generator().manual_seed(7)
+    qkv = randn(3, 160, gen=gen)
+    w = (1 + 0.1 * torch.randn(96, generator=gen)).to(torch.bfloat16).to(DEVICE)
+    got = bc.rms_norm(qkv[:, :96], w)
+    assert rel_err(got, bc.reference_rms_norm(qkv[:, :96], w)) < BF16_TOL
+    heads = randn(2, 1, 4, 64, gen=gen)
+    got = bc.rms_norm(heads.view(-1, 64)).view(2, 1, 4, 64)
+    ref = bc.reference_rms_norm(heads.view(-1, 64)).view(2, 1, 4, 64)
+    assert rel_err(got, ref) < BF16_TOL
+
+
+def test_rms_norm_validation():
+    x = torch.zeros(2, 64, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="x"):
+        bc.rms_norm(x.float())
+    with pytest.raises(ValueError, match="x"):
+        bc.rms_norm(x.t())  # last dim not contiguous
+    with pytest.raises(ValueError, match="weight"):
+        bc.rms_norm(x, torch.ones(32, dtype=torch.bfloat16, device=DEVICE))
+    with pytest.raises(ValueError, match="residual"):
+        bc.rms_norm(x, None, torch.zeros(3, 64, dtype=torch.bfloat16, device=DEVICE))
+    with pytest.raises(ValueError, match="out"):
+        bc.rms_norm(x, out=torch.empty(2, 64, device=DEVICE))
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7])
+@pytest.mark.parametrize("experts,top_k", [(16, 6), (256, 6), (40, 1)])
+def test_route(rows, experts, top_k):
+    gen = torch.Generator().manual_seed(rows * 100 + experts + top_k)
+    # a wide logit range exercises every softplus branch (x > 20, tiny exp(x), the log1p form)
+    logits = (8 * torch.randn(rows, experts, generator=gen)).to(DEVICE)
+    if rows:
+        logits[0, :3] = torch.tensor([-40.0, 25.0, -90.0])
+    bias = (0.05 * torch.randn(experts, generator=gen)).to(DEVICE)
+    ids, w = poisoned(rows, top_k, dtype=torch.float32).to(torch.int32), poisoned(rows, top_k, dtype=torch.float32)
+    ids.fill_(-12345)
+    got_ids, got_w = bc.route(logits, bias, top_k, ROUTED_SCALING_FACTOR, out_ids=ids, out_weights=w)
+    assert got_ids is ids and got_w is w
+    ref_ids, ref_w = bc.reference_route(logits, bias, top_k, ROUTED_SCALING_FACTOR)
+    assert torch.equal(got_ids.long(), ref_ids)
+    torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=1e-6)
+    if rows:
+        torch.testing.assert_close(got_w.sum(-1), torch.full((rows,), ROUTED_SCALING_FACTOR, device=DEVICE))
+
+
+def test_route_ties_lower_index_first():
+    """Equal biased scores: the lower expert index is taken first (a stable descending sort)."""
+    experts, top_k = 32, 6
+    logits = torch.zeros(3, experts, device=DEVICE)
+    logits[1, [3, 9, 20, 30]] = 2.0  # four tied winners, then ties among the rest
+    logits[2] = torch.arange(experts, device=DEVICE).remainder(4).float()  # ties across the whole row
+    bias = torch.zeros(experts, device=DEVICE)
+    ids, w = bc.route(logits, bias, top_k, 1.0)
+    assert ids[0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert ids[1].tolist() == [3, 9, 20, 30, 0, 1]
+    assert ids[2].tolist() == [3, 7, 11, 15, 19, 23]
+    assert torch.equal(ids.long(), bc.reference_route(logits, bias, top_k, 1.0)[0])
+    torch.testing.assert_close(w[0], torch.full((top_k,), 1.0 / top_k, device=DEVICE))
+
+
+def test_route_matches_torch_topk_without_ties():
+    gen = torch.Generator().manual_seed(3)
+    logits, bias = torch.randn(4, 64, generator=gen).to(DEVICE), (0.1 * torch.randn(64, generator=gen)).to(DEVICE)
+    ids, _ = bc.route(logits, bias, 6, ROUTED_SCALING_FACTOR)
+    scores = torch.sqrt(torch.nn.functional.softplus(logits))
+    assert torch.equal(ids.long(), torch.topk(scores + bias, 6, dim=-1).indices)
+
+
+def test_route_bf16_logits():
+    """The gate GEMM's bf16 output is routed as its exact fp32 value (no cast launch needed)."""
+    gen = torch.Generator().manual_seed(11)
+    logits = randn(5, 48, gen=gen, scale=4.0)
+    bias = (0.05 * torch.randn(48, generator=gen)).to(DEVICE)
+    ids, w = bc.route(logits, bias, 6, ROUTED_SCALING_FACTOR)
+    ref_ids, ref_w = bc.route(logits.float(), bias, 6, ROUTED_SCALING_FACTOR)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(w, ref_w, rtol=0, atol=0)
+
+
+def test_route_validation():
+    logits, bias = torch.zeros(2, 16, device=DEVICE), torch.zeros(16, device=DEVICE)
+    with pytest.raises(ValueError, match="logits"):
+        bc.route(logits.half(), bias, 6, 1.0)
+    with pytest.raises(ValueError, match="bias"):
+        bc.route(logits, torch.zeros(8, device=DEVICE), 6, 1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        bc.route(logits, bias, 17, 1.0)
+    with pytest.raises(ValueError, match="out_ids"):
+        bc.route(logits, bias, 6, 1.0, out_ids=torch.zeros(2, 6, dtype=torch.int64, device=DEVICE))
+
+
+@pytest.mark.parametrize("rows", [0, 1, 6])
+@pytest.mark.parametrize("inter", [64, 1500])
+@pytest.mark.parametrize("limit", [SWIGLU_LIMIT, 0.0])
+def test_swiglu(rows, inter, limit):
+    gen = torch.Generator().manual_seed(rows + inter)
+    gate_up = randn(rows, 2 * inter, gen=gen, scale=8.0)  # well past the clamp
+    out = poisoned(rows, inter)
+    got = bc.swiglu(gate_up, limit, out=out)
+    assert got is out and not got.isnan().any()
+    ref = bc.reference_swiglu(gate_up, limit)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    torch.testing.assert_close(ref, moe_mxfp4.reference_swiglu(gate, up, limit))  # the same specification
+    if rows:
+        torch.testing.assert_close(got.float(), ref, rtol=2 ** -7, atol=1e-5)
+
+
+def test_swiglu_validation():
+    with pytest.raises(ValueError, match="gate_up"):
+        bc.swiglu(torch.zeros(2, 7, dtype=torch.bfloat16, device=DEVICE), SWIGLU_LIMIT)
+    with pytest.raises(ValueError, match="gate_up"):
+        bc.swiglu(torch.zeros(2, 8, device=DEVICE), SWIGLU_LIMIT)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3])
+@pytest.mark.parametrize("width", [256, 1100])
+def test_combine(rows, width):
+    gen = torch.Generator().manual_seed(rows * 7 + width)
+    x, a, b, c = (randn(rows, width, gen=gen, scale=s) for s in (4.0, 1.0, 0.5, 0.25))
+    out = poisoned(rows, width)
+    got = bc.combine(x, a, b, c, out=out)
+    assert got is out and not got.isnan().any()
+    if rows:
+        torch.testing.assert_close(got.float(), bc.reference_combine(x, a, b, c), rtol=2 ** -7, atol=1e-5)
+
+
+def test_combine_validation():
+    x = torch.zeros(2, 64, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="^c:"):
+        bc.combine(x, x, x, torch.zeros(2, 32, dtype=torch.bfloat16, device=DEVICE))
+    with pytest.raises(ValueError, match="^b:"):
+        bc.combine(x, x, x.float(), x)
