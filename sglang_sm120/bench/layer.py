@@ -3,8 +3,10 @@
 A stage reads and writes tensors in a shared state dict, so the same list runs as one layer (all
 stages in order, one CUDA graph) or stage by stage (each in its own graph, for the per-kernel
 times). Stages the plugin does not replace (norms, the router gate GEMM and top-k, the bf16
-compressor projections, weights_proj, the shared expert's activation) are the *same code* in both
-paths, so the difference between the paths is the plugin's.
+compressor projections, weights_proj, the shared expert's activation, the combine) are the *same
+code* in both paths, so the difference between the paths is the plugin's. The elementwise ones run
+as one fused Triton launch each (``kernels/bench_common.py``), standing in for the fused JIT kernels
+SGLang runs there, so that the step's absolute time is not inflated by unfused torch.
 
 Not modelled (the same in both paths on a real server, and not runnable here): the mHC boundary
 kernels (TileLang), RoPE and the KV/compressor cache writes (JIT CUDA), and the TP all-reduce.
@@ -21,6 +23,8 @@ from ..kernels import dsv4
 from . import model, upstream_ops
 
 PLUGIN, UPSTREAM = "plugin", "upstream"
+COMMON_NAME = ("Triton fused norms/router/SwiGLU/combine + torch bf16 GEMMs (same code in both paths), "
+               "standing in for SGLang's fused JIT kernels")
 PATHS = (PLUGIN, UPSTREAM)
 # what each replaced component is, per path (printed with the results)
 COMPONENT_NAMES = {
@@ -29,7 +33,7 @@ COMPONENT_NAMES = {
     "indexer": {PLUGIN: "indexer_topk (FP8 paged logits + Triton top-k)", UPSTREAM: upstream_ops.NAMES["indexer"]},
     "wo_a": {PLUGIN: "grouped_fp8_wo_a (FP8 weight)", UPSTREAM: upstream_ops.NAMES["wo_a"]},
     "moe": {PLUGIN: "moe_mxfp4_forward (MXFP4 experts)", UPSTREAM: upstream_ops.NAMES["moe"]},
-    "common": {PLUGIN: "torch (same code in both paths)", UPSTREAM: "torch (same code in both paths)"},
+    "common": {PLUGIN: COMMON_NAME, UPSTREAM: COMMON_NAME},
 }
 COMPONENTS = tuple(COMPONENT_NAMES)
 
@@ -41,24 +45,6 @@ class Stage:
     fn: Callable[[], None]
     bytes: int  # what it must read (and write), checkpoint formats, this rank
     check: Callable[[], dict] | None = None  # against the float32 reference, after a full run
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.float()
-    return y.to(torch.bfloat16)
-
-
-def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int):
-    """DSv4 router (noaux_tc, sqrtsoftplus, ungrouped): top-k of score + bias, weights renormalised
-    and scaled by the routed scaling factor (folded in, as SGLang does)."""
-    scores = torch.sqrt(torch.nn.functional.softplus(logits))
-    ids = torch.topk(scores + bias, top_k, dim=-1).indices
-    w = scores.gather(1, ids)
-    w = w / w.sum(-1, keepdim=True) * dsv4.ROUTED_SCALING_FACTOR
-    return ids.to(torch.int32), w.float()
 
 
 def _relerr(actual, expected) -> float:
@@ -96,7 +82,7 @@ def _dequant_experts(packed, scale):
 def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, x: torch.Tensor,
                  state: dict) -> list[Stage]:
     """The decode step of one ``kind`` layer on ``x [B, hidden]`` as stages of ``path``."""
-    from ..kernels import fp8_gemv, indexer, moe_mxfp4, sparse_mla_decode
+    from ..kernels import bench_common, fp8_gemv, indexer, moe_mxfp4, sparse_mla_decode
 
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -135,20 +121,21 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
             return {"rel_err": _relerr(st[dst], spec), "rel_err_vs_exact": exact}
         add(name, "dense", fn, model.fp8_linear_bytes(n, k, batch), check)
 
-    def bf16_proj(name, weight, src, dst, scale=1.0):
-        def fn():
-            st[dst] = torch.nn.functional.linear(st[src], weight).float() * scale
+    def bf16_proj(name, weight, src, dst, scale=None):
+        def fn():  # bf16 output, or fp32 times ``scale`` (weights_proj, as the indexer takes it)
+            out = torch.nn.functional.linear(st[src], weight)
+            st[dst] = out if scale is None else out.float() * scale
         add(name, "common", fn, model.bf16_linear_bytes(weight.shape[0], weight.shape[1], batch))
 
     act_bytes = batch * d.hidden * 2 * 2
 
     def input_norm():
-        st["h"] = rms_norm(st["x"], w.norms["attn"])
+        st["h"] = bench_common.rms_norm(st["x"], w.norms["attn"])
     add("input_norm", "common", input_norm, act_bytes)
     dense("wqkv_a", "h", "qkv")
 
     def q_norm():
-        st["q_lora"] = rms_norm(st["qkv"][:, :d.q_lora], w.norms["q"])
+        st["q_lora"] = bench_common.rms_norm(st["qkv"][:, :d.q_lora], w.norms["q"])
     add("q_norm", "common", q_norm, batch * d.q_lora * 4)
 
     if kind in ("c4", "c128"):
@@ -159,7 +146,8 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
         dense("indexer_wq_b", "q_lora", "index_q")
 
         def index_q_quant():  # stands for the fused RoPE + Hadamard + FP8 quant (JIT CUDA upstream)
-            q = st["index_q"].view(batch, 1, d.index_heads, d.index_head_dim).float()
+            # clamp in bf16 (exact: 448 is a bf16 value) then cast: two launches, as fp32 would be three
+            q = st["index_q"].view(batch, 1, d.index_heads, d.index_head_dim)
             st["index_q_fp8"] = q.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
         add("indexer_q_quant", "common", index_q_quant, batch * d.index_heads * d.index_head_dim * 3)
         bf16_proj("weights_proj", w.weights_proj, "h", "index_w", dsv4.INDEX_WEIGHT_SCALE)
@@ -186,7 +174,8 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     dense("wq_b", "q_lora", "q_raw")
 
     def q_head_norm():  # per-head RMSNorm without weight (RoPE not modelled)
-        st["q"] = rms_norm(st["q_raw"].view(batch, 1, rank.heads, d.head_dim), None)
+        heads = bench_common.rms_norm(st["q_raw"].reshape(batch * rank.heads, d.head_dim))
+        st["q"] = heads.view(batch, 1, rank.heads, d.head_dim)
     add("q_head_norm", "common", q_head_norm, batch * rank.heads * d.head_dim * 4)
 
     attn_args = lambda: (st["q"], caches.swa, caches.swa_indices, caches.swa_lengths, w.attn_sink,  # noqa: E731
@@ -220,13 +209,15 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     dense("wo_b", "oa", "attn_out", view=lambda t: t.reshape(batch, rank.groups * d.o_rank))
 
     def post_norm():  # residual add + RMSNorm (the mHC boundary is not modelled)
-        st["h2"] = rms_norm(st["x"].float() + st["attn_out"].float(), w.norms["ffn"])
+        st["h2"] = bench_common.rms_norm(st["attn_out"], w.norms["ffn"], residual=st["x"])
     add("post_attention_norm", "common", post_norm, act_bytes * 2)
     bf16_proj("router_gate", w.gate, "h2", "router_logits")
 
     def router_topk():
-        st["topk_ids"], st["topk_weights"] = route(st["router_logits"], w.gate_bias, d.top_k)
-    add("router_topk", "common", router_topk, batch * d.experts * 4)
+        # sqrtsoftplus + bias top-k + renormalise x routed scale, on the gate GEMM's bf16 logits
+        st["topk_ids"], st["topk_weights"] = bench_common.route(st["router_logits"], w.gate_bias, d.top_k,
+                                                                dsv4.ROUTED_SCALING_FACTOR)
+    add("router_topk", "common", router_topk, batch * d.experts * 2 + d.experts * 4 + batch * d.top_k * 8)
 
     def routed():
         args = (st["topk_weights"], st["topk_ids"])
@@ -246,14 +237,12 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     dense("shared_gate_up", "h2", "shared_gu")
 
     def shared_act():
-        gate, up = st["shared_gu"].float().chunk(2, dim=-1)
-        st["shared_act"] = moe_mxfp4.reference_swiglu(gate, up, dsv4.SWIGLU_LIMIT).to(torch.bfloat16)
+        st["shared_act"] = bench_common.swiglu(st["shared_gu"], dsv4.SWIGLU_LIMIT)
     add("shared_act", "common", shared_act, batch * rank.shared_inter * 6)
     dense("shared_down", "shared_act", "shared_out")
 
     def combine():
-        st["out"] = (st["x"].float() + st["attn_out"].float() + st["routed"].float()
-                     + st["shared_out"].float()).to(torch.bfloat16)
+        st["out"] = bench_common.combine(st["x"], st["attn_out"], st["routed"], st["shared_out"])
     add("combine", "common", combine, act_bytes * 3)
     st["_moe_stage"] = stage_index
     return stages
