@@ -131,12 +131,19 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
 
     def input_norm():
         st["h"] = bench_common.rms_norm(st["x"], w.norms["attn"])
-    add("input_norm", "common", input_norm, act_bytes)
+
+    def check_input_norm():
+        return {"rel_err": _relerr(st["h"], bench_common.reference_rms_norm(st["x"], w.norms["attn"]))}
+    add("input_norm", "common", input_norm, act_bytes, check_input_norm)
     dense("wqkv_a", "h", "qkv")
 
     def q_norm():
         st["q_lora"] = bench_common.rms_norm(st["qkv"][:, :d.q_lora], w.norms["q"])
-    add("q_norm", "common", q_norm, batch * d.q_lora * 4)
+
+    def check_q_norm():
+        return {"rel_err": _relerr(st["q_lora"], bench_common.reference_rms_norm(st["qkv"][:, :d.q_lora],
+                                                                                 w.norms["q"]))}
+    add("q_norm", "common", q_norm, batch * d.q_lora * 4, check_q_norm)
 
     if kind in ("c4", "c128"):
         bf16_proj("compressor_wkv_gate", w.compressor[kind], "h", "kv_score")
@@ -176,7 +183,11 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     def q_head_norm():  # per-head RMSNorm without weight (RoPE not modelled)
         heads = bench_common.rms_norm(st["q_raw"].reshape(batch * rank.heads, d.head_dim))
         st["q"] = heads.view(batch, 1, rank.heads, d.head_dim)
-    add("q_head_norm", "common", q_head_norm, batch * rank.heads * d.head_dim * 4)
+
+    def check_q_head_norm():
+        ref = bench_common.reference_rms_norm(st["q_raw"].reshape(batch * rank.heads, d.head_dim))
+        return {"rel_err": _relerr(st["q"].reshape(ref.shape), ref)}
+    add("q_head_norm", "common", q_head_norm, batch * rank.heads * d.head_dim * 4, check_q_head_norm)
 
     attn_args = lambda: (st["q"], caches.swa, caches.swa_indices, caches.swa_lengths, w.attn_sink,  # noqa: E731
                          d.head_dim, d.head_dim ** -0.5, caches.extra, caches.extra_indices, caches.extra_lengths)
@@ -210,14 +221,21 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
 
     def post_norm():  # residual add + RMSNorm (the mHC boundary is not modelled)
         st["h2"] = bench_common.rms_norm(st["attn_out"], w.norms["ffn"], residual=st["x"])
-    add("post_attention_norm", "common", post_norm, act_bytes * 2)
+
+    def check_post_norm():
+        ref = bench_common.reference_rms_norm(st["attn_out"], w.norms["ffn"], residual=st["x"])
+        return {"rel_err": _relerr(st["h2"], ref)}
+    add("post_attention_norm", "common", post_norm, act_bytes * 2, check_post_norm)
     bf16_proj("router_gate", w.gate, "h2", "router_logits")
 
     def router_topk():
         # sqrtsoftplus + bias top-k + renormalise x routed scale, on the gate GEMM's bf16 logits
         st["topk_ids"], st["topk_weights"] = bench_common.route(st["router_logits"], w.gate_bias, d.top_k,
                                                                 dsv4.ROUTED_SCALING_FACTOR)
-    add("router_topk", "common", router_topk, batch * d.experts * 2 + d.experts * 4 + batch * d.top_k * 8)
+    def check_router():
+        return router_check(st["topk_ids"], st["topk_weights"], st["router_logits"], w.gate_bias, d.top_k)
+    add("router_topk", "common", router_topk, batch * d.experts * 2 + d.experts * 4 + batch * d.top_k * 8,
+        check_router)
 
     def routed():
         args = (st["topk_weights"], st["topk_ids"])
@@ -238,18 +256,46 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
 
     def shared_act():
         st["shared_act"] = bench_common.swiglu(st["shared_gu"], dsv4.SWIGLU_LIMIT)
-    add("shared_act", "common", shared_act, batch * rank.shared_inter * 6)
+
+    def check_shared_act():
+        return {"rel_err": _relerr(st["shared_act"], bench_common.reference_swiglu(st["shared_gu"],
+                                                                                   dsv4.SWIGLU_LIMIT))}
+    add("shared_act", "common", shared_act, batch * rank.shared_inter * 6, check_shared_act)
     dense("shared_down", "shared_act", "shared_out")
 
     def combine():
         st["out"] = bench_common.combine(st["x"], st["attn_out"], st["routed"], st["shared_out"])
-    add("combine", "common", combine, act_bytes * 3)
+
+    def check_combine():
+        ref = bench_common.reference_combine(st["x"], st["attn_out"], st["routed"], st["shared_out"])
+        return {"rel_err": _relerr(st["out"], ref)}
+    add("combine", "common", combine, act_bytes * 3, check_combine)
     st["_moe_stage"] = stage_index
     return stages
 
 
 def _lens(caches: model.Caches) -> torch.Tensor:
     return torch.full((caches.batch,), caches.compressed_len, dtype=torch.int32, device=caches.swa.device)
+
+
+def router_check(ids, weights, logits, bias, top_k: int) -> dict:
+    """The router's weights against the float32 specification at the ids it chose (``rel_err``),
+    and whether those ids are a top-k of the float32 biased scores: ``selection_violations`` counts
+    picks scoring below the exact k-th beyond rounding (any violation fails the check);
+    ``ids_differ_rows`` counts rows whose ids differ from the stable-sort reference (near-ties)."""
+    from ..kernels import bench_common
+
+    scores = torch.sqrt(torch.nn.functional.softplus(logits.float(), threshold=dsv4.SOFTPLUS_THRESHOLD))
+    biased = scores + bias.float()
+    picked = scores.gather(1, ids.long())
+    expected = picked / picked.sum(-1, keepdim=True) * dsv4.ROUTED_SCALING_FACTOR
+    kth = torch.topk(biased, top_k, dim=-1).values[:, -1:]
+    violations = int((biased.gather(1, ids.long()) < kth - 1e-5 * kth.abs().clamp_min(1.0)).sum())
+    ref_ids, _ = bench_common.reference_route(logits, bias, top_k, dsv4.ROUTED_SCALING_FACTOR)
+    differ = int((ref_ids != ids.long()).any(-1).sum())
+    err = _relerr(weights, expected) if weights.numel() else 0.0
+    return {"rel_err": max(err, 1.0 if violations else 0.0), "selection_violations": violations,
+            "ids_differ_rows": differ}
 
 
 def moe_bytes(state: dict, rank: model.RankDims) -> int:
