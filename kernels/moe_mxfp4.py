@@ -28,6 +28,18 @@ sync, scratch sized by shapes only):
    the routing weight, fp32 rows;
 4. ``_topk_sum_kernel``: sums each token's top-k rows into the bf16 output.
 
+Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
+into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
+fp32 partials to a shape-sized scratch; the last of a (slot, n block)'s splits to take its ticket (an
+int32 counter kept per device and left zeroed) sums them and applies the SwiGLU. Down programs
+(slot, n block, split) atomically add their weighted rows into a fp32 ``[B, H]`` that the gate/up
+programs zeroed (this is the top-k sum), and launch 4 becomes the bf16 cast. On the H200 split (2, 2)
+was up to 18 % faster than the unsplit path at I = 512 (T=4), B = 1 (39.7 vs 46.9 us) and 2-5 % at
+I = 2048, B = 8 and 64, but slower at I = 2048, B = 1 and at I = 512, B = 8 and 64
+(``benchmarks/moe_mxfp4-h200-splitk.md``); it is the default exactly at those measured wins
+(:data:`SPLIT_K_DEFAULT_WHERE`), the unsplit path everywhere else. The latency is not mainly a
+too-small grid: even split 2-4x the decode stays at 10-31 % of the copy bandwidth.
+
 The same kernels serve decode (``BLOCK_M`` 16: every weight byte read once per step) and prefill
 (``BLOCK_M`` 128/64: a grouped GEMM, weights re-read from L2 per row block). Routing: one Triton
 program up to ``ROUTE_TRITON_MAX_ROWS`` routed rows, a torch sort beyond (prefill).
@@ -52,12 +64,14 @@ for why the shipped path is bf16.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from .dsv4 import (
+    HIDDEN_SIZE,
     MOE_INTERMEDIATE_SIZE,
     MXFP4_E8M0_BIAS,
     MXFP4_GROUP,
@@ -76,6 +90,7 @@ E2M1_UNBIAS: tl.constexpr = tl.constexpr(2.0 ** 126)  # bits e2m1 << 22 (fp32) /
 # register dequantisation, per DOT_SCALED)
 SCALE_MATH_F32 = 1
 SCALE_MATH_BF16 = 2
+ZERO_BLOCK: tl.constexpr = tl.constexpr(1024)  # floats one gate/up program zeroes per step (split-K down output)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,11 +356,23 @@ def _e4m3_tile(packed_ptrs, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr,
-                    active_experts_ptr, num_active_ptr, act_ptr, act_scale_ptr, hidden, inter,
+                    active_experts_ptr, num_active_ptr, act_ptr, act_scale_ptr, partial_ptr, ticket_ptr,
+                    zero_ptr, zero_numel, zero_chunk, num_rows, hidden, inter,
                     swiglu_limit, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, ACT_MXFP8: tl.constexpr, DOT_SCALED: tl.constexpr,
-                    SPLIT_NIBBLES: tl.constexpr):
+                    SPLIT_NIBBLES: tl.constexpr, SPLIT_K: tl.constexpr, ZERO_OUT: tl.constexpr):
+    """SPLIT_K > 1: program (slot, n block, split) accumulates K range ``split`` into fp32
+    ``partial [SPLIT_K, num_rows, 2I]`` (gate columns, then up); the last of the SPLIT_K programs of a (slot, n block) to take
+    its ticket sums the partials, applies the SwiGLU and puts the ticket back to 0. ZERO_OUT: every
+    program first zeroes ``zero_chunk`` floats of ``zero_ptr`` (the down kernel's atomic output)."""
     slot = tl.program_id(0)
+    if ZERO_OUT:
+        lin = (slot * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
+        z_begin = lin.to(tl.int64) * zero_chunk
+        z_end = tl.minimum(z_begin + zero_chunk, zero_numel)
+        for z0 in range(z_begin, z_end, ZERO_BLOCK):
+            zo = z0 + tl.arange(0, ZERO_BLOCK)
+            tl.store(zero_ptr + zo, tl.zeros([ZERO_BLOCK], tl.float32), mask=zo < z_end)
     if slot >= tl.load(num_active_ptr):
         return
     expert = tl.load(active_experts_ptr + slot).to(tl.int64)
@@ -356,6 +383,12 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
     w_base = w13_ptr + expert * (2 * inter) * (hidden // 2) + w_rows[:, None] * (hidden // 2)
     s_base = w13_scale_ptr + expert * (2 * inter) * (hidden // 32) + w_rows[:, None] * (hidden // 32)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # this split's K range: the pointers start there, the loop counts from 0 (as unsplit)
+    k_begin = tl.multiple_of(tl.program_id(2) * (hidden // SPLIT_K), BLOCK_K)  # host checks the split divides
+    x_ptr += k_begin
+    x_scale_ptr += k_begin // 32
+    w_base += k_begin // 2
+    s_base += k_begin // 32
     kb = tl.arange(0, BLOCK_K // 2)
     ks = tl.arange(0, BLOCK_K // 32)
     kx = tl.arange(0, BLOCK_K)
@@ -366,7 +399,10 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
         tokens = (rows // TOP_K).to(tl.int64)
         acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
         acc_t = tl.zeros([2 * BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, hidden, BLOCK_K):
+        # stepping over H (not H/SPLIT_K) keeps the loop bound the unsplit one: with H/4 the sm_120
+        # compile of the regs upcast spilled
+        for k_split in range(0, hidden, BLOCK_K * SPLIT_K):
+            k0 = k_split // SPLIT_K
             if ACT_MXFP8:
                 xq = tl.load(x_ptr + tokens[:, None] * hidden + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
                 xs = tl.load(x_scale_ptr + tokens[:, None] * (hidden // 32) + k0 // 32 + ks[None, :],
@@ -396,30 +432,64 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
         if SPLIT_NIBBLES:
             acc = tl.trans(acc_t)
         gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
-        if swiglu_limit > 0:
-            gate = tl.minimum(gate, swiglu_limit)
-            up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-        act = gate / (1.0 + tl.exp(-gate)) * up
-        out_off = rows.to(tl.int64)[:, None] * inter + cols[None, :]
-        if ACT_MXFP8:
-            # one E8M0 scale per 32 columns, so the down GEMM reads MXFP8 too
-            groups = tl.reshape(act, [BLOCK_M, BLOCK_N // 32, 32])
-            amax = tl.maximum(tl.max(tl.abs(groups), 2), 1.1754943508222875e-38)
-            exponent = tl.math.ceil(tl.math.log2(amax / 448.0))
-            q = tl.reshape(groups / tl.math.exp2(exponent)[:, :, None], [BLOCK_M, BLOCK_N])
-            tl.store(act_ptr + out_off, q.to(tl.float8e4nv), mask=m_ok[:, None])
-            sc = tl.program_id(1) * (BLOCK_N // 32) + tl.arange(0, BLOCK_N // 32)
-            tl.store(act_scale_ptr + rows.to(tl.int64)[:, None] * (inter // 32) + sc[None, :],
-                     (exponent + 127).to(tl.uint8), mask=m_ok[:, None])
-        else:
-            tl.store(act_ptr + out_off, act.to(tl.bfloat16), mask=m_ok[:, None])
+        if SPLIT_K == 1:
+            _swiglu_store(gate, up, rows, m_ok, cols, act_ptr, act_scale_ptr, inter, swiglu_limit,
+                          BLOCK_M, BLOCK_N, ACT_MXFP8)
+        else:  # partial rows are [gate I | up I]
+            p_at = partial_ptr + (tl.program_id(2) * num_rows + rows.to(tl.int64))[:, None] * (2 * inter) + cols[None, :]
+            tl.store(p_at, gate, mask=m_ok[:, None])
+            tl.store(p_at + inter, up, mask=m_ok[:, None])
+    if SPLIT_K > 1:
+        tl.debug_barrier()  # every thread's partial stores precede the (release) ticket
+        ticket_at = ticket_ptr + slot * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(ticket_at, 1, sem="acq_rel") == SPLIT_K - 1:
+            for m0 in range(row_begin, row_end, BLOCK_M):
+                m = m0 + tl.arange(0, BLOCK_M)
+                m_ok = m < row_end
+                rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0)
+                gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for s in range(SPLIT_K):
+                    p_at = partial_ptr + (s * num_rows + rows.to(tl.int64))[:, None] * (2 * inter) + cols[None, :]
+                    gate += tl.load(p_at, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
+                    up += tl.load(p_at + inter, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
+                _swiglu_store(gate, up, rows, m_ok, cols, act_ptr, act_scale_ptr, inter, swiglu_limit,
+                              BLOCK_M, BLOCK_N, ACT_MXFP8)
+            tl.store(ticket_at, 0)  # left zeroed for the next launch (and graph replay)
+
+
+@triton.jit
+def _swiglu_store(gate, up, rows, m_ok, cols, act_ptr, act_scale_ptr, inter, swiglu_limit,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT_MXFP8: tl.constexpr):
+    """fp32 gate and up accumulators -> clamped SwiGLU activations of ``rows``."""
+    if swiglu_limit > 0:
+        gate = tl.minimum(gate, swiglu_limit)
+        up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    out_off = rows.to(tl.int64)[:, None] * inter + cols[None, :]
+    if ACT_MXFP8:
+        # one E8M0 scale per 32 columns, so the down GEMM reads MXFP8 too
+        groups = tl.reshape(act, [BLOCK_M, BLOCK_N // 32, 32])
+        amax = tl.maximum(tl.max(tl.abs(groups), 2), 1.1754943508222875e-38)
+        exponent = tl.math.ceil(tl.math.log2(amax / 448.0))
+        q = tl.reshape(groups / tl.math.exp2(exponent)[:, :, None], [BLOCK_M, BLOCK_N])
+        tl.store(act_ptr + out_off, q.to(tl.float8e4nv), mask=m_ok[:, None])
+        sc = tl.program_id(1) * (BLOCK_N // 32) + tl.arange(0, BLOCK_N // 32)
+        tl.store(act_scale_ptr + rows.to(tl.int64)[:, None] * (inter // 32) + sc[None, :],
+                 (exponent + 127).to(tl.uint8), mask=m_ok[:, None])
+    else:
+        tl.store(act_ptr + out_off, act.to(tl.bfloat16), mask=m_ok[:, None])
 
 
 @triton.jit
 def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr,
                  expert_start_ptr, active_experts_ptr, num_active_ptr, y_ptr, hidden, inter,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 ACT_MXFP8: tl.constexpr, DOT_SCALED: tl.constexpr, SPLIT_NIBBLES: tl.constexpr):
+                 TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 ACT_MXFP8: tl.constexpr, DOT_SCALED: tl.constexpr, SPLIT_NIBBLES: tl.constexpr,
+                 SPLIT_K: tl.constexpr, ATOMIC_OUT: tl.constexpr):
+    """ATOMIC_OUT: ``y`` is the zeroed fp32 per-token output ``[B, H]`` and each program (slot, n block,
+    split of K into SPLIT_K ranges) atomically adds its weighted rows into its tokens (the top-k sum);
+    otherwise ``y`` is fp32 per routed row ``[B*top_k, H]``, written once."""
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
@@ -429,6 +499,11 @@ def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr,
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_base = w2_ptr + expert * hidden * (inter // 2) + n[:, None] * (inter // 2)
     s_base = w2_scale_ptr + expert * hidden * (inter // 32) + n[:, None] * (inter // 32)
+    k_begin = tl.multiple_of(tl.program_id(2) * (inter // SPLIT_K), BLOCK_K)
+    act_k_ptr = act_ptr + k_begin
+    act_scale_k_ptr = act_scale_ptr + k_begin // 32
+    w_base += k_begin // 2
+    s_base += k_begin // 32
     kb = tl.arange(0, BLOCK_K // 2)
     ks = tl.arange(0, BLOCK_K // 32)
     kx = tl.arange(0, BLOCK_K)
@@ -438,35 +513,46 @@ def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr,
         rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, inter, BLOCK_K):
+        for k_split in range(0, inter, BLOCK_K * SPLIT_K):  # loop bound as unsplit (see the gate/up loop)
+            k0 = k_split // SPLIT_K
             if ACT_MXFP8:
-                aq = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
-                as_ = tl.load(act_scale_ptr + rows[:, None] * (inter // 32) + k0 // 32 + ks[None, :],
+                aq = tl.load(act_k_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                as_ = tl.load(act_scale_k_ptr + rows[:, None] * (inter // 32) + k0 // 32 + ks[None, :],
                               mask=m_ok[:, None], other=0)
                 wq = _e4m3_tile(w_base + k0 // 2 + kb[None, :], BLOCK_N, BLOCK_K)
                 ws = tl.load(s_base + k0 // 32 + ks[None, :])
                 acc = tl.dot_scaled(aq, as_, "e4m3", tl.trans(wq), ws, "e4m3", acc)
             elif SPLIT_NIBBLES:
-                a = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                a = tl.load(act_k_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
                 a_even, a_odd = tl.split(tl.reshape(a, [BLOCK_M, BLOCK_K // 2, 2]))
                 w_even, w_odd = _dequant_nibble_tiles(w_base + k0 // 2 + kb[None, :], s_base + k0 // 32 + ks[None, :],
                                                       BLOCK_N, BLOCK_K, SPLIT_NIBBLES)
                 acc_t = tl.dot(w_even, tl.trans(a_even), acc_t)
                 acc_t = tl.dot(w_odd, tl.trans(a_odd), acc_t)
             elif DOT_SCALED:
-                a = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                a = tl.load(act_k_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
                 wb = tl.load(w_base + k0 // 2 + kb[None, :])
                 ws = tl.load(s_base + k0 // 32 + ks[None, :])
                 acc = tl.dot_scaled(a, None, "bf16", wb.T, ws, "e2m1", acc)
             else:
-                a = tl.load(act_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
+                a = tl.load(act_k_ptr + rows[:, None] * inter + k0 + kx[None, :], mask=m_ok[:, None], other=0.0)
                 w = _dequant_tile(w_base + k0 // 2 + kb[None, :], s_base + k0 // 32 + ks[None, :],
                                   BLOCK_N, BLOCK_K)
                 acc = tl.dot(a, tl.trans(w), acc)
         if SPLIT_NIBBLES:
             acc = tl.trans(acc_t)
         weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rows[:, None] * hidden + n[None, :], acc * weight[:, None], mask=m_ok[:, None])
+        if ATOMIC_OUT:
+            tl.atomic_add(y_ptr + (rows // TOP_K)[:, None] * hidden + n[None, :], acc * weight[:, None],
+                          mask=m_ok[:, None], sem="relaxed")
+        else:
+            tl.store(y_ptr + rows[:, None] * hidden + n[None, :], acc * weight[:, None], mask=m_ok[:, None])
+
+
+@triton.jit
+def _to_bf16_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < numel).to(tl.bfloat16), mask=offs < numel)
 
 
 @triton.jit
@@ -621,7 +707,8 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
                       swiglu_limit: float = SWIGLU_LIMIT, out: torch.Tensor | None = None,
                       act_mxfp8: bool = False,
                       configs: tuple[GemmConfig, GemmConfig] | None = None,
-                      dot_scaled: bool | None = None, upcast: str | None = None) -> torch.Tensor:
+                      dot_scaled: bool | None = None, upcast: str | None = None,
+                      split_k: str | tuple[int, int] | None = None) -> torch.Tensor:
     """Routed-expert MoE on repacked MXFP4 weights (see :func:`repack_w13_`): bf16 ``[B, H]``.
 
     ``topk_weights`` already carry any routed scaling; ids outside ``[0, E)`` contribute nothing.
@@ -629,7 +716,9 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     overrides the (gate/up, down) tiles (device tuning); ``dot_scaled`` picks how bf16-activation
     GEMMs upcast the weights (``tl.dot_scaled`` vs the explicit register dequantisation); ``upcast``
     (one of :data:`UPCASTS`, overrides ``dot_scaled``) picks among all variants, default
-    :func:`default_upcast`.
+    :func:`default_upcast`. ``split_k`` (bf16 activations, decode tiles): ``"off"``, ``"auto"``
+    (:func:`split_k_choice` from the shapes and the SM count) or explicit ``(gate_up, down)`` splits of
+    the K loops; default :func:`default_split_k`.
     """
     batch, hidden, num_experts, inter = _validate(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
@@ -661,21 +750,132 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
         x_in, x_scale = x, x
         act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=device)
         act_scale = act
-    cfg = configs[0] if configs else gate_up_config(num_rows, inter, act_mxfp8)
-    _gate_up_kernel[(slots, inter // cfg.block_n)](
+    gu_cfg = configs[0] if configs else gate_up_config(num_rows, inter, act_mxfp8)
+    dn_cfg = configs[1] if configs else down_config(num_rows, inter, act_mxfp8)
+    gu_split, dn_split = _resolve_split_k(split_k, num_rows, hidden, inter, act_mxfp8, gu_cfg, dn_cfg, device)
+    gu_grid = (slots, inter // gu_cfg.block_n, gu_split)
+    if gu_split > 1:
+        partial = torch.empty(gu_split, num_rows, 2 * inter, dtype=torch.float32, device=device)
+        tickets = _tickets(device, slots * gu_grid[1])
+    else:
+        partial = tickets = act  # unused
+    atomic_out = dn_split > 1
+    if atomic_out:
+        y = torch.empty(batch, hidden, dtype=torch.float32, device=device)  # zeroed by the gate/up programs
+        zero_chunk = triton.cdiv(triton.cdiv(y.numel(), gu_grid[0] * gu_grid[1] * gu_grid[2]), 1024) * 1024
+    else:
+        y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)
+        zero_chunk = 0
+    _gate_up_kernel[gu_grid](
         x_in, x_scale, w13, w13_s, sorted_rows, expert_start, active_experts, num_active, act, act_scale,
-        hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, ACT_MXFP8=act_mxfp8, DOT_SCALED=dot_scaled, SPLIT_NIBBLES=split_nibbles,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)
-    cfg = configs[1] if configs else down_config(num_rows, inter, act_mxfp8)
-    _down_kernel[(slots, hidden // cfg.block_n)](
+        partial, tickets, y, y.numel(), zero_chunk, num_rows, hidden, inter, float(swiglu_limit),
+        TOP_K=top_k, BLOCK_M=gu_cfg.block_m, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_cfg.block_k, ACT_MXFP8=act_mxfp8,
+        DOT_SCALED=dot_scaled, SPLIT_NIBBLES=split_nibbles, SPLIT_K=gu_split, ZERO_OUT=atomic_out,
+        num_warps=gu_cfg.num_warps, num_stages=gu_cfg.num_stages)
+    _down_kernel[(slots, hidden // dn_cfg.block_n, dn_split)](
         act, act_scale, w2, w2_s, weights, sorted_rows, expert_start, active_experts, num_active, y,
-        hidden, inter, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ACT_MXFP8=act_mxfp8,
-        DOT_SCALED=dot_scaled, SPLIT_NIBBLES=split_nibbles, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
-        y, ids, out, hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, num_warps=4)
+        hidden, inter, TOP_K=top_k, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_cfg.block_k,
+        ACT_MXFP8=act_mxfp8, DOT_SCALED=dot_scaled, SPLIT_NIBBLES=split_nibbles, SPLIT_K=dn_split,
+        ATOMIC_OUT=atomic_out, num_warps=dn_cfg.num_warps, num_stages=dn_cfg.num_stages)
+    if atomic_out:
+        _to_bf16_kernel[(triton.cdiv(y.numel(), TOPK_SUM_BLOCK),)](y, out, y.numel(), BLOCK=TOPK_SUM_BLOCK,
+                                                                    num_warps=4)
+    else:
+        _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
+            y, ids, out, hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, num_warps=4)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# split-K decode
+# ---------------------------------------------------------------------------------------------
+SPLIT_K_TARGET_WAVES = 4  # programs per SM the split-K choice aims for (latency hiding of the weight stream)
+SPLIT_K_MAX = 8
+# Where the split-K decode is the default: (per-rank I, fewest and most routed rows) at which split
+# (gate/up 2, down 2) beat the unsplit decode on the H200 (benchmarks/moe_mxfp4-h200-splitk.md):
+# I = 2048 at B = 8 and 64 (+4.8 %, +2.4 %), I = 512 at B = 1 (+18 %). It was slower at I = 2048 B = 1
+# (-1.5 to -7 %) and at I = 512 B = 8, 64 (-9 to -38 %); T = 2, T = 8 and other B are not measured, so
+# they keep the unsplit path. The SM-count choice ("auto") was not the best split where it split.
+SPLIT_K_DEFAULT_SPLITS = (2, 2)
+SPLIT_K_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 8 * TOP_K, 64 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, 1, TOP_K))
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return CPU_SM_COUNT
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+CPU_SM_COUNT = 132
+AOT_SM_COUNT = 188  # RTX PRO 6000 Blackwell (sm_120); the 5090's 170 gives the same splits  # the interpreter has no SMs; the H200's count keeps the choice deterministic in tests
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _one_split(programs: int, k_steps: int, sm_count: int) -> int:
+    split = 1
+    while (programs * split < SPLIT_K_TARGET_WAVES * sm_count and split * 2 <= min(k_steps, SPLIT_K_MAX)):
+        split *= 2
+    return split
+
+
+def split_k_choice(num_rows: int, hidden: int, inter: int, sm_count: int) -> tuple[int, int]:
+    """(gate/up, down) K splits: the smallest power of two that puts ``SPLIT_K_TARGET_WAVES`` programs
+    per SM on the GPU (counting ``min(B*top_k, E)`` expert slots), at most ``SPLIT_K_MAX`` and the K
+    loop's step count. Shapes and the SM count only, so the launch is graph-capturable."""
+    if num_rows > DECODE_MAX_ROWS:
+        return 1, 1
+    slots = min(num_rows, NUM_EXPERTS)
+    gu, dn = gate_up_config(num_rows, inter), down_config(num_rows, inter)
+    return (_one_split(slots * (inter // gu.block_n), hidden // gu.block_k, sm_count),
+            _one_split(slots * (hidden // dn.block_n), inter // dn.block_k, sm_count))
+
+
+def default_split_k(num_rows: int, inter: int) -> str | tuple[int, int]:
+    for where_inter, min_rows, max_rows in SPLIT_K_DEFAULT_WHERE:
+        if inter == where_inter and min_rows <= num_rows <= max_rows:
+            return SPLIT_K_DEFAULT_SPLITS
+    return "off"
+
+
+def _resolve_split_k(split_k, num_rows, hidden, inter, act_mxfp8, gu_cfg, dn_cfg, device) -> tuple[int, int]:
+    if split_k is None:
+        split_k = default_split_k(num_rows, inter)
+        if (split_k != "off" and num_rows <= DECODE_MAX_ROWS and hidden % (split_k[0] * gu_cfg.block_k) == 0
+                and inter % (split_k[1] * dn_cfg.block_k) == 0):
+            return split_k
+        split_k = "off"  # the default never raises: other tiles (``configs``) or shapes run unsplit
+    if split_k == "off" or act_mxfp8:
+        return 1, 1
+    if split_k == "auto":
+        return split_k_choice(num_rows, hidden, inter, _sm_count(device))
+    if (not isinstance(split_k, tuple) or len(split_k) != 2
+            or any(not isinstance(v, int) or v < 1 or v & (v - 1) for v in split_k)
+            or hidden % (split_k[0] * gu_cfg.block_k) or inter % (split_k[1] * dn_cfg.block_k)):
+        raise ValueError(f"split_k must be 'off', 'auto' or (gate_up, down) powers of two dividing the K loops "
+                         f"(H/{gu_cfg.block_k}={hidden // gu_cfg.block_k}, I/{dn_cfg.block_k}="
+                         f"{inter // dn_cfg.block_k} steps), got {split_k!r}")
+    return split_k
+
+
+_TICKETS: dict = {}
+
+
+def _tickets(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 ticket counters, one per (expert slot, n block), kept per device and left zeroed by
+    the kernel; allocated once at the largest size (E slots x the most n blocks) on first use."""
+    key = (device.type, device.index)
+    buf = _TICKETS.get(key)
+    if buf is None or buf.numel() < count:
+        buf = torch.zeros(max(count, NUM_EXPERTS * TICKETS_PER_EXPERT), dtype=torch.int32, device=device)
+        _TICKETS[key] = buf
+    return buf
+
+
+TICKETS_PER_EXPERT = MOE_INTERMEDIATE_SIZE // 16  # n blocks of gate/up at the smallest BLOCK_N
 
 
 LAUNCHES_PER_FORWARD = 4
@@ -716,10 +916,12 @@ def _gate_up_sig(act_mxfp8):
     return {"x_ptr": x_t, "x_scale_ptr": "*u8" if act_mxfp8 else "*bf16", "w13_ptr": "*u8",
             "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32",
             "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
-            "act_ptr": x_t, "act_scale_ptr": "*u8" if act_mxfp8 else "*bf16", "hidden": "i32", "inter": "i32",
+            "act_ptr": x_t, "act_scale_ptr": "*u8" if act_mxfp8 else "*bf16", "partial_ptr": "*fp32",
+            "ticket_ptr": "*i32", "zero_ptr": "*fp32", "zero_numel": "i32", "zero_chunk": "i32", "num_rows": "i32",
+            "hidden": "i32", "inter": "i32",
             "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
             "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr", "DOT_SCALED": "constexpr",
-            "SPLIT_NIBBLES": "constexpr"}
+            "SPLIT_NIBBLES": "constexpr", "SPLIT_K": "constexpr", "ZERO_OUT": "constexpr"}
 
 
 def _down_sig(act_mxfp8):
@@ -727,9 +929,9 @@ def _down_sig(act_mxfp8):
     return {"act_ptr": a_t, "act_scale_ptr": "*u8" if act_mxfp8 else "*bf16", "w2_ptr": "*u8",
             "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32", "sorted_rows_ptr": "*i32",
             "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
-            "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_M": "constexpr",
+            "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "TOP_K": "constexpr", "BLOCK_M": "constexpr",
             "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "ACT_MXFP8": "constexpr", "DOT_SCALED": "constexpr",
-            "SPLIT_NIBBLES": "constexpr"}
+            "SPLIT_NIBBLES": "constexpr", "SPLIT_K": "constexpr", "ATOMIC_OUT": "constexpr"}
 
 
 def aot_configs() -> list[AotConfig]:
@@ -751,9 +953,8 @@ def aot_configs() -> list[AotConfig]:
                 seen.add((kind, cfg, upcast))
                 constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                               "ACT_MXFP8": False, "DOT_SCALED": upcast == "dot_scaled",
-                              "SPLIT_NIBBLES": _SPLIT_NIBBLES.get(upcast, 0)}
-                if kind == "gate_up":
-                    constexprs["TOP_K"] = TOP_K
+                              "SPLIT_NIBBLES": _SPLIT_NIBBLES.get(upcast, 0), "TOP_K": TOP_K, "SPLIT_K": 1}
+                constexprs["ZERO_OUT" if kind == "gate_up" else "ATOMIC_OUT"] = False
                 configs.append(AotConfig(
                     name=f"moe_mxfp4_{kind}_{phase}_{tags[upcast]}_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}",
                     kernel=kernel, signature=sig(False), constexprs=constexprs, num_warps=cfg.num_warps,
@@ -762,13 +963,41 @@ def aot_configs() -> list[AotConfig]:
                                     ("down", down_config, _down_kernel, _down_sig)):
         cfg = pick(DECODE_MAX_ROWS + 1, MOE_INTERMEDIATE_SIZE, True)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                      "ACT_MXFP8": True, "DOT_SCALED": False, "SPLIT_NIBBLES": 0}
-        if kind == "gate_up":
-            constexprs["TOP_K"] = TOP_K
+                      "ACT_MXFP8": True, "DOT_SCALED": False, "SPLIT_NIBBLES": 0, "TOP_K": TOP_K, "SPLIT_K": 1}
+        constexprs["ZERO_OUT" if kind == "gate_up" else "ATOMIC_OUT"] = False
         configs.append(AotConfig(
             name=f"moe_mxfp4_{kind}_prefill_mxfp8", kernel=kernel, signature=sig(True), constexprs=constexprs,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, div16=("hidden", "inter"),
             expect_opcodes=("QMMA.SF",), note="compared alternative (MXFP8 activations), not dispatched"))
+    # split-K decode: the defaults (default_split_k) and, at B=1, the "auto" choice of an sm_120 part:
+    # partials + ticket in gate/up, atomic top-k sum in down, the bf16 cast
+    candidates = []
+    for tp in SUPPORTED_TP:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        candidates.append((TOP_K, inter, split_k_choice(TOP_K, HIDDEN_SIZE, inter, AOT_SM_COUNT)))
+        for where_inter, min_rows, max_rows in SPLIT_K_DEFAULT_WHERE:
+            if where_inter == inter:
+                candidates.append((max_rows, inter, default_split_k(max_rows, inter)))
+    for rows, inter, splits in candidates:
+        upcast = default_upcast(rows, inter)
+        for kind, pick, kernel, sig, split in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig, splits[0]),
+                                               ("down", down_config, _down_kernel, _down_sig, splits[1])):
+            cfg = pick(rows, inter)
+            if split == 1 or (kind, cfg, upcast, split) in seen:
+                continue
+            seen.add((kind, cfg, upcast, split))
+            constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                          "ACT_MXFP8": False, "DOT_SCALED": upcast == "dot_scaled",
+                          "SPLIT_NIBBLES": _SPLIT_NIBBLES.get(upcast, 0), "TOP_K": TOP_K, "SPLIT_K": split}
+            constexprs["ZERO_OUT" if kind == "gate_up" else "ATOMIC_OUT"] = True
+            configs.append(AotConfig(
+                name=f"moe_mxfp4_{kind}_decode_{tags[upcast]}_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}_splitk{split}",
+                kernel=kernel, signature=sig(False), constexprs=constexprs, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",)))
+    configs.append(AotConfig(
+        name="moe_mxfp4_to_bf16", kernel=_to_bf16_kernel,
+        signature={"src_ptr": "*fp32", "dst_ptr": "*bf16", "numel": "i32", "BLOCK": "constexpr"},
+        constexprs={"BLOCK": TOPK_SUM_BLOCK}, num_warps=4))
     configs.append(AotConfig(
         name="moe_mxfp4_route", kernel=_route_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",

@@ -5,6 +5,7 @@
     python3 tools/device_moe_mxfp4.py --out $OUT [--sweep] # device (carry .upstream)
     python3 tools/device_moe_mxfp4.py --smoke             # CPU interpreter, tiny shapes: the script's logic
     python3 tools/device_moe_mxfp4.py --variants --out $OUT [--smoke]  # weight-upcast variants only (no carry)
+    python3 tools/device_moe_mxfp4.py --variants --splitk --out $OUT [--smoke]  # split-K decode vs unsplit
 
 For T in (1, 4) (per-rank I = 2048/T), 256 experts, H = 4096, top-6 routing (distinct random experts
 per token, weights with the 1.5 routed scale folded in):
@@ -27,6 +28,10 @@ Our weights rotate over several copies of the layer (consecutive layers do not s
 B in {1, 8, 64} x T in {1, 4}, each checked against the float32 reference and timed in CUDA graphs
 beside the copy bandwidth of the same run; first, the split-nibble dequantisation is checked bit for
 bit against the reference on the GPU over every byte and every E8M0 scale byte.
+
+``--variants --splitk``: the same shapes with the default upcast, unsplit (``split_k="off"``)
+against the split-K decode (``"auto"``, :func:`moe_mxfp4.split_k_choice` from the SM count, and fixed
+(gate/up, down) splits), each checked against the reference; the ticket counters must be zero after.
 """
 
 from __future__ import annotations
@@ -264,6 +269,29 @@ PREFILL_SWEEP = {
 VARIANT_BATCHES = (1, 8, 64)
 
 
+SPLITK_REQUESTS = ("off", "auto", (2, 2), (4, 2), (8, 4))
+
+
+def splitk_variants(batch, hidden, inter, sm_count):
+    """(label, split_k argument) per distinct resolved split, fixed requests clipped to the K loops."""
+    rows = batch * TOP_K
+    gu, dn = moe.gate_up_config(rows, inter), moe.down_config(rows, inter)
+    out, seen = [], set()
+    for req in SPLITK_REQUESTS:
+        if req == "off":
+            resolved = (1, 1)
+        elif req == "auto":
+            resolved = moe.split_k_choice(rows, hidden, inter, sm_count)
+        else:
+            resolved = (min(req[0], hidden // gu.block_k), min(req[1], inter // dn.block_k))
+        if resolved in seen:
+            continue
+        seen.add(resolved)
+        label = f"{req if isinstance(req, str) else 'fixed'} {resolved[0]}x{resolved[1]}"
+        out.append((label, "off" if resolved == (1, 1) else resolved))
+    return out
+
+
 def variant_comparison(args) -> None:
     from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
 
@@ -272,15 +300,25 @@ def variant_comparison(args) -> None:
 
         patch_bf16_dot()
         device, num_experts, hidden, tps, copies, base_inter = "cpu", 8, 256, (2, 4), 2, 256
+        if args.splitk:  # enough K steps to split both loops
+            hidden, tps = 1024, (1, 4)
     else:
         device, num_experts, hidden, tps, copies, base_inter = "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
-    result = BenchResult(
-        name="moe_mxfp4-h200-dequant",
-        title="sm120 MoE decode: e2m1 x E8M0 -> bf16 weight-upcast variants, DSv4-Flash shapes, H200",
-        columns=["T", "B", "upcast", "us", "touched_MB", "GB/s", "%copy", "rel_err", "vs_default"])
+    if args.splitk:
+        result = BenchResult(
+            name="moe_mxfp4-h200-splitk",
+            title="sm120 MoE decode: split-K (gate/up partials + ticket, down atomics) vs unsplit, DSv4-Flash shapes, H200",
+            columns=["T", "B", "upcast", "us", "touched_MB", "GB/s", "%copy", "rel_err", "vs_default"])
+        sm_count = moe._sm_count(torch.device(device))
+        result.extra["SM count"] = sm_count
+    else:
+        result = BenchResult(
+            name="moe_mxfp4-h200-dequant",
+            title="sm120 MoE decode: e2m1 x E8M0 -> bf16 weight-upcast variants, DSv4-Flash shapes, H200",
+            columns=["T", "B", "upcast", "us", "touched_MB", "GB/s", "%copy", "rel_err", "vs_default"])
     result.extra.update({"copy bandwidth (GB/s, read+write)": round(copy_gbs, 1),
                          "launches per forward": moe.LAUNCHES_PER_FORWARD})
     # the split-nibble dequantisation on this GPU, bit for bit: every byte under every scale byte
@@ -289,7 +327,7 @@ def variant_comparison(args) -> None:
     scale = rows[:, None].repeat(1, 512 // MXFP4_GROUP).to(torch.uint8)
     # reference on the CPU: CUDA's exp2(-127) is not exactly 2**-127 (run of 2026-11-30)
     ref_deq = moe.reference_dequant_mxfp4(packed.cpu(), scale.cpu())
-    for upcast in ("split_f32", "split_bf16"):
+    for upcast in () if args.splitk else ("split_f32", "split_bf16"):
         got = moe.dequant_nibbles(packed, scale, upcast).cpu()
         same = (got == ref_deq) | (got.isnan() & ref_deq.isnan())
         result.extra[f"{upcast} dequant bit-exact (65536 bytes x 256 scales)"] = bool(same.all())
@@ -309,21 +347,31 @@ def variant_comparison(args) -> None:
             ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids)
             default = moe.default_upcast(batch * TOP_K, inter)
             times, rows_out = {}, []
-            for upcast in moe.UPCASTS:
-                def per_layer(layer, upcast=upcast):
-                    return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, upcast=upcast)
+            if args.splitk:
+                variants = [(f"{default} {label}", default, sk)
+                            for label, sk in splitk_variants(batch, hidden, inter, sm_count)]
+                default_split = moe.default_split_k(batch * TOP_K, inter)
+                default_label = next((lab for lab, _, sk in variants if sk == default_split
+                                      or (default_split == "auto" and lab.split()[1] == "auto")), variants[0][0])
+            else:
+                variants = [(upcast, upcast, None) for upcast in moe.UPCASTS]
+                default_label = default
+            for label, upcast, split_k in variants:
+                def per_layer(layer, upcast=upcast, split_k=split_k):
+                    return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, upcast=upcast,
+                                                 split_k=split_k)
                 try:
                     err = relative_error(per_layer(layers[0]), ref)
-                    times[upcast] = us = run(cycling(per_layer, layers))
+                    times[label] = us = run(cycling(per_layer, layers))
                 except Exception as exc:  # one broken variant must not lose the run
-                    result.notes.append(f"T={tp} B={batch} {upcast}: {type(exc).__name__}: {str(exc)[:300]}")
+                    result.notes.append(f"T={tp} B={batch} {label}: {type(exc).__name__}: {str(exc)[:300]}")
                     continue
                 gbs = touched / (us * 1e-6) / 1e9
-                rows_out.append(dict(T=tp, B=batch, upcast=upcast + (" (default)" if upcast == default else ""), us=us,
+                rows_out.append(dict(T=tp, B=batch, upcast=label + (" (default)" if label == default_label else ""), us=us,
                                      touched_MB=touched / 1e6, rel_err=err,
                                      **{"GB/s": gbs, "%copy": 100 * gbs / copy_gbs if copy_gbs else 0.0}))
             for row in rows_out:
-                result.add(**row, vs_default=times[default] / row["us"] if default in times else float("nan"))
+                result.add(**row, vs_default=times[default_label] / row["us"] if default_label in times else float("nan"))
         del layers, ckpt
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -335,6 +383,14 @@ def variant_comparison(args) -> None:
     result.notes.append("vs_default = time of the shipped default for that shape / time of this row (> 1: faster); "
                         "touched_MB = distinct experts x (w13 + w2 + E8M0 scales); weights rotate over "
                         f"{copies} layer copies")
+    if args.splitk:
+        tickets = [int(t.abs().sum()) for t in moe._TICKETS.values()]
+        result.extra["ticket counters zero after the run"] = all(t == 0 for t in tickets)
+        result.notes.append("split-K: gate/up programs (expert slot, n block, K split) write fp32 partials, the last "
+                            "to take a ticket per (slot, n block) sums them and applies the SwiGLU; down programs "
+                            "(slot, n block, K split) atomically add weighted rows into a zeroed fp32 [B, H] (the "
+                            "top-k sum), then one cast to bf16. 'auto' = split_k_choice from the SM count; labels "
+                            "give the resolved (gate/up)x(down) splits; 'off 1x1' is the unsplit path")
     result.extra["wall seconds"] = round(time.time() - t_start, 1)
     paths = result.write(args.out)
     print(result.markdown())
@@ -347,6 +403,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
     parser.add_argument("--variants", action="store_true", help="only compare the decode weight upcasts")
+    parser.add_argument("--splitk", action="store_true", help="with --variants: split-K decode vs unsplit")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.prepare:

@@ -63,6 +63,15 @@ def repacked(w13, s13):
     return w13r, s13r
 
 
+# split-K under test: the reduced H=256 needs smaller K tiles than the decode defaults to split at all
+SPLIT_TILES = (moe.GemmConfig(16, 16, 64, 4, 2), moe.GemmConfig(16, 64, 32, 4, 2))
+
+
+def split_kwargs(inter):
+    """forward kwargs of the split-K decode: gate/up K in 4 splits, down in 2 (1 where I/32 is 1 step)."""
+    return {"split_k": (4, min(2, inter // 32)), "configs": SPLIT_TILES}
+
+
 def run(x, experts, weights, ids, **kw):
     w13, s13, w2, s2 = experts
     w13r, s13r = repacked(w13, s13)
@@ -117,14 +126,24 @@ def test_repack_round_trips_in_place(inter):
 
 
 # --- decode / prefill forward ---------------------------------------------------------------------
-@pytest.mark.parametrize("upcast", [None, "split_bf16"])
-@pytest.mark.parametrize("inter", INTERS)
-@pytest.mark.parametrize("batch", [0, 1, 3, 64])
-def test_forward_matches_reference(inter, batch, upcast):
+# (upcast, split-K decode): the defaults, the split-nibble upcast, and the split-K variant
+VARIANTS = [(None, False), ("split_bf16", False), (None, True)]
+VARIANT_IDS = ["default", "split_bf16", "splitk"]
+
+
+# the split-K variant at B=64 only at the smaller I (the interpreter's time; the routing patterns
+# below run it at B=64 too)
+FORWARD_CASES = [pytest.param(batch, inter, upcast, split, id=f"{batch}-{inter}-{vid}")
+                 for batch in (0, 1, 3, 64) for inter in INTERS for (upcast, split), vid in zip(VARIANTS, VARIANT_IDS)
+                 if not (split and batch == 64 and inter > 64)]
+
+
+@pytest.mark.parametrize("batch,inter,upcast,split", FORWARD_CASES)
+def test_forward_matches_reference(inter, batch, upcast, split):
     experts = make_experts(inter)
     weights, ids = make_routing(batch, "random")
     x = make_x(batch)
-    out = run(x, experts, weights, ids, upcast=upcast)
+    out = run(x, experts, weights, ids, upcast=upcast, **(split_kwargs(inter) if split else {}))
     assert out.shape == (batch, HIDDEN) and out.dtype == torch.bfloat16
     if batch == 0:
         return
@@ -147,15 +166,15 @@ def test_clamp_is_active_and_matters():
     assert rel(out_unclamped, unclamped) < 2e-2
 
 
-@pytest.mark.parametrize("upcast", [None, "split_bf16"])
+@pytest.mark.parametrize("upcast,split", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("pattern", ["skewed", "duplicate", "invalid", "all_invalid"])
 @pytest.mark.parametrize("batch", [1, 64])
-def test_forward_routing_patterns(pattern, batch, upcast):
-    inter = 32
+def test_forward_routing_patterns(pattern, batch, upcast, split):
+    inter = 64 if split else 32  # I=64: the down K loop has two steps to split
     experts = make_experts(inter)
     weights, ids = make_routing(batch, pattern)
     x = make_x(batch)
-    out = run(x, experts, weights, ids, upcast=upcast)
+    out = run(x, experts, weights, ids, upcast=upcast, **(split_kwargs(inter) if split else {}))
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
     if pattern == "all_invalid":
         assert torch.equal(out, torch.zeros_like(out))
@@ -305,3 +324,58 @@ def test_default_upcast_follows_the_h200_numbers():
     assert moe.default_upcast(TOP_K, full_i // 2) == "dot_scaled"
     assert moe.default_upcast(64 * TOP_K, full_i // 4) == "regs"
     assert set(moe.default_upcast(r, full_i // tp) for r in (TOP_K, 4096) for tp in SUPPORTED_TP) <= set(moe.UPCASTS)
+
+
+# --- split-K decode --------------------------------------------------------------------------------
+def test_split_k_clamp_tickets_and_scratch():
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(3, "duplicate")
+    x = make_x(3, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    unclamped = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
+    assert rel(unclamped, ref) > 0.1
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kw):  # the atomic output must be zeroed by the kernel, not by luck
+        t = real_empty(*args, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = poisoned_empty
+    try:
+        for split_k in [(4, 2), (2, 1), (1, 2), "auto"]:
+            kw = {"split_k": split_k, "configs": SPLIT_TILES}
+            assert rel(run(x, experts, weights, ids, **kw), ref) < 2e-2, split_k
+            assert rel(run(x, experts, weights, ids, swiglu_limit=0.0, **kw), unclamped) < 2e-2, split_k
+    finally:
+        torch.empty = real_empty
+    assert all(int(t.abs().sum()) == 0 for t in moe._TICKETS.values())  # tickets left zeroed
+
+
+def test_split_k_rejects_bad_splits():
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(1, "random")
+    x = make_x(1)
+    for bad in [(3, 1), (8, 1), (1, 4), (0, 1), "on", (2,)]:
+        with pytest.raises(ValueError, match="split_k"):
+            run(x, experts, weights, ids, split_k=bad, configs=SPLIT_TILES)
+
+
+def test_split_k_choice_and_default_follow_shapes_and_the_h200_numbers():
+    full_i = moe.MOE_INTERMEDIATE_SIZE
+    hidden = 4096
+    # fewer programs than SPLIT_K_TARGET_WAVES per SM -> split, never past the K loop or SPLIT_K_MAX
+    gu, dn = moe.split_k_choice(TOP_K, hidden, full_i // 4, 132)
+    assert gu > 1 and dn > 1 and gu <= moe.SPLIT_K_MAX and dn <= full_i // 4 // moe.down_config(TOP_K, full_i // 4).block_k
+    assert moe.split_k_choice(64 * TOP_K, hidden, full_i, 132) == (1, 1)
+    assert moe.split_k_choice(moe.DECODE_MAX_ROWS + 1, hidden, full_i, 132) == (1, 1)
+    assert moe.split_k_choice(TOP_K, hidden, full_i, 10_000) == (moe.SPLIT_K_MAX, moe.SPLIT_K_MAX)
+    # default: only where the H200 run measured split-K faster
+    assert moe.default_split_k(TOP_K, full_i // 4) == moe.SPLIT_K_DEFAULT_SPLITS
+    assert moe.default_split_k(8 * TOP_K, full_i) == moe.SPLIT_K_DEFAULT_SPLITS
+    assert moe.default_split_k(64 * TOP_K, full_i) == moe.SPLIT_K_DEFAULT_SPLITS
+    assert moe.default_split_k(TOP_K, full_i) == "off"
+    assert moe.default_split_k(8 * TOP_K, full_i // 4) == "off"
+    assert moe.default_split_k(256 * TOP_K, full_i) == "off"
+    assert moe.default_split_k(TOP_K, full_i // 8) == "off"
