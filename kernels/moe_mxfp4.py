@@ -753,6 +753,9 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     gu_cfg = configs[0] if configs else gate_up_config(num_rows, inter, act_mxfp8)
     dn_cfg = configs[1] if configs else down_config(num_rows, inter, act_mxfp8)
     gu_split, dn_split = _resolve_split_k(split_k, num_rows, hidden, inter, act_mxfp8, gu_cfg, dn_cfg, device)
+    if gu_split * dn_split > 1:
+        upcast = split_k_upcast(upcast)
+        dot_scaled, split_nibbles = upcast == "dot_scaled", _split_nibbles(upcast)
     gu_grid = (slots, inter // gu_cfg.block_n, gu_split)
     if gu_split > 1:
         partial = torch.empty(gu_split, num_rows, 2 * inter, dtype=torch.float32, device=device)
@@ -797,7 +800,16 @@ SPLIT_K_MAX = 8
 # (-1.5 to -7 %) and at I = 512 B = 8, 64 (-9 to -38 %); T = 2, T = 8 and other B are not measured, so
 # they keep the unsplit path. The SM-count choice ("auto") was not the best split where it split.
 SPLIT_K_DEFAULT_SPLITS = (2, 2)
-SPLIT_K_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 8 * TOP_K, 64 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, 1, TOP_K))
+# The H200 run also measured (2, 2) 18 % faster at I = 512, B = 1, but with the ``regs`` upcast, whose
+# split gate/up tile spilled 4 B of registers on sm_120a in the full registry AOT run; that shape
+# stays unsplit until the split-nibble upcast is measured there.
+SPLIT_K_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 8 * TOP_K, 64 * TOP_K),)
+
+
+def split_k_upcast(upcast: str) -> str:
+    """The upcast a split-K launch uses: ``regs`` becomes the equally exact ``split_f32``, because the
+    ``regs`` split gate/up tile spilled registers on sm_120a (see SPLIT_K_DEFAULT_WHERE)."""
+    return "split_f32" if upcast == "regs" else upcast
 
 
 def _sm_count(device: torch.device) -> int:
@@ -979,7 +991,7 @@ def aot_configs() -> list[AotConfig]:
             if where_inter == inter:
                 candidates.append((max_rows, inter, default_split_k(max_rows, inter)))
     for rows, inter, splits in candidates:
-        upcast = default_upcast(rows, inter)
+        upcast = split_k_upcast(default_upcast(rows, inter))
         for kind, pick, kernel, sig, split in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig, splits[0]),
                                                ("down", down_config, _down_kernel, _down_sig, splits[1])):
             cfg = pick(rows, inter)
