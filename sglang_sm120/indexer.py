@@ -15,6 +15,11 @@ Hooks (SGLang 0.5.23, ``srt/layers/attention/dsv4/indexer.py:855-998``):
 
 Anything not covered (FP4 indexer, other head/page sizes, s_q > 1, k > 1024, a CPU tensor outside
 the interpreter, ...) goes to SGLang's own function, with one log line per reason.
+
+MTP target-verify steps are covered: SGLang's C4 indexer scores every draft token as its own query
+row, with its own compressed length and a copy of its request's page-table row (``q =
+q_indexer.unsqueeze(1)`` at indexer.py:848, ``query_rows`` at :882), so the logits function always
+sees s_q = 1 there; the s_q > 1 fallback only guards other callers.
 """
 
 from __future__ import annotations

@@ -114,10 +114,42 @@ PATCH_ROUTE = """
                         "same": [sorted(r) for r in routed.tolist()] == [sorted(r) for r in two.tolist()]}
 """
 
+MTP_VERIFY_ROWS = """
+    # A target-verify (MTP) step: SGLang's C4 indexer gives each draft token of a request its own
+    # query row with its own compressed length and a copy of the request's page-table row
+    # (indexer.py:848 ``q = q_indexer.unsqueeze(1)``, :882 ``query_rows``), so the seam sees s_q = 1
+    # and these rows take our kernels like any decode batch.
+    import inspect
+    call_site = inspect.getsource(up)
+    q, kv, w, l, pt = inputs([300, 1100], 1152, seed=5)
+    per_request = 3
+    rows = torch.arange(2).repeat_interleave(per_request)
+    lens = torch.tensor([298, 299, 300, 1099, 1100, 1100], dtype=torch.int32)
+    qv = (torch.randn(6, 1, 64, 128, generator=torch.Generator().manual_seed(9)) * 0.7).to(FP8)
+    wv = torch.randn(6, 64, generator=torch.Generator().manual_seed(10)) * 0.1
+    ptv = pt[rows].contiguous()
+    logits = up.fp8_paged_mqa_logits_torch_sm120(qv, kv, wv, lens, ptv, None, 1152, False)
+    ref = ix.reference_paged_mqa_logits(qv, kv, wv, lens, ptv, 1152)
+    finite = torch.isfinite(ref)
+    out = torch.full((6, 512), 12345, dtype=torch.int32)
+    up.topk_transform_paged(ref, lens, ptv, out, 64, None)
+    expected = ix.positions_to_slots(ix.reference_topk_positions(ref, lens), ptv)
+    results["mtp_rows"] = {
+        "call_site_one_row_per_token": "q = q_indexer.unsqueeze(1)" in call_site
+                                       and "query_rows = q_indexer[0].shape[0] if use_fp4_indexer else q_indexer.shape[0]" in call_site,
+        "logits": bool(torch.equal(torch.isinf(logits), torch.isinf(ref))
+                       and torch.allclose(logits[finite], ref[finite], rtol=1e-5, atol=1e-4)),
+        "topk": bool(torch.equal(out, expected)),
+        "padding": [int((r == -1).sum()) for r in out],
+    }
+"""
+
+
 FORCED = ("import os\nresults = {}\n" + textwrap.dedent(ROUTING)
           + "".join(f"os.environ['SGLANG_SM120_INDEXER_PATH'] = '{path}'\n" + textwrap.dedent(FUSED_CALL_SEQUENCE)
                     for path in ("fused", "two_kernel"))
-          + textwrap.dedent(PATCH_ROUTE) + "print(json.dumps(results))\n")
+          + textwrap.dedent(PATCH_ROUTE) + textwrap.dedent(MTP_VERIFY_ROWS)
+          + "print(json.dumps(results))\n")
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +209,11 @@ def test_uncovered_call_goes_upstream_with_one_log_line():
     assert out["wrapped"] and out["same"]
     assert "FP4" in out["fp4"]
     assert out["_stderr"].count("SGLang's logits function kept for this call") == 1
+
+
+def test_mtp_verify_rows_reach_our_kernels_as_single_query_rows(forced):
+    # s_q > 1 never reaches the seam in SGLang 0.5.23: verify steps arrive as one row per draft token.
+    out = forced["mtp_rows"]
+    assert out["call_site_one_row_per_token"]
+    assert out["logits"] and out["topk"]
+    assert out["padding"] == [512 - 298, 512 - 299, 512 - 300, 0, 0, 0]
