@@ -76,8 +76,13 @@ LAUNCH_CONFIGS = {
     16: dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1),
 }
 MIN_HEADS = 16  # tl.dot needs M >= 16: H = 8 runs padded to 16 rows
-MAX_SPLITS = 16  # bounds the combine's registers (all splits of a block are loaded at once)
-COMBINE_SUB_H, COMBINE_COLS, COMBINE_WARPS = 16, 32, 4  # combine block: 16 heads x 32 columns per program
+MAX_SPLITS = 32  # bounds the combine's registers (all splits of a block are loaded at once)
+COMBINE_SUB_H, COMBINE_WARPS = 16, 4  # combine block: 16 heads x COLS columns per program
+COMBINE_SPLITS_WIDE = 16  # up to this many splits the combine takes 32 columns per program, above it 16
+# Split-count cost model (choose_splits), in units of one tile's time: a program's fixed cost (q,
+# slots, epilogue) per wave, and split-K's partial stores + combine launch once.
+PROGRAM_OVERHEAD_TILES = 1.0
+SPLIT_OVERHEAD_TILES = 0.5
 CPU_PROGRAMS = 8  # "SM count" used to pick splits under the CPU interpreter
 
 
@@ -114,7 +119,8 @@ def _load_slots(u, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N: tl
 def _load_tile(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots,
                x_nope_ptr, x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots,
                BLOCK_N: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
-               DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, HAS_EXTRA: tl.constexpr):
+               DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, HAS_EXTRA: tl.constexpr,
+               ROW_SCALES: tl.constexpr):
     """Issue the raw loads of one tile (FP8 nope in four 128-byte chunks, bf16 rope, UE8M0 scale
     bytes) straight from the paged cache; out-of-range and -1 slots are masked, never read."""
     if HAS_EXTRA:
@@ -143,21 +149,37 @@ def _load_tile(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, pa
     # the rope lands in columns 64..127 of the last chunk (lanes 0..63 are masked, never loaded)
     rope = tl.load(rope_p + ((data + NOPE) // 2)[:, None] + (cols - TILE)[None, :],
                    mask=valid[:, None] & (cols >= TILE)[None, :], other=0.0)
-    g = tl.arange(0, 8)
-    scales = tl.load(scale_p + (page * p_stride + p_size * DATA_BYTES + in_page * SCALE_BYTES)[:, None] + g[None, :],
-                     mask=valid[:, None] & (g < NOPE_TILES)[None, :], other=0)
+    scale_row = scale_p + (page * p_stride + p_size * DATA_BYTES + in_page * SCALE_BYTES)
+    if ROW_SCALES:  # the 7 bytes packed into one int64 per candidate: dequant stays in the tile's layout
+        scales = tl.zeros((BLOCK_N,), tl.int64)
+        for grp in tl.static_range(NOPE_TILES):
+            byte = tl.load(scale_row + grp, mask=valid, other=0)
+            scales = scales | (byte.to(tl.int64) << (8 * grp))
+    else:
+        g = tl.arange(0, 8)
+        scales = tl.load(scale_row[:, None] + g[None, :], mask=valid[:, None] & (g < NOPE_TILES)[None, :], other=0)
     return valid, n0, n1, n2, n3, rope, scales
 
 
 @triton.jit
-def _dequant(nope, scales, rope, C: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr):
+def _dequant(nope, scales, rope, C: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr,
+             ROW_SCALES: tl.constexpr):
     """Chunk C (columns 128 C .. 128 C + 127) of the tile in bf16, exactly: FP8 groups 2C, 2C+1
-    times 2 ** (scale byte - 127); the last chunk's second group is the rope."""
-    g = tl.arange(0, 8)
+    times 2 ** (scale byte - 127); the last chunk's second group is the rope. With ROW_SCALES the
+    scale bytes arrive packed per candidate ([BLOCK_N] int64), so picking a group's byte is a
+    per-row shift instead of a cross-lane reduction over a [BLOCK_N, 8] tile (whose layout Triton
+    then also imposed on the whole dequant, one element per thread at a time)."""
     first = tl.arange(0, 2 * TILE) < TILE
-    lo = tl.sum(tl.where(g[None, :] == 2 * C, scales, 0).to(tl.int32), axis=1)
+    if ROW_SCALES:
+        lo = ((scales >> (16 * C)) & 0xFF).to(tl.int32)
+    else:
+        g = tl.arange(0, 8)
+        lo = tl.sum(tl.where(g[None, :] == 2 * C, scales, 0).to(tl.int32), axis=1)
     if 2 * C + 1 < NOPE_TILES:
-        hi = tl.sum(tl.where(g[None, :] == 2 * C + 1, scales, 0).to(tl.int32), axis=1)
+        if ROW_SCALES:
+            hi = ((scales >> (16 * C + 8)) & 0xFF).to(tl.int32)
+        else:
+            hi = tl.sum(tl.where(g[None, :] == 2 * C + 1, scales, 0).to(tl.int32), axis=1)
         byte = tl.where(first[None, :], lo[:, None], hi[:, None])
         kv = nope.to(tl.float32) * (byte << 23).to(tl.float32, bitcast=True)
     else:
@@ -168,17 +190,25 @@ def _dequant(nope, scales, rope, C: tl.constexpr, TILE: tl.constexpr, NOPE_TILES
 
 @triton.jit
 def _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, valid, n0, n1, n2, n3, rope, scales, qk_scale,
-            TILE: tl.constexpr, NOPE_TILES: tl.constexpr):
+            TILE: tl.constexpr, NOPE_TILES: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr):
     """Fold one dequantised tile into all heads' running (max, sum, acc), logits in base 2. The
-    512-wide row is four 128-column chunks so each MMA operand fragment stays small."""
-    kv0 = _dequant(n0, scales, rope, 0, TILE, NOPE_TILES)
-    kv1 = _dequant(n1, scales, rope, 1, TILE, NOPE_TILES)
-    kv2 = _dequant(n2, scales, rope, 2, TILE, NOPE_TILES)
-    kv3 = _dequant(n3, scales, rope, 3, TILE, NOPE_TILES)
-    s = tl.dot(q0, tl.trans(kv0))
-    s = tl.dot(q1, tl.trans(kv1), s)
-    s = tl.dot(q2, tl.trans(kv2), s)
-    s = tl.dot(q3, tl.trans(kv3), s)
+    512-wide row is four 128-column chunks so each MMA operand fragment stays small. QK_CHAINS=2
+    accumulates QK in two independent MMA chains (chunks 0-1 and 2-3) summed at the end, halving
+    the dependent HMMA chain per warp (fp32 sums in another order; products unchanged)."""
+    kv0 = _dequant(n0, scales, rope, 0, TILE, NOPE_TILES, ROW_SCALES)
+    kv1 = _dequant(n1, scales, rope, 1, TILE, NOPE_TILES, ROW_SCALES)
+    kv2 = _dequant(n2, scales, rope, 2, TILE, NOPE_TILES, ROW_SCALES)
+    kv3 = _dequant(n3, scales, rope, 3, TILE, NOPE_TILES, ROW_SCALES)
+    if QK_CHAINS == 2:
+        s = tl.dot(q0, tl.trans(kv0))
+        s = tl.dot(q1, tl.trans(kv1), s)
+        s_hi = tl.dot(q2, tl.trans(kv2))
+        s = s + tl.dot(q3, tl.trans(kv3), s_hi)
+    else:
+        s = tl.dot(q0, tl.trans(kv0))
+        s = tl.dot(q1, tl.trans(kv1), s)
+        s = tl.dot(q2, tl.trans(kv2), s)
+        s = tl.dot(q3, tl.trans(kv3), s)
     s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -227,7 +257,8 @@ def sparse_mla_decode_kernel(
         tiles_per_split, num_splits, qk_scale,
         BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
         HAS_EXTRA: tl.constexpr, HAS_X_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT_K: tl.constexpr,
-        PREFETCH_KV: tl.constexpr, D: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
+        PREFETCH_KV: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr, D: tl.constexpr,
+        TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
         DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
     """Grid ``(HEAD_BLOCKS * splits, B * s_q)``; see the module docstring. Split ``j`` of a query
     row takes live tiles ``[j * tiles_per_split, (j + 1) * tiles_per_split)`` of the row's
@@ -262,7 +293,7 @@ def sparse_mla_decode_kernel(
         valid, n0, n1, n2, n3, rope, scales = _load_tile(
             u_lo, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
             x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
-            DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
+            DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
         slots = _load_slots(u_lo + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
 
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -286,19 +317,21 @@ def sparse_mla_decode_kernel(
             valid, n0, n1, n2, n3, rope, scales = _load_tile(
                 u + 1, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
                 x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
-                DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
+                DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
             slots = _load_slots(u + 2, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
-                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES)
+                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES,
+                                                       ROW_SCALES, QK_CHAINS)
     else:  # slots one tile ahead only (fewer live registers)
         for u in range(u_lo, u_end):
             c_valid, c0, c1, c2, c3, c_rope, c_scales = _load_tile(
                 u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
                 x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
-                DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
+                DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
             slots = _load_slots(u + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
-                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES)
+                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES,
+                                                       ROW_SCALES, QK_CHAINS)
 
     if SPLIT_K:  # publish (acc, max, sum); sparse_mla_combine_kernel merges the splits
         unit = row * HEAD_BLOCKS + head_block
@@ -413,24 +446,44 @@ def _program_target(device: str) -> int:
     return CPU_PROGRAMS
 
 
-def choose_splits(units: int, total_tiles: int, device) -> tuple[int, int]:
+def combine_cols(splits: int) -> int:
+    """Columns per combine program: narrower for many splits so the [splits, 16, cols] block stays
+    in registers."""
+    return 32 if splits <= COMBINE_SPLITS_WIDE else 16
+
+
+def choose_splits(units: int, total_tiles: int, device, max_splits: int = MAX_SPLITS) -> tuple[int, int]:
     """(splits, tiles per split) for ``units`` (query row, head block) pairs, from shapes and the
-    SM count only, so a CUDA graph replays the same launch."""
+    SM count only, so a CUDA graph replays the same launch.
+
+    One decode program fills an SM (registers), so the time is about (waves of programs) x (tiles
+    per program + a program's fixed cost), plus a fixed cost for the partials and the combine
+    launch when split: pick the split count that minimises that (fewest splits on ties). A split count that spills into a
+    second wave of programs is what made B=16 and B=64 slow under the earlier "ceil(SMs / units)"
+    rule (``benchmarks/sparse_mla_decode-h200.md``)."""
     target = _program_target(str(device))
-    if units >= target or total_tiles <= 1:
-        return 1, max(total_tiles, 1)
-    splits = min(-(-target // units), total_tiles, MAX_SPLITS)
-    per = -(-total_tiles // splits)
-    return -(-total_tiles // per), per
+    total_tiles = max(total_tiles, 1)
+    best = None
+    for splits in range(1, min(total_tiles, max_splits) + 1):
+        per = -(-total_tiles // splits)
+        if -(-total_tiles // per) != splits:  # same tiles per program as a smaller split count
+            continue
+        waves = -(-(units * splits) // target)
+        cost = waves * (per + PROGRAM_OVERHEAD_TILES) + (SPLIT_OVERHEAD_TILES if splits > 1 else 0.0)
+        if best is None or cost < best[0]:
+            best = (cost, splits, per)
+    return best[1], best[2]
 
 
 def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
-                      extra_k_cache=None, extra_indices=None, extra_topk_length=None, *, num_splits=None):
+                      extra_k_cache=None, extra_indices=None, extra_topk_length=None, *, num_splits=None,
+                      launch_config=None):
     """Sparse MLA decode over V4-layout paged caches. Returns ``(out [B, s_q, H, 512] bf16,
     lse [B, H, s_q] fp32)`` with the semantics of upstream's ``_sm120_sparse_decode_fwd``.
 
-    ``num_splits`` overrides the split-K count (tests, tuning); by default it follows the shapes
-    and the GPU's SM count.
+    ``num_splits`` overrides the split-K count and ``launch_config`` (a dict like the values of
+    ``LAUNCH_CONFIGS``) the launch configuration (tests, tuning); by default both follow the
+    shapes and the GPU's SM count.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.dtype != torch.bfloat16 or q.shape[-1] != HEAD_DIM:
         _fail("q", f"[B, s_q, H, {HEAD_DIM}] bfloat16", _describe(q))
@@ -469,7 +522,9 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
     if rows == 0:
         return out, lse.permute(0, 2, 1)
 
-    cfg = LAUNCH_CONFIGS[padded_heads(num_heads)]
+    cfg = LAUNCH_CONFIGS[padded_heads(num_heads)] if launch_config is None else launch_config
+    if padded_heads(num_heads) % cfg["BLOCK_H"]:
+        _fail("launch_config", f"BLOCK_H dividing {padded_heads(num_heads)}", cfg)
     block_h, block_n = cfg["BLOCK_H"], cfg["BLOCK_N"]
     head_blocks = padded_heads(num_heads) // block_h
     units = rows * head_blocks
@@ -511,12 +566,14 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         per, splits, float(softmax_scale) * LOG2E,
         BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, BLOCK_N=block_n, HAS_LEN=topk_length is not None,
         HAS_EXTRA=has_extra, HAS_X_LEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
-        SPLIT_K=splits > 1, PREFETCH_KV=cfg["PREFETCH_KV"], **_LAYOUT, num_warps=cfg["num_warps"],
+        SPLIT_K=splits > 1, PREFETCH_KV=cfg["PREFETCH_KV"], ROW_SCALES=cfg.get("ROW_SCALES", False),
+        QK_CHAINS=cfg.get("QK_CHAINS", 1), **_LAYOUT, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if splits > 1:
-        sparse_mla_combine_kernel[(units, block_h // COMBINE_SUB_H, HEAD_DIM // COMBINE_COLS)](
+        cols = combine_cols(splits)
+        sparse_mla_combine_kernel[(units, block_h // COMBINE_SUB_H, HEAD_DIM // cols)](
             part_acc, part_ml, out, lse, attn_sink if attn_sink is not None else lse, num_heads, splits,
-            BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, SUB_H=COMBINE_SUB_H, COLS=COMBINE_COLS,
+            BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, SUB_H=COMBINE_SUB_H, COLS=cols,
             SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=attn_sink is not None,
             num_warps=COMBINE_WARPS)
     return out, lse.permute(0, 2, 1)
@@ -616,7 +673,7 @@ def _signature() -> dict:
     sig.update(pointers)
     sig["qk_scale"] = "fp32"
     for name in ("BLOCK_H", "HEAD_BLOCKS", "BLOCK_N", "HAS_LEN", "HAS_EXTRA", "HAS_X_LEN", "HAS_SINK", "SPLIT_K",
-                 "PREFETCH_KV", *_LAYOUT):
+                 "PREFETCH_KV", "ROW_SCALES", "QK_CHAINS", *_LAYOUT):
         sig[name] = "constexpr"
     return sig
 
@@ -631,7 +688,8 @@ def aot_configs() -> list[AotConfig]:
     for heads, cfg in LAUNCH_CONFIGS.items():
         constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                           HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
-                          PREFETCH_KV=cfg["PREFETCH_KV"], **_LAYOUT)
+                          PREFETCH_KV=cfg["PREFETCH_KV"], ROW_SCALES=cfg.get("ROW_SCALES", False),
+                          QK_CHAINS=cfg.get("QK_CHAINS", 1), **_LAYOUT)
         configs.append(AotConfig(
             name=f"sparse_mla_decode_h{heads}", kernel=sparse_mla_decode_kernel, signature=_signature(),
             constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,

@@ -60,8 +60,8 @@ def _case(seed, batch, s_q, heads, page_size, topk, extra_page_size=None, extra_
     return {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
 
 
-def _check(args, num_splits=None):
-    out, lse = smd.sparse_mla_decode(**args, num_splits=num_splits)
+def _check(args, num_splits=None, launch_config=None):
+    out, lse = smd.sparse_mla_decode(**args, num_splits=num_splits, launch_config=launch_config)
     ref_out, ref_lse = smd.reference_sparse_mla_decode(**args)
     b, s_q, h, _ = args["q"].shape
     assert out.shape == (b, s_q, h, HEAD_DIM) and out.dtype == torch.bfloat16
@@ -217,3 +217,45 @@ def test_split_count_depends_on_shapes_only():
     splits, per = smd.choose_splits(3, 7, "cpu")
     assert splits * per >= 7 and (splits - 1) * per < 7
     assert math.isclose(smd.LOG2E * smd.LN2, 1.0)
+
+
+# Launch forms the H200 sweep compares (tools/device_sparse_mla_decode.py): the packed per-row
+# scale dequant, two QK chains, and one 64-head program per row with 16-candidate tiles.
+LAUNCH_FORMS = {
+    "bh32_row_scales_2chains": (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, QK_CHAINS=2,
+                                         num_warps=8, num_stages=1)),
+    "bh64_bn16_prefetch": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8,
+                                    num_stages=1)),
+    "bh64_bn16_no_prefetch": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True, num_warps=8,
+                                       num_stages=1)),
+    "bh16_row_scales": (8, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8,
+                                num_stages=1)),
+}
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("form", sorted(LAUNCH_FORMS))
+def test_launch_forms(form, num_splits):
+    heads, cfg = LAUNCH_FORMS[form]
+    args = _case(41, 2, 2, heads, SWA_PAGE_SIZE, 40, C4_PAGE_SIZE, 40)
+    _check(args, num_splits=num_splits, launch_config=cfg)
+
+
+def test_more_than_sixteen_splits_use_the_narrow_combine():
+    cfg = dict(LAUNCH_FORMS["bh16_row_scales"][1], BLOCK_N=16)
+    args = _case(43, 1, 1, 16, C4_PAGE_SIZE, 160, C128_PAGE_SIZE, 160, lengths="full")
+    assert smd.combine_cols(20) < smd.combine_cols(16)
+    _check(args, num_splits=20, launch_config=cfg)
+
+
+def test_launch_config_must_divide_the_heads():
+    args = _case(45, 1, 1, 16, SWA_PAGE_SIZE, 16)
+    with pytest.raises(ValueError, match=r"^launch_config: expected"):
+        smd.sparse_mla_decode(**args, launch_config=LAUNCH_FORMS["bh64_bn16_prefetch"][1])
+
+
+def test_split_rule_avoids_a_second_wave():
+    # 8 "SMs" under the interpreter: 3 units x 3 splits would need two waves of programs
+    assert smd.choose_splits(3, 12, "cpu") == (2, 6)
+    assert smd.choose_splits(2, 20, "cpu") == (4, 5)
+    assert smd.choose_splits(2, 20, "cpu", max_splits=2) == (2, 10)
