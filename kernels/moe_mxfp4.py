@@ -80,7 +80,7 @@ from .dsv4 import (
     SWIGLU_LIMIT,
     TOP_K,
 )
-from .harness.aot import AotConfig
+from .harness.aot import TENSOR_CORE_OPCODES, AotConfig
 from .harness.interpreter import interpreter_enabled
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude codes 0..7; bit 3 is the sign
@@ -549,6 +549,169 @@ def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr,
             tl.store(y_ptr + rows[:, None] * hidden + n[None, :], acc * weight[:, None], mask=m_ok[:, None])
 
 
+# ---------------------------------------------------------------------------------------------
+# CUDA-core weight-streaming GEMV decode (few routed rows per expert)
+# ---------------------------------------------------------------------------------------------
+# The packed weights are read as int32 words (8 e2m1 values, k = 8w .. 8w+7, nibble j at bits 4j..4j+3)
+# in [rows, K/32 groups, 4 words] tiles (16-byte loads), dequantised on CUDA cores and reduced along K
+# inside each thread; no tensor core, no shared-memory staging of the weights.
+#
+# Bits: shifting a word so that nibbles j and j+4 sit at bits 12..15 and 28..31, ``(t & 0x80008000) |
+# ((t >> 6) & 0x01C001C0)`` is a bf16 pair holding both values times 2**-126 (the 0.5 code is the
+# subnormal 2**-127, see _dequant_nibble_tiles); ``<< 16`` and ``& 0xFFFF0000`` widen each half to the
+# exact float32. Those weights are tiny, so the activations are pre-scaled by 2**GEMV_ACT_SHIFT (exact;
+# keeps every product w*x normal for |w*x| >= 2**-GEMV_ACT_SHIFT, and finite for |x| < 2**(128 -
+# GEMV_ACT_SHIFT)); the E8M0 scale and the remaining 2**(126 - GEMV_ACT_SHIFT) multiply each 32-value
+# group's partial sum once, not each value.
+GEMV_ACT_SHIFT: tl.constexpr = tl.constexpr(32)
+GEMV_ACT_SCALE: tl.constexpr = tl.constexpr(2.0 ** 32)
+GEMV_GROUP_UNBIAS: tl.constexpr = tl.constexpr(2.0 ** (126 - 32))
+SIGN_PAIR_MASK: tl.constexpr = tl.constexpr(-0x7FFF8000)  # 0x80008000 as int32
+HIGH_HALF_MASK: tl.constexpr = tl.constexpr(-0x10000)  # 0xFFFF0000 as int32
+
+
+@triton.jit
+def _e2m1_pair(q, SHIFT: tl.constexpr):
+    """Nibbles j and j+4 of each int32 word ``q`` (``SHIFT`` = 12 - 4j) -> two float32 tiles, the
+    values times 2**-126 (exact, including the signs and the 0.5 subnormal)."""
+    t = q << SHIFT
+    pair = (t & SIGN_PAIR_MASK) | ((t >> 6) & 0x01C001C0)
+    return (pair << 16).to(tl.float32, bitcast=True), (pair & HIGH_HALF_MASK).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_pair(xp):
+    """int32 holding bf16 (even k, odd k) -> the two float32 values times 2**GEMV_ACT_SHIFT."""
+    even = (xp << 16).to(tl.float32, bitcast=True) * GEMV_ACT_SCALE
+    odd = (xp & HIGH_HALF_MASK).to(tl.float32, bitcast=True) * GEMV_ACT_SCALE
+    return even, odd
+
+
+@triton.jit
+def _gemv_group_sums(q, x_pairs_ptr):
+    """``q`` [R, G, 4] weight words against one activation row (``x_pairs_ptr`` [1, G, 4] pointers to
+    the int32 bf16 pairs of each word's first k) -> [R, G] per-group partial dots (unscaled)."""
+    x0, x1 = _bf16_pair(tl.load(x_pairs_ptr))
+    x2, x3 = _bf16_pair(tl.load(x_pairs_ptr + 1))
+    x4, x5 = _bf16_pair(tl.load(x_pairs_ptr + 2))
+    x6, x7 = _bf16_pair(tl.load(x_pairs_ptr + 3))
+    # one multiply, then a chain of fused multiply-adds
+    w0, w4 = _e2m1_pair(q, 12)
+    acc = w0 * x0
+    acc = tl.fma(w4, x4, acc)
+    w1, w5 = _e2m1_pair(q, 8)
+    acc = tl.fma(w1, x1, acc)
+    acc = tl.fma(w5, x5, acc)
+    w2, w6 = _e2m1_pair(q, 4)
+    acc = tl.fma(w2, x2, acc)
+    acc = tl.fma(w6, x6, acc)
+    w3, w7 = _e2m1_pair(q, 0)
+    acc = tl.fma(w3, x3, acc)
+    acc = tl.fma(w7, x7, acc)
+    return tl.sum(acc, 2)
+
+
+@triton.jit
+def _gemv_rows(w_ptrs, s_ptrs, x0_ptrs, x1_ptrs, k_len, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+               TWO_ROWS: tl.constexpr):
+    """Stream one [R, K] weight block (``w_ptrs`` [R, G, 4] int32 words, ``s_ptrs`` [R, G] E8M0 bytes)
+    and dot it with one or (TWO_ROWS) two activation rows, dequantising each tile once: float32 [R] each."""
+    acc0 = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
+    acc1 = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
+    for k0 in range(0, k_len, BLOCK_K):
+        q = tl.load(w_ptrs + k0 // 8)
+        factor = _e8m0_to_f32(tl.load(s_ptrs + k0 // 32))
+        acc0 += (_gemv_group_sums(q, x0_ptrs + k0 // 2) * GEMV_GROUP_UNBIAS) * factor
+        if TWO_ROWS:
+            acc1 += (_gemv_group_sums(q, x1_ptrs + k0 // 2) * GEMV_GROUP_UNBIAS) * factor
+    return tl.sum(acc0, 1), tl.sum(acc1, 1)
+
+
+@triton.jit
+def _gemv_tile_offsets(ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[ROWS, G, 4] word offsets within a row block's K step, [1, G, 4] activation-pair offsets of each
+    word's first k, [G] group index (G = BLOCK_K / 32)."""
+    g = tl.arange(0, BLOCK_K // 32)
+    word = g[:, None] * 4 + tl.arange(0, 4)[None, :]
+    return word[None, :, :], 4 * word[None, :, :], g
+
+
+@triton.jit
+def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                         num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr):
+    """Program (touched expert slot, block of BLOCK_N intermediate columns): the 2*BLOCK_N interleaved
+    gate/up rows of its expert against each routed row of that expert (two at a time with TWO_ROWS),
+    then the clamped SwiGLU. ``x_ptr``: the bf16 activations as int32 pairs [B, H/2]; ``w13_ptr``: the
+    repacked weights as int32 words [E, 2I, H/8]."""
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert = tl.load(active_experts_ptr + slot).to(tl.int64)
+    row_begin = tl.load(expert_start_ptr + expert)
+    row_end = tl.load(expert_start_ptr + expert + 1)
+    w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
+    words, pairs, g = _gemv_tile_offsets(2 * BLOCK_N, BLOCK_K)
+    # H % 256 == 0 (validated): every row starts 16-byte aligned, so the word loads can be 16 bytes wide
+    w_row_words = tl.multiple_of(w_rows * (hidden // 8), 4)
+    w_ptrs = w13_ptr + expert * (2 * inter) * (hidden // 8) + w_row_words[:, None, None] + words
+    s_ptrs = w13_scale_ptr + expert * (2 * inter) * (hidden // 32) + w_rows[:, None] * (hidden // 32) + g[None, :]
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    step = 2 if TWO_ROWS else 1
+    for m in range(row_begin, row_end, step):
+        row0 = tl.load(sorted_rows_ptr + m)
+        has_second = m + 1 < row_end
+        row1 = tl.load(sorted_rows_ptr + m + 1, mask=has_second, other=row0)
+        x0 = x_ptr + (row0 // TOP_K).to(tl.int64) * (hidden // 2) + pairs
+        x1 = x_ptr + (row1 // TOP_K).to(tl.int64) * (hidden // 2) + pairs
+        out0, out1 = _gemv_rows(w_ptrs, s_ptrs, x0, x1, hidden, 2 * BLOCK_N, BLOCK_K, TWO_ROWS)
+        gate, up = tl.split(tl.reshape(out0, [BLOCK_N, 2]))
+        tl.store(act_ptr + row0.to(tl.int64) * inter + cols, _swiglu(gate, up, swiglu_limit).to(tl.bfloat16))
+        if TWO_ROWS:
+            gate, up = tl.split(tl.reshape(out1, [BLOCK_N, 2]))
+            tl.store(act_ptr + row1.to(tl.int64) * inter + cols, _swiglu(gate, up, swiglu_limit).to(tl.bfloat16),
+                     mask=(cols >= 0) & has_second)
+
+
+@triton.jit
+def _swiglu(gate, up, swiglu_limit):
+    if swiglu_limit > 0:
+        gate = tl.minimum(gate, swiglu_limit)
+        up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
+def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
+                      active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr):
+    """Program (touched expert slot, block of BLOCK_N hidden columns): the down projection of each
+    routed row of its expert, times its routing weight, into fp32 ``y [B*top_k, H]``. ``act_ptr``: the
+    bf16 SwiGLU rows as int32 pairs [B*top_k, I/2]; ``w2_ptr``: int32 words [E, H, I/8]."""
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert = tl.load(active_experts_ptr + slot).to(tl.int64)
+    row_begin = tl.load(expert_start_ptr + expert)
+    row_end = tl.load(expert_start_ptr + expert + 1)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    words, pairs, g = _gemv_tile_offsets(BLOCK_N, BLOCK_K)
+    w_row_words = tl.multiple_of(n * (inter // 8), 4)  # I % 32 == 0: 16-byte aligned rows
+    w_ptrs = w2_ptr + expert * hidden * (inter // 8) + w_row_words[:, None, None] + words
+    s_ptrs = w2_scale_ptr + expert * hidden * (inter // 32) + n[:, None] * (inter // 32) + g[None, :]
+    step = 2 if TWO_ROWS else 1
+    for m in range(row_begin, row_end, step):
+        row0 = tl.load(sorted_rows_ptr + m).to(tl.int64)
+        has_second = m + 1 < row_end
+        row1 = tl.load(sorted_rows_ptr + m + 1, mask=has_second, other=row0).to(tl.int64)
+        out0, out1 = _gemv_rows(w_ptrs, s_ptrs, act_ptr + row0 * (inter // 2) + pairs,
+                                act_ptr + row1 * (inter // 2) + pairs, inter, BLOCK_N, BLOCK_K, TWO_ROWS)
+        tl.store(y_ptr + row0 * hidden + n, out0 * tl.load(topk_weights_ptr + row0).to(tl.float32))
+        if TWO_ROWS:
+            tl.store(y_ptr + row1 * hidden + n, out1 * tl.load(topk_weights_ptr + row1).to(tl.float32),
+                     mask=(n >= 0) & has_second)
+
+
 @triton.jit
 def _to_bf16_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -596,7 +759,10 @@ def use_dot_scaled(num_rows: int, inter: int) -> bool:
 #   "split_f32" / "split_bf16": _dequant_nibble_tiles, low and high nibbles as two tiles multiplied
 #                 with the even and odd activation columns (no interleaving), scale in bf16 (HMUL2);
 #                 the e2m1 unbias multiply in float32 (FMUL) or packed bf16 (HMUL2).
-UPCASTS = ("dot_scaled", "regs", "split_f32", "split_bf16")
+#   "gemv":       no tensor core: the CUDA-core weight-streaming GEMV (_gate_up_gemv_kernel /
+#                 _down_gemv_kernel), one or two routed rows per pass over a weight block.
+UPCASTS = ("dot_scaled", "regs", "split_f32", "split_bf16", "gemv")
+GEMM_UPCASTS = UPCASTS[:4]  # the variants that feed tl.dot / tl.dot_scaled
 _SPLIT_NIBBLES = {"split_f32": SCALE_MATH_F32, "split_bf16": SCALE_MATH_BF16}
 
 
@@ -637,6 +803,22 @@ def down_config(num_rows: int, inter: int, act_mxfp8: bool = False) -> GemmConfi
     if num_rows > DECODE_MAX_ROWS:
         return GemmConfig(64, 128, min(64, inter), 8, 3)
     return GemmConfig(16, 64, min(128, inter), 4, 3)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvConfig:
+    """CUDA-core GEMV tile: ``block_n`` output columns per program (gate/up: intermediate columns, i.e.
+    2*block_n interleaved weight rows), ``block_k`` K values per step (a multiple of 32, clipped to K),
+    ``two_rows``: two routed rows per pass over the weight block (each tile dequantised once)."""
+    block_n: int
+    block_k: int
+    num_warps: int
+    two_rows: bool = False
+
+
+def gemv_configs(num_rows: int, inter: int) -> tuple[GemvConfig, GemvConfig]:
+    """(gate/up, down) GEMV tiles."""
+    return GemvConfig(16, 512, 4, num_rows > 2 * TOP_K), GemvConfig(32, min(512, inter), 4, num_rows > 2 * TOP_K)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -733,6 +915,12 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
         upcast = default_upcast(num_rows, inter) if dot_scaled is None else ("dot_scaled" if dot_scaled else "regs")
     if upcast not in UPCASTS:
         raise ValueError(f"upcast must be one of {UPCASTS}, got {upcast!r}")
+    if upcast == "gemv":
+        if act_mxfp8 or split_k not in (None, "off"):
+            raise ValueError(f"upcast='gemv' takes bf16 activations and no split_k, got act_mxfp8={act_mxfp8}, "
+                             f"split_k={split_k!r}")
+        return _gemv_forward(x, w13, w13_scale, w2, w2_scale, weights_=topk_weights, ids_=topk_ids, out=out,
+                             swiglu_limit=swiglu_limit, configs=configs)
     dot_scaled = upcast == "dot_scaled"
     split_nibbles = _split_nibbles(upcast)
     device = x.device
@@ -893,6 +1081,39 @@ TICKETS_PER_EXPERT = MOE_INTERMEDIATE_SIZE // 16  # n blocks of gate/up at the s
 LAUNCHES_PER_FORWARD = 4
 
 
+def _gemv_forward(x, w13, w13_scale, w2, w2_scale, weights_, ids_, out, swiglu_limit, configs):
+    """The four launches with the CUDA-core GEMV in place of the two GEMMs (routing and top-k sum as ever)."""
+    batch, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    top_k = ids_.shape[1]
+    num_rows = batch * top_k
+    ids = ids_.contiguous()
+    weights = weights_.contiguous()
+    gu_cfg, dn_cfg = configs if configs else gemv_configs(num_rows, inter)
+    if not (isinstance(gu_cfg, GemvConfig) and isinstance(dn_cfg, GemvConfig)):
+        raise ValueError(f"configs for upcast='gemv' must be two GemvConfig, got {configs!r}")
+    gu_k, dn_k = min(gu_cfg.block_k, hidden), min(dn_cfg.block_k, inter)
+    if (inter % gu_cfg.block_n or hidden % dn_cfg.block_n or gu_k % 32 or dn_k % 32 or hidden % gu_k
+            or inter % dn_k):
+        raise ValueError(f"GEMV tiles {configs!r} do not divide H={hidden}, I={inter}")
+    sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)
+    slots = min(num_rows, num_experts)
+    act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=x.device)
+    _gate_up_gemv_kernel[(slots, inter // gu_cfg.block_n)](
+        x.view(torch.int32), w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start,
+        active_experts, num_active, act, hidden, inter, float(swiglu_limit), TOP_K=top_k,
+        BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, TWO_ROWS=gu_cfg.two_rows, num_warps=gu_cfg.num_warps)
+    y = torch.empty(num_rows, hidden, dtype=torch.float32, device=x.device)
+    _down_gemv_kernel[(slots, hidden // dn_cfg.block_n)](
+        act.view(torch.int32), w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start,
+        active_experts, num_active, y, hidden, inter, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
+        TWO_ROWS=dn_cfg.two_rows, num_warps=dn_cfg.num_warps)
+    _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
+        y, ids, out, hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, num_warps=4)
+    return out
+
+
 def dequant_nibbles(packed: torch.Tensor, scale: torch.Tensor, upcast: str = "split_bf16") -> torch.Tensor:
     """``[N, K/2]`` packed e2m1 + ``[N, K/32]`` E8M0 -> float32 ``[N, K]`` through the split-nibble
     upcast the GEMMs use (``upcast`` "split_f32" or "split_bf16"): its values must equal
@@ -946,12 +1167,29 @@ def _down_sig(act_mxfp8):
             "SPLIT_NIBBLES": "constexpr", "SPLIT_K": "constexpr", "ATOMIC_OUT": "constexpr"}
 
 
+GEMV_AOT_ROWS = (TOP_K, 64 * TOP_K)  # routed rows whose GEMV tiles ship (one- and two-row passes)
+
+
+def _gate_up_gemv_sig():
+    return {"x_ptr": "*i32", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32",
+            "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "act_ptr": "*bf16",
+            "hidden": "i32", "inter": "i32", "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_N": "constexpr",
+            "BLOCK_K": "constexpr", "TWO_ROWS": "constexpr"}
+
+
+def _down_gemv_sig():
+    return {"act_ptr": "*i32", "w2_ptr": "*i32", "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32",
+            "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
+            "num_active_ptr": "*i32", "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_N": "constexpr",
+            "BLOCK_K": "constexpr", "TWO_ROWS": "constexpr"}
+
+
 def aot_configs() -> list[AotConfig]:
     configs = []
     seen = set()
     shapes = [(rows, MOE_INTERMEDIATE_SIZE // tp) for tp in SUPPORTED_TP for rows in (TOP_K, DECODE_MAX_ROWS + 1)]
     tags = {"dot_scaled": "ds", "regs": "regs", "split_f32": "splitf32", "split_bf16": "splitbf16"}
-    for upcast in UPCASTS:
+    for upcast in GEMM_UPCASTS:
         for rows, inter in shapes:
             phase = "decode" if rows <= DECODE_MAX_ROWS else "prefill"
             shipped = upcast == default_upcast(rows, inter)
@@ -1006,6 +1244,27 @@ def aot_configs() -> list[AotConfig]:
                 name=f"moe_mxfp4_{kind}_decode_{tags[upcast]}_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}_splitk{split}",
                 kernel=kernel, signature=sig(False), constexprs=constexprs, num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",)))
+    # CUDA-core GEMV decode: no tensor-core opcode; the weights stream in 16-byte loads
+    # (tests/kernels/test_moe_mxfp4_aot.py asserts those)
+    for tp in SUPPORTED_TP:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        for rows in GEMV_AOT_ROWS:
+            gu, dn = gemv_configs(rows, inter)
+            for kind, kernel, sig, cfg, k_len in (("gate_up", _gate_up_gemv_kernel, _gate_up_gemv_sig(), gu, HIDDEN_SIZE),
+                                                   ("down", _down_gemv_kernel, _down_gemv_sig(), dn, inter)):
+                block_k = min(cfg.block_k, k_len)
+                key = (kind, "gemv", cfg.block_n, block_k, cfg.num_warps, cfg.two_rows)
+                if key in seen:
+                    continue
+                seen.add(key)
+                constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": block_k, "TWO_ROWS": cfg.two_rows}
+                if kind == "gate_up":
+                    constexprs["TOP_K"] = TOP_K
+                configs.append(AotConfig(
+                    name=f"moe_mxfp4_{kind}_gemv_n{cfg.block_n}k{block_k}w{cfg.num_warps}{'_2rows' if cfg.two_rows else ''}",
+                    kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps, num_stages=1,
+                    div16=("hidden", "inter"), forbid_opcodes=TENSOR_CORE_OPCODES,
+                    note="CUDA-core GEMV decode"))
     configs.append(AotConfig(
         name="moe_mxfp4_to_bf16", kernel=_to_bf16_kernel,
         signature={"src_ptr": "*fp32", "dst_ptr": "*bf16", "numel": "i32", "BLOCK": "constexpr"},
