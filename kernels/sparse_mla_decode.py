@@ -28,15 +28,20 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
   (bf16 products, fp32 sums); only P is rounded to bf16 (relative error ~1.7e-3 at full shapes).
   An FP8/MXFP8 QK would save one bf16 copy of the tile in shared memory but quantise ``q`` and the
   rope to 3 mantissa bits; the bf16 path fits once the tile is 16-32 candidates, so it was kept.
-* **Head blocks of 32, KV gathered once per head block.** Shared memory is q (BH x 1 KB) plus
-  the KV tile twice (two operand swizzles, 2 KB per candidate). 64 heads in one program fit at
-  16 candidates per tile (98304 B without, >101376 B with cp.async staging) but need every
-  register: 226 without prefetching and spills (332-460 B) with it. So H=64 runs as two programs
-  of 32 heads that gather the same rows (the second read mostly hits L2): 67584 B, 242
-  registers, no spills. On the H200 (sweep rows in the benchmark) it is faster at B=1 (17.8 vs
-  19.7 us) but slower at B=64 (95-105 us vs 73.6 us for the 64-head program with 2 splits), so
-  the single 64-head program is the next thing to make fit without spills. H=32 runs one 32-head
-  block, H=16 and H=8 one 16-head block.
+* **Head blocks, KV gathered once per head block.** Shared memory is q (BH x 1 KB) plus one
+  bf16 copy of the KV tile (Triton shares it between the two products through a transposed view).
+  Below 64 query rows H=64 runs as two programs of 32 heads that gather the same rows (the second
+  read mostly hits L2): 67584 B, 217 registers on sm_120a. From 64 rows on (``LARGE_BATCH_CONFIGS``)
+  it runs one 64-head program per row with 16-candidate tiles and no register prefetch (98304 B,
+  224 registers, no spills), which gathers and dequantises each row once. On the H200 that took C4
+  B=64 from 83.5 to 74.3 us but was slower at B <= 16 (``benchmarks/sparse_mla_decode-h200-run3.md``).
+  H=32 runs one 32-head block, H=16 and H=8 one 16-head block.
+* **Dequant in the tile's own layout.** The seven UE8M0 bytes of a candidate are packed into one
+  int64 (``ROW_SCALES``), so choosing a group's scale is a per-row shift. Loading them as a
+  ``[BLOCK_N, 8]`` tile and reducing across lanes made Triton run the whole dequant one element per
+  thread, behind a layout conversion of every raw FP8 chunk. The sm_90 main loop went from 1198 to
+  1019 instructions, and the 32-head program from 242 to 217 registers on sm_120a. This is also what
+  lets the 64-head program fit.
 * **Gathers overlap the MMAs.** One loop walks the row's live tiles, main cache first, then the
   extra cache (both read in place through their own page size and page stride); slots are loaded
   two tiles ahead and the raw KV (FP8 nope, bf16 rope, UE8M0 bytes) one tile ahead, in
@@ -44,11 +49,14 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
   H200 (``benchmarks/sparse_mla_decode-h200-run1.md`` has the first version).
 * **Split-K over candidates.** The grid is ``(head_blocks * splits, B * s_q)``; split ``j`` takes
   a contiguous run of the row's live tiles, so B=1 spreads over the GPU. Splits write fp32
-  (acc, max, sum) partials and one small combine kernel (all splits of a 16 x 32 block loaded in
+  (acc, max, sum) partials and one small combine kernel (all splits of a 16-head block loaded in
   one round trip) merges them, applies the sink and writes ``out`` and ``lse``. A first version
   merged in the last-arriving split (atomic ticket): that single program's serial L2 reads cost
-  ~20-30 us at B=1, more than the launch it saved. With one split (large B) there is no scratch
-  and no second launch; the sink and both caches are always inside the main kernel.
+  ~20-30 us at B=1, more than the launch it saved. With one split there is no scratch and no
+  second launch; the sink and both caches are always inside the main kernel. The split count
+  (``choose_splits``) counts waves: one program fills an SM, so a count whose programs spill into
+  a second wave costs a wave more of tiles. In the H200 sweep it picked the fastest timed count in
+  every cell. The older rule, ceil(SMs / units), ran B=16 in two waves (51.8 us, now 29.5 us).
 * **Graph capture.** Launch geometry and scratch depend only on shapes and the SM count.
 """
 
@@ -68,12 +76,21 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 # Launch configuration by padded head count (8 -> 16): heads per program (BLOCK_H; a padded count
-# above it runs as several head blocks), candidates per tile, warps, pipeline stages. Chosen with
-# the sm_120a AOT report (shared memory <= 101376 B, no spills); see aot_configs().
+# above it runs as several head blocks), candidates per tile, KV prefetch in registers, packed
+# per-row scales, QK chains, warps, pipeline stages. Chosen from the H200 sweep in
+# benchmarks/sparse_mla_decode-h200-run3.md among configs that fit sm_120a/sm_121a without spills
+# (aot_configs()). H=32 was not measured: it runs the same 32-head program as one H=64 head block.
+# QK_CHAINS=2 (two independent QK accumulation chains) measured no gain and stays off.
 LAUNCH_CONFIGS = {
-    64: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1),
-    32: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1),
-    16: dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1),
+    64: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1),
+    32: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1),
+    16: dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1),
+}
+# From this many query rows (B * s_q) on, H=64 runs one 64-head program per row (KV gathered and
+# dequantised once, 16-candidate tiles, no register prefetch: 224 registers, 98304 B on sm_120a).
+# On the H200 it took C4 B=64 from 83.5 (2 x 32 heads) to 74.3 us but was slower at B <= 16.
+LARGE_BATCH_CONFIGS = {
+    64: (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True, num_warps=8, num_stages=1)),
 }
 MIN_HEADS = 16  # tl.dot needs M >= 16: H = 8 runs padded to 16 rows
 MAX_SPLITS = 32  # bounds the combine's registers (all splits of a block are loaded at once)
@@ -446,6 +463,15 @@ def _program_target(device: str) -> int:
     return CPU_PROGRAMS
 
 
+def launch_config_for(num_heads: int, rows: int) -> dict:
+    """The default launch configuration for ``num_heads`` heads and ``rows`` query rows (B * s_q)."""
+    heads = padded_heads(num_heads)
+    large = LARGE_BATCH_CONFIGS.get(heads)
+    if large is not None and rows >= large[0]:
+        return large[1]
+    return LAUNCH_CONFIGS[heads]
+
+
 def combine_cols(splits: int) -> int:
     """Columns per combine program: narrower for many splits so the [splits, 16, cols] block stays
     in registers."""
@@ -522,7 +548,7 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
     if rows == 0:
         return out, lse.permute(0, 2, 1)
 
-    cfg = LAUNCH_CONFIGS[padded_heads(num_heads)] if launch_config is None else launch_config
+    cfg = launch_config_for(num_heads, rows) if launch_config is None else launch_config
     if padded_heads(num_heads) % cfg["BLOCK_H"]:
         _fail("launch_config", f"BLOCK_H dividing {padded_heads(num_heads)}", cfg)
     block_h, block_n = cfg["BLOCK_H"], cfg["BLOCK_N"]
@@ -683,28 +709,36 @@ _DIV16 = ("q_stride_b", "q_stride_s", "q_stride_h", "idx_stride_b", "idx_stride_
           "x_idx_stride_b", "x_idx_stride_s", "x_page_stride", "topk", "x_topk", "n_slots", "x_n_slots")
 
 
+def _shipped_configs():
+    """(name suffix, padded heads, config) for every default launch configuration."""
+    out = [(f"h{heads}", heads, cfg) for heads, cfg in LAUNCH_CONFIGS.items()]
+    out += [(f"h{heads}_rows{rows}", heads, cfg) for heads, (rows, cfg) in LARGE_BATCH_CONFIGS.items()]
+    return out
+
+
 def aot_configs() -> list[AotConfig]:
     configs = []
-    for heads, cfg in LAUNCH_CONFIGS.items():
+    for suffix, heads, cfg in _shipped_configs():
         constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                           HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
                           PREFETCH_KV=cfg["PREFETCH_KV"], ROW_SCALES=cfg.get("ROW_SCALES", False),
                           QK_CHAINS=cfg.get("QK_CHAINS", 1), **_LAYOUT)
         configs.append(AotConfig(
-            name=f"sparse_mla_decode_h{heads}", kernel=sparse_mla_decode_kernel, signature=_signature(),
+            name=f"sparse_mla_decode_{suffix}", kernel=sparse_mla_decode_kernel, signature=_signature(),
             constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,
             expect_opcodes=("HMMA.16816.F32.BF16",),
             note=f"H={'8/16' if heads == 16 else heads}: {cfg['BLOCK_H']} heads x {cfg['BLOCK_N']} candidates per "
                  f"tile, both caches, sink, split-K partials"))
-    for heads, cfg in LAUNCH_CONFIGS.items():
-        configs.append(AotConfig(
-            name=f"sparse_mla_combine_h{heads}", kernel=sparse_mla_combine_kernel,
-            signature={"part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
-                       "sink_ptr": "*fp32", "num_heads": "i32", "num_splits": "i32", "BLOCK_H": "constexpr",
-                       "HEAD_BLOCKS": "constexpr", "SUB_H": "constexpr", "COLS": "constexpr", "SPLITS": "constexpr",
-                       "D": "constexpr", "HAS_SINK": "constexpr"},
-            constexprs=dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], SUB_H=COMBINE_SUB_H,
-                            COLS=COMBINE_COLS, SPLITS=MAX_SPLITS, D=HEAD_DIM, HAS_SINK=True),
-            num_warps=COMBINE_WARPS, num_stages=1, div16=("num_heads",),
-            note="split-K merge + sink + LSE, widest split count (no tensor cores: a reduction)"))
+    for suffix, heads, cfg in _shipped_configs():
+        for splits in (COMBINE_SPLITS_WIDE, MAX_SPLITS):  # widest split count of each column width
+            configs.append(AotConfig(
+                name=f"sparse_mla_combine_{suffix}_s{splits}", kernel=sparse_mla_combine_kernel,
+                signature={"part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
+                           "sink_ptr": "*fp32", "num_heads": "i32", "num_splits": "i32", "BLOCK_H": "constexpr",
+                           "HEAD_BLOCKS": "constexpr", "SUB_H": "constexpr", "COLS": "constexpr",
+                           "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr"},
+                constexprs=dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], SUB_H=COMBINE_SUB_H,
+                                COLS=combine_cols(splits), SPLITS=splits, D=HEAD_DIM, HAS_SINK=True),
+                num_warps=COMBINE_WARPS, num_stages=1, div16=("num_heads",),
+                note=f"split-K merge + sink + LSE, up to {splits} splits (no tensor cores: a reduction)"))
     return configs

@@ -259,3 +259,12 @@ def test_split_rule_avoids_a_second_wave():
     assert smd.choose_splits(3, 12, "cpu") == (2, 6)
     assert smd.choose_splits(2, 20, "cpu") == (4, 5)
     assert smd.choose_splits(2, 20, "cpu", max_splits=2) == (2, 10)
+
+
+def test_default_launch_config_by_heads_and_rows():
+    rows, large = smd.LARGE_BATCH_CONFIGS[64]
+    assert smd.launch_config_for(64, rows - 1) is smd.LAUNCH_CONFIGS[64]
+    assert smd.launch_config_for(64, rows) is large and large["BLOCK_H"] == 64
+    assert smd.launch_config_for(8, 4 * rows) is smd.LAUNCH_CONFIGS[16]
+    # the large-batch form is one of the launch forms checked above against the reference
+    assert large == LAUNCH_FORMS["bh64_bn16_no_prefetch"][1]
