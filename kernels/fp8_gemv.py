@@ -9,6 +9,11 @@ activation quantisation, so the result is closer to the bf16 model than upstream
 path). Small N is split along K so that one row still fills the GPU; the split partials are summed
 by the last CTA of each tile (a self-resetting per-weight counter), so a call is one launch.
 
+Launch forms (``GemvConfig``; ``default_config`` picks one from the H200 runs in ``benchmarks/``):
+the 1-row FMA form and the 16/32-row tensor-core form of ``_block_fp8_gemv_kernel``, and the rows
+form ``_block_fp8_gemv_rows_kernel`` (1, 2, 4 or 8 rows share each dequantised weight chunk on CUDA
+cores), used at 2 rows and, one-shot (a program's whole K in flight), at 1 row for short K.
+
 Layout (what SGLang hands over):
 
 * ``x``: ``[..., K]`` bf16, last dim contiguous; ``weight``: ``[N, K]`` float8_e4m3fn row-major;
@@ -202,9 +207,184 @@ def _block_fp8_gemv_kernel(
             tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call (graph replays)
 
 
+@triton.jit
+def _load_weight(ptrs, mask, EVICT_FIRST: tl.constexpr):
+    """FP8 weight tile; EVICT_FIRST marks it first out of L2 (each byte is read once per call)."""
+    if EVICT_FIRST:
+        w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        w = tl.load(ptrs, mask=mask, other=0.0)
+    return w
+
+
+@triton.jit
+def _row_partial(w, s_cols, x_base, row, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k, k_mask, k_first,
+                 INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr, WIDTH: tl.constexpr):
+    """Row ``row``'s contribution of one K chunk: sum_k w[n, k] * (x[row, k] * scale(k)) in fp32, [BLOCK_N].
+    A row past M loads zeros (contributes nothing). The scale is folded into the fp32 activation, shared
+    by every column of the tile; its position is read only when the chunk reaches rope dims."""
+    valid = row < M
+    freq_row = freqs_ptr
+    if INV_ROPE:
+        if (k_first % HEAD) + WIDTH > HEAD - ROPE:
+            pos = tl.load(pos_ptr + row, mask=valid, other=0)
+            freq_row = freqs_ptr + pos.to(tl.int64) * stride_freq
+    x = _load_activation(x_base + row * stride_xm, freq_row, k, k_mask & valid, k_first, INV_ROPE, HEAD, ROPE,
+                         WIDTH)
+    return tl.sum(w * (x.to(tl.float32) * s_cols)[None, :], axis=1)
+
+
+@triton.jit
+def _store_row(acc, row, M, y_row_ptr, part_row_ptr, rn, n_mask, IS_SPLIT: tl.constexpr):
+    mask = n_mask & (row < M)
+    if IS_SPLIT:
+        tl.store(part_row_ptr + rn, acc, mask=mask)
+    else:
+        tl.store(y_row_ptr + rn, acc.to(tl.bfloat16), mask=mask)
+
+
+# Rows form: up to 8 rows share each dequantised weight tile in registers (CUDA-core FMAs).
+@triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
+def _block_fp8_gemv_rows_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+    M, N, K,
+    stride_xm, stride_xg,
+    stride_wg, stride_wn,
+    stride_sg, stride_sn,
+    stride_ym, stride_yg,
+    stride_freq,
+    k_blocks_per_split, num_splits,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
+    IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EVICT_FIRST: tl.constexpr,
+    INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
+):
+    """One program: rows [pid_m*ROWS, +ROWS) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over K blocks
+    [pid_k*k_blocks_per_split, +k_blocks_per_split), BLOCK_K*K_UNROLL columns per iteration.
+
+    Each weight chunk is loaded once (16-byte loads), converted to fp32 once, and multiplied by every
+    row's scaled activation; each row keeps a [BLOCK_N] fp32 accumulator (reduced along K every
+    iteration, so registers do not grow with ROWS x chunk). PREFETCH issues the next chunk's weight
+    load before this chunk's arithmetic (two chunks in flight per program). Row tiles of one column
+    tile are adjacent program ids, so when M > ROWS the re-read of a weight tile comes from L2."""
+    tl.static_assert(BLOCK_K % BLOCK_N == 0)
+    tl.static_assert(ROWS == 1 or ROWS == 2 or ROWS == 4 or ROWS == 8)
+    BLOCK_KI: tl.constexpr = BLOCK_K * K_UNROLL
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_g = tl.program_id(2)
+    m_tiles = tl.cdiv(M, ROWS)
+    pid_m = pid % m_tiles
+    pid_n = pid // m_tiles
+
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_KI)
+    n_mask = rn < N
+    row0 = pid_m * ROWS
+    x_base = x_ptr + pid_g * stride_xg
+    w_rows = w_ptr + pid_g * stride_wg + rn[:, None] * stride_wn  # [BN, 1]
+    s_row = s_ptr + pid_g * stride_sg + (pid_n * BLOCK_N // BLOCK_K) * stride_sn
+
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    kb_begin = pid_k * k_blocks_per_split
+    kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
+    k_stop = tl.minimum(kb_end * BLOCK_K, K)
+
+    acc0 = tl.zeros((BLOCK_N,), tl.float32)
+    acc1 = tl.zeros((BLOCK_N,), tl.float32)
+    acc2 = tl.zeros((BLOCK_N,), tl.float32)
+    acc3 = tl.zeros((BLOCK_N,), tl.float32)
+    acc4 = tl.zeros((BLOCK_N,), tl.float32)
+    acc5 = tl.zeros((BLOCK_N,), tl.float32)
+    acc6 = tl.zeros((BLOCK_N,), tl.float32)
+    acc7 = tl.zeros((BLOCK_N,), tl.float32)
+    if PREFETCH:
+        k_next = kb_begin * BLOCK_K + rk
+        w_next = _load_weight(w_rows + k_next[None, :], n_mask[:, None] & (k_next < k_stop)[None, :], EVICT_FIRST)
+    for kb in range(kb_begin, kb_end, K_UNROLL):
+        k = kb * BLOCK_K + rk
+        k_mask = k < k_stop
+        if PREFETCH:
+            w_raw = w_next
+            k_next = k + BLOCK_KI
+            w_next = _load_weight(w_rows + k_next[None, :], n_mask[:, None] & (k_next < k_stop)[None, :],
+                                  EVICT_FIRST)
+        else:
+            w_raw = _load_weight(w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], EVICT_FIRST)
+        w = w_raw.to(tl.float32)
+        s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
+        k_first = kb * BLOCK_K
+        acc0 += _row_partial(w, s_cols, x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k, k_mask,
+                             k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+        if ROWS > 1:
+            acc1 += _row_partial(w, s_cols, x_base, row0 + 1, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
+                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+        if ROWS > 2:
+            acc2 += _row_partial(w, s_cols, x_base, row0 + 2, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
+                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+        if ROWS > 3:
+            acc3 += _row_partial(w, s_cols, x_base, row0 + 3, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
+                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+        if ROWS > 4:
+            acc4 += _row_partial(w, s_cols, x_base, row0 + 4, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
+                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+        if ROWS > 5:
+            acc5 += _row_partial(w, s_cols, x_base, row0 + 5, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
+                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+        if ROWS > 6:
+            acc6 += _row_partial(w, s_cols, x_base, row0 + 6, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
+                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+        if ROWS > 7:
+            acc7 += _row_partial(w, s_cols, x_base, row0 + 7, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
+                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+
+    y_base = y_ptr + pid_g * stride_yg
+    # partials [G, num_splits, M, N] fp32
+    part_g = partial_ptr + (pid_g * num_splits).to(tl.int64) * M * N
+    part_base = part_g + pid_k.to(tl.int64) * M * N
+    _store_row(acc0, row0, M, y_base + row0 * stride_ym, part_base + row0 * N, rn, n_mask, IS_SPLIT)
+    if ROWS > 1:
+        _store_row(acc1, row0 + 1, M, y_base + (row0 + 1) * stride_ym, part_base + (row0 + 1) * N, rn, n_mask,
+                   IS_SPLIT)
+    if ROWS > 2:
+        _store_row(acc2, row0 + 2, M, y_base + (row0 + 2) * stride_ym, part_base + (row0 + 2) * N, rn, n_mask,
+                   IS_SPLIT)
+    if ROWS > 3:
+        _store_row(acc3, row0 + 3, M, y_base + (row0 + 3) * stride_ym, part_base + (row0 + 3) * N, rn, n_mask,
+                   IS_SPLIT)
+    if ROWS > 4:
+        _store_row(acc4, row0 + 4, M, y_base + (row0 + 4) * stride_ym, part_base + (row0 + 4) * N, rn, n_mask,
+                   IS_SPLIT)
+    if ROWS > 5:
+        _store_row(acc5, row0 + 5, M, y_base + (row0 + 5) * stride_ym, part_base + (row0 + 5) * N, rn, n_mask,
+                   IS_SPLIT)
+    if ROWS > 6:
+        _store_row(acc6, row0 + 6, M, y_base + (row0 + 6) * stride_ym, part_base + (row0 + 6) * N, rn, n_mask,
+                   IS_SPLIT)
+    if ROWS > 7:
+        _store_row(acc7, row0 + 7, M, y_base + (row0 + 7) * stride_ym, part_base + (row0 + 7) * N, rn, n_mask,
+                   IS_SPLIT)
+    if IS_SPLIT:
+        # the last program of this tile to arrive sums the partials (as in _block_fp8_gemv_kernel)
+        tl.debug_barrier()
+        tile = pid_g * tl.num_programs(0) + pid
+        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+        if arrived == num_splits - 1:
+            rm = row0 + tl.arange(0, ROWS)
+            y_mask = (rm < M)[:, None] & n_mask[None, :]
+            tile_part = rm[:, None] * N + rn[None, :]
+            total = tl.zeros((ROWS, BLOCK_N), tl.float32)
+            for s in range(num_splits):
+                total += tl.load(part_g + s * M * N + tile_part, mask=y_mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_base + rm[:, None] * stride_ym + rn[None, :], total.to(tl.bfloat16), mask=y_mask)
+            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call (graph replays)
+
+
 # ----------------------------------------------------------------------------------------------
 # launch configuration
 # ----------------------------------------------------------------------------------------------
+
+
+ROWS_FORM_BLOCK_M = (1, 2, 4, 8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,21 +397,49 @@ class GemvConfig:
     num_stages: int = 3
     k_unroll: int = 1  # 128-wide K blocks per loop iteration
     swap_ab: bool = False  # dot form: the weight is the MMA's A operand
+    # rows form (_block_fp8_gemv_rows_kernel): block_m in (1, 2, 4, 8) rows share each dequantised
+    # weight chunk on CUDA cores; use_dot must be False
+    rows_form: bool = False
+    prefetch: bool = False  # rows form: next chunk's weight load issued before this chunk's FMAs
+    evict_first: bool = False  # rows form: weight loads marked evict-first in L2
+
+    def __post_init__(self):
+        if self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M):
+            raise ValueError(f"config: rows form needs use_dot=False and block_m in {ROWS_FORM_BLOCK_M}, got {self}")
 
     @property
     def name(self) -> str:
-        kind = ("dotT" if self.swap_ab else "dot") if self.use_dot else "fma"
+        if self.rows_form:
+            kind = "rows"
+        else:
+            kind = ("dotT" if self.swap_ab else "dot") if self.use_dot else "fma"
+        extra = ("_pf" if self.prefetch else "") + ("_ef" if self.evict_first else "")
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
-                f"_st{self.num_stages}")
+                f"_st{self.num_stages}{extra}")
 
 
 # Launch forms chosen from the H200 sweep (benchmarks/fp8_gemv-h200.md, -sweep.json; geometric
 # mean over the seven linears at T = 1, 2, 4, 8): one row runs on CUDA-core FMAs two 128-blocks per
 # iteration; 2 to 16 rows on tensor cores with 16-row, 32-column tiles; more rows with 32x64 tiles.
+# Run 3 (fp8_gemv-h200-run3.summary.md) moved 2 rows and short-K single rows to the rows form (below);
+# run 4 (fp8_gemv-h200-run4-dot.md: 3-6 stages, 64-col tiles, 2 warps, swapped operands) found no
+# better tensor-core form for 4..16 rows (best variant geomean 1.01x).
 FMA_MAX_ROWS = 1
 FMA_BLOCK_N, FMA_K_UNROLL = 32, 2
 DOT_BLOCK_N = 32
 WIDE_BLOCK_M, WIDE_BLOCK_N = 32, 64
+# Rows form (benchmarks/fp8_gemv-h200-run3.md, H200, weight copies rotated past L2): at 2 rows it
+# beat the 16-row tensor-core tile on all 22 linear/T shapes (geomean 0.94x the time) with 32
+# columns, 2 K blocks per iteration and no prefetch; at 4+ rows it lost everywhere (CUDA-core FMAs
+# per row: instruction-bound), so 3..16 rows stay on the tensor-core form.
+ROWS_FORM_ROWS = 2
+ROWS_FORM_BLOCK_N, ROWS_FORM_K_UNROLL = 32, 2
+# One-shot rows form at 1 row (same run): for K of 4..8 blocks and at most 4 (8-warp variant: 2)
+# programs per SM of 16 columns, each program loads its whole K at once; 0.84-0.93x the FMA form's
+# time on every such DSv4 shape ([4096|8192, 1024], [4096, 512]); larger N or K keep the FMA form.
+ONE_SHOT_BLOCK_N = 16
+ONE_SHOT_MIN_K_BLOCKS, ONE_SHOT_MAX_K_BLOCKS = 4, 8
+ONE_SHOT_WIDE_PROGRAMS_PER_SM = 2
 # Programs wanted per SM for full memory bandwidth; split-K raises small-N launches to this.
 PROGRAMS_PER_SM = 4
 # A split keeps at least this many 128-wide K blocks so its partial store stays small.
@@ -259,6 +467,22 @@ def choose_split(tiles: int, k_blocks: int, target_programs: int) -> int:
 
 def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
+    k_blocks = triton.cdiv(k, FP8_BLOCK)
+    if m == 1 and ONE_SHOT_MIN_K_BLOCKS <= k_blocks <= ONE_SHOT_MAX_K_BLOCKS:
+        # few, short rows of weight (DSv4's K = 512 / 1024 linears at N <= 8192): one program per
+        # 16 columns with its whole K in flight at once beats the looping FMA form
+        tiles = groups * triton.cdiv(n, ONE_SHOT_BLOCK_N)
+        if k_blocks == ONE_SHOT_MAX_K_BLOCKS and tiles <= ONE_SHOT_WIDE_PROGRAMS_PER_SM * sm_count():
+            return GemvConfig(1, ONE_SHOT_BLOCK_N, 1, False, num_warps=8, k_unroll=k_blocks, rows_form=True,
+                              prefetch=True)
+        if tiles <= PROGRAMS_PER_SM * sm_count():
+            return GemvConfig(1, ONE_SHOT_BLOCK_N, 1, False, k_unroll=ONE_SHOT_MIN_K_BLOCKS, rows_form=True,
+                              prefetch=True, evict_first=True)
+    if m == ROWS_FORM_ROWS:
+        tiles = groups * triton.cdiv(n, ROWS_FORM_BLOCK_N)
+        split = choose_split(tiles, k_blocks, PROGRAMS_PER_SM * sm_count())
+        return GemvConfig(ROWS_FORM_ROWS, ROWS_FORM_BLOCK_N, split, False, k_unroll=ROWS_FORM_K_UNROLL,
+                          rows_form=True)
     unroll = 1
     if m <= FMA_MAX_ROWS:
         block_m, block_n, use_dot, unroll = 1, FMA_BLOCK_N, False, FMA_K_UNROLL
@@ -320,6 +544,22 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     inv_rope = positions is not None
     pos = positions if inv_rope else y3
     fr = freqs if inv_rope else y3
+    if cfg.rows_form:
+        _block_fp8_gemv_rows_kernel[grid](
+            x3, w3, s3, y3, partial, counters, pos, fr,
+            m, n, k,
+            x3.stride(0), x3.stride(1),
+            w3.stride(0), w3.stride(1),
+            s3.stride(0), s3.stride(1),
+            y3.stride(0), y3.stride(1),
+            fr.stride(0) if inv_rope else 0,
+            per_split, split,
+            ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
+            IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, EVICT_FIRST=cfg.evict_first,
+            INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return
     _block_fp8_gemv_kernel[grid](
         x3, w3, s3, y3, partial, counters, pos, fr,
         m, n, k,
@@ -502,35 +742,61 @@ SHIPPED_FORMS = (
     (GemvConfig(32, 64, 4, True), False),
     (GemvConfig(1, 32, 4, False, k_unroll=2), True),
     (GemvConfig(16, 32, 4, True), True),
+    # rows form: 2 rows (split-K off / on, fused RoPE), and the 1-row one-shot forms
+    (GemvConfig(2, 32, 1, False, k_unroll=2, rows_form=True), False),
+    (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True), False),
+    (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True), True),
+    (GemvConfig(1, 16, 1, False, k_unroll=4, rows_form=True, prefetch=True, evict_first=True), False),
+    (GemvConfig(1, 16, 1, False, num_warps=8, k_unroll=8, rows_form=True, prefetch=True), False),
 )
 
 
 def aot_configs() -> list[AotConfig]:
-    sig = {
-        "x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "partial_ptr": "*fp32",
-        "counter_ptr": "*i32", "pos_ptr": "*i64", "freqs_ptr": "*fp32",
-        "M": "i32", "N": "i32", "K": "i32",
-        "stride_xm": "i32", "stride_xg": "i32", "stride_wg": "i32", "stride_wn": "i32",
-        "stride_sg": "i32", "stride_sn": "i32", "stride_ym": "i32", "stride_yg": "i32",
-        "stride_freq": "i32", "k_blocks_per_split": "i32", "num_splits": "i32",
-        "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_UNROLL": "constexpr",
-        "IS_SPLIT": "constexpr", "USE_DOT": "constexpr", "SWAP_AB": "constexpr", "INV_ROPE": "constexpr", "HEAD": "constexpr", "ROPE": "constexpr",
-    }
-    configs = []
-    for cfg, rope in SHIPPED_FORMS:
-        name = f"fp8_gemv_{cfg.name}" + ("_invrope" if rope else "")
-        configs.append(AotConfig(
-            name=name, kernel=_block_fp8_gemv_kernel, signature=sig,
-            constexprs={"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": FP8_BLOCK,
-                        "K_UNROLL": cfg.k_unroll, "IS_SPLIT": cfg.split_k > 1, "USE_DOT": cfg.use_dot,
-                        "SWAP_AB": cfg.swap_ab, "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM},
+    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS]
+
+
+_AOT_SIGNATURE = {
+    "x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "partial_ptr": "*fp32",
+    "counter_ptr": "*i32", "pos_ptr": "*i64", "freqs_ptr": "*fp32",
+    "M": "i32", "N": "i32", "K": "i32",
+    "stride_xm": "i32", "stride_xg": "i32", "stride_wg": "i32", "stride_wn": "i32",
+    "stride_sg": "i32", "stride_sn": "i32", "stride_ym": "i32", "stride_yg": "i32",
+    "stride_freq": "i32", "k_blocks_per_split": "i32", "num_splits": "i32",
+    "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_UNROLL": "constexpr",
+    "IS_SPLIT": "constexpr", "USE_DOT": "constexpr", "SWAP_AB": "constexpr", "INV_ROPE": "constexpr",
+    "HEAD": "constexpr", "ROPE": "constexpr",
+}
+_AOT_ROWS_SIGNATURE = {
+    **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
+    **{key: "constexpr" for key in ("ROWS", "BLOCK_N", "BLOCK_K", "K_UNROLL", "IS_SPLIT", "PREFETCH", "EVICT_FIRST",
+                                    "INV_ROPE", "HEAD", "ROPE")},
+}
+
+
+def aot_config(cfg: GemvConfig, rope: bool = False) -> AotConfig:
+    """The AotConfig of one launch form (split_k only matters as 1 vs > 1)."""
+    name = f"fp8_gemv_{cfg.name}" + ("_invrope" if rope else "")
+    common = {"BLOCK_N": cfg.block_n, "BLOCK_K": FP8_BLOCK, "K_UNROLL": cfg.k_unroll, "IS_SPLIT": cfg.split_k > 1,
+              "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM}
+    if cfg.rows_form:
+        return AotConfig(
+            name=name, kernel=_block_fp8_gemv_rows_kernel, signature=_AOT_ROWS_SIGNATURE,
+            constexprs={"ROWS": cfg.block_m, "PREFETCH": cfg.prefetch, "EVICT_FIRST": cfg.evict_first, **common},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            # the JIT sees these as multiples of 16 for DSv4's shapes (K, N multiples of 128)
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),
-            # the FP8 weight moves in 16-byte loads: cp.async into shared memory for the tensor-core
-            # form, straight into registers for the FMA form
-            expect_opcodes=(("HMMA.16816.F32.BF16", "LDGSTS.E.BYPASS.128") if cfg.use_dot
-                            else ("FFMA", "LDG.E.128")),
-        ))
-    return configs
+            # the FP8 weight moves straight into registers in 16-byte loads (.EF: evict-first)
+            expect_opcodes=("FFMA", "LDG.E.EF.128" if cfg.evict_first else "LDG.E.128"),
+        )
+    return AotConfig(
+        name=name, kernel=_block_fp8_gemv_kernel, signature=_AOT_SIGNATURE,
+        constexprs={"BLOCK_M": cfg.block_m, "USE_DOT": cfg.use_dot, "SWAP_AB": cfg.swap_ab, **common},
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        # the JIT sees these as multiples of 16 for DSv4's shapes (K, N multiples of 128)
+        div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
+               "stride_freq"),
+        # the FP8 weight moves in 16-byte loads: cp.async into shared memory for the tensor-core
+        # form, straight into registers for the FMA form
+        expect_opcodes=(("HMMA.16816.F32.BF16", "LDGSTS.E.BYPASS.128") if cfg.use_dot
+                        else ("FFMA", "LDG.E.128")),
+    )

@@ -1,0 +1,131 @@
+"""The rows launch form of the block-FP8 GEMV (``GemvConfig(rows_form=True)``: up to 8 rows share each
+dequantised weight chunk on CUDA cores) against the float32 reference, under the CPU interpreter at
+reduced shapes: every block_m (1, 2, 4, 8), split-K on and off, prefetch and evict-first, row counts
+0..16 (row tiles), each DSv4 linear's shape family, grouped wo_a with and without the fused inverse
+RoPE; outputs poisoned before every call."""
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import fp8_gemv as g
+
+from ..conftest import DEVICE
+from .test_fp8_gemv import HEAD, OUTPUT_TOL, ROPE, poisoned, random_weight, rel_err, rope_inputs
+
+
+def rows(block_m, block_n=32, split=1, unroll=2, warps=4, prefetch=True, evict_first=False):
+    return g.GemvConfig(block_m, block_n, split, False, warps, 3, unroll, rows_form=True, prefetch=prefetch,
+                        evict_first=evict_first)
+
+
+FORMS = [rows(1), rows(1, 16, 3, unroll=4, evict_first=True), rows(2, 32, 4, prefetch=False),
+         rows(4, 16, 2, unroll=4), rows(4, 32, 1, unroll=1, warps=8), rows(8, 16, 3, unroll=4),
+         rows(8, 32, 1, unroll=8, warps=8, evict_first=True)]
+
+
+# 1-row forms tile the rows like the others: 3 rows show it (16 one-row tiles only cost interpreter time)
+CASES = [(cfg, m) for cfg in FORMS for m in (1, 2, 3, 8, 16) if cfg.block_m > 1 or m <= 3]
+
+
+@pytest.mark.parametrize("cfg,m", CASES, ids=lambda v: v.name if isinstance(v, g.GemvConfig) else f"m{v}")
+def test_rows_forms_match_reference(cfg, m):
+    gen = torch.Generator().manual_seed(13 * m + cfg.block_n + cfg.split_k + cfg.block_m)
+    n, k = 160, 1024  # 8 K blocks: splits 2/3 are ragged, N ragged against every BLOCK_N
+    w, s = random_weight(n, k, gen=gen)  # arbitrary (not power-of-two) scales: the fold is exact in fp32
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    for _ in range(2):  # the second call checks the split-K counters were left at zero
+        out = poisoned((m, n))
+        y = g.block_fp8_linear(x, w, s, out=out, config=cfg)
+        assert y is out and torch.isfinite(y).all()
+        assert rel_err(y, ref) < OUTPUT_TOL
+    if cfg.split_k > 1:
+        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+
+
+# (N, K) per linear at a reduced scale keeping each one's aspect: wqkv_a short-and-deep, wq_b and the
+# indexer's wq_b wide-and-shallow, wo_b / shared down deep, shared gate/up square; ragged variants too
+FAMILIES = {"wqkv_a": (192, 512), "wq_b": (512, 128), "wo_b": (128, 1024), "indexer_wq_b": (256, 128),
+            "shared_gate_up": (256, 256), "shared_down": (128, 384), "ragged": (200, 320)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("m", [0, 1, 2, 3, 8, 16])
+def test_shape_families_default_and_rows_form(family, m):
+    n, k = FAMILIES[family]
+    gen = torch.Generator().manual_seed(hash(family) % 1000 + m)
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    tiles_m = min(8, 1 << max(0, m - 1).bit_length())
+    for cfg in (None, rows(tiles_m, 16, 2, unroll=2)):
+        out = poisoned((m, n))
+        y = g.block_fp8_linear(x, w, s, out=out, config=cfg)
+        assert y is out
+        if m:
+            assert torch.isfinite(y).all() and rel_err(y, ref) < OUTPUT_TOL
+
+
+@pytest.mark.parametrize("cfg", [rows(1, 16, 1, unroll=4, evict_first=True), rows(2, 32, 4, prefetch=False),
+                                 rows(8, 16, 2, unroll=4)], ids=lambda c: c.name)
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("b", [1, 3, 8, 16])
+def test_wo_a_rows_forms(cfg, rope, b):
+    gen = torch.Generator().manual_seed(b + 10 * rope + cfg.block_m)
+    groups, r, d = 2, 128, 512  # 4 heads of 128 per group
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    heads = torch.randn(b, groups * d + 64, generator=gen).to(torch.bfloat16).to(DEVICE)
+    o = heads[:, :groups * d].view(b, groups, d)  # token stride > G*D, as a sliced attention output
+    kw = {}
+    if rope:
+        pos, freqs, _ = rope_inputs(b, gen)
+        kw = dict(positions=pos.int(), freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    out = poisoned((b, groups, r))
+    y = g.grouped_fp8_wo_a(o, w, s, out=out, config=cfg, **kw)
+    assert y is out and torch.isfinite(y).all()
+    ref = g.reference_grouped_wo_a(o, w, s, kw.get("positions"), kw.get("freqs"), HEAD, ROPE)
+    assert rel_err(y, ref) < OUTPUT_TOL
+
+
+def test_rows_form_config_is_validated():
+    with pytest.raises(ValueError, match="config: rows form needs"):
+        rows(3)
+    with pytest.raises(ValueError, match="config: rows form needs"):
+        g.GemvConfig(8, 32, 1, True, rows_form=True)
+    assert rows(8).name.startswith("rows_m8_n32_u2_s1") and rows(8, evict_first=True).name.endswith("_pf_ef")
+
+
+def test_default_config_picks_rows_forms_where_measured():
+    """From the H200 run (benchmarks/fp8_gemv-h200-run3.summary.md): 2 rows on the rows form at every
+    shape; 1 row on the one-shot rows form for K of 4..8 blocks and few column tiles; 3..16 rows stay on
+    the 16-row tensor-core form; larger-K single rows stay on the FMA form."""
+    for n, k in [(1536, 4096), (32768, 1024), (4096, 256)]:
+        cfg = g.default_config(2, n, k)
+        assert cfg.rows_form and cfg.block_m == 2 and not cfg.prefetch
+    one_shot = g.default_config(1, 4096, 1024)
+    assert one_shot.rows_form and one_shot.k_unroll == 8 and one_shot.split_k == 1 and one_shot.num_warps == 8
+    assert g.default_config(1, 8192, 1024).evict_first and g.default_config(1, 4096, 512).k_unroll == 4
+    for n, k in [(32768, 1024), (1536, 4096), (4096, 256), (4096, 2048)]:
+        assert not g.default_config(1, n, k).rows_form and not g.default_config(1, n, k).use_dot
+    for m in (3, 4, 8, 16):
+        assert g.default_config(m, 4096, 4096).use_dot
+
+
+def test_every_default_form_has_an_aot_config():
+    """Each launch form default_config picks for DSv4's seven linears (T = 1, 2, 4, 8; 1..16 rows; the
+    split-K variant as compiled) is in SHIPPED_FORMS, so the AOT registry checks what runs."""
+    import dataclasses
+
+    from sglang_sm120.kernels import dsv4
+
+    shipped = set(g.SHIPPED_FORMS)
+    for tp in dsv4.SUPPORTED_TP:
+        for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
+            groups = dsv4.O_GROUPS // tp if name == "wo_a" else 1
+            n = dsv4.O_LORA_RANK if name == "wo_a" else n
+            for m in range(1, 17):
+                cfg = g.default_config(m, n, k, groups)
+                form = dataclasses.replace(cfg, split_k=1 if cfg.split_k == 1 else 4)
+                assert (form, False) in shipped, (name, tp, m, cfg.name)
+                if name == "wo_a" and cfg.split_k > 1:
+                    assert (form, True) in shipped, (name, tp, m, cfg.name)  # fused inverse RoPE variant
