@@ -219,10 +219,14 @@ def _load_weight(ptrs, mask, EVICT_FIRST: tl.constexpr):
 
 @triton.jit
 def _row_partial(w, s_cols, x_base, row, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k, k_mask, k_first,
-                 INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr, WIDTH: tl.constexpr):
+                 INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr, WIDTH: tl.constexpr,
+                 X_BROADCAST: tl.constexpr):
     """Row ``row``'s contribution of one K chunk: sum_k w[n, k] * (x[row, k] * scale(k)) in fp32, [BLOCK_N].
     A row past M loads zeros (contributes nothing). The scale is folded into the fp32 activation, shared
-    by every column of the tile; its position is read only when the chunk reaches rope dims."""
+    by every column of the tile; its position is read only when the chunk reaches rope dims. With
+    X_BROADCAST, ``k`` / ``k_mask`` / ``s_cols`` come as [BLOCK_N, WIDTH] broadcasts (column offset 0), so
+    the activation is loaded straight into the weight tile's register layout (no shared-memory layout
+    conversion per row; the compiler loads each distinct address once per thread)."""
     valid = row < M
     freq_row = freqs_ptr
     if INV_ROPE:
@@ -231,7 +235,12 @@ def _row_partial(w, s_cols, x_base, row, M, stride_xm, pos_ptr, freqs_ptr, strid
             freq_row = freqs_ptr + pos.to(tl.int64) * stride_freq
     x = _load_activation(x_base + row * stride_xm, freq_row, k, k_mask & valid, k_first, INV_ROPE, HEAD, ROPE,
                          WIDTH)
-    return tl.sum(w * (x.to(tl.float32) * s_cols)[None, :], axis=1)
+    xs = x.to(tl.float32) * s_cols
+    if X_BROADCAST:  # k, s_cols already [BLOCK_N, WIDTH] in the weight tile's layout
+        part = tl.sum(w * xs, axis=1)
+    else:
+        part = tl.sum(w * xs[None, :], axis=1)
+    return part
 
 
 @triton.jit
@@ -255,7 +264,7 @@ def _block_fp8_gemv_rows_kernel(
     stride_freq,
     k_blocks_per_split, num_splits,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
-    IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EVICT_FIRST: tl.constexpr,
+    IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EVICT_FIRST: tl.constexpr, X_BROADCAST: tl.constexpr,
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
 ):
     """One program: rows [pid_m*ROWS, +ROWS) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over K blocks
@@ -312,30 +321,38 @@ def _block_fp8_gemv_rows_kernel(
             w_raw = _load_weight(w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], EVICT_FIRST)
         w = w_raw.to(tl.float32)
         s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
+        if X_BROADCAST:
+            # column offset 0 everywhere: the same addresses for every column, in the weight's layout
+            k_x = k[None, :] + (rn * 0)[:, None]
+            kx_mask = k_mask[None, :]
+            s_cols = tl.broadcast_to(s_cols[None, :], (BLOCK_N, BLOCK_KI))  # one conversion per chunk
+        else:
+            k_x = k
+            kx_mask = k_mask
         k_first = kb * BLOCK_K
-        acc0 += _row_partial(w, s_cols, x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k, k_mask,
-                             k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+        acc0 += _row_partial(w, s_cols, x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x, kx_mask,
+                             k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 1:
-            acc1 += _row_partial(w, s_cols, x_base, row0 + 1, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
-                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+            acc1 += _row_partial(w, s_cols, x_base, row0 + 1, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+                                 kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 2:
-            acc2 += _row_partial(w, s_cols, x_base, row0 + 2, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
-                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+            acc2 += _row_partial(w, s_cols, x_base, row0 + 2, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+                                 kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 3:
-            acc3 += _row_partial(w, s_cols, x_base, row0 + 3, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
-                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+            acc3 += _row_partial(w, s_cols, x_base, row0 + 3, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+                                 kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 4:
-            acc4 += _row_partial(w, s_cols, x_base, row0 + 4, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
-                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+            acc4 += _row_partial(w, s_cols, x_base, row0 + 4, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+                                 kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 5:
-            acc5 += _row_partial(w, s_cols, x_base, row0 + 5, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
-                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+            acc5 += _row_partial(w, s_cols, x_base, row0 + 5, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+                                 kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 6:
-            acc6 += _row_partial(w, s_cols, x_base, row0 + 6, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
-                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+            acc6 += _row_partial(w, s_cols, x_base, row0 + 6, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+                                 kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 7:
-            acc7 += _row_partial(w, s_cols, x_base, row0 + 7, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k,
-                                 k_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+            acc7 += _row_partial(w, s_cols, x_base, row0 + 7, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+                                 kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
 
     y_base = y_ptr + pid_g * stride_yg
     # partials [G, num_splits, M, N] fp32
@@ -402,10 +419,15 @@ class GemvConfig:
     rows_form: bool = False
     prefetch: bool = False  # rows form: next chunk's weight load issued before this chunk's FMAs
     evict_first: bool = False  # rows form: weight loads marked evict-first in L2
+    # rows form: activation loaded through a broadcast over the tile's columns, in the weight tile's
+    # register layout (no per-row shared-memory conversion; not yet timed on a GPU, so no default uses it)
+    x_broadcast: bool = False
 
     def __post_init__(self):
-        if self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M):
-            raise ValueError(f"config: rows form needs use_dot=False and block_m in {ROWS_FORM_BLOCK_M}, got {self}")
+        if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M)) or (
+                not self.rows_form and (self.prefetch or self.evict_first or self.x_broadcast)):
+            raise ValueError(f"config: rows form needs use_dot=False and block_m in {ROWS_FORM_BLOCK_M}; prefetch, "
+                             f"evict_first and x_broadcast need the rows form; got {self}")
 
     @property
     def name(self) -> str:
@@ -413,7 +435,7 @@ class GemvConfig:
             kind = "rows"
         else:
             kind = ("dotT" if self.swap_ab else "dot") if self.use_dot else "fma"
-        extra = ("_pf" if self.prefetch else "") + ("_ef" if self.evict_first else "")
+        extra = ("_pf" if self.prefetch else "") + ("_ef" if self.evict_first else "") + ("_xb" if self.x_broadcast else "")
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -555,7 +577,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             fr.stride(0) if inv_rope else 0,
             per_split, split,
             ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
-            IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, EVICT_FIRST=cfg.evict_first,
+            IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, EVICT_FIRST=cfg.evict_first, X_BROADCAST=cfg.x_broadcast,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
@@ -769,7 +791,7 @@ _AOT_SIGNATURE = {
 _AOT_ROWS_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("ROWS", "BLOCK_N", "BLOCK_K", "K_UNROLL", "IS_SPLIT", "PREFETCH", "EVICT_FIRST",
-                                    "INV_ROPE", "HEAD", "ROPE")},
+                                    "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE")},
 }
 
 
@@ -781,7 +803,8 @@ def aot_config(cfg: GemvConfig, rope: bool = False) -> AotConfig:
     if cfg.rows_form:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_rows_kernel, signature=_AOT_ROWS_SIGNATURE,
-            constexprs={"ROWS": cfg.block_m, "PREFETCH": cfg.prefetch, "EVICT_FIRST": cfg.evict_first, **common},
+            constexprs={"ROWS": cfg.block_m, "PREFETCH": cfg.prefetch, "EVICT_FIRST": cfg.evict_first,
+                        "X_BROADCAST": cfg.x_broadcast, **common},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),

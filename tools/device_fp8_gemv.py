@@ -81,12 +81,13 @@ def old_default_config(m: int, n: int, k: int, groups: int, g):
 
 
 def rows_config(m: int, n: int, k: int, groups: int, g, block_n: int, unroll: int, warps: int = 4,
-                programs_per_sm: int = 4, prefetch: bool = True, evict_first: bool = False, max_block_m: int = 8):
+                programs_per_sm: int = 4, prefetch: bool = True, evict_first: bool = False, max_block_m: int = 8,
+                x_broadcast: bool = False):
     rows = min(max_block_m, 1 << max(0, m - 1).bit_length())
     tiles = groups * math.ceil(n / block_n) * math.ceil(m / rows)
     split = g.choose_split(tiles, math.ceil(k / g.FP8_BLOCK), programs_per_sm * g.sm_count())
     return g.GemvConfig(rows, block_n, split, False, warps, 3, unroll, rows_form=True, prefetch=prefetch,
-                        evict_first=evict_first)
+                        evict_first=evict_first, x_broadcast=x_broadcast)
 
 
 def candidates(m: int, n: int, k: int, groups: int, g):
@@ -101,6 +102,10 @@ def candidates(m: int, n: int, k: int, groups: int, g):
            ("rows_n32_u2_nopf", rows_config(m, n, k, groups, g, 32, 2, prefetch=False)),
            ("rows_n32_u4_w8", rows_config(m, n, k, groups, g, 32, 4, warps=8)),
            ("rows4_n16_u4", rows_config(m, n, k, groups, g, 16, 4, max_block_m=4)),
+           # added after run 3 (not in its sweep): activation loaded in the weight tile's layout
+           ("rows_n32_u2_nopf_xb", rows_config(m, n, k, groups, g, 32, 2, prefetch=False, x_broadcast=True)),
+           ("rows4_n32_u2_nopf_xb", rows_config(m, n, k, groups, g, 32, 2, prefetch=False, x_broadcast=True,
+                                                max_block_m=4)),
            ("current_default", g.default_config(m, n, k, groups))]
     seen, unique = set(), []
     for label, cfg in out:
