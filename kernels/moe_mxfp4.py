@@ -28,6 +28,18 @@ sync, scratch sized by shapes only):
    the routing weight, fp32 rows;
 4. ``_topk_sum_kernel``: sums each token's top-k rows into the bf16 output.
 
+CUDA-core GEMV decode (``upcast="gemv"``, :data:`GEMV_DEFAULT_WHERE`): launches 2 and 3 become
+``_gate_up_gemv_kernel`` / ``_down_gemv_kernel`` (grid: touched expert slot, block of output columns),
+which use no tensor core: each program streams its weight rows as int32 words in 16-byte loads, turns
+nibble pairs into exact float32 values with a few bit operations, multiplies them with one routed row's
+activations broadcast along the rows, reduces along K inside each thread and applies the E8M0 scale once
+per 32-value group (:func:`_gemv_group_sums`); same row order, clamped SwiGLU, routing weight and top-k
+sum, still four launches. It re-streams the block once per routed row (optionally two rows per pass,
+``GemvConfig.two_rows``), so it wins only at few rows per expert: on the H200 1.34x / 1.26x over the tl.dot
+decode at I = 2048 (T=1), B = 1 / 8, and 1.62x / 1.83x / 1.08x at I = 512 (T=4), B = 1 / 8 / 64, and loses
+at I = 2048, B >= 64 and at B = 256 (``benchmarks/moe_mxfp4-h200-gemv.md``); it is the default exactly at
+those measured wins.
+
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
 fp32 partials to a shape-sized scratch; the last of a (slot, n block)'s splits to take its ticket (an
@@ -759,10 +771,11 @@ def use_dot_scaled(num_rows: int, inter: int) -> bool:
 #   "split_f32" / "split_bf16": _dequant_nibble_tiles, low and high nibbles as two tiles multiplied
 #                 with the even and odd activation columns (no interleaving), scale in bf16 (HMUL2);
 #                 the e2m1 unbias multiply in float32 (FMUL) or packed bf16 (HMUL2).
-#   "gemv":       no tensor core: the CUDA-core weight-streaming GEMV (_gate_up_gemv_kernel /
-#                 _down_gemv_kernel), one or two routed rows per pass over a weight block.
-UPCASTS = ("dot_scaled", "regs", "split_f32", "split_bf16", "gemv")
-GEMM_UPCASTS = UPCASTS[:4]  # the variants that feed tl.dot / tl.dot_scaled
+UPCASTS = ("dot_scaled", "regs", "split_f32", "split_bf16")
+# No tensor core: the CUDA-core weight-streaming GEMV (_gate_up_gemv_kernel / _down_gemv_kernel), one
+# or two routed rows per pass over a weight block. ``upcast`` takes it beside the GEMM upcasts.
+GEMV = "gemv"
+FORWARD_UPCASTS = UPCASTS + (GEMV,)
 _SPLIT_NIBBLES = {"split_f32": SCALE_MATH_F32, "split_bf16": SCALE_MATH_BF16}
 
 
@@ -775,7 +788,25 @@ def _split_nibbles(upcast: str) -> int:
 SPLIT_NIBBLES_MIN_INTER = 2048  # decode at I = 2048: split_bf16 12-18 % faster than tl.dot_scaled (H200)
 
 
+# Where the CUDA-core GEMV is the default decode: (per-rank I, fewest and most routed rows) at which it
+# beat the tl.dot decode on the H200 (benchmarks/moe_mxfp4-h200-gemv.md, tiles of gemv_configs):
+# I = 2048 (T=1) at B = 1 and 8 (62.7 vs 84.0 us, 368 vs 466 us), I = 512 (T=4) at B = 1, 8, 64 (29.3 vs
+# 47.3, 115 vs 211, 750 vs 809 us). It was slower at I = 2048, B = 64 (2681 vs 1979 us) and at B = 256
+# (3.7x / 2.6x slower: one weight pass per routed row); T = 2 and T = 8 are not measured.
+GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 8 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, TOP_K, 64 * TOP_K))
+
+
 def default_upcast(num_rows: int, inter: int) -> str:
+    """The decode/prefill variant :func:`moe_mxfp4_forward` runs when not told: the CUDA-core GEMV
+    where the H200 measured it faster (:data:`GEMV_DEFAULT_WHERE`), else :func:`default_gemm_upcast`."""
+    for where_inter, min_rows, max_rows in GEMV_DEFAULT_WHERE:
+        if inter == where_inter and min_rows <= num_rows <= max_rows:
+            return GEMV
+    return default_gemm_upcast(num_rows, inter)
+
+
+def default_gemm_upcast(num_rows: int, inter: int) -> str:
+    """The weight upcast of the tensor-core (tl.dot) path for this shape."""
     if num_rows <= DECODE_MAX_ROWS and inter >= SPLIT_NIBBLES_MIN_INTER:
         return "split_bf16"
     return "dot_scaled" if use_dot_scaled(num_rows, inter) else "regs"
@@ -817,8 +848,10 @@ class GemvConfig:
 
 
 def gemv_configs(num_rows: int, inter: int) -> tuple[GemvConfig, GemvConfig]:
-    """(gate/up, down) GEMV tiles."""
-    return GemvConfig(16, 512, 4, num_rows > 2 * TOP_K), GemvConfig(32, min(512, inter), 4, num_rows > 2 * TOP_K)
+    """(gate/up, down) GEMV tiles: the fastest of the H200 run at every measured (T, B) (gate/up 8
+    columns = 16 weight rows, down 16 rows, K steps of 512, 4 warps, one routed row per pass; the
+    two-row passes were 8-40 % slower even at B = 64, benchmarks/moe_mxfp4-h200-gemv.md)."""
+    return GemvConfig(8, 512, 4), GemvConfig(16, min(512, inter), 4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -897,8 +930,10 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     ``act_mxfp8`` runs the MXFP8-activation GEMM variant instead of bf16 activations; ``configs``
     overrides the (gate/up, down) tiles (device tuning); ``dot_scaled`` picks how bf16-activation
     GEMMs upcast the weights (``tl.dot_scaled`` vs the explicit register dequantisation); ``upcast``
-    (one of :data:`UPCASTS`, overrides ``dot_scaled``) picks among all variants, default
-    :func:`default_upcast`. ``split_k`` (bf16 activations, decode tiles): ``"off"``, ``"auto"``
+    (one of :data:`FORWARD_UPCASTS`, overrides ``dot_scaled``) picks among all variants, ``"gemv"``
+    being the CUDA-core GEMV decode (``configs``: two :class:`GemvConfig`), default
+    :func:`default_upcast` (which yields to the tl.dot path when GemmConfig tiles, ``split_k`` or
+    ``act_mxfp8`` are given). ``split_k`` (bf16 activations, decode tiles): ``"off"``, ``"auto"``
     (:func:`split_k_choice` from the shapes and the SM count) or explicit ``(gate_up, down)`` splits of
     the K loops; default :func:`default_split_k`.
     """
@@ -913,9 +948,12 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
         return out
     if upcast is None:
         upcast = default_upcast(num_rows, inter) if dot_scaled is None else ("dot_scaled" if dot_scaled else "regs")
-    if upcast not in UPCASTS:
-        raise ValueError(f"upcast must be one of {UPCASTS}, got {upcast!r}")
-    if upcast == "gemv":
+        gemm_args = act_mxfp8 or split_k not in (None, "off") or (configs and not isinstance(configs[0], GemvConfig))
+        if upcast == GEMV and gemm_args:  # arguments of the tensor-core path select it
+            upcast = default_gemm_upcast(num_rows, inter)
+    if upcast not in FORWARD_UPCASTS:
+        raise ValueError(f"upcast must be one of {FORWARD_UPCASTS}, got {upcast!r}")
+    if upcast == GEMV:
         if act_mxfp8 or split_k not in (None, "off"):
             raise ValueError(f"upcast='gemv' takes bf16 activations and no split_k, got act_mxfp8={act_mxfp8}, "
                              f"split_k={split_k!r}")
@@ -1167,7 +1205,6 @@ def _down_sig(act_mxfp8):
             "SPLIT_NIBBLES": "constexpr", "SPLIT_K": "constexpr", "ATOMIC_OUT": "constexpr"}
 
 
-GEMV_AOT_ROWS = (TOP_K, 64 * TOP_K)  # routed rows whose GEMV tiles ship (one- and two-row passes)
 
 
 def _gate_up_gemv_sig():
@@ -1189,10 +1226,10 @@ def aot_configs() -> list[AotConfig]:
     seen = set()
     shapes = [(rows, MOE_INTERMEDIATE_SIZE // tp) for tp in SUPPORTED_TP for rows in (TOP_K, DECODE_MAX_ROWS + 1)]
     tags = {"dot_scaled": "ds", "regs": "regs", "split_f32": "splitf32", "split_bf16": "splitbf16"}
-    for upcast in GEMM_UPCASTS:
+    for upcast in UPCASTS:
         for rows, inter in shapes:
             phase = "decode" if rows <= DECODE_MAX_ROWS else "prefill"
-            shipped = upcast == default_upcast(rows, inter)
+            shipped = upcast == default_gemm_upcast(rows, inter)
             if phase == "prefill" and not shipped:
                 continue  # the alternatives are only measured at decode sizes
             for kind, pick, kernel, sig in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig),
@@ -1229,7 +1266,7 @@ def aot_configs() -> list[AotConfig]:
             if where_inter == inter:
                 candidates.append((max_rows, inter, default_split_k(max_rows, inter)))
     for rows, inter, splits in candidates:
-        upcast = split_k_upcast(default_upcast(rows, inter))
+        upcast = split_k_upcast(default_gemm_upcast(rows, inter))
         for kind, pick, kernel, sig, split in (("gate_up", gate_up_config, _gate_up_kernel, _gate_up_sig, splits[0]),
                                                ("down", down_config, _down_kernel, _down_sig, splits[1])):
             cfg = pick(rows, inter)
@@ -1244,27 +1281,28 @@ def aot_configs() -> list[AotConfig]:
                 name=f"moe_mxfp4_{kind}_decode_{tags[upcast]}_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}_splitk{split}",
                 kernel=kernel, signature=sig(False), constexprs=constexprs, num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",)))
-    # CUDA-core GEMV decode: no tensor-core opcode; the weights stream in 16-byte loads
-    # (tests/kernels/test_moe_mxfp4_aot.py asserts those)
+    # CUDA-core GEMV decode at every per-rank I: the default tiles (one routed row per weight pass) and
+    # their two-row form (selectable through ``configs``); no tensor-core opcode, the weights stream in
+    # 16-byte loads (tests/kernels/test_moe_mxfp4_aot.py asserts those)
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
-        for rows in GEMV_AOT_ROWS:
-            gu, dn = gemv_configs(rows, inter)
+        gu, dn = gemv_configs(TOP_K, inter)
+        for two_rows in (False, True):
             for kind, kernel, sig, cfg, k_len in (("gate_up", _gate_up_gemv_kernel, _gate_up_gemv_sig(), gu, HIDDEN_SIZE),
                                                    ("down", _down_gemv_kernel, _down_gemv_sig(), dn, inter)):
                 block_k = min(cfg.block_k, k_len)
-                key = (kind, "gemv", cfg.block_n, block_k, cfg.num_warps, cfg.two_rows)
+                key = (kind, GEMV, cfg.block_n, block_k, cfg.num_warps, two_rows)
                 if key in seen:
                     continue
                 seen.add(key)
-                constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": block_k, "TWO_ROWS": cfg.two_rows}
+                constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": block_k, "TWO_ROWS": two_rows}
                 if kind == "gate_up":
                     constexprs["TOP_K"] = TOP_K
                 configs.append(AotConfig(
-                    name=f"moe_mxfp4_{kind}_gemv_n{cfg.block_n}k{block_k}w{cfg.num_warps}{'_2rows' if cfg.two_rows else ''}",
+                    name=f"moe_mxfp4_{kind}_gemv_n{cfg.block_n}k{block_k}w{cfg.num_warps}{'_2rows' if two_rows else ''}",
                     kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps, num_stages=1,
                     div16=("hidden", "inter"), forbid_opcodes=TENSOR_CORE_OPCODES,
-                    note="CUDA-core GEMV decode"))
+                    note="CUDA-core GEMV decode" + (" (two rows per pass: selectable, not a default)" if two_rows else "")))
     configs.append(AotConfig(
         name="moe_mxfp4_to_bf16", kernel=_to_bf16_kernel,
         signature={"src_ptr": "*fp32", "dst_ptr": "*bf16", "numel": "i32", "BLOCK": "constexpr"},
@@ -1285,7 +1323,8 @@ def aot_configs() -> list[AotConfig]:
 
 
 __all__ = [
-    "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs", "default_upcast", "dequant_nibbles", "moe_mxfp4_forward", "quantize_mxfp8",
+    "FORWARD_UPCASTS", "GEMV", "GEMV_DEFAULT_WHERE", "GemvConfig", "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs",
+    "default_gemm_upcast", "default_upcast", "gemv_configs", "dequant_nibbles", "moe_mxfp4_forward", "quantize_mxfp8",
     "reference_dequant_mxfp4", "reference_moe_mxfp4", "reference_moe_mxfp8_act", "reference_swiglu",
     "repack_w13_", "route", "scale_bytes", "touched_expert_bytes", "unpack_w13_", "use_dot_scaled",
 ]

@@ -126,16 +126,28 @@ def test_repack_round_trips_in_place(inter):
 
 
 # --- decode / prefill forward ---------------------------------------------------------------------
-# (upcast, split-K decode): the defaults, the split-nibble upcast, and the split-K variant
-VARIANTS = [(None, False), ("split_bf16", False), (None, True)]
-VARIANT_IDS = ["default", "split_bf16", "splitk"]
+# (upcast, split-K decode): the defaults, the split-nibble upcast, the split-K variant and the CUDA-core GEMV
+VARIANTS = [(None, False), ("split_bf16", False), (None, True), ("gemv", False)]
+VARIANT_IDS = ["default", "split_bf16", "splitk", "gemv"]
+
+# GEMV tiles for B=64 under the interpreter (its time grows with programs x routed rows): one program
+# per expert and projection up to I=64, two-row passes
+GEMV_BIG_TILES = (moe.GemvConfig(64, 256, 4, True), moe.GemvConfig(HIDDEN, 256, 4, True))
 
 
-# the split-K variant at B=64 only at the smaller I (the interpreter's time; the routing patterns
-# below run it at B=64 too)
+def variant_kwargs(upcast, split, batch, inter):
+    if split:
+        return split_kwargs(inter)
+    if upcast == "gemv" and batch > 1:  # the default tiles run at B=1 (and in the routing patterns)
+        return {"upcast": "gemv", "configs": (moe.GemvConfig(min(64, inter), 256, 4, True), GEMV_BIG_TILES[1])}
+    return {"upcast": upcast}
+
+
+# the split-K and GEMV variants at B=64 only at the smaller I (the interpreter's time; the routing
+# patterns below run them at B=64 too)
 FORWARD_CASES = [pytest.param(batch, inter, upcast, split, id=f"{batch}-{inter}-{vid}")
                  for batch in (0, 1, 3, 64) for inter in INTERS for (upcast, split), vid in zip(VARIANTS, VARIANT_IDS)
-                 if not (split and batch == 64 and inter > 64)]
+                 if not ((split or upcast == "gemv") and batch == 64 and inter > 64)]
 
 
 @pytest.mark.parametrize("batch,inter,upcast,split", FORWARD_CASES)
@@ -143,7 +155,7 @@ def test_forward_matches_reference(inter, batch, upcast, split):
     experts = make_experts(inter)
     weights, ids = make_routing(batch, "random")
     x = make_x(batch)
-    out = run(x, experts, weights, ids, upcast=upcast, **(split_kwargs(inter) if split else {}))
+    out = run(x, experts, weights, ids, **variant_kwargs(upcast, split, batch, inter))
     assert out.shape == (batch, HIDDEN) and out.dtype == torch.bfloat16
     if batch == 0:
         return
@@ -174,7 +186,7 @@ def test_forward_routing_patterns(pattern, batch, upcast, split):
     experts = make_experts(inter)
     weights, ids = make_routing(batch, pattern)
     x = make_x(batch)
-    out = run(x, experts, weights, ids, upcast=upcast, **(split_kwargs(inter) if split else {}))
+    out = run(x, experts, weights, ids, **variant_kwargs(upcast, split, batch, inter))
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
     if pattern == "all_invalid":
         assert torch.equal(out, torch.zeros_like(out))
@@ -316,14 +328,21 @@ def test_split_nibble_dequant_is_bit_exact(upcast):
 
 
 def test_default_upcast_follows_the_h200_numbers():
-    """split_bf16 for decode at the full model's I = 2048 (T=1); the earlier choices elsewhere."""
+    """The CUDA-core GEMV where the H200 measured it faster (I = 2048 at B <= 8, I = 512 at B <= 64);
+    split_bf16 for the rest of the decode at I = 2048; the earlier choices elsewhere."""
     full_i = 2048
-    assert moe.default_upcast(TOP_K, full_i) == "split_bf16"
+    assert moe.default_upcast(TOP_K, full_i) == moe.default_upcast(8 * TOP_K, full_i) == "gemv"
+    assert moe.default_upcast(3 * TOP_K, full_i) == "gemv"
+    assert moe.default_upcast(64 * TOP_K, full_i) == moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "dot_scaled"  # prefill
-    assert moe.default_upcast(TOP_K, full_i // 2) == "dot_scaled"
-    assert moe.default_upcast(64 * TOP_K, full_i // 4) == "regs"
-    assert set(moe.default_upcast(r, full_i // tp) for r in (TOP_K, 4096) for tp in SUPPORTED_TP) <= set(moe.UPCASTS)
+    assert moe.default_upcast(TOP_K, full_i // 2) == "dot_scaled"  # T=2: not measured
+    assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(64 * TOP_K, full_i // 4) == "gemv"
+    assert moe.default_upcast(256 * TOP_K, full_i // 4) == "regs"
+    assert moe.default_upcast(TOP_K, full_i // 8) == "regs"  # T=8: not measured
+    assert set(moe.default_upcast(r, full_i // tp) for r in (TOP_K, 4096) for tp in SUPPORTED_TP) <= set(
+        moe.FORWARD_UPCASTS)
+    assert all(moe.default_gemm_upcast(r, full_i // tp) in moe.UPCASTS for r in (TOP_K, 4096) for tp in SUPPORTED_TP)
 
 
 # --- split-K decode --------------------------------------------------------------------------------
@@ -380,3 +399,92 @@ def test_split_k_choice_and_default_follow_shapes_and_the_h200_numbers():
     assert moe.default_split_k(8 * TOP_K, full_i // 4) == "off"
     assert moe.default_split_k(256 * TOP_K, full_i) == "off"
     assert moe.default_split_k(TOP_K, full_i // 8) == "off"
+
+
+# --- CUDA-core GEMV decode -------------------------------------------------------------------------
+def test_gemv_two_rows_clamp_and_poisoned_scratch():
+    """One- and two-row passes (odd and even row counts per expert), the clamp on and off, with every
+    scratch tensor NaN-poisoned: each activation and output row the GEMV reads must be written first."""
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(5, "duplicate")  # 5 rows of the token's expert + 1 of the next: odd and even counts
+    x = make_x(5, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    unclamped = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
+    assert rel(unclamped, ref) > 0.1
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kw):
+        t = real_empty(*args, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = poisoned_empty
+    try:
+        for two_rows in (False, True):
+            cfgs = (moe.GemvConfig(inter, 128, 4, two_rows), moe.GemvConfig(HIDDEN, 32, 2, two_rows))
+            assert rel(run(x, experts, weights, ids, upcast="gemv", configs=cfgs), ref) < 2e-2, two_rows
+            assert rel(run(x, experts, weights, ids, upcast="gemv", configs=cfgs, swiglu_limit=0.0),
+                       unclamped) < 2e-2, two_rows
+    finally:
+        torch.empty = real_empty
+
+
+def test_gemv_dequantises_every_code_under_extreme_scales():
+    """Every byte of the weights (both nibbles, all signs and codes) under E8M0 bytes from 2**-127 up to
+    2**20: the GEMV's bit trick and per-group scaling give the reference's products."""
+    inter, hidden, batch = 32, 256, 2
+    g = torch.Generator().manual_seed(5)
+    w13 = (torch.arange(2 * inter * hidden // 2) % 256).to(torch.uint8).reshape(1, 2 * inter, hidden // 2)
+    w13 = w13.view(torch.int8).repeat(2, 1, 1)
+    s13 = torch.randint(0, 148, (2, 2 * inter, hidden // MXFP4_GROUP), dtype=torch.uint8, generator=g)
+    s13[0, :, 0] = 0  # the 2**-127 subnormal scale
+    w2 = torch.randint(-128, 128, (2, hidden, inter // 2), dtype=torch.int8, generator=g)
+    s2 = torch.randint(118, 124, (2, hidden, inter // MXFP4_GROUP), dtype=torch.uint8, generator=g)
+    experts = [t.to(DEVICE) for t in (w13, s13.view(torch.float8_e8m0fnu), w2, s2.view(torch.float8_e8m0fnu))]
+    x = make_x(batch, scale=1e-3)
+    ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32, device=DEVICE)
+    weights = torch.ones(batch, 2, device=DEVICE)
+    # no clamp: the gate/up products span far more than the clamp window
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
+    out = run(x, experts, weights, ids, upcast="gemv", swiglu_limit=0.0,
+              configs=(moe.GemvConfig(16, 256, 4), moe.GemvConfig(32, 32, 4)))
+    assert torch.isfinite(ref).all() and torch.isfinite(out).all() and rel(out, ref) < 2e-2
+
+
+def test_gemv_default_dispatch_and_tensor_core_arguments(monkeypatch):
+    """Where GEMV_DEFAULT_WHERE names the shape, the default runs the GEMV; explicit tensor-core
+    arguments (GemmConfig tiles, split_k, MXFP8 activations) run the tl.dot path instead."""
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(2, "random")
+    x = make_x(2)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    monkeypatch.setattr(moe, "GEMV_DEFAULT_WHERE", ((inter, TOP_K, 2 * TOP_K),))
+    calls = []
+    real = moe._gemv_forward
+    monkeypatch.setattr(moe, "_gemv_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    assert moe.default_upcast(2 * TOP_K, inter) == "gemv"
+    assert rel(run(x, experts, weights, ids), ref) < 2e-2 and len(calls) == 1
+    assert rel(run(x, experts, weights, ids, configs=SPLIT_TILES), ref) < 2e-2
+    assert rel(run(x, experts, weights, ids, split_k="off", configs=SPLIT_TILES), ref) < 2e-2
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="gemv"):
+        run(x, experts, weights, ids, upcast="gemv", split_k=(2, 1))
+    with pytest.raises(ValueError, match="gemv"):
+        run(x, experts, weights, ids, upcast="gemv", act_mxfp8=True)
+    with pytest.raises(ValueError, match="GemvConfig"):
+        run(x, experts, weights, ids, upcast="gemv", configs=SPLIT_TILES)
+    with pytest.raises(ValueError, match="GEMV tiles"):
+        run(x, experts, weights, ids, upcast="gemv", configs=(moe.GemvConfig(48, 256, 4), moe.GemvConfig(16, 32, 4)))
+
+
+def test_gemv_aot_configs_forbid_tensor_cores():
+    gemv = [c for c in moe.aot_configs() if "_gemv_" in c.name]
+    # default tiles (one row per pass) and their two-row form at every per-rank I
+    assert {c.constexprs["TWO_ROWS"] for c in gemv} == {False, True}
+    for tp in SUPPORTED_TP:
+        gu, dn = moe.gemv_configs(TOP_K, 2048 // tp)
+        assert any(c.kernel is moe._gate_up_gemv_kernel and c.constexprs["BLOCK_N"] == gu.block_n for c in gemv)
+        assert any(c.kernel is moe._down_gemv_kernel and c.constexprs["BLOCK_K"] == min(dn.block_k, 2048 // tp)
+                   for c in gemv)
+    assert all("HMMA" in c.forbid_opcodes and "QMMA" in c.forbid_opcodes and not c.expect_opcodes for c in gemv)

@@ -1,0 +1,30 @@
+"""The CUDA-core GEMV decode of the MXFP4 MoE on sm_120a / sm_121a: no tensor-core instruction (the
+registry test only checks that none is forbidden-and-present), and every thread's share of a weight
+tile arrives in 16-byte loads, as the int32-word layout promises."""
+
+import pytest
+
+from sglang_sm120.kernels import moe_mxfp4 as moe
+from sglang_sm120.kernels.harness.aot import TENSOR_CORE_OPCODES, run_isolated
+
+GEMV = {c.name: c for c in moe.aot_configs() if "_gemv_" in c.name}
+
+
+@pytest.fixture(scope="module")
+def reports():
+    """The GEMV configs compiled once per arch, in a child process with the interpreter off."""
+    return {(r.config, r.arch): (r, p) for r, p in run_isolated(["moe_mxfp4"], archs=[120, 121], only=["_gemv_"])}
+
+
+@pytest.mark.parametrize("arch", [120, 121])
+@pytest.mark.parametrize("name", sorted(GEMV))
+def test_gemv_streams_weights_in_16_byte_loads_without_tensor_cores(reports, name, arch):
+    cfg = GEMV[name]
+    report, problems = reports[(name, arch)]
+    assert problems == [], report.summary()
+    assert not report.tensor_core_opcodes and all(report.count(op) == 0 for op in TENSOR_CORE_OPCODES)
+    rows = cfg.constexprs["BLOCK_N"] * (2 if cfg.kernel is moe._gate_up_gemv_kernel else 1)
+    words_per_thread = rows * cfg.constexprs["BLOCK_K"] // 8 // (32 * cfg.num_warps)
+    assert report.wide_loads >= words_per_thread // 4, report.summary()  # 4 int32 words per 16-byte load
+    assert report.count("LDL") == 0 and report.count("STL") == 0
+    assert report.shared_bytes <= 101376
