@@ -41,6 +41,8 @@ TPS = (1, 2, 4, 8)
 ROTATE_BYTES = 200 * 2**20  # distinct weight copies per graph: > 4x the 50 MB L2, every call from HBM
 RUN_NAME = "fp8_gemv-h200-run3"
 DOT_RUN_NAME = "fp8_gemv-h200-run4-dot"  # --dot-sweep: tensor-core form variants at 4..16 rows
+XB_RUN_NAME = "fp8_gemv-h200-run5"  # --xb-sweep: x_broadcast rows variants vs the run-3 defaults
+XB_ROWS, XB_TPS = (1, 2, 4, 8), (1, 4)
 
 
 def prepare() -> None:
@@ -148,10 +150,57 @@ def dot_candidates(m: int, n: int, k: int, groups: int, g):
     return unique
 
 
+def run3_default_config(m: int, n: int, k: int, groups: int, g):
+    """The launch form default_config picked after run 3 and before run 5 (fp8_gemv-h200-run3.summary.md),
+    frozen here so run 5's 'old' column stays what it was: 1 row one-shot rows form for K of 4..8 blocks
+    (8 warps whole K at 8 blocks and <= 2 programs per SM, else 16 cols x 4 blocks evict-first at <= 4 per
+    SM), otherwise the 1-row FMA form; 2 rows on the rows form (32 cols, 2 blocks, no prefetch); 3..16 rows
+    on 16x32 tensor-core tiles."""
+    kb = math.ceil(k / g.FP8_BLOCK)
+    sms = g.sm_count()
+    if m == 1 and 4 <= kb <= 8:
+        tiles = groups * math.ceil(n / 16)
+        if kb == 8 and tiles <= 2 * sms:
+            return g.GemvConfig(1, 16, 1, False, num_warps=8, k_unroll=kb, rows_form=True, prefetch=True)
+        if tiles <= 4 * sms:
+            return g.GemvConfig(1, 16, 1, False, k_unroll=4, rows_form=True, prefetch=True, evict_first=True)
+    if m == 2:
+        split = g.choose_split(groups * math.ceil(n / 32), kb, 4 * sms)
+        return g.GemvConfig(2, 32, split, False, k_unroll=2, rows_form=True)
+    return old_default_config(m, n, k, groups, g)
+
+
+def xb_candidates(m: int, n: int, k: int, groups: int, g):
+    """--xb-sweep: the run-3 default first, then the x_broadcast rows form (one tile of up to 8 rows) with
+    fewer columns, other chunk lengths, prefetch, evict-first and other split-K targets; 4-row tiles at
+    8 rows; the current default_config last if it is none of those."""
+    def xb(block_n, unroll, **kw):
+        kw.setdefault("prefetch", False)
+        return rows_config(m, n, k, groups, g, block_n, unroll, x_broadcast=True, **kw)
+    out = [("old_default", run3_default_config(m, n, k, groups, g)),
+           ("xb_n32_u2", xb(32, 2)),
+           ("xb_n16_u2", xb(16, 2)),
+           ("xb_n16_u4", xb(16, 4)),
+           ("xb_n32_u1", xb(32, 1)),
+           ("xb_n32_u2_pf", xb(32, 2, prefetch=True)),
+           ("xb_n16_u4_pf_ef", xb(16, 4, prefetch=True, evict_first=True)),
+           ("xb_n32_u2_pps8", xb(32, 2, programs_per_sm=8)),
+           ("xb_n32_u2_pps2", xb(32, 2, programs_per_sm=2))]
+    if m >= 8:
+        out.append(("xb4_n32_u2", xb(32, 2, max_block_m=4)))
+    out.append(("current_default", g.default_config(m, n, k, groups)))
+    seen, unique = set(), []
+    for label, cfg in out:
+        if cfg not in seen:
+            seen.add(cfg)
+            unique.append((label, cfg))
+    return unique
+
+
 ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default")
 
 
-def main(out_dir: str, smoke: bool, dot_sweep: bool = False) -> None:
+def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -161,12 +210,16 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "235"))
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "140" if xb_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
     if dot_sweep:
         rows, run_name, pick = (3, 16) if smoke else (4, 8, 16), DOT_RUN_NAME, dot_candidates
     tps = (2,) if smoke else TPS
+    with_rope = not xb_sweep  # run 5: no fused-RoPE timing (the dense seam does not use it)
+    if xb_sweep:
+        rows, run_name, pick = (1, 2, 3, 8) if smoke else XB_ROWS, XB_RUN_NAME, xb_candidates
+        tps = (2,) if smoke else XB_TPS
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -204,7 +257,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False) -> None:
     res = db.BenchResult(
         name=run_name,
         title=("Block-FP8 GEMV / grouped wo_a at DSv4-Flash decode shapes: previous default vs "
-               + ("tensor-core form variants" if dot_sweep else "rows form")
+               + ("tensor-core form variants" if dot_sweep else "x_broadcast rows form" if xb_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
                  "best_pct_copy", "cur_us", "cur_form", "cur_pct_copy", "bf16_us", "fp8_path_us", "einsum_us",
@@ -288,7 +341,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False) -> None:
             for label, cfg in cands:
                 try:
                     err = db.relative_error(run(*weights[0], cfg), ref)
-                    if is_wo_a:
+                    if is_wo_a and with_rope:
                         err = max(err, db.relative_error(run(*weights[0], cfg, True), ref_rope))
                     max_err = max(max_err, err)
                     if smoke:
@@ -296,8 +349,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False) -> None:
                     us = timed([(lambda w=w, s=s, c=cfg: run(w, s, c)) for w, s in weights])
                     times[label] = us
                     sweep_log.append({"linear": name, "T": tp, "M": m, "label": label, "config": cfg.name,
+                                      "launch": effective_launch(cfg, k, g).name,
                                       "us": round(us, 3), "pct_copy": pct(nbytes, us), "rel_err": float(f"{err:.3g}")})
-                    if is_wo_a and label in ROPE_LABELS:
+                    if is_wo_a and with_rope and label in ROPE_LABELS:
                         rope_times[label] = timed([(lambda w=w, s=s, c=cfg: run(w, s, c, True)) for w, s in weights])
                         sweep_log[-1]["rope_us"] = round(rope_times[label], 3)
                 except Exception as exc:
@@ -320,7 +374,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False) -> None:
                 failures[f"{point} baselines"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 if not smoke:
                     _sync(torch)
-            if not is_wo_a and m == 8 and tp == 1:
+            if not is_wo_a and m == 8 and tp == 1 and not smoke:
                 numerics[name] = {
                     "worst_swept_variant": round(max_err, 6),
                     "upstream_fp8_activation_emulated": round(db.relative_error(
@@ -439,6 +493,8 @@ if __name__ == "__main__":
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks"))
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter run at tiny shapes, no timing")
     parser.add_argument("--dot-sweep", action="store_true", help="sweep the tensor-core form at 4..16 rows instead")
+    parser.add_argument("--xb-sweep", action="store_true",
+                        help="run 5: x_broadcast rows variants vs the run-3 defaults, M 1..8, T 1 and 4")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -452,4 +508,4 @@ if __name__ == "__main__":
     if args.prepare:
         prepare()
     else:
-        main(args.out, args.smoke, args.dot_sweep)
+        main(args.out, args.smoke, args.dot_sweep, args.xb_sweep)
