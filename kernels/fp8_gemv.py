@@ -420,7 +420,9 @@ class GemvConfig:
     prefetch: bool = False  # rows form: next chunk's weight load issued before this chunk's FMAs
     evict_first: bool = False  # rows form: weight loads marked evict-first in L2
     # rows form: activation loaded through a broadcast over the tile's columns, in the weight tile's
-    # register layout (no per-row shared-memory conversion; not yet timed on a GPU, so no default uses it)
+    # register layout (no per-row shared-memory conversion). Timed in H200 run 5
+    # (benchmarks/fp8_gemv-h200-run5.summary.md): slower than the defaults on 47 of 48 points
+    # (geomean 1.10x / 1.18x / 1.62x / 2.52x at 1 / 2 / 4 / 8 rows), so no default uses it.
     x_broadcast: bool = False
 
     def __post_init__(self):
@@ -445,7 +447,8 @@ class GemvConfig:
 # iteration; 2 to 16 rows on tensor cores with 16-row, 32-column tiles; more rows with 32x64 tiles.
 # Run 3 (fp8_gemv-h200-run3.summary.md) moved 2 rows and short-K single rows to the rows form (below);
 # run 4 (fp8_gemv-h200-run4-dot.md: 3-6 stages, 64-col tiles, 2 warps, swapped operands) found no
-# better tensor-core form for 4..16 rows (best variant geomean 1.01x).
+# better tensor-core form for 4..16 rows (best variant geomean 1.01x). Run 5
+# (fp8_gemv-h200-run5.summary.md: x_broadcast rows variants at 1..8 rows, T = 1 and 4) changed nothing.
 FMA_MAX_ROWS = 1
 FMA_BLOCK_N, FMA_K_UNROLL = 32, 2
 DOT_BLOCK_N = 32
