@@ -35,7 +35,10 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
   it runs one 64-head program per row with 16-candidate tiles and no register prefetch (98304 B,
   224 registers, no spills), which gathers and dequantises each row once. On the H200 that took C4
   B=64 from 83.5 to 74.3 us but was slower at B <= 16 (``benchmarks/sparse_mla_decode-h200-run3.md``).
-  H=32 runs one 32-head block, H=16 and H=8 one 16-head block.
+  H=32 runs one 32-head block, H=16 and H=8 one 16-head block. At very few query rows
+  (``SMALL_BATCH_CONFIGS``: one row at H=64, up to two at H=32) H=64/H=32 run as four/two
+  16-head programs per row instead (185 registers, 50176 B on sm_120a): the extra gathers mostly
+  hit L2 and the row spreads over twice the SMs (H200 run 4: C4 H=64 B=1 12.7 -> 10.9 us).
 * **Dequant in the tile's own layout.** The seven UE8M0 bytes of a candidate are packed into one
   int64 (``ROW_SCALES``), so choosing a group's scale is a per-row shift. Loading them as a
   ``[BLOCK_N, 8]`` tile and reducing across lanes made Triton run the whole dequant one element per
@@ -79,7 +82,9 @@ LN2 = 0.6931471805599453
 # above it runs as several head blocks), candidates per tile, KV prefetch in registers, packed
 # per-row scales, QK chains, warps, pipeline stages. Chosen from the H200 sweep in
 # benchmarks/sparse_mla_decode-h200-run3.md among configs that fit sm_120a/sm_121a without spills
-# (aot_configs()). H=32 was not measured: it runs the same 32-head program as one H=64 head block.
+# (aot_configs()). H=32 (timed in run 4): the 32-head program stays the default from 3 rows on; the
+# 4-warp forms that fit sm_120a (16 heads x 16 candidates; 32 heads x 16 without prefetch) were
+# never the fastest form of a run-4 cell.
 # QK_CHAINS=2 (two independent QK accumulation chains) measured no gain and stays off.
 LAUNCH_CONFIGS = {
     64: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1),
@@ -92,6 +97,14 @@ LAUNCH_CONFIGS = {
 LARGE_BATCH_CONFIGS = {
     64: (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True, num_warps=8, num_stages=1)),
 }
+# Up to this many query rows (B * s_q), a head count runs 16-head programs instead: each of the
+# H/16 programs of a row gathers the row's KV tiles again (mostly from L2), but a program does
+# half of a 32-head program's MMA work per tile, so few rows spread over twice as many SMs. H200 run 4 (benchmarks/sparse_mla_decode-h200-run4-summary.md), C4 and C128 at 8K:
+# faster in every measured cell up to these row counts (C4 H=64 B=1: 12.7 -> 10.9 us); at H=64,
+# 2 rows C4 was 6% slower, so the cut is at 1 row there (4 rows was faster again but is not
+# shipped without the 2-3 row cases).
+_BLOCK16 = dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1)
+SMALL_BATCH_CONFIGS: dict[int, tuple[int, dict]] = {64: (1, _BLOCK16), 32: (2, _BLOCK16)}
 MIN_HEADS = 16  # tl.dot needs M >= 16: H = 8 runs padded to 16 rows
 MAX_SPLITS = 32  # bounds the combine's registers (all splits of a block are loaded at once)
 COMBINE_SUB_H, COMBINE_WARPS = 16, 4  # combine block: 16 heads x COLS columns per program
@@ -466,6 +479,9 @@ def _program_target(device: str) -> int:
 def launch_config_for(num_heads: int, rows: int) -> dict:
     """The default launch configuration for ``num_heads`` heads and ``rows`` query rows (B * s_q)."""
     heads = padded_heads(num_heads)
+    small = SMALL_BATCH_CONFIGS.get(heads)
+    if small is not None and rows <= small[0]:
+        return small[1]
     large = LARGE_BATCH_CONFIGS.get(heads)
     if large is not None and rows >= large[0]:
         return large[1]
@@ -713,6 +729,7 @@ def _shipped_configs():
     """(name suffix, padded heads, config) for every default launch configuration."""
     out = [(f"h{heads}", heads, cfg) for heads, cfg in LAUNCH_CONFIGS.items()]
     out += [(f"h{heads}_rows{rows}", heads, cfg) for heads, (rows, cfg) in LARGE_BATCH_CONFIGS.items()]
+    out += [(f"h{heads}_upto{rows}rows", heads, cfg) for heads, (rows, cfg) in SMALL_BATCH_CONFIGS.items()]
     return out
 
 

@@ -230,6 +230,15 @@ LAUNCH_FORMS = {
                                        num_stages=1)),
     "bh16_row_scales": (8, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8,
                                 num_stages=1)),
+    # 16-head blocks at H=64 and H=32: four / two programs per query row gather the same KV rows
+    "bh16_at_h64": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8,
+                             num_stages=1)),
+    "bh16_at_h32": (32, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8,
+                             num_stages=1)),
+    "bh16_bn16_4warps_at_h64": (64, dict(BLOCK_H=16, BLOCK_N=16, PREFETCH_KV=True, ROW_SCALES=True, num_warps=4,
+                                         num_stages=1)),
+    "bh32_bn16_4warps_at_h32": (32, dict(BLOCK_H=32, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True,
+                                         num_warps=4, num_stages=1)),
 }
 
 
@@ -268,3 +277,14 @@ def test_default_launch_config_by_heads_and_rows():
     assert smd.launch_config_for(8, 4 * rows) is smd.LAUNCH_CONFIGS[16]
     # the large-batch form is one of the launch forms checked above against the reference
     assert large == LAUNCH_FORMS["bh64_bn16_no_prefetch"][1]
+
+
+@pytest.mark.parametrize("heads", [64, 32])
+def test_few_rows_run_sixteen_head_programs(heads):
+    rows, small = smd.SMALL_BATCH_CONFIGS[heads]
+    assert smd.launch_config_for(heads, rows) is small and small["BLOCK_H"] == 16
+    assert smd.launch_config_for(heads, rows + 1)["BLOCK_H"] > 16
+    assert small == LAUNCH_FORMS[f"bh16_at_h{heads}"][1]
+    # the default path (no launch_config) at that row count: H/16 programs per row, split-K combine
+    args = _case(47, rows, 1, heads, SWA_PAGE_SIZE, 40, C4_PAGE_SIZE, 40)
+    _check(args)
