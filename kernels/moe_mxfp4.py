@@ -38,7 +38,10 @@ sum, still four launches. It re-streams the block once per routed row (optionall
 ``GemvConfig.two_rows``), so it wins only at few rows per expert: on the H200 1.34x / 1.26x over the tl.dot
 decode at I = 2048 (T=1), B = 1 / 8, and 1.62x / 1.83x / 1.08x at I = 512 (T=4), B = 1 / 8 / 64, and loses
 at I = 2048, B >= 64 and at B = 256 (``benchmarks/moe_mxfp4-h200-gemv.md``); it is the default exactly at
-those measured wins.
+those measured wins. Optional forms (``GemvConfig``): ``split_k`` (gate/up fp32
+partials + ticket; down partial outputs that the top-k sum adds, still four launches) and ``prefetch``
+(next K step loaded before this step's arithmetic); both measured slower in round 2 and are not defaults
+(``benchmarks/moe_mxfp4-h200-gemv2.md``, which also breaks B = 1 down by launch: :func:`gemv_launches`).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -625,17 +628,32 @@ def _gemv_group_sums(q, x_pairs_ptr):
 
 @triton.jit
 def _gemv_rows(w_ptrs, s_ptrs, x0_ptrs, x1_ptrs, k_len, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-               TWO_ROWS: tl.constexpr):
+               TWO_ROWS: tl.constexpr, PREFETCH: tl.constexpr):
     """Stream one [R, K] weight block (``w_ptrs`` [R, G, 4] int32 words, ``s_ptrs`` [R, G] E8M0 bytes)
-    and dot it with one or (TWO_ROWS) two activation rows, dequantising each tile once: float32 [R] each."""
+    and dot it with one or (TWO_ROWS) two activation rows, dequantising each tile once: float32 [R] each.
+    PREFETCH: the next K step's words and scales are loaded before this step's arithmetic (twice the
+    bytes in flight per thread); the last step re-reads the first tile (cached) instead of masking,
+    which keeps the loads 16 bytes wide."""
     acc0 = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
     acc1 = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
+    if PREFETCH:
+        q = tl.load(w_ptrs)
+        s = tl.load(s_ptrs)
     for k0 in range(0, k_len, BLOCK_K):
-        q = tl.load(w_ptrs + k0 // 8)
-        factor = _e8m0_to_f32(tl.load(s_ptrs + k0 // 32))
+        if PREFETCH:
+            k_next = (k0 + BLOCK_K) % k_len
+            q_next = tl.load(w_ptrs + k_next // 8)
+            s_next = tl.load(s_ptrs + k_next // 32)
+        else:
+            q = tl.load(w_ptrs + k0 // 8)
+            s = tl.load(s_ptrs + k0 // 32)
+        factor = _e8m0_to_f32(s)
         acc0 += (_gemv_group_sums(q, x0_ptrs + k0 // 2) * GEMV_GROUP_UNBIAS) * factor
         if TWO_ROWS:
             acc1 += (_gemv_group_sums(q, x1_ptrs + k0 // 2) * GEMV_GROUP_UNBIAS) * factor
+        if PREFETCH:
+            q = q_next
+            s = s_next
     return tl.sum(acc0, 1), tl.sum(acc1, 1)
 
 
@@ -650,12 +668,15 @@ def _gemv_tile_offsets(ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
-                         num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr):
-    """Program (touched expert slot, block of BLOCK_N intermediate columns): the 2*BLOCK_N interleaved
-    gate/up rows of its expert against each routed row of that expert (two at a time with TWO_ROWS),
-    then the clamped SwiGLU. ``x_ptr``: the bf16 activations as int32 pairs [B, H/2]; ``w13_ptr``: the
-    repacked weights as int32 words [E, 2I, H/8]."""
+                         num_active_ptr, act_ptr, partial_ptr, ticket_ptr, num_rows, hidden, inter, swiglu_limit,
+                         TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr,
+                         SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """Program (touched expert slot, block of BLOCK_N intermediate columns, K split): the 2*BLOCK_N
+    interleaved gate/up rows of its expert against each routed row of that expert (two at a time with
+    TWO_ROWS), then the clamped SwiGLU. ``x_ptr``: the bf16 activations as int32 pairs [B, H/2];
+    ``w13_ptr``: the repacked weights as int32 words [E, 2I, H/8]. SPLIT_K > 1: each split writes its
+    fp32 sums to ``partial [SPLIT_K, num_rows, 2I]`` (interleaved as the weight rows); the last split of
+    a (slot, n block) to take its ticket sums them, applies the SwiGLU and puts the ticket back to 0."""
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
@@ -664,10 +685,14 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
     row_end = tl.load(expert_start_ptr + expert + 1)
     w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
     words, pairs, g = _gemv_tile_offsets(2 * BLOCK_N, BLOCK_K)
+    k_len = hidden // SPLIT_K  # the host checks BLOCK_K divides it
+    k_begin = tl.program_id(2) * k_len
     # H % 256 == 0 (validated): every row starts 16-byte aligned, so the word loads can be 16 bytes wide
-    w_row_words = tl.multiple_of(w_rows * (hidden // 8), 4)
+    w_row_words = tl.multiple_of(w_rows * (hidden // 8) + k_begin // 8, 4)
     w_ptrs = w13_ptr + expert * (2 * inter) * (hidden // 8) + w_row_words[:, None, None] + words
-    s_ptrs = w13_scale_ptr + expert * (2 * inter) * (hidden // 32) + w_rows[:, None] * (hidden // 32) + g[None, :]
+    s_ptrs = (w13_scale_ptr + expert * (2 * inter) * (hidden // 32) + w_rows[:, None] * (hidden // 32)
+              + k_begin // 32 + g[None, :])
+    pairs += k_begin // 2
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     step = 2 if TWO_ROWS else 1
     for m in range(row_begin, row_end, step):
@@ -676,13 +701,32 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
         row1 = tl.load(sorted_rows_ptr + m + 1, mask=has_second, other=row0)
         x0 = x_ptr + (row0 // TOP_K).to(tl.int64) * (hidden // 2) + pairs
         x1 = x_ptr + (row1 // TOP_K).to(tl.int64) * (hidden // 2) + pairs
-        out0, out1 = _gemv_rows(w_ptrs, s_ptrs, x0, x1, hidden, 2 * BLOCK_N, BLOCK_K, TWO_ROWS)
-        gate, up = tl.split(tl.reshape(out0, [BLOCK_N, 2]))
-        tl.store(act_ptr + row0.to(tl.int64) * inter + cols, _swiglu(gate, up, swiglu_limit).to(tl.bfloat16))
-        if TWO_ROWS:
-            gate, up = tl.split(tl.reshape(out1, [BLOCK_N, 2]))
-            tl.store(act_ptr + row1.to(tl.int64) * inter + cols, _swiglu(gate, up, swiglu_limit).to(tl.bfloat16),
-                     mask=(cols >= 0) & has_second)
+        out0, out1 = _gemv_rows(w_ptrs, s_ptrs, x0, x1, k_len, 2 * BLOCK_N, BLOCK_K, TWO_ROWS, PREFETCH)
+        if SPLIT_K == 1:
+            gate, up = tl.split(tl.reshape(out0, [BLOCK_N, 2]))
+            tl.store(act_ptr + row0.to(tl.int64) * inter + cols, _swiglu(gate, up, swiglu_limit).to(tl.bfloat16))
+            if TWO_ROWS:
+                gate, up = tl.split(tl.reshape(out1, [BLOCK_N, 2]))
+                tl.store(act_ptr + row1.to(tl.int64) * inter + cols,
+                         _swiglu(gate, up, swiglu_limit).to(tl.bfloat16), mask=(cols >= 0) & has_second)
+        else:
+            p_split = partial_ptr + tl.program_id(2).to(tl.int64) * num_rows * (2 * inter) + w_rows
+            tl.store(p_split + row0.to(tl.int64) * (2 * inter), out0)
+            if TWO_ROWS:
+                tl.store(p_split + row1.to(tl.int64) * (2 * inter), out1, mask=(w_rows >= 0) & has_second)
+    if SPLIT_K > 1:
+        tl.debug_barrier()  # every thread's partial stores precede the (release) ticket
+        ticket_at = ticket_ptr + slot * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(ticket_at, 1, sem="acq_rel") == SPLIT_K - 1:
+            for m in range(row_begin, row_end):
+                row = tl.load(sorted_rows_ptr + m).to(tl.int64)
+                acc = tl.zeros([2 * BLOCK_N], dtype=tl.float32)
+                for split in range(SPLIT_K):
+                    acc += tl.load(partial_ptr + (split * num_rows + row) * (2 * inter) + w_rows,
+                                   cache_modifier=".cg")
+                gate, up = tl.split(tl.reshape(acc, [BLOCK_N, 2]))
+                tl.store(act_ptr + row * inter + cols, _swiglu(gate, up, swiglu_limit).to(tl.bfloat16))
+            tl.store(ticket_at, 0)  # left zeroed for the next launch (and graph replay)
 
 
 @triton.jit
@@ -695,11 +739,13 @@ def _swiglu(gate, up, swiglu_limit):
 
 @triton.jit
 def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
-                      active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr):
-    """Program (touched expert slot, block of BLOCK_N hidden columns): the down projection of each
-    routed row of its expert, times its routing weight, into fp32 ``y [B*top_k, H]``. ``act_ptr``: the
-    bf16 SwiGLU rows as int32 pairs [B*top_k, I/2]; ``w2_ptr``: int32 words [E, H, I/8]."""
+                      active_experts_ptr, num_active_ptr, y_ptr, num_rows, hidden, inter, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr, SPLIT_K: tl.constexpr,
+                      PREFETCH: tl.constexpr):
+    """Program (touched expert slot, block of BLOCK_N hidden columns, K split): the down projection of
+    each routed row of its expert over K range ``split``, times its routing weight, into fp32
+    ``y [SPLIT_K, B*top_k, H]`` (the top-k sum adds the splits). ``act_ptr``: the bf16 SwiGLU rows as
+    int32 pairs [B*top_k, I/2]; ``w2_ptr``: int32 words [E, H, I/8]."""
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
@@ -708,19 +754,23 @@ def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_ro
     row_end = tl.load(expert_start_ptr + expert + 1)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     words, pairs, g = _gemv_tile_offsets(BLOCK_N, BLOCK_K)
-    w_row_words = tl.multiple_of(n * (inter // 8), 4)  # I % 32 == 0: 16-byte aligned rows
+    k_len = inter // SPLIT_K  # the host checks BLOCK_K divides it
+    k_begin = tl.program_id(2) * k_len
+    w_row_words = tl.multiple_of(n * (inter // 8) + k_begin // 8, 4)  # I % 32 == 0: 16-byte aligned rows
     w_ptrs = w2_ptr + expert * hidden * (inter // 8) + w_row_words[:, None, None] + words
-    s_ptrs = w2_scale_ptr + expert * hidden * (inter // 32) + n[:, None] * (inter // 32) + g[None, :]
+    s_ptrs = w2_scale_ptr + expert * hidden * (inter // 32) + n[:, None] * (inter // 32) + k_begin // 32 + g[None, :]
+    pairs += k_begin // 2
+    y_split = y_ptr + tl.program_id(2).to(tl.int64) * num_rows * hidden + n
     step = 2 if TWO_ROWS else 1
     for m in range(row_begin, row_end, step):
         row0 = tl.load(sorted_rows_ptr + m).to(tl.int64)
         has_second = m + 1 < row_end
         row1 = tl.load(sorted_rows_ptr + m + 1, mask=has_second, other=row0).to(tl.int64)
         out0, out1 = _gemv_rows(w_ptrs, s_ptrs, act_ptr + row0 * (inter // 2) + pairs,
-                                act_ptr + row1 * (inter // 2) + pairs, inter, BLOCK_N, BLOCK_K, TWO_ROWS)
-        tl.store(y_ptr + row0 * hidden + n, out0 * tl.load(topk_weights_ptr + row0).to(tl.float32))
+                                act_ptr + row1 * (inter // 2) + pairs, k_len, BLOCK_N, BLOCK_K, TWO_ROWS, PREFETCH)
+        tl.store(y_split + row0 * hidden, out0 * tl.load(topk_weights_ptr + row0).to(tl.float32))
         if TWO_ROWS:
-            tl.store(y_ptr + row1 * hidden + n, out1 * tl.load(topk_weights_ptr + row1).to(tl.float32),
+            tl.store(y_split + row1 * hidden, out1 * tl.load(topk_weights_ptr + row1).to(tl.float32),
                      mask=(n >= 0) & has_second)
 
 
@@ -731,15 +781,18 @@ def _to_bf16_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _topk_sum_kernel(y_ptr, topk_ids_ptr, out_ptr, hidden, NUM_EXPERTS: tl.constexpr,
-                     TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+def _topk_sum_kernel(y_ptr, topk_ids_ptr, out_ptr, hidden, split_stride, NUM_EXPERTS: tl.constexpr,
+                     TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, SPLITS: tl.constexpr):
+    """out[token] = sum over its top-k rows (and SPLITS K splits ``split_stride`` floats apart) of y."""
     token = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for k in tl.static_range(TOP_K):
         e = tl.load(topk_ids_ptr + token * TOP_K + k)
         valid = (e >= 0) & (e < NUM_EXPERTS)  # rows of invalid ids were never written
-        acc += tl.load(y_ptr + (token * TOP_K + k) * hidden + h, mask=valid & (h < hidden), other=0.0)
+        for split in tl.static_range(SPLITS):
+            acc += tl.load(y_ptr + split * split_stride + (token * TOP_K + k) * hidden + h,
+                           mask=valid & (h < hidden), other=0.0)
     tl.store(out_ptr + token * hidden + h, acc.to(tl.bfloat16), mask=h < hidden)
 
 
@@ -840,17 +893,43 @@ def down_config(num_rows: int, inter: int, act_mxfp8: bool = False) -> GemmConfi
 class GemvConfig:
     """CUDA-core GEMV tile: ``block_n`` output columns per program (gate/up: intermediate columns, i.e.
     2*block_n interleaved weight rows), ``block_k`` K values per step (a multiple of 32, clipped to K),
-    ``two_rows``: two routed rows per pass over the weight block (each tile dequantised once)."""
+    ``two_rows``: two routed rows per pass over the weight block (each tile dequantised once);
+    ``split_k``: programs per K range (gate/up: fp32 partials + ticket, down: partial outputs the top-k
+    sum adds); ``prefetch``: the next K step loaded before this step's arithmetic; ``num_stages``: the
+    launch's Triton pipelining depth (None: Triton's default, as the round-1 run launched)."""
     block_n: int
     block_k: int
     num_warps: int
     two_rows: bool = False
+    split_k: int = 1
+    prefetch: bool = False
+    num_stages: int | None = None
+
+    def label(self) -> str:
+        tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}"
+        tag += "x2" if self.two_rows else ""
+        tag += f"s{self.split_k}" if self.split_k > 1 else ""
+        tag += "p" if self.prefetch else ""
+        return tag + (f"st{self.num_stages}" if self.num_stages is not None else "")
+
+    def launch_options(self) -> dict:
+        return {"num_warps": self.num_warps} | ({} if self.num_stages is None else {"num_stages": self.num_stages})
+
+
+# Round 2 (benchmarks/moe_mxfp4-h200-gemv2.md): at I = 512 (T=4), B = 1 the smaller tiles -- gate/up 4
+# columns (8 weight rows), down 8 rows -- measured 27.7 vs 29.5 us (1.06x); at B = 8, 64 and at I = 2048
+# they were 2-7 % slower, so only one routed row per expert (num_rows <= TOP_K) takes them.
+GEMV_SMALL_TILES_WHERE = ((MOE_INTERMEDIATE_SIZE // 4, TOP_K),)  # (per-rank I, most routed rows)
 
 
 def gemv_configs(num_rows: int, inter: int) -> tuple[GemvConfig, GemvConfig]:
-    """(gate/up, down) GEMV tiles: the fastest of the H200 run at every measured (T, B) (gate/up 8
+    """(gate/up, down) GEMV tiles: the fastest of the H200 runs at every measured (T, B) (gate/up 8
     columns = 16 weight rows, down 16 rows, K steps of 512, 4 warps, one routed row per pass; the
-    two-row passes were 8-40 % slower even at B = 64, benchmarks/moe_mxfp4-h200-gemv.md)."""
+    two-row passes were 8-40 % slower even at B = 64, benchmarks/moe_mxfp4-h200-gemv.md), halved N
+    tiles where :data:`GEMV_SMALL_TILES_WHERE` says (benchmarks/moe_mxfp4-h200-gemv2.md; register
+    prefetch, K splits, longer K steps and num_stages 1 were slower or equal everywhere else)."""
+    if any(inter == i and num_rows <= rows for i, rows in GEMV_SMALL_TILES_WHERE):
+        return GemvConfig(4, 512, 4), GemvConfig(8, min(512, inter), 4)
     return GemvConfig(8, 512, 4), GemvConfig(16, min(512, inter), 4)
 
 
@@ -1011,7 +1090,8 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
                                                                     num_warps=4)
     else:
         _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
-            y, ids, out, hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, num_warps=4)
+            y, ids, out, hidden, 0, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, SPLITS=1,
+            num_warps=4)
     return out
 
 
@@ -1121,35 +1201,75 @@ LAUNCHES_PER_FORWARD = 4
 
 def _gemv_forward(x, w13, w13_scale, w2, w2_scale, weights_, ids_, out, swiglu_limit, configs):
     """The four launches with the CUDA-core GEMV in place of the two GEMMs (routing and top-k sum as ever)."""
+    for _, launch in gemv_launches(x, w13, w13_scale, w2, w2_scale, weights_, ids_, out, swiglu_limit, configs):
+        launch()
+    return out
+
+
+GEMV_LAUNCH_NAMES = ("route", "gate_up", "down", "topk_sum")
+
+
+def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
+                  configs=None) -> list:
+    """The GEMV forward as its four launches ``[(name, fn)]`` (:data:`GEMV_LAUNCH_NAMES`) over buffers
+    allocated here: run in order they are :func:`moe_mxfp4_forward` with ``upcast="gemv"`` into ``out``;
+    the device tool also times each alone (per-launch breakdown). Inputs as validated by the forward."""
     batch, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter = two_i // 2
-    top_k = ids_.shape[1]
+    top_k = topk_ids.shape[1]
     num_rows = batch * top_k
-    ids = ids_.contiguous()
-    weights = weights_.contiguous()
+    ids = topk_ids.contiguous()
+    weights = topk_weights.contiguous()
     gu_cfg, dn_cfg = configs if configs else gemv_configs(num_rows, inter)
     if not (isinstance(gu_cfg, GemvConfig) and isinstance(dn_cfg, GemvConfig)):
         raise ValueError(f"configs for upcast='gemv' must be two GemvConfig, got {configs!r}")
-    gu_k, dn_k = min(gu_cfg.block_k, hidden), min(dn_cfg.block_k, inter)
-    if (inter % gu_cfg.block_n or hidden % dn_cfg.block_n or gu_k % 32 or dn_k % 32 or hidden % gu_k
-            or inter % dn_k):
-        raise ValueError(f"GEMV tiles {configs!r} do not divide H={hidden}, I={inter}")
-    sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)
+    gu_k, dn_k = min(gu_cfg.block_k, hidden // gu_cfg.split_k), min(dn_cfg.block_k, inter // dn_cfg.split_k)
+    if (inter % gu_cfg.block_n or hidden % dn_cfg.block_n or gu_k % 32 or dn_k % 32 or gu_cfg.split_k < 1
+            or dn_cfg.split_k < 1 or hidden % (gu_k * gu_cfg.split_k) or inter % (dn_k * dn_cfg.split_k)):
+        raise ValueError(f"GEMV tiles {configs!r} do not divide H={hidden}, I={inter} (K splits x block_k)")
+    device = x.device
+    sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)  # launch 1, run now
     slots = min(num_rows, num_experts)
-    act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=x.device)
-    _gate_up_gemv_kernel[(slots, inter // gu_cfg.block_n)](
-        x.view(torch.int32), w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start,
-        active_experts, num_active, act, hidden, inter, float(swiglu_limit), TOP_K=top_k,
-        BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, TWO_ROWS=gu_cfg.two_rows, num_warps=gu_cfg.num_warps)
-    y = torch.empty(num_rows, hidden, dtype=torch.float32, device=x.device)
-    _down_gemv_kernel[(slots, hidden // dn_cfg.block_n)](
-        act.view(torch.int32), w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start,
-        active_experts, num_active, y, hidden, inter, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
-        TWO_ROWS=dn_cfg.two_rows, num_warps=dn_cfg.num_warps)
-    _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
-        y, ids, out, hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, num_warps=4)
-    return out
+    act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=device)
+    y = torch.empty(dn_cfg.split_k, num_rows, hidden, dtype=torch.float32, device=device)
+    gu_grid = (slots, inter // gu_cfg.block_n, gu_cfg.split_k)
+    if gu_cfg.split_k > 1:
+        partial = torch.empty(gu_cfg.split_k, num_rows, 2 * inter, dtype=torch.float32, device=device)
+        tickets = _tickets(device, slots * gu_grid[1])
+    else:
+        partial, tickets = y, num_active  # unused
+
+    def gate_up():
+        _gate_up_gemv_kernel[gu_grid](
+            x.view(torch.int32), w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start,
+            active_experts, num_active, act, partial, tickets, num_rows, hidden, inter, float(swiglu_limit),
+            TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, TWO_ROWS=gu_cfg.two_rows, SPLIT_K=gu_cfg.split_k,
+            PREFETCH=gu_cfg.prefetch, **gu_cfg.launch_options())
+
+    def down():
+        _down_gemv_kernel[(slots, hidden // dn_cfg.block_n, dn_cfg.split_k)](
+            act.view(torch.int32), w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows,
+            expert_start, active_experts, num_active, y, num_rows, hidden, inter, BLOCK_N=dn_cfg.block_n,
+            BLOCK_K=dn_k, TWO_ROWS=dn_cfg.two_rows, SPLIT_K=dn_cfg.split_k, PREFETCH=dn_cfg.prefetch,
+            **dn_cfg.launch_options())
+
+    def topk_sum():
+        _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
+            y, ids, out, hidden, num_rows * hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK,
+            SPLITS=dn_cfg.split_k, num_warps=4)
+
+    pending = [True]  # the routing above is this forward's first launch
+
+    def route_step():  # later calls re-run the routing kernel into the same buffers (per-launch timing)
+        if pending[0]:
+            pending[0] = False
+        elif num_rows <= ROUTE_TRITON_MAX_ROWS:  # beyond, the torch sort above is reused (same ids)
+            _route_kernel[(1,)](ids, num_rows, sorted_rows, expert_start, active_experts, num_active,
+                                NUM_EXPERTS=num_experts, BLOCK_ROWS=triton.next_power_of_2(max(num_rows, 16)),
+                                NUM_BINS=triton.next_power_of_2(num_experts + 1), num_warps=4)
+
+    return list(zip(GEMV_LAUNCH_NAMES, (route_step, gate_up, down, topk_sum)))
 
 
 def dequant_nibbles(packed: torch.Tensor, scale: torch.Tensor, upcast: str = "split_bf16") -> torch.Tensor:
@@ -1210,15 +1330,22 @@ def _down_sig(act_mxfp8):
 def _gate_up_gemv_sig():
     return {"x_ptr": "*i32", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32",
             "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "act_ptr": "*bf16",
-            "hidden": "i32", "inter": "i32", "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_N": "constexpr",
-            "BLOCK_K": "constexpr", "TWO_ROWS": "constexpr"}
+            "partial_ptr": "*fp32", "ticket_ptr": "*i32", "num_rows": "i32", "hidden": "i32", "inter": "i32",
+            "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+            "TWO_ROWS": "constexpr", "SPLIT_K": "constexpr", "PREFETCH": "constexpr"}
 
 
 def _down_gemv_sig():
     return {"act_ptr": "*i32", "w2_ptr": "*i32", "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32",
             "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
-            "num_active_ptr": "*i32", "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_N": "constexpr",
-            "BLOCK_K": "constexpr", "TWO_ROWS": "constexpr"}
+            "num_active_ptr": "*i32", "y_ptr": "*fp32", "num_rows": "i32", "hidden": "i32", "inter": "i32",
+            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "TWO_ROWS": "constexpr", "SPLIT_K": "constexpr",
+            "PREFETCH": "constexpr"}
+
+
+# GEMV forms compiled beside the defaults (selectable through ``configs``, measured slower on the H200 in
+# round 2 but kept compiling): a K split of both launches and the register prefetch
+GEMV_AOT_EXTRA = (GemvConfig(8, 512, 4, split_k=2), GemvConfig(8, 512, 4, prefetch=True))
 
 
 def aot_configs() -> list[AotConfig]:
@@ -1281,28 +1408,37 @@ def aot_configs() -> list[AotConfig]:
                 name=f"moe_mxfp4_{kind}_decode_{tags[upcast]}_m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}_splitk{split}",
                 kernel=kernel, signature=sig(False), constexprs=constexprs, num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",)))
-    # CUDA-core GEMV decode at every per-rank I: the default tiles (one routed row per weight pass) and
-    # their two-row form (selectable through ``configs``); no tensor-core opcode, the weights stream in
-    # 16-byte loads (tests/kernels/test_moe_mxfp4_aot.py asserts those)
+    # CUDA-core GEMV decode at every per-rank I: the default tiles (one routed row per weight pass), their
+    # two-row form and GEMV_AOT_EXTRA (selectable through ``configs``); no tensor-core opcode, the weights
+    # stream in 16-byte loads (tests/kernels/test_moe_mxfp4_aot.py asserts those)
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
         gu, dn = gemv_configs(TOP_K, inter)
-        for two_rows in (False, True):
-            for kind, kernel, sig, cfg, k_len in (("gate_up", _gate_up_gemv_kernel, _gate_up_gemv_sig(), gu, HIDDEN_SIZE),
-                                                   ("down", _down_gemv_kernel, _down_gemv_sig(), dn, inter)):
-                block_k = min(cfg.block_k, k_len)
-                key = (kind, GEMV, cfg.block_n, block_k, cfg.num_warps, two_rows)
-                if key in seen:
+        gu_more, dn_more = gemv_configs(TOP_K + 1, inter)
+        forms = [(gu, dn), (gu_more, dn_more),
+                 (dataclasses.replace(gu_more, two_rows=True), dataclasses.replace(dn_more, two_rows=True))]
+        forms += [(extra, extra) for extra in GEMV_AOT_EXTRA]
+        for gu_form, dn_form in forms:
+            for kind, kernel, sig, cfg, k_len in (("gate_up", _gate_up_gemv_kernel, _gate_up_gemv_sig(), gu_form,
+                                                   HIDDEN_SIZE),
+                                                  ("down", _down_gemv_kernel, _down_gemv_sig(), dn_form, inter)):
+                block_k = min(cfg.block_k, k_len // cfg.split_k)
+                if (k_len // cfg.split_k) % block_k or (kind == "gate_up" and inter % cfg.block_n):
                     continue
-                seen.add(key)
-                constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": block_k, "TWO_ROWS": two_rows}
+                cfg = dataclasses.replace(cfg, block_k=block_k)
+                if (kind, GEMV, cfg) in seen:
+                    continue
+                seen.add((kind, GEMV, cfg))
+                constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": block_k, "TWO_ROWS": cfg.two_rows,
+                              "SPLIT_K": cfg.split_k, "PREFETCH": cfg.prefetch}
                 if kind == "gate_up":
                     constexprs["TOP_K"] = TOP_K
+                shipped = (gu_form, dn_form) in ((gu, dn), (gu_more, dn_more))
                 configs.append(AotConfig(
-                    name=f"moe_mxfp4_{kind}_gemv_n{cfg.block_n}k{block_k}w{cfg.num_warps}{'_2rows' if two_rows else ''}",
-                    kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps, num_stages=1,
-                    div16=("hidden", "inter"), forbid_opcodes=TENSOR_CORE_OPCODES,
-                    note="CUDA-core GEMV decode" + (" (two rows per pass: selectable, not a default)" if two_rows else "")))
+                    name=f"moe_mxfp4_{kind}_gemv_{cfg.label()}", kernel=kernel, signature=sig, constexprs=constexprs,
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages or 1, div16=("hidden", "inter"),
+                    forbid_opcodes=TENSOR_CORE_OPCODES,
+                    note="CUDA-core GEMV decode" + ("" if shipped else " (selectable, not a default)")))
     configs.append(AotConfig(
         name="moe_mxfp4_to_bf16", kernel=_to_bf16_kernel,
         signature={"src_ptr": "*fp32", "dst_ptr": "*bf16", "numel": "i32", "BLOCK": "constexpr"},
@@ -1316,14 +1452,22 @@ def aot_configs() -> list[AotConfig]:
     configs.append(AotConfig(
         name="moe_mxfp4_topk_sum", kernel=_topk_sum_kernel,
         signature={"y_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
-                   "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr", "BLOCK_H": "constexpr"},
-        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK},
+                   "split_stride": "i32", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr", "BLOCK_H": "constexpr",
+                   "SPLITS": "constexpr"},
+        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK, "SPLITS": 1},
         num_warps=4, div16=("hidden",)))
+    configs.append(AotConfig(
+        name="moe_mxfp4_topk_sum_splits2", kernel=_topk_sum_kernel,
+        signature={"y_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
+                   "split_stride": "i32", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr", "BLOCK_H": "constexpr",
+                   "SPLITS": "constexpr"},
+        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK, "SPLITS": 2},
+        num_warps=4, div16=("hidden", "split_stride"), note="top-k sum of a GEMV down with 2 K splits"))
     return configs
 
 
 __all__ = [
-    "FORWARD_UPCASTS", "GEMV", "GEMV_DEFAULT_WHERE", "GemvConfig", "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs",
+    "FORWARD_UPCASTS", "GEMV", "GEMV_DEFAULT_WHERE", "GEMV_LAUNCH_NAMES", "GemvConfig", "gemv_launches", "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs",
     "default_gemm_upcast", "default_upcast", "gemv_configs", "dequant_nibbles", "moe_mxfp4_forward", "quantize_mxfp8",
     "reference_dequant_mxfp4", "reference_moe_mxfp4", "reference_moe_mxfp8_act", "reference_swiglu",
     "repack_w13_", "route", "scale_bytes", "touched_expert_bytes", "unpack_w13_", "use_dot_scaled",

@@ -402,9 +402,21 @@ def test_split_k_choice_and_default_follow_shapes_and_the_h200_numbers():
 
 
 # --- CUDA-core GEMV decode -------------------------------------------------------------------------
-def test_gemv_two_rows_clamp_and_poisoned_scratch():
-    """One- and two-row passes (odd and even row counts per expert), the clamp on and off, with every
-    scratch tensor NaN-poisoned: each activation and output row the GEMV reads must be written first."""
+# GEMV forms: (gate/up block_k, GemvConfig options); block_k 64 gives the prefetch two K steps per split
+GEMV_FORMS = {
+    "one_row": (128, {}),
+    "two_rows": (128, {"two_rows": True}),
+    "prefetch": (64, {"prefetch": True}),
+    "split_k": (128, {"split_k": 2}),
+    "split_k_two_rows_prefetch": (64, {"split_k": 2, "two_rows": True, "prefetch": True}),
+}
+
+
+@pytest.mark.parametrize("form", sorted(GEMV_FORMS))
+def test_gemv_forms_clamp_and_poisoned_scratch(form):
+    """One- and two-row passes (odd and even row counts per expert), register prefetch and K splits
+    (gate/up partials + ticket, down partial outputs), the clamp on and off, with every scratch tensor
+    NaN-poisoned: each activation, partial and output row the GEMV reads must be written first."""
     inter = 64
     experts = make_experts(inter)
     weights, ids = make_routing(5, "duplicate")  # 5 rows of the token's expert + 1 of the next: odd and even counts
@@ -418,15 +430,41 @@ def test_gemv_two_rows_clamp_and_poisoned_scratch():
         t = real_empty(*args, **kw)
         return t.fill_(float("nan")) if t.is_floating_point() else t
 
+    gu_k, opts = GEMV_FORMS[form]
+    cfgs = (moe.GemvConfig(inter, gu_k, 4, **opts), moe.GemvConfig(HIDDEN, 32, 2, **opts))
     torch.empty = poisoned_empty
     try:
-        for two_rows in (False, True):
-            cfgs = (moe.GemvConfig(inter, 128, 4, two_rows), moe.GemvConfig(HIDDEN, 32, 2, two_rows))
-            assert rel(run(x, experts, weights, ids, upcast="gemv", configs=cfgs), ref) < 2e-2, two_rows
-            assert rel(run(x, experts, weights, ids, upcast="gemv", configs=cfgs, swiglu_limit=0.0),
-                       unclamped) < 2e-2, two_rows
+        assert rel(run(x, experts, weights, ids, upcast="gemv", configs=cfgs), ref) < 2e-2
+        assert rel(run(x, experts, weights, ids, upcast="gemv", configs=cfgs, swiglu_limit=0.0), unclamped) < 2e-2
     finally:
         torch.empty = real_empty
+    if opts.get("split_k", 1) > 1:  # the last split of every (slot, n block) put its ticket back
+        assert int(moe._tickets(x.device, 1).count_nonzero()) == 0
+
+
+def test_gemv_launches_alone_and_repeated_give_the_forward():
+    """gemv_launches: the four launches in order are the forward; run again (routing re-run into the
+    same buffers), they give it again -- what the device tool's per-launch timing relies on."""
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(3, "skewed")
+    x = make_x(3)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    w13r, s13r = repacked(*experts[:2])
+    out = torch.full_like(x, float("nan"))
+    cfgs = (moe.GemvConfig(16, 128, 4, split_k=2), moe.GemvConfig(64, 32, 2, split_k=2))
+    launches = moe.gemv_launches(x, w13r, s13r, *experts[2:], weights, ids, out, configs=cfgs)
+    assert [name for name, _ in launches] == list(moe.GEMV_LAUNCH_NAMES) and len(launches) == moe.LAUNCHES_PER_FORWARD
+    for _, launch in launches:
+        launch()
+    first = out.clone()
+    assert rel(first, ref) < 2e-2
+    out.fill_(float("nan"))
+    for _, launch in launches:
+        launch()
+    assert torch.equal(out, first)
+    with pytest.raises(ValueError, match="GEMV tiles"):  # 3 splits do not divide H = 256
+        run(x, experts, weights, ids, upcast="gemv", configs=(moe.GemvConfig(16, 64, 4, split_k=3), cfgs[1]))
 
 
 def test_gemv_dequantises_every_code_under_extreme_scales():
@@ -478,6 +516,14 @@ def test_gemv_default_dispatch_and_tensor_core_arguments(monkeypatch):
         run(x, experts, weights, ids, upcast="gemv", configs=(moe.GemvConfig(48, 256, 4), moe.GemvConfig(16, 32, 4)))
 
 
+def test_gemv_small_tiles_only_where_measured():
+    """Round 2: halved N tiles at I = 512, one routed row per expert; the round-1 tiles elsewhere."""
+    full_i = 2048
+    assert moe.gemv_configs(TOP_K, full_i // 4) == (moe.GemvConfig(4, 512, 4), moe.GemvConfig(8, 512, 4))
+    assert moe.gemv_configs(TOP_K + 1, full_i // 4) == (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
+    assert moe.gemv_configs(TOP_K, full_i) == (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
+
+
 def test_gemv_aot_configs_forbid_tensor_cores():
     gemv = [c for c in moe.aot_configs() if "_gemv_" in c.name]
     # default tiles (one row per pass) and their two-row form at every per-rank I
@@ -485,6 +531,7 @@ def test_gemv_aot_configs_forbid_tensor_cores():
     for tp in SUPPORTED_TP:
         gu, dn = moe.gemv_configs(TOP_K, 2048 // tp)
         assert any(c.kernel is moe._gate_up_gemv_kernel and c.constexprs["BLOCK_N"] == gu.block_n for c in gemv)
+        assert any(c.kernel is moe._down_gemv_kernel and c.constexprs["BLOCK_N"] == dn.block_n for c in gemv)
         assert any(c.kernel is moe._down_gemv_kernel and c.constexprs["BLOCK_K"] == min(dn.block_k, 2048 // tp)
                    for c in gemv)
     assert all("HMMA" in c.forbid_opcodes and "QMMA" in c.forbid_opcodes and not c.expect_opcodes for c in gemv)
