@@ -219,12 +219,12 @@ def _dequant(nope, scales, rope, C: tl.constexpr, TILE: tl.constexpr, NOPE_TILES
 
 
 @triton.jit
-def _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, valid, n0, n1, n2, n3, rope, scales, qk_scale,
-            TILE: tl.constexpr, NOPE_TILES: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr):
-    """Fold one dequantised tile into all heads' running (max, sum, acc), logits in base 2. The
-    512-wide row is four 128-column chunks so each MMA operand fragment stays small. QK_CHAINS=2
-    accumulates QK in two independent MMA chains (chunks 0-1 and 2-3) summed at the end, halving
-    the dependent HMMA chain per warp (fp32 sums in another order; products unchanged)."""
+def _scores(q0, q1, q2, q3, valid, n0, n1, n2, n3, rope, scales, qk_scale, TILE: tl.constexpr,
+            NOPE_TILES: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr):
+    """Dequantise one raw tile and compute all heads' base-2 logits against it: ``(s, kv0..kv3)``.
+    The 512-wide row is four 128-column chunks so each MMA operand fragment stays small.
+    QK_CHAINS=2 accumulates QK in two independent MMA chains (chunks 0-1 and 2-3) summed at the
+    end, halving the dependent HMMA chain per warp (fp32 sums in another order; products unchanged)."""
     kv0 = _dequant(n0, scales, rope, 0, TILE, NOPE_TILES, ROW_SCALES)
     kv1 = _dequant(n1, scales, rope, 1, TILE, NOPE_TILES, ROW_SCALES)
     kv2 = _dequant(n2, scales, rope, 2, TILE, NOPE_TILES, ROW_SCALES)
@@ -240,6 +240,13 @@ def _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, valid, n0, n1, n2,
         s = tl.dot(q2, tl.trans(kv2), s)
         s = tl.dot(q3, tl.trans(kv3), s)
     s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    return s, kv0, kv1, kv2, kv3
+
+
+@triton.jit
+def _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3):
+    """Fold one tile's logits ``s`` (base 2, -inf where invalid) and its bf16 KV into all heads'
+    running (max, sum, acc)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_use)
@@ -251,6 +258,15 @@ def _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, valid, n0, n1, n2,
     acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None])
     acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None])
     return m_new, l_i, acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, valid, n0, n1, n2, n3, rope, scales, qk_scale,
+            TILE: tl.constexpr, NOPE_TILES: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr):
+    """Fold one raw tile into all heads' running (max, sum, acc), logits in base 2."""
+    s, kv0, kv1, kv2, kv3 = _scores(q0, q1, q2, q3, valid, n0, n1, n2, n3, rope, scales, qk_scale, TILE,
+                                    NOPE_TILES, ROW_SCALES, QK_CHAINS)
+    return _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3)
 
 
 @triton.jit
@@ -287,7 +303,8 @@ def sparse_mla_decode_kernel(
         tiles_per_split, num_splits, qk_scale,
         BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
         HAS_EXTRA: tl.constexpr, HAS_X_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT_K: tl.constexpr,
-        PREFETCH_KV: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr, D: tl.constexpr,
+        PREFETCH_KV: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr, MID_PREFETCH: tl.constexpr,
+        D: tl.constexpr,
         TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
         DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
     """Grid ``(HEAD_BLOCKS * splits, B * s_q)``; see the module docstring. Split ``j`` of a query
@@ -319,7 +336,7 @@ def sparse_mla_decode_kernel(
     u_end = tl.minimum(u_lo + tiles_per_split, live_tiles)
 
     slots = _load_slots(u_lo, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
-    if PREFETCH_KV:  # KV of tile u_lo now, slots of tile u_lo + 1
+    if PREFETCH_KV or MID_PREFETCH:  # KV of tile u_lo now, slots of tile u_lo + 1
         valid, n0, n1, n2, n3, rope, scales = _load_tile(
             u_lo, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
             x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
@@ -352,6 +369,16 @@ def sparse_mla_decode_kernel(
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
                                                        c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES,
                                                        ROW_SCALES, QK_CHAINS)
+    elif MID_PREFETCH:  # the next tile's raw KV is issued between this tile's QK and its PV product
+        for u in range(u_lo, u_end):
+            s, kv0, kv1, kv2, kv3 = _scores(q0, q1, q2, q3, valid, n0, n1, n2, n3, rope, scales, qk_scale, TILE,
+                                            NOPE_TILES, ROW_SCALES, QK_CHAINS)
+            valid, n0, n1, n2, n3, rope, scales = _load_tile(
+                u + 1, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
+                x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
+                DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
+            slots = _load_slots(u + 2, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3)
     else:  # slots one tile ahead only (fewer live registers)
         for u in range(u_lo, u_end):
             c_valid, c0, c1, c2, c3, c_rope, c_scales = _load_tile(
@@ -609,7 +636,8 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, BLOCK_N=block_n, HAS_LEN=topk_length is not None,
         HAS_EXTRA=has_extra, HAS_X_LEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT_K=splits > 1, PREFETCH_KV=cfg["PREFETCH_KV"], ROW_SCALES=cfg.get("ROW_SCALES", False),
-        QK_CHAINS=cfg.get("QK_CHAINS", 1), **_LAYOUT, num_warps=cfg["num_warps"],
+        QK_CHAINS=cfg.get("QK_CHAINS", 1), MID_PREFETCH=cfg.get("MID_PREFETCH", False), **_LAYOUT,
+        num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if splits > 1:
         cols = combine_cols(splits)
@@ -715,7 +743,7 @@ def _signature() -> dict:
     sig.update(pointers)
     sig["qk_scale"] = "fp32"
     for name in ("BLOCK_H", "HEAD_BLOCKS", "BLOCK_N", "HAS_LEN", "HAS_EXTRA", "HAS_X_LEN", "HAS_SINK", "SPLIT_K",
-                 "PREFETCH_KV", "ROW_SCALES", "QK_CHAINS", *_LAYOUT):
+                 "PREFETCH_KV", "ROW_SCALES", "QK_CHAINS", "MID_PREFETCH", *_LAYOUT):
         sig[name] = "constexpr"
     return sig
 
@@ -739,7 +767,8 @@ def aot_configs() -> list[AotConfig]:
         constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                           HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
                           PREFETCH_KV=cfg["PREFETCH_KV"], ROW_SCALES=cfg.get("ROW_SCALES", False),
-                          QK_CHAINS=cfg.get("QK_CHAINS", 1), **_LAYOUT)
+                          QK_CHAINS=cfg.get("QK_CHAINS", 1), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
+                          **_LAYOUT)
         configs.append(AotConfig(
             name=f"sparse_mla_decode_{suffix}", kernel=sparse_mla_decode_kernel, signature=_signature(),
             constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,

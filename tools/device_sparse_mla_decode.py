@@ -1,7 +1,8 @@
-"""Sparse MLA decode on the device (run 4): full DSv4-Flash shapes checked against the float32
-reference and timed in CUDA graphs, the shipped default beside candidate launch forms (16-head
-blocks for H=64/H=32, 4-warp programs, the 64-head form at fewer rows), and upstream's Triton
-kernel (``flash_mla_sparse_decode_triton``) in the issue's target cells, in the same run.
+"""Sparse MLA decode on the device (run 5): full DSv4-Flash shapes checked against the float32
+reference and timed in CUDA graphs, the shipped default beside candidate launch forms for H=64 at
+32 and 64 query rows (mid-loop KV prefetch, num_stages=2, 32- vs 64-head programs) in C4 and C128
+layers at 8K and 64K context, and upstream's Triton kernel (``flash_mla_sparse_decode_triton``) in
+the C4 8K B=64 cell, in the same run (run 4 and earlier: see git history of this file).
 
     python3 tools/device_sparse_mla_decode.py --prepare          # here: copy/extract upstream baselines
     python3 tools/device_sparse_mla_decode.py --out $OUT         # on the device (carry .upstream)
@@ -35,35 +36,36 @@ from sglang_sm120.kernels.dsv4 import (C4_PAGE_SIZE, C128_PAGE_SIZE, C128_RATIO,
 
 UPSTREAM_TRITON = "flash_mla_sm120_triton.py"
 UPSTREAM_TORCH = "flash_mla_sm120_torch.py"
-LAYERS = [("C4", 8192), ("C128", 8192), ("C128", 65536)]
-BATCHES = (1, 4, 16, 64)
-HEADS = (64, 16)
-S_QS = (1, 2)
 ROTATIONS = 8  # calls per graph, each over its own rows of the caches
 COLUMNS = ("layer", "context", "B", "H", "s_q", "candidates", "variant", "us", "vs_upstream_triton", "TFLOPs",
            "pct_bf16_mm", "KV_GBps", "rel_err", "lse_max_abs_err", "note")
 
 
-# Run 4: launch forms per head count ("default" is what launch_config_for + choose_splits ship).
-# bh16 runs H=64 (H=32) as four (two) 16-head programs per query row, each gathering the row's
-# KV tiles (the repeats mostly from L2). The 4-warp forms are the ones that compile without spills
-# on sm_120a (bh16/bh32 with 4 warps, 32-candidate tiles and the prefetch spill 0.4-1.7 KB); with
-# fewer registers per program two can share an SM.
+# Run 5 (H=64, 32 and 64 query rows): the shipped default beside
+# * "bh64 midpf": the 64-head large-batch form with the next tile's raw KV issued between the
+#   current tile's QK and PV products (MID_PREFETCH: the raw registers of two tiles are never live
+#   at once, unlike PREFETCH_KV, which was 3-7% slower in this form in run 3). sm_120a: 242
+#   registers, 83968 B, no spills,
+# * "bh32 midpf": the same loop in the 32-head form (32-candidate tiles) that runs below 64 rows,
+# * "bh32": the < 64-row form (two 32-head programs per row) at 64 rows (faster than the 64-head
+#   form in C128 at 8K in run 4: a per-layer-kind choice by candidates per row),
+# * "bh64 bn16": the 64-head form at 32 rows (faster in C4 at 32 rows in run 4, slower in C128).
+# Not timed: num_stages=2 on the 64-head form (Triton's pipeliner on the tile loop) needs 110592 B
+# of shared memory and spills 316 B on sm_120a, so it could not ship.
 _BASE = dict(BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1)
+_BH64 = dict(_BASE, BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False)
 CANDIDATES = {
-    64: {"bh16": dict(_BASE, BLOCK_H=16),
-         "bh16 nw4 bn16": dict(_BASE, BLOCK_H=16, BLOCK_N=16, num_warps=4),
+    64: {"bh64 bn16": _BH64,
+         "bh64 midpf": dict(_BH64, MID_PREFETCH=True),
          "bh32": dict(_BASE, BLOCK_H=32),
-         "bh32 nw4 bn16 nopf": dict(_BASE, BLOCK_H=32, BLOCK_N=16, PREFETCH_KV=False, num_warps=4),
-         "bh64 bn16": dict(_BASE, BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False)},
-    32: {"bh16": dict(_BASE, BLOCK_H=16),
-         "bh16 nw4 bn16": dict(_BASE, BLOCK_H=16, BLOCK_N=16, num_warps=4),
-         "bh32 nw4 bn16 nopf": dict(_BASE, BLOCK_H=32, BLOCK_N=16, PREFETCH_KV=False, num_warps=4)},
+         "bh32 midpf": dict(_BASE, BLOCK_H=32, PREFETCH_KV=False, MID_PREFETCH=True)},
 }
-RUN_NAME = "sparse_mla_decode-h200-run4"
-LAYERS = [("C4", 8192), ("C128", 8192)]
-HEADS = (64, 32)
-BUDGET_S = 150.0  # no new shape starts after this (timeout_s is 180)
+SPLIT_NEIGHBOURS = ("bh64 midpf",)  # forms whose neighbouring split counts are timed in the target cell
+RUN_NAME = "sparse_mla_decode-h200-run5"
+LAYERS = [("C4", 8192), ("C128", 8192), ("C4", 65536), ("C128", 65536)]
+HEADS = (64,)
+CELLS = [(64, 1), (32, 1), (16, 2)]  # (B, s_q), in priority order
+BUDGET_S = 110.0  # no new shape starts after this (timeout_s is 150)
 
 
 def prepare() -> None:
@@ -145,7 +147,7 @@ def forms_for(heads, rows, target_cell, tiles_of, device):
         if smd.padded_heads(heads) % cfg["BLOCK_H"] or cfg == default_cfg:
             continue
         forms.append((name, cfg, None))
-        if target_cell:
+        if target_cell and name in SPLIT_NEIGHBOURS:
             units = rows * (smd.padded_heads(heads) // cfg["BLOCK_H"])
             tiles = tiles_of(cfg)
             rule, _ = smd.choose_splits(units, tiles, device)
@@ -163,8 +165,9 @@ def run(out_dir: str, smoke: bool) -> None:
 
     t0 = time.time()
     device = "cpu" if smoke else "cuda"
-    result = BenchResult(RUN_NAME, "Sparse MLA decode (DSv4-Flash): 16-head blocks, H=32, 64-head form at 32 rows; "
-                         "default vs candidates, upstream SGLang 0.5.23 Triton", COLUMNS)
+    result = BenchResult(RUN_NAME, "Sparse MLA decode (DSv4-Flash), H=64 at 32-64 query rows: mid-loop KV prefetch, "
+                         "32- vs 64-head programs; default vs candidates, upstream SGLang 0.5.23 "
+                         "Triton (C4 8K B=64)", COLUMNS)
     up_triton = None
     try:
         import upstream
@@ -181,17 +184,17 @@ def run(out_dir: str, smoke: bool) -> None:
         print(f"copy {bw:.0f} GB/s, bf16 mm {mm:.1f} TFLOP/s", flush=True)
     if smoke:
         caches = Caches(device, 8, 64, 2048)
-        layers, batches, heads_list, s_qs, rotations = [("C4", 512)], (1,), HEADS, (1, 2), 2
+        layers, cells, heads_list, rotations = [("C4", 512), ("C128", 512)], [(2, 1)], HEADS, 2
     else:
         caches = Caches(device, 4096, 16384, 262144)
-        layers, batches, heads_list, s_qs, rotations = LAYERS, BATCHES, HEADS, S_QS, ROTATIONS
+        layers, cells, heads_list, rotations = LAYERS, CELLS, HEADS, ROTATIONS
     result.extra.update(rotations_per_graph=rotations, SMs=smd._program_target(device),
                         default_launch_configs=str(smd.LAUNCH_CONFIGS),
-                        default_large_batch_configs=str(smd.LARGE_BATCH_CONFIGS), candidates=str(CANDIDATES))
+                        default_large_batch_configs=str(smd.LARGE_BATCH_CONFIGS),
+                        default_small_batch_configs=str(smd.SMALL_BATCH_CONFIGS), candidates=str(CANDIDATES))
 
-    grid = [(lay, b, h, s) for lay in layers for h in heads_list for s in s_qs for b in batches]
-    # the issue's targets first (C4, H=64, s_q=1), then C4 H=64 s_q=2, H=32, then C128
-    grid.sort(key=lambda g: (g[0][0] != "C4", g[2] != 64, g[3] != 1, g[3], g[1] not in (1, 16, 64)))
+    # B=64 in every layer first (the issue's missed target is C4 8K B=64), then 32 rows
+    grid = [(lay, b, h, s) for (b, s) in cells for lay in layers for h in heads_list]
     skipped = []
     best = {}
     for (layer, context), batch, heads, s_q in grid:
@@ -211,8 +214,8 @@ def run(out_dir: str, smoke: bool) -> None:
     result.notes.append("TFLOPs counts QK and PV (4*H*512 FLOP per candidate and query row); KV_GBps counts 584 B per "
                         "candidate row read once per query row. 'default' = the launch config and split rule shipped "
                         "before this run (launch_config_for + choose_splits); other rows pass launch_config (and "
-                        "num_splits where named; otherwise the split rule). Upstream Triton only in the C4 H=64 "
-                        "s_q=1 cells.")
+                        "num_splits where named; otherwise the split rule). Upstream Triton only in the C4 8K H=64 "
+                        "B=64 s_q=1 cell.")
     result.env = environment()
     print(result.markdown())
     print("wrote", result.write(out_dir), f"in {time.time() - t0:.0f} s")
@@ -228,7 +231,7 @@ def measure(result, caches, layer, context, batch, heads, s_q, rotations, smoke,
     kv_bytes = cands * rows * KV_TOKEN_BYTES
     base = dict(layer=layer, context=context, B=batch, H=heads, s_q=s_q, candidates=cands)
     ref_out, ref_lse = smd.reference_sparse_mla_decode(**a)
-    target_cell = layer == "C4" and heads == 64 and s_q == 1
+    target_cell = layer == "C4" and context == 8192 and heads == 64 and batch == 64 and s_q == 1
 
     t_up = None
     if up_triton is not None and target_cell:

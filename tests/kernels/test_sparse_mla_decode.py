@@ -239,6 +239,11 @@ LAUNCH_FORMS = {
                                          num_stages=1)),
     "bh32_bn16_4warps_at_h32": (32, dict(BLOCK_H=32, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True,
                                          num_warps=4, num_stages=1)),
+    # the next tile's raw KV issued between the current tile's QK and PV products (run 5)
+    "bh64_bn16_mid_prefetch": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True,
+                                        MID_PREFETCH=True, num_warps=8, num_stages=1)),
+    "bh32_mid_prefetch": (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=False, ROW_SCALES=True, MID_PREFETCH=True,
+                                   num_warps=8, num_stages=1)),
 }
 
 
