@@ -31,10 +31,13 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
 * **Head blocks, KV gathered once per head block.** Shared memory is q (BH x 1 KB) plus one
   bf16 copy of the KV tile (Triton shares it between the two products through a transposed view).
   Below 64 query rows H=64 runs as two programs of 32 heads that gather the same rows (the second
-  read mostly hits L2): 67584 B, 217 registers on sm_120a. From 64 rows on (``LARGE_BATCH_CONFIGS``)
-  it runs one 64-head program per row with 16-candidate tiles and no register prefetch (98304 B,
-  224 registers, no spills), which gathers and dequantises each row once. On the H200 that took C4
-  B=64 from 83.5 to 74.3 us but was slower at B <= 16 (``benchmarks/sparse_mla_decode-h200-run3.md``).
+  read mostly hits L2): 67584 B, 217 registers on sm_120a. From 32 rows on, when a row has many
+  candidates (``LARGE_BATCH_CONFIGS``, C4 layers and long C128 contexts) it runs one 64-head
+  program per row with 16-candidate tiles and no register prefetch (98304 B, 224 registers, no
+  spills), which gathers and dequantises each row once. On the H200 that took C4 B=64 from 83.5 to
+  74.3 us and C4 at 32 rows from 48.1 to 44.2 us, but was slower at B <= 16 and in C128 at 8K
+  (192 candidates), where from 64 rows the 32-head program with the mid-loop KV prefetch runs
+  instead (``FEW_CANDIDATES_CONFIGS``; ``benchmarks/sparse_mla_decode-h200-run3.md``, ``-run5-summary.md``).
   H=32 runs one 32-head block, H=16 and H=8 one 16-head block. At very few query rows
   (``SMALL_BATCH_CONFIGS``: one row at H=64, up to two at H=32) H=64/H=32 run as four/two
   16-head programs per row instead (185 registers, 50176 B on sm_120a): the extra gathers mostly
@@ -50,6 +53,9 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
   two tiles ahead and the raw KV (FP8 nope, bf16 rope, UE8M0 bytes) one tile ahead, in
   registers. With the combine kernel below this took C4, H=64, B=1 from 57.6 to 17.9 us on the
   H200 (``benchmarks/sparse_mla_decode-h200-run1.md`` has the first version).
+  ``MID_PREFETCH`` issues the next tile's raw KV after the current tile's QK product instead, so
+  the raw registers of two tiles are never live together (the 32-head form at >= 64 rows with few
+  candidates; in the 64-head form it was 5% slower than no prefetch at C4 B=64, H200 run 5).
 * **Split-K over candidates.** The grid is ``(head_blocks * splits, B * s_q)``; split ``j`` takes
   a contiguous run of the row's live tiles, so B=1 spreads over the GPU. Splits write fp32
   (acc, max, sum) partials and one small combine kernel (all splits of a 16-head block loaded in
@@ -92,10 +98,25 @@ LAUNCH_CONFIGS = {
     16: dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1),
 }
 # From this many query rows (B * s_q) on, H=64 runs one 64-head program per row (KV gathered and
-# dequantised once, 16-candidate tiles, no register prefetch: 224 registers, 98304 B on sm_120a).
-# On the H200 it took C4 B=64 from 83.5 (2 x 32 heads) to 74.3 us but was slower at B <= 16.
+# dequantised once, 16-candidate tiles, no register prefetch: 224 registers, 98304 B on sm_120a),
+# when a row has at least LARGE_BATCH_MIN_CANDIDATES candidate slots (topk + extra topk: shapes
+# only). H200 run 3: C4 B=64 83.5 (2 x 32 heads) -> 74.3 us, slower at B <= 16. H200 run 5
+# (benchmarks/sparse_mla_decode-h200-run5-summary.md): at 32 rows with 640 candidates (C4 at 8K and
+# 64K, C128 at 64K; B=32 s_q=1 and B=16 s_q=2) 1.09x faster than two 32-head programs (48.1 ->
+# 44.2 us), but with 192 candidates (C128 at 8K) 0.92x at 32 rows and 0.87-0.89x at 64 rows.
 LARGE_BATCH_CONFIGS = {
-    64: (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True, num_warps=8, num_stages=1)),
+    64: (32, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True, num_warps=8, num_stages=1)),
+}
+# Measured crossover lies between 192 (slower) and 640 (faster) candidates per row; 384 (C128 at
+# 32K context) is not measured.
+LARGE_BATCH_MIN_CANDIDATES = 384
+# Rows with fewer candidates than that, from this many rows on: two 32-head programs per row with
+# the next tile's raw KV issued between the tile's QK and PV products (MID_PREFETCH; 216 registers,
+# 67584 B on sm_120a). H200 run 5, C128 at 8K B=64: 28.5 us against 31.9 (64-head form) and 29.2
+# (32-head form with the full register prefetch); at 32 rows it was 0.98-1.00x of the latter.
+FEW_CANDIDATES_CONFIGS = {
+    64: (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=False, MID_PREFETCH=True, ROW_SCALES=True, num_warps=8,
+                  num_stages=1)),
 }
 # Up to this many query rows (B * s_q), a head count runs 16-head programs instead: each of the
 # H/16 programs of a row gathers the row's KV tiles again (mostly from L2), but a program does
@@ -503,15 +524,20 @@ def _program_target(device: str) -> int:
     return CPU_PROGRAMS
 
 
-def launch_config_for(num_heads: int, rows: int) -> dict:
-    """The default launch configuration for ``num_heads`` heads and ``rows`` query rows (B * s_q)."""
+def launch_config_for(num_heads: int, rows: int, candidates: int | None = None) -> dict:
+    """The default launch configuration for ``num_heads`` heads, ``rows`` query rows (B * s_q) and
+    ``candidates`` slots per row (topk + extra topk; None: as many as a C4 layer)."""
     heads = padded_heads(num_heads)
     small = SMALL_BATCH_CONFIGS.get(heads)
     if small is not None and rows <= small[0]:
         return small[1]
     large = LARGE_BATCH_CONFIGS.get(heads)
     if large is not None and rows >= large[0]:
-        return large[1]
+        if candidates is None or candidates >= LARGE_BATCH_MIN_CANDIDATES:
+            return large[1]
+        few = FEW_CANDIDATES_CONFIGS.get(heads)
+        if few is not None and rows >= few[0]:
+            return few[1]
     return LAUNCH_CONFIGS[heads]
 
 
@@ -591,14 +617,14 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
     if rows == 0:
         return out, lse.permute(0, 2, 1)
 
-    cfg = launch_config_for(num_heads, rows) if launch_config is None else launch_config
+    topk = indices.shape[2]
+    x_topk = extra_indices.shape[2] if has_extra else 0
+    cfg = launch_config_for(num_heads, rows, topk + x_topk) if launch_config is None else launch_config
     if padded_heads(num_heads) % cfg["BLOCK_H"]:
         _fail("launch_config", f"BLOCK_H dividing {padded_heads(num_heads)}", cfg)
     block_h, block_n = cfg["BLOCK_H"], cfg["BLOCK_N"]
     head_blocks = padded_heads(num_heads) // block_h
     units = rows * head_blocks
-    topk = indices.shape[2]
-    x_topk = extra_indices.shape[2] if has_extra else 0
     total_tiles = max(-(-topk // block_n) + -(-x_topk // block_n), 1)
     if num_splits is None:
         splits, per = choose_splits(units, total_tiles, device)
@@ -757,6 +783,8 @@ def _shipped_configs():
     """(name suffix, padded heads, config) for every default launch configuration."""
     out = [(f"h{heads}", heads, cfg) for heads, cfg in LAUNCH_CONFIGS.items()]
     out += [(f"h{heads}_rows{rows}", heads, cfg) for heads, (rows, cfg) in LARGE_BATCH_CONFIGS.items()]
+    out += [(f"h{heads}_rows{rows}_few_candidates", heads, cfg)
+            for heads, (rows, cfg) in FEW_CANDIDATES_CONFIGS.items()]
     out += [(f"h{heads}_upto{rows}rows", heads, cfg) for heads, (rows, cfg) in SMALL_BATCH_CONFIGS.items()]
     return out
 

@@ -137,12 +137,12 @@ def graph_time(make_call, rotations, calls_per_graph=None, replays=20):
     return time_in_cuda_graph(step, calls_per_graph=calls_per_graph or rotations, replays=replays)
 
 
-def forms_for(heads, rows, target_cell, tiles_of, device):
+def forms_for(heads, rows, candidates, target_cell, tiles_of, device):
     """(label, launch_config or None, num_splits or None) to time in one cell: the shipped default
     first, then every candidate with the split rule; in the target cells also the rule's
     neighbouring split counts."""
     forms = [("default", None, None)]
-    default_cfg = smd.launch_config_for(heads, rows)
+    default_cfg = smd.launch_config_for(heads, rows, candidates)
     for name, cfg in CANDIDATES[heads].items():
         if smd.padded_heads(heads) % cfg["BLOCK_H"] or cfg == default_cfg:
             continue
@@ -191,6 +191,7 @@ def run(out_dir: str, smoke: bool) -> None:
     result.extra.update(rotations_per_graph=rotations, SMs=smd._program_target(device),
                         default_launch_configs=str(smd.LAUNCH_CONFIGS),
                         default_large_batch_configs=str(smd.LARGE_BATCH_CONFIGS),
+                        default_few_candidates_configs=str(getattr(smd, "FEW_CANDIDATES_CONFIGS", None)),
                         default_small_batch_configs=str(smd.SMALL_BATCH_CONFIGS), candidates=str(CANDIDATES))
 
     # B=64 in every layer first (the issue's missed target is C4 8K B=64), then 32 rows
@@ -202,8 +203,8 @@ def run(out_dir: str, smoke: bool) -> None:
             skipped.append(f"{layer}@{context} B={batch} H={heads} s_q={s_q}")
             continue
         try:
-            best[(layer, batch, heads, s_q)] = measure(result, caches, layer, context, batch, heads, s_q, rotations,
-                                                       smoke, up_triton, mm)
+            best[(f"{layer}@{context}", batch, heads, s_q)] = measure(
+                result, caches, layer, context, batch, heads, s_q, rotations, smoke, up_triton, mm)
         except Exception as exc:  # one failing shape must not lose the others
             traceback.print_exc()
             result.notes.append(f"{layer}@{context} B={batch} H={heads} s_q={s_q}: {type(exc).__name__}: {exc}")
@@ -255,7 +256,7 @@ def measure(result, caches, layer, context, batch, heads, s_q, rotations, smoke,
         return -(-topk // cfg["BLOCK_N"]) + -(-x_topk // cfg["BLOCK_N"])
 
     times = {}
-    for label, cfg, splits in forms_for(heads, rows, target_cell, tiles_of, "cpu" if smoke else "cuda"):
+    for label, cfg, splits in forms_for(heads, rows, cands, target_cell, tiles_of, "cpu" if smoke else "cuda"):
         try:
             out, lse = smd.sparse_mla_decode(**a, num_splits=splits, launch_config=cfg)
             err = rel_err(out, ref_out)
@@ -274,8 +275,8 @@ def measure(result, caches, layer, context, batch, heads, s_q, rotations, smoke,
                        vs_upstream_triton=t_up / t if t_up and t else "", TFLOPs=flops / t / 1e6 if t else "",
                        pct_bf16_mm=100 * flops / t / 1e6 / mm if t and mm else "",
                        KV_GBps=kv_bytes / t / 1e3 if t else "")
-            print(f"{layer} B={batch} H={heads} s_q={s_q} {label}: {t} us, rel err {err:.2e}, lse {lse_err:.1e}",
-                  flush=True)
+            print(f"{layer}@{context} B={batch} H={heads} s_q={s_q} {label}: {t} us, rel err {err:.2e}, "
+                  f"lse {lse_err:.1e}", flush=True)
         except Exception as exc:
             traceback.print_exc()
             result.notes.append(f"{layer} B={batch} H={heads} s_q={s_q} {label}: {type(exc).__name__}: {exc}")

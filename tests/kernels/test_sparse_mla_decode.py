@@ -284,6 +284,30 @@ def test_default_launch_config_by_heads_and_rows():
     assert large == LAUNCH_FORMS["bh64_bn16_no_prefetch"][1]
 
 
+def test_default_launch_config_by_candidates_per_row():
+    rows, large = smd.LARGE_BATCH_CONFIGS[64]
+    few_rows, few = smd.FEW_CANDIDATES_CONFIGS[64]
+    many = smd.LARGE_BATCH_MIN_CANDIDATES
+    assert smd.launch_config_for(64, rows, many) is large
+    assert smd.launch_config_for(64, rows, None) is large  # unknown: as many as a C4 layer
+    # rows with few candidates keep two 32-head programs, with the mid-loop prefetch from few_rows on
+    assert few_rows > rows
+    assert smd.launch_config_for(64, rows, many - 1) is smd.LAUNCH_CONFIGS[64]
+    assert smd.launch_config_for(64, few_rows - 1, many - 1) is smd.LAUNCH_CONFIGS[64]
+    assert smd.launch_config_for(64, few_rows, many - 1) is few and few["BLOCK_H"] == 32
+    assert smd.launch_config_for(32, 4 * few_rows, 1) is smd.LAUNCH_CONFIGS[32]
+    assert few == LAUNCH_FORMS["bh32_mid_prefetch"][1]  # checked against the reference above
+
+
+def test_default_path_counts_both_caches_candidates(monkeypatch):
+    seen = []
+    choose = smd.launch_config_for
+    monkeypatch.setattr(smd, "launch_config_for", lambda *a: seen.append(a) or choose(*a))
+    _check(_case(49, 2, 1, 32, SWA_PAGE_SIZE, 24, C128_PAGE_SIZE, 40))
+    _check(_case(51, 2, 1, 16, C4_PAGE_SIZE, 40))
+    assert seen == [(32, 2, 24 + 40), (16, 2, 40)]
+
+
 @pytest.mark.parametrize("heads", [64, 32])
 def test_few_rows_run_sixteen_head_programs(heads):
     rows, small = smd.SMALL_BATCH_CONFIGS[heads]
