@@ -42,6 +42,11 @@ those measured wins. Optional forms (``GemvConfig``): ``split_k`` (gate/up fp32
 partials + ticket; down partial outputs that the top-k sum adds, still four launches) and ``prefetch``
 (next K step loaded before this step's arithmetic); both measured slower in round 2 and are not defaults
 (``benchmarks/moe_mxfp4-h200-gemv2.md``, which also breaks B = 1 down by launch: :func:`gemv_launches`).
+``x_f32`` (round 3): the routing launch also writes x as float32 times 2**32 in the word-pair order and
+the gate/up epilogue writes the SwiGLU rows so, and the nibble pairs are placed by one multiply -- 4.3
+instead of 5.7 sm_120a SASS instructions per weight value (gate/up n8k512w4) -- still four launches; on
+the H200 1.05x at I = 512, B = 1 (the default there, :data:`GEMV_X_F32_WHERE`) but slower at I = 2048
+(at best 4 % at B = 1; ``benchmarks/moe_mxfp4-h200-gemv3.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -583,14 +588,26 @@ GEMV_ACT_SCALE: tl.constexpr = tl.constexpr(2.0 ** 32)
 GEMV_GROUP_UNBIAS: tl.constexpr = tl.constexpr(2.0 ** (126 - 32))
 SIGN_PAIR_MASK: tl.constexpr = tl.constexpr(-0x7FFF8000)  # 0x80008000 as int32
 HIGH_HALF_MASK: tl.constexpr = tl.constexpr(-0x10000)  # 0xFFFF0000 as int32
+PAIR_BITS_MASK: tl.constexpr = tl.constexpr(-0x7E3F7E40)  # 0x81C081C0 as int32: both signs and magnitudes
 
 
 @triton.jit
-def _e2m1_pair(q, SHIFT: tl.constexpr):
+def _e2m1_pair(q, SHIFT: tl.constexpr, MUL_PAIRS: tl.constexpr = False):
     """Nibbles j and j+4 of each int32 word ``q`` (``SHIFT`` = 12 - 4j) -> two float32 tiles, the
-    values times 2**-126 (exact, including the signs and the 0.5 subnormal)."""
-    t = q << SHIFT
-    pair = (t & SIGN_PAIR_MASK) | ((t >> 6) & 0x01C001C0)
+    values times 2**-126 (exact, including the signs and the 0.5 subnormal). MUL_PAIRS (the x_f32
+    form): one multiply places both copies of the two nibbles, ``n * (2**12 + 2**6)`` -- the sign
+    copy at bits 15/31, the magnitude copy at 6..8/22..24, no overlapping bits so no carries -- and one
+    mask keeps them: 3 instructions per pair instead of 4 (two shifts, two masks)."""
+    if MUL_PAIRS:
+        if SHIFT >= 8:  # j = 0, 1
+            n = q & (0x000F000F << (12 - SHIFT))
+            pair = (n * (0x1040 >> (12 - SHIFT))) & PAIR_BITS_MASK
+        else:  # j = 2, 3: the same on the word shifted down a byte (the mask drops the sign fill)
+            n = (q >> 8) & (0x000F000F << (4 - SHIFT))
+            pair = (n * (0x1040 >> (4 - SHIFT))) & PAIR_BITS_MASK
+    else:
+        t = q << SHIFT
+        pair = (t & SIGN_PAIR_MASK) | ((t >> 6) & 0x01C001C0)
     return (pair << 16).to(tl.float32, bitcast=True), (pair & HIGH_HALF_MASK).to(tl.float32, bitcast=True)
 
 
@@ -603,24 +620,37 @@ def _bf16_pair(xp):
 
 
 @triton.jit
-def _gemv_group_sums(q, x_pairs_ptr):
-    """``q`` [R, G, 4] weight words against one activation row (``x_pairs_ptr`` [1, G, 4] pointers to
-    the int32 bf16 pairs of each word's first k) -> [R, G] per-group partial dots (unscaled)."""
-    x0, x1 = _bf16_pair(tl.load(x_pairs_ptr))
-    x2, x3 = _bf16_pair(tl.load(x_pairs_ptr + 1))
-    x4, x5 = _bf16_pair(tl.load(x_pairs_ptr + 2))
-    x6, x7 = _bf16_pair(tl.load(x_pairs_ptr + 3))
+def _gemv_group_sums(q, x_pairs_ptr, X_F32: tl.constexpr):
+    """``q`` [R, G, 4] weight words against one activation row -> [R, G] per-group partial dots
+    (unscaled). ``x_pairs_ptr`` [1, G, 4]: pointers to the int32 bf16 pairs of each word's first k, or
+    (X_F32) to the word's first value in the word-pair float32 layout (:func:`gemv_x_f32_order`: the 8
+    values of word w of a group sit 4 floats apart, so each nibble position j is one 16-byte load of
+    the group's 4 words and no conversion remains in the loop)."""
+    if X_F32:
+        x0 = tl.load(x_pairs_ptr)
+        x1 = tl.load(x_pairs_ptr + 4)
+        x2 = tl.load(x_pairs_ptr + 8)
+        x3 = tl.load(x_pairs_ptr + 12)
+        x4 = tl.load(x_pairs_ptr + 16)
+        x5 = tl.load(x_pairs_ptr + 20)
+        x6 = tl.load(x_pairs_ptr + 24)
+        x7 = tl.load(x_pairs_ptr + 28)
+    else:
+        x0, x1 = _bf16_pair(tl.load(x_pairs_ptr))
+        x2, x3 = _bf16_pair(tl.load(x_pairs_ptr + 1))
+        x4, x5 = _bf16_pair(tl.load(x_pairs_ptr + 2))
+        x6, x7 = _bf16_pair(tl.load(x_pairs_ptr + 3))
     # one multiply, then a chain of fused multiply-adds
-    w0, w4 = _e2m1_pair(q, 12)
+    w0, w4 = _e2m1_pair(q, 12, X_F32)
     acc = w0 * x0
     acc = tl.fma(w4, x4, acc)
-    w1, w5 = _e2m1_pair(q, 8)
+    w1, w5 = _e2m1_pair(q, 8, X_F32)
     acc = tl.fma(w1, x1, acc)
     acc = tl.fma(w5, x5, acc)
-    w2, w6 = _e2m1_pair(q, 4)
+    w2, w6 = _e2m1_pair(q, 4, X_F32)
     acc = tl.fma(w2, x2, acc)
     acc = tl.fma(w6, x6, acc)
-    w3, w7 = _e2m1_pair(q, 0)
+    w3, w7 = _e2m1_pair(q, 0, X_F32)
     acc = tl.fma(w3, x3, acc)
     acc = tl.fma(w7, x7, acc)
     return tl.sum(acc, 2)
@@ -628,7 +658,7 @@ def _gemv_group_sums(q, x_pairs_ptr):
 
 @triton.jit
 def _gemv_rows(w_ptrs, s_ptrs, x0_ptrs, x1_ptrs, k_len, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-               TWO_ROWS: tl.constexpr, PREFETCH: tl.constexpr):
+               TWO_ROWS: tl.constexpr, PREFETCH: tl.constexpr, X_F32: tl.constexpr):
     """Stream one [R, K] weight block (``w_ptrs`` [R, G, 4] int32 words, ``s_ptrs`` [R, G] E8M0 bytes)
     and dot it with one or (TWO_ROWS) two activation rows, dequantising each tile once: float32 [R] each.
     PREFETCH: the next K step's words and scales are loaded before this step's arithmetic (twice the
@@ -648,9 +678,10 @@ def _gemv_rows(w_ptrs, s_ptrs, x0_ptrs, x1_ptrs, k_len, ROWS: tl.constexpr, BLOC
             q = tl.load(w_ptrs + k0 // 8)
             s = tl.load(s_ptrs + k0 // 32)
         factor = _e8m0_to_f32(s)
-        acc0 += (_gemv_group_sums(q, x0_ptrs + k0 // 2) * GEMV_GROUP_UNBIAS) * factor
+        x_step = k0 if X_F32 else k0 // 2  # floats or bf16 pairs
+        acc0 += (_gemv_group_sums(q, x0_ptrs + x_step, X_F32) * GEMV_GROUP_UNBIAS) * factor
         if TWO_ROWS:
-            acc1 += (_gemv_group_sums(q, x1_ptrs + k0 // 2) * GEMV_GROUP_UNBIAS) * factor
+            acc1 += (_gemv_group_sums(q, x1_ptrs + x_step, X_F32) * GEMV_GROUP_UNBIAS) * factor
         if PREFETCH:
             q = q_next
             s = s_next
@@ -658,25 +689,70 @@ def _gemv_rows(w_ptrs, s_ptrs, x0_ptrs, x1_ptrs, k_len, ROWS: tl.constexpr, BLOC
 
 
 @triton.jit
-def _gemv_tile_offsets(ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[ROWS, G, 4] word offsets within a row block's K step, [1, G, 4] activation-pair offsets of each
-    word's first k, [G] group index (G = BLOCK_K / 32)."""
+def _gemv_tile_offsets(ROWS: tl.constexpr, BLOCK_K: tl.constexpr, X_F32: tl.constexpr):
+    """[ROWS, G, 4] word offsets within a row block's K step, [1, G, 4] activation offsets of each
+    word's first k (bf16 pairs, or X_F32 floats in the word-pair order), [G] group index (G = BLOCK_K / 32)."""
     g = tl.arange(0, BLOCK_K // 32)
     word = g[:, None] * 4 + tl.arange(0, 4)[None, :]
-    return word[None, :, :], 4 * word[None, :, :], g
+    if X_F32:
+        x_offs = g[:, None] * 32 + tl.arange(0, 4)[None, :]
+    else:
+        x_offs = 4 * word
+    return word[None, :, :], x_offs[None, :, :], g
+
+
+@triton.jit
+def _x_f32_position(k):
+    """Index of value ``k`` of a row in the word-pair float32 layout: within each 32-value group, value
+    ``8w + j`` (nibble j of word w) goes to ``4j + w``."""
+    return (k // 32) * 32 + (k % 8) * 4 + (k % 32) // 8
+
+
+@triton.jit
+def _store_act(act_ptr, row, cols, gate, up, swiglu_limit, inter, mask, X_F32: tl.constexpr):
+    """The clamped SwiGLU of one routed row's columns: bf16 [B*top_k, I], or (X_F32) the bf16-rounded
+    value times 2**GEMV_ACT_SHIFT as float32 in the word-pair order -- what the down GEMV reads."""
+    act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16)
+    if X_F32:
+        tl.store(act_ptr + row.to(tl.int64) * inter + _x_f32_position(cols), act.to(tl.float32) * GEMV_ACT_SCALE,
+                 mask=mask)
+    else:
+        tl.store(act_ptr + row.to(tl.int64) * inter + cols, act, mask=mask)
+
+
+@triton.jit
+def _route_x_f32_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                        num_active_ptr, x_ptr, x_f32_ptr, x_numel, NUM_EXPERTS: tl.constexpr,
+                        BLOCK_ROWS: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_X: tl.constexpr,
+                        ROUTE: tl.constexpr):
+    """Launch 1 of the X_F32 GEMV: program 0 routes (``_route_kernel``; not with ROUTE False, when the
+    torch sort of :func:`route` did), the others write the bf16 activations ``x [B, H]`` as float32
+    times 2**GEMV_ACT_SHIFT in the word-pair order (exact), so the gate/up GEMV loads them without
+    converting (still one launch)."""
+    pid = tl.program_id(0)
+    if ROUTE and pid == 0:
+        _route_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                      num_active_ptr, NUM_EXPERTS, BLOCK_ROWS, NUM_BINS)
+    else:
+        k = (pid - (1 if ROUTE else 0)).to(tl.int64) * BLOCK_X + tl.arange(0, BLOCK_X)
+        ok = k < x_numel
+        x = tl.load(x_ptr + k, mask=ok, other=0.0).to(tl.float32)
+        tl.store(x_f32_ptr + _x_f32_position(k), x * GEMV_ACT_SCALE, mask=ok)
 
 
 @triton.jit
 def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                          num_active_ptr, act_ptr, partial_ptr, ticket_ptr, num_rows, hidden, inter, swiglu_limit,
                          TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr,
-                         SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr):
+                         SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, X_F32: tl.constexpr = False):
     """Program (touched expert slot, block of BLOCK_N intermediate columns, K split): the 2*BLOCK_N
     interleaved gate/up rows of its expert against each routed row of that expert (two at a time with
     TWO_ROWS), then the clamped SwiGLU. ``x_ptr``: the bf16 activations as int32 pairs [B, H/2];
     ``w13_ptr``: the repacked weights as int32 words [E, 2I, H/8]. SPLIT_K > 1: each split writes its
     fp32 sums to ``partial [SPLIT_K, num_rows, 2I]`` (interleaved as the weight rows); the last split of
-    a (slot, n block) to take its ticket sums them, applies the SwiGLU and puts the ticket back to 0."""
+    a (slot, n block) to take its ticket sums them, applies the SwiGLU and puts the ticket back to 0.
+    X_F32: ``x_ptr`` is float32 [B, H] and ``act_ptr`` float32 [B*top_k, I], both times 2**GEMV_ACT_SHIFT in
+    the word-pair order (:func:`_store_act`)."""
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
@@ -684,7 +760,8 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
     row_begin = tl.load(expert_start_ptr + expert)
     row_end = tl.load(expert_start_ptr + expert + 1)
     w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
-    words, pairs, g = _gemv_tile_offsets(2 * BLOCK_N, BLOCK_K)
+    words, pairs, g = _gemv_tile_offsets(2 * BLOCK_N, BLOCK_K, X_F32)
+    x_row_len = hidden if X_F32 else hidden // 2
     k_len = hidden // SPLIT_K  # the host checks BLOCK_K divides it
     k_begin = tl.program_id(2) * k_len
     # H % 256 == 0 (validated): every row starts 16-byte aligned, so the word loads can be 16 bytes wide
@@ -692,23 +769,22 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
     w_ptrs = w13_ptr + expert * (2 * inter) * (hidden // 8) + w_row_words[:, None, None] + words
     s_ptrs = (w13_scale_ptr + expert * (2 * inter) * (hidden // 32) + w_rows[:, None] * (hidden // 32)
               + k_begin // 32 + g[None, :])
-    pairs += k_begin // 2
+    pairs += k_begin if X_F32 else k_begin // 2
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     step = 2 if TWO_ROWS else 1
     for m in range(row_begin, row_end, step):
         row0 = tl.load(sorted_rows_ptr + m)
         has_second = m + 1 < row_end
         row1 = tl.load(sorted_rows_ptr + m + 1, mask=has_second, other=row0)
-        x0 = x_ptr + (row0 // TOP_K).to(tl.int64) * (hidden // 2) + pairs
-        x1 = x_ptr + (row1 // TOP_K).to(tl.int64) * (hidden // 2) + pairs
-        out0, out1 = _gemv_rows(w_ptrs, s_ptrs, x0, x1, k_len, 2 * BLOCK_N, BLOCK_K, TWO_ROWS, PREFETCH)
+        x0 = x_ptr + (row0 // TOP_K).to(tl.int64) * x_row_len + pairs
+        x1 = x_ptr + (row1 // TOP_K).to(tl.int64) * x_row_len + pairs
+        out0, out1 = _gemv_rows(w_ptrs, s_ptrs, x0, x1, k_len, 2 * BLOCK_N, BLOCK_K, TWO_ROWS, PREFETCH, X_F32)
         if SPLIT_K == 1:
             gate, up = tl.split(tl.reshape(out0, [BLOCK_N, 2]))
-            tl.store(act_ptr + row0.to(tl.int64) * inter + cols, _swiglu(gate, up, swiglu_limit).to(tl.bfloat16))
+            _store_act(act_ptr, row0, cols, gate, up, swiglu_limit, inter, cols >= 0, X_F32)
             if TWO_ROWS:
                 gate, up = tl.split(tl.reshape(out1, [BLOCK_N, 2]))
-                tl.store(act_ptr + row1.to(tl.int64) * inter + cols,
-                         _swiglu(gate, up, swiglu_limit).to(tl.bfloat16), mask=(cols >= 0) & has_second)
+                _store_act(act_ptr, row1, cols, gate, up, swiglu_limit, inter, (cols >= 0) & has_second, X_F32)
         else:
             p_split = partial_ptr + tl.program_id(2).to(tl.int64) * num_rows * (2 * inter) + w_rows
             tl.store(p_split + row0.to(tl.int64) * (2 * inter), out0)
@@ -725,7 +801,7 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
                     acc += tl.load(partial_ptr + (split * num_rows + row) * (2 * inter) + w_rows,
                                    cache_modifier=".cg")
                 gate, up = tl.split(tl.reshape(acc, [BLOCK_N, 2]))
-                tl.store(act_ptr + row * inter + cols, _swiglu(gate, up, swiglu_limit).to(tl.bfloat16))
+                _store_act(act_ptr, row, cols, gate, up, swiglu_limit, inter, cols >= 0, X_F32)
             tl.store(ticket_at, 0)  # left zeroed for the next launch (and graph replay)
 
 
@@ -741,11 +817,12 @@ def _swiglu(gate, up, swiglu_limit):
 def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                       active_experts_ptr, num_active_ptr, y_ptr, num_rows, hidden, inter, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr, SPLIT_K: tl.constexpr,
-                      PREFETCH: tl.constexpr):
+                      PREFETCH: tl.constexpr, X_F32: tl.constexpr = False):
     """Program (touched expert slot, block of BLOCK_N hidden columns, K split): the down projection of
     each routed row of its expert over K range ``split``, times its routing weight, into fp32
     ``y [SPLIT_K, B*top_k, H]`` (the top-k sum adds the splits). ``act_ptr``: the bf16 SwiGLU rows as
-    int32 pairs [B*top_k, I/2]; ``w2_ptr``: int32 words [E, H, I/8]."""
+    int32 pairs [B*top_k, I/2] (X_F32: float32 [B*top_k, I] from :func:`_store_act`); ``w2_ptr``: int32
+    words [E, H, I/8]."""
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
@@ -753,21 +830,23 @@ def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_ro
     row_begin = tl.load(expert_start_ptr + expert)
     row_end = tl.load(expert_start_ptr + expert + 1)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    words, pairs, g = _gemv_tile_offsets(BLOCK_N, BLOCK_K)
+    words, pairs, g = _gemv_tile_offsets(BLOCK_N, BLOCK_K, X_F32)
+    act_row_len = inter if X_F32 else inter // 2
     k_len = inter // SPLIT_K  # the host checks BLOCK_K divides it
     k_begin = tl.program_id(2) * k_len
     w_row_words = tl.multiple_of(n * (inter // 8) + k_begin // 8, 4)  # I % 32 == 0: 16-byte aligned rows
     w_ptrs = w2_ptr + expert * hidden * (inter // 8) + w_row_words[:, None, None] + words
     s_ptrs = w2_scale_ptr + expert * hidden * (inter // 32) + n[:, None] * (inter // 32) + k_begin // 32 + g[None, :]
-    pairs += k_begin // 2
+    pairs += k_begin if X_F32 else k_begin // 2
     y_split = y_ptr + tl.program_id(2).to(tl.int64) * num_rows * hidden + n
     step = 2 if TWO_ROWS else 1
     for m in range(row_begin, row_end, step):
         row0 = tl.load(sorted_rows_ptr + m).to(tl.int64)
         has_second = m + 1 < row_end
         row1 = tl.load(sorted_rows_ptr + m + 1, mask=has_second, other=row0).to(tl.int64)
-        out0, out1 = _gemv_rows(w_ptrs, s_ptrs, act_ptr + row0 * (inter // 2) + pairs,
-                                act_ptr + row1 * (inter // 2) + pairs, k_len, BLOCK_N, BLOCK_K, TWO_ROWS, PREFETCH)
+        out0, out1 = _gemv_rows(w_ptrs, s_ptrs, act_ptr + row0 * act_row_len + pairs,
+                                act_ptr + row1 * act_row_len + pairs, k_len, BLOCK_N, BLOCK_K, TWO_ROWS, PREFETCH,
+                                X_F32)
         tl.store(y_split + row0 * hidden, out0 * tl.load(topk_weights_ptr + row0).to(tl.float32))
         if TWO_ROWS:
             tl.store(y_split + row1 * hidden, out1 * tl.load(topk_weights_ptr + row1).to(tl.float32),
@@ -896,7 +975,10 @@ class GemvConfig:
     ``two_rows``: two routed rows per pass over the weight block (each tile dequantised once);
     ``split_k``: programs per K range (gate/up: fp32 partials + ticket, down: partial outputs the top-k
     sum adds); ``prefetch``: the next K step loaded before this step's arithmetic; ``num_stages``: the
-    launch's Triton pipelining depth (None: Triton's default, as the round-1 run launched)."""
+    launch's Triton pipelining depth (None: Triton's default, as the round-1 run launched); ``x_f32``
+    (both configs of a forward alike): the activations reach both GEMVs as float32 in the word-pair
+    order, converted once per row (x by the routing launch, the SwiGLU rows by the gate/up epilogue)
+    instead of per thread in the inner loop (round 3: fewer instructions per weight value)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -904,9 +986,10 @@ class GemvConfig:
     split_k: int = 1
     prefetch: bool = False
     num_stages: int | None = None
+    x_f32: bool = False
 
     def label(self) -> str:
-        tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}"
+        tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
         tag += "x2" if self.two_rows else ""
         tag += f"s{self.split_k}" if self.split_k > 1 else ""
         tag += "p" if self.prefetch else ""
@@ -920,6 +1003,12 @@ class GemvConfig:
 # columns (8 weight rows), down 8 rows -- measured 27.7 vs 29.5 us (1.06x); at B = 8, 64 and at I = 2048
 # they were 2-7 % slower, so only one routed row per expert (num_rows <= TOP_K) takes them.
 GEMV_SMALL_TILES_WHERE = ((MOE_INTERMEDIATE_SIZE // 4, TOP_K),)  # (per-rank I, most routed rows)
+# Round 3 (benchmarks/moe_mxfp4-h200-gemv3.md): the x_f32 form (4.3-4.9 instead of 5.7-7.2 sm_120a SASS
+# instructions per weight value) at those small tiles measured 26.7 vs 28.1 us at I = 512, B = 1 (1.05x;
+# gate/up 12.5 vs 13.6, down 8.3 vs 8.8 us alone); at I = 2048 every x_f32 tiling was slower (best: 4 % at
+# B = 1, 1.5 % at B = 8; more registers, fewer resident warps) and at I = 512, B = 8 / 64 it was within
+# 0.4 / 1.5 %, so only here.
+GEMV_X_F32_WHERE = GEMV_SMALL_TILES_WHERE
 
 
 def gemv_configs(num_rows: int, inter: int) -> tuple[GemvConfig, GemvConfig]:
@@ -927,9 +1016,11 @@ def gemv_configs(num_rows: int, inter: int) -> tuple[GemvConfig, GemvConfig]:
     columns = 16 weight rows, down 16 rows, K steps of 512, 4 warps, one routed row per pass; the
     two-row passes were 8-40 % slower even at B = 64, benchmarks/moe_mxfp4-h200-gemv.md), halved N
     tiles where :data:`GEMV_SMALL_TILES_WHERE` says (benchmarks/moe_mxfp4-h200-gemv2.md; register
-    prefetch, K splits, longer K steps and num_stages 1 were slower or equal everywhere else)."""
+    prefetch, K splits, longer K steps and num_stages 1 were slower or equal everywhere else), in the
+    ``x_f32`` form where :data:`GEMV_X_F32_WHERE` says (benchmarks/moe_mxfp4-h200-gemv3.md)."""
     if any(inter == i and num_rows <= rows for i, rows in GEMV_SMALL_TILES_WHERE):
-        return GemvConfig(4, 512, 4), GemvConfig(8, min(512, inter), 4)
+        x_f32 = any(inter == i and num_rows <= rows for i, rows in GEMV_X_F32_WHERE)
+        return GemvConfig(4, 512, 4, x_f32=x_f32), GemvConfig(8, min(512, inter), 4, x_f32=x_f32)
     return GemvConfig(8, 512, 4), GemvConfig(16, min(512, inter), 4)
 
 
@@ -1207,6 +1298,7 @@ def _gemv_forward(x, w13, w13_scale, w2, w2_scale, weights_, ids_, out, swiglu_l
 
 
 GEMV_LAUNCH_NAMES = ("route", "gate_up", "down", "topk_sum")
+GEMV_X_BLOCK = 1024  # activations one program of the x_f32 routing launch converts
 
 
 def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
@@ -1228,10 +1320,25 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     if (inter % gu_cfg.block_n or hidden % dn_cfg.block_n or gu_k % 32 or dn_k % 32 or gu_cfg.split_k < 1
             or dn_cfg.split_k < 1 or hidden % (gu_k * gu_cfg.split_k) or inter % (dn_k * dn_cfg.split_k)):
         raise ValueError(f"GEMV tiles {configs!r} do not divide H={hidden}, I={inter} (K splits x block_k)")
+    if gu_cfg.x_f32 != dn_cfg.x_f32:
+        raise ValueError(f"GEMV configs must agree on x_f32 (one activation layout per forward), got {configs!r}")
+    x_f32 = gu_cfg.x_f32
     device = x.device
-    sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)  # launch 1, run now
+    route_kernel = num_rows <= ROUTE_TRITON_MAX_ROWS
+    if x_f32:
+        x_in = torch.empty(batch, hidden, dtype=torch.float32, device=device)
+        if route_kernel:
+            sorted_rows = torch.empty(num_rows, dtype=torch.int32, device=device)
+            expert_start = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+            active_experts = torch.empty(num_experts, dtype=torch.int32, device=device)
+            num_active = torch.empty(1, dtype=torch.int32, device=device)
+        else:
+            sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)
+    else:
+        x_in = x.view(torch.int32)
+        sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)  # launch 1, run now
     slots = min(num_rows, num_experts)
-    act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=device)
+    act = torch.empty(num_rows, inter, dtype=torch.float32 if x_f32 else torch.bfloat16, device=device)
     y = torch.empty(dn_cfg.split_k, num_rows, hidden, dtype=torch.float32, device=device)
     gu_grid = (slots, inter // gu_cfg.block_n, gu_cfg.split_k)
     if gu_cfg.split_k > 1:
@@ -1242,27 +1349,38 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
 
     def gate_up():
         _gate_up_gemv_kernel[gu_grid](
-            x.view(torch.int32), w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start,
+            x_in, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start,
             active_experts, num_active, act, partial, tickets, num_rows, hidden, inter, float(swiglu_limit),
             TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, TWO_ROWS=gu_cfg.two_rows, SPLIT_K=gu_cfg.split_k,
-            PREFETCH=gu_cfg.prefetch, **gu_cfg.launch_options())
+            PREFETCH=gu_cfg.prefetch, X_F32=x_f32, **gu_cfg.launch_options())
 
     def down():
         _down_gemv_kernel[(slots, hidden // dn_cfg.block_n, dn_cfg.split_k)](
-            act.view(torch.int32), w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows,
-            expert_start, active_experts, num_active, y, num_rows, hidden, inter, BLOCK_N=dn_cfg.block_n,
-            BLOCK_K=dn_k, TWO_ROWS=dn_cfg.two_rows, SPLIT_K=dn_cfg.split_k, PREFETCH=dn_cfg.prefetch,
-            **dn_cfg.launch_options())
+            act if x_f32 else act.view(torch.int32), w2.view(torch.int32), scale_bytes(w2_scale), weights,
+            sorted_rows, expert_start, active_experts, num_active, y, num_rows, hidden, inter,
+            BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, TWO_ROWS=dn_cfg.two_rows, SPLIT_K=dn_cfg.split_k,
+            PREFETCH=dn_cfg.prefetch, X_F32=x_f32, **dn_cfg.launch_options())
 
     def topk_sum():
         _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
             y, ids, out, hidden, num_rows * hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK,
             SPLITS=dn_cfg.split_k, num_warps=4)
 
+    def route_x_f32():  # routing (unless the torch sort did it) and x -> float32 word-pair order, one launch
+        _route_x_f32_kernel[(int(route_kernel) + triton.cdiv(x.numel(), GEMV_X_BLOCK),)](
+            ids, num_rows, sorted_rows, expert_start, active_experts, num_active, x, x_in, x.numel(),
+            NUM_EXPERTS=num_experts, BLOCK_ROWS=triton.next_power_of_2(max(num_rows, 16)),
+            NUM_BINS=triton.next_power_of_2(num_experts + 1), BLOCK_X=GEMV_X_BLOCK, ROUTE=route_kernel,
+            num_warps=4)
+
+    if x_f32:
+        route_x_f32()
     pending = [True]  # the routing above is this forward's first launch
 
     def route_step():  # later calls re-run the routing kernel into the same buffers (per-launch timing)
-        if pending[0]:
+        if x_f32 and not pending[0]:
+            route_x_f32()
+        elif pending[0]:
             pending[0] = False
         elif num_rows <= ROUTE_TRITON_MAX_ROWS:  # beyond, the torch sort above is reused (same ids)
             _route_kernel[(1,)](ids, num_rows, sorted_rows, expert_start, active_experts, num_active,
@@ -1327,20 +1445,21 @@ def _down_sig(act_mxfp8):
 
 
 
-def _gate_up_gemv_sig():
-    return {"x_ptr": "*i32", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32",
-            "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "act_ptr": "*bf16",
+def _gate_up_gemv_sig(x_f32=False):
+    return {"x_ptr": "*fp32" if x_f32 else "*i32", "w13_ptr": "*i32", "w13_scale_ptr": "*u8",
+            "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
+            "num_active_ptr": "*i32", "act_ptr": "*fp32" if x_f32 else "*bf16",
             "partial_ptr": "*fp32", "ticket_ptr": "*i32", "num_rows": "i32", "hidden": "i32", "inter": "i32",
             "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-            "TWO_ROWS": "constexpr", "SPLIT_K": "constexpr", "PREFETCH": "constexpr"}
+            "TWO_ROWS": "constexpr", "SPLIT_K": "constexpr", "PREFETCH": "constexpr", "X_F32": "constexpr"}
 
 
-def _down_gemv_sig():
-    return {"act_ptr": "*i32", "w2_ptr": "*i32", "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32",
+def _down_gemv_sig(x_f32=False):
+    return {"act_ptr": "*fp32" if x_f32 else "*i32", "w2_ptr": "*i32", "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32",
             "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
             "num_active_ptr": "*i32", "y_ptr": "*fp32", "num_rows": "i32", "hidden": "i32", "inter": "i32",
             "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "TWO_ROWS": "constexpr", "SPLIT_K": "constexpr",
-            "PREFETCH": "constexpr"}
+            "PREFETCH": "constexpr", "X_F32": "constexpr"}
 
 
 # GEMV forms compiled beside the defaults (selectable through ``configs``, measured slower on the H200 in
@@ -1418,10 +1537,13 @@ def aot_configs() -> list[AotConfig]:
         forms = [(gu, dn), (gu_more, dn_more),
                  (dataclasses.replace(gu_more, two_rows=True), dataclasses.replace(dn_more, two_rows=True))]
         forms += [(extra, extra) for extra in GEMV_AOT_EXTRA]
+        forms += [(dataclasses.replace(a, x_f32=True), dataclasses.replace(b, x_f32=True))
+                  for a, b in ((gu, dn), (gu_more, dn_more))]
         for gu_form, dn_form in forms:
-            for kind, kernel, sig, cfg, k_len in (("gate_up", _gate_up_gemv_kernel, _gate_up_gemv_sig(), gu_form,
-                                                   HIDDEN_SIZE),
-                                                  ("down", _down_gemv_kernel, _down_gemv_sig(), dn_form, inter)):
+            for kind, kernel, sig, cfg, k_len in (("gate_up", _gate_up_gemv_kernel, _gate_up_gemv_sig(gu_form.x_f32),
+                                                   gu_form, HIDDEN_SIZE),
+                                                  ("down", _down_gemv_kernel, _down_gemv_sig(dn_form.x_f32), dn_form,
+                                                   inter)):
                 block_k = min(cfg.block_k, k_len // cfg.split_k)
                 if (k_len // cfg.split_k) % block_k or (kind == "gate_up" and inter % cfg.block_n):
                     continue
@@ -1430,15 +1552,24 @@ def aot_configs() -> list[AotConfig]:
                     continue
                 seen.add((kind, GEMV, cfg))
                 constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": block_k, "TWO_ROWS": cfg.two_rows,
-                              "SPLIT_K": cfg.split_k, "PREFETCH": cfg.prefetch}
+                              "SPLIT_K": cfg.split_k, "PREFETCH": cfg.prefetch, "X_F32": cfg.x_f32}
                 if kind == "gate_up":
                     constexprs["TOP_K"] = TOP_K
-                shipped = (gu_form, dn_form) in ((gu, dn), (gu_more, dn_more))
+                shipped = (gu_form, dn_form) in ((gu, dn), (gu_more, dn_more)) or gu_form.x_f32
                 configs.append(AotConfig(
                     name=f"moe_mxfp4_{kind}_gemv_{cfg.label()}", kernel=kernel, signature=sig, constexprs=constexprs,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages or 1, div16=("hidden", "inter"),
                     forbid_opcodes=TENSOR_CORE_OPCODES,
                     note="CUDA-core GEMV decode" + ("" if shipped else " (selectable, not a default)")))
+    configs.append(AotConfig(
+        name="moe_mxfp4_route_x_f32", kernel=_route_x_f32_kernel,
+        signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",
+                   "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
+                   "x_ptr": "*bf16", "x_f32_ptr": "*fp32", "x_numel": "i32", "NUM_EXPERTS": "constexpr",
+                   "BLOCK_ROWS": "constexpr", "NUM_BINS": "constexpr", "BLOCK_X": "constexpr", "ROUTE": "constexpr"},
+        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": 512, "NUM_BINS": 512, "BLOCK_X": GEMV_X_BLOCK,
+                    "ROUTE": True},
+        num_warps=4, div16=("x_numel",), note="routing + x -> float32 word-pair order (x_f32 GEMV)"))
     configs.append(AotConfig(
         name="moe_mxfp4_to_bf16", kernel=_to_bf16_kernel,
         signature={"src_ptr": "*fp32", "dst_ptr": "*bf16", "numel": "i32", "BLOCK": "constexpr"},
@@ -1467,7 +1598,7 @@ def aot_configs() -> list[AotConfig]:
 
 
 __all__ = [
-    "FORWARD_UPCASTS", "GEMV", "GEMV_DEFAULT_WHERE", "GEMV_LAUNCH_NAMES", "GemvConfig", "gemv_launches", "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs",
+    "FORWARD_UPCASTS", "GEMV", "GEMV_DEFAULT_WHERE", "GEMV_X_F32_WHERE", "GEMV_LAUNCH_NAMES", "GemvConfig", "gemv_launches", "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs",
     "default_gemm_upcast", "default_upcast", "gemv_configs", "dequant_nibbles", "moe_mxfp4_forward", "quantize_mxfp8",
     "reference_dequant_mxfp4", "reference_moe_mxfp4", "reference_moe_mxfp8_act", "reference_swiglu",
     "repack_w13_", "route", "scale_bytes", "touched_expert_bytes", "unpack_w13_", "use_dot_scaled",

@@ -7,6 +7,7 @@ around 2**0; the activations are large enough that the SwiGLU clamp (limit 10) i
 
 import pytest
 import torch
+import triton
 
 from sglang_sm120.kernels import moe_mxfp4 as moe
 from sglang_sm120.kernels.dsv4 import MXFP4_GROUP, SUPPORTED_TP, SWIGLU_LIMIT
@@ -409,6 +410,9 @@ GEMV_FORMS = {
     "prefetch": (64, {"prefetch": True}),
     "split_k": (128, {"split_k": 2}),
     "split_k_two_rows_prefetch": (64, {"split_k": 2, "two_rows": True, "prefetch": True}),
+    "x_f32": (128, {"x_f32": True}),
+    "x_f32_two_rows": (128, {"x_f32": True, "two_rows": True}),
+    "x_f32_split_k_prefetch": (64, {"x_f32": True, "split_k": 2, "prefetch": True}),
 }
 
 
@@ -467,9 +471,11 @@ def test_gemv_launches_alone_and_repeated_give_the_forward():
         run(x, experts, weights, ids, upcast="gemv", configs=(moe.GemvConfig(16, 64, 4, split_k=3), cfgs[1]))
 
 
-def test_gemv_dequantises_every_code_under_extreme_scales():
+@pytest.mark.parametrize("x_f32", [False, True], ids=["bf16_pairs", "x_f32"])
+def test_gemv_dequantises_every_code_under_extreme_scales(x_f32):
     """Every byte of the weights (both nibbles, all signs and codes) under E8M0 bytes from 2**-127 up to
-    2**20: the GEMV's bit trick and per-group scaling give the reference's products."""
+    2**20: the GEMV's bit trick and per-group scaling give the reference's products, with the activations
+    converted in the loop or (x_f32) once per row into the float32 word-pair order."""
     inter, hidden, batch = 32, 256, 2
     g = torch.Generator().manual_seed(5)
     w13 = (torch.arange(2 * inter * hidden // 2) % 256).to(torch.uint8).reshape(1, 2 * inter, hidden // 2)
@@ -485,8 +491,45 @@ def test_gemv_dequantises_every_code_under_extreme_scales():
     # no clamp: the gate/up products span far more than the clamp window
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
     out = run(x, experts, weights, ids, upcast="gemv", swiglu_limit=0.0,
-              configs=(moe.GemvConfig(16, 256, 4), moe.GemvConfig(32, 32, 4)))
+              configs=(moe.GemvConfig(16, 256, 4, x_f32=x_f32), moe.GemvConfig(32, 32, 4, x_f32=x_f32)))
     assert torch.isfinite(ref).all() and torch.isfinite(out).all() and rel(out, ref) < 2e-2
+
+
+def test_gemv_x_f32_layout_and_launches():
+    """x_f32: the routing launch writes x * 2**GEMV_ACT_SHIFT in the word-pair order (value 8w + j of each
+    32-group at 4j + w, exact), the four launches repeated give the forward again, and mixed layouts
+    are refused."""
+    inter, batch = 64, 3
+    experts = make_experts(inter)
+    weights, ids = make_routing(batch, "skewed")
+    x = make_x(batch)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    w13r, s13r = repacked(*experts[:2])
+    out = torch.full_like(x, float("nan"))
+    cfgs = (moe.GemvConfig(16, 128, 4, x_f32=True), moe.GemvConfig(64, 32, 2, x_f32=True))
+    launches = moe.gemv_launches(x, w13r, s13r, *experts[2:], weights, ids, out, configs=cfgs)
+    assert len(launches) == moe.LAUNCHES_PER_FORWARD
+    for _, launch in launches:
+        launch()
+    first = out.clone()
+    assert rel(first, ref) < 2e-2
+    out.fill_(float("nan"))
+    for _, launch in launches:
+        launch()
+    assert torch.equal(out, first)
+    k = torch.arange(HIDDEN)
+    position = (k // 32) * 32 + (k % 8) * 4 + (k % 32) // 8
+    assert sorted(position.tolist()) == list(range(HIDDEN))
+    expected = torch.empty(batch, HIDDEN)
+    expected[:, position] = x.float().cpu() * 2.0 ** 32
+    x_f32 = torch.full((batch, HIDDEN), float("nan"), device=DEVICE)
+    unused = torch.empty(1, dtype=torch.int32, device=DEVICE)  # the routing half does not run (ROUTE False)
+    moe._route_x_f32_kernel[(triton.cdiv(x.numel(), 128),)](
+        ids, 0, unused, unused, unused, unused, x, x_f32, x.numel(), NUM_EXPERTS=NUM_EXPERTS, BLOCK_ROWS=16,
+        NUM_BINS=16, BLOCK_X=128, ROUTE=False)
+    assert torch.equal(x_f32.cpu(), expected)
+    with pytest.raises(ValueError, match="x_f32"):
+        run(x, experts, weights, ids, upcast="gemv", configs=(cfgs[0], moe.GemvConfig(64, 32, 2)))
 
 
 def test_gemv_default_dispatch_and_tensor_core_arguments(monkeypatch):
@@ -519,7 +562,8 @@ def test_gemv_default_dispatch_and_tensor_core_arguments(monkeypatch):
 def test_gemv_small_tiles_only_where_measured():
     """Round 2: halved N tiles at I = 512, one routed row per expert; the round-1 tiles elsewhere."""
     full_i = 2048
-    assert moe.gemv_configs(TOP_K, full_i // 4) == (moe.GemvConfig(4, 512, 4), moe.GemvConfig(8, 512, 4))
+    assert moe.gemv_configs(TOP_K, full_i // 4) == (moe.GemvConfig(4, 512, 4, x_f32=True),
+                                                     moe.GemvConfig(8, 512, 4, x_f32=True))  # round 3
     assert moe.gemv_configs(TOP_K + 1, full_i // 4) == (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
     assert moe.gemv_configs(TOP_K, full_i) == (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
 
@@ -535,3 +579,12 @@ def test_gemv_aot_configs_forbid_tensor_cores():
         assert any(c.kernel is moe._down_gemv_kernel and c.constexprs["BLOCK_K"] == min(dn.block_k, 2048 // tp)
                    for c in gemv)
     assert all("HMMA" in c.forbid_opcodes and "QMMA" in c.forbid_opcodes and not c.expect_opcodes for c in gemv)
+    # the x_f32 default (T=4, B=1) compiles with float32 activation pointers, beside its routing launch
+    x_f32 = [c for c in gemv if c.constexprs["X_F32"]]
+    gu, dn = moe.gemv_configs(TOP_K, 2048 // 4)
+    assert gu.x_f32 and dn.x_f32
+    assert any(c.kernel is moe._gate_up_gemv_kernel and c.constexprs["BLOCK_N"] == gu.block_n
+               and c.signature["x_ptr"] == c.signature["act_ptr"] == "*fp32" for c in x_f32)
+    assert any(c.kernel is moe._down_gemv_kernel and c.constexprs["BLOCK_N"] == dn.block_n
+               and c.signature["act_ptr"] == "*fp32" for c in x_f32)
+    assert any(c.kernel is moe._route_x_f32_kernel for c in moe.aot_configs())
