@@ -251,6 +251,14 @@ def _check_w13_pair(w13, w13_scale):
 # Triton kernels
 # ---------------------------------------------------------------------------------------------
 @triton.jit
+def _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr):
+    """The expert of active slot ``slot`` and its range ``[row_begin, row_end)`` in the sorted routed rows
+    (the caller has checked the slot is below the active count)."""
+    expert = tl.load(active_experts_ptr + slot).to(tl.int64)
+    return expert, tl.load(expert_start_ptr + expert), tl.load(expert_start_ptr + expert + 1)
+
+
+@triton.jit
 def _route_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                   num_active_ptr, NUM_EXPERTS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                   NUM_BINS: tl.constexpr):
@@ -395,9 +403,7 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
             tl.store(zero_ptr + zo, tl.zeros([ZERO_BLOCK], tl.float32), mask=zo < z_end)
     if slot >= tl.load(num_active_ptr):
         return
-    expert = tl.load(active_experts_ptr + slot).to(tl.int64)
-    row_begin = tl.load(expert_start_ptr + expert)
-    row_end = tl.load(expert_start_ptr + expert + 1)
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     # interleaved rows: 2n is gate column n, 2n+1 is up column n
     w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
     w_base = w13_ptr + expert * (2 * inter) * (hidden // 2) + w_rows[:, None] * (hidden // 2)
@@ -479,13 +485,19 @@ def _gate_up_kernel(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr,
 
 
 @triton.jit
-def _swiglu_store(gate, up, rows, m_ok, cols, act_ptr, act_scale_ptr, inter, swiglu_limit,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT_MXFP8: tl.constexpr):
-    """fp32 gate and up accumulators -> clamped SwiGLU activations of ``rows``."""
+def _swiglu(gate, up, swiglu_limit):
+    """The clamped SwiGLU (``swiglu_limit <= 0``: no clamp), as ``reference_swiglu``."""
     if swiglu_limit > 0:
         gate = tl.minimum(gate, swiglu_limit)
         up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-    act = gate / (1.0 + tl.exp(-gate)) * up
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
+def _swiglu_store(gate, up, rows, m_ok, cols, act_ptr, act_scale_ptr, inter, swiglu_limit,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT_MXFP8: tl.constexpr):
+    """fp32 gate and up accumulators -> clamped SwiGLU activations of ``rows``."""
+    act = _swiglu(gate, up, swiglu_limit)
     out_off = rows.to(tl.int64)[:, None] * inter + cols[None, :]
     if ACT_MXFP8:
         # one E8M0 scale per 32 columns, so the down GEMM reads MXFP8 too
@@ -513,9 +525,7 @@ def _down_kernel(act_ptr, act_scale_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr,
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
-    expert = tl.load(active_experts_ptr + slot).to(tl.int64)
-    row_begin = tl.load(expert_start_ptr + expert)
-    row_end = tl.load(expert_start_ptr + expert + 1)
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_base = w2_ptr + expert * hidden * (inter // 2) + n[:, None] * (inter // 2)
     s_base = w2_scale_ptr + expert * hidden * (inter // 32) + n[:, None] * (inter // 32)
@@ -702,6 +712,19 @@ def _gemv_tile_offsets(ROWS: tl.constexpr, BLOCK_K: tl.constexpr, X_F32: tl.cons
 
 
 @triton.jit
+def _gemv_weight_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total, k_begin, words, g):
+    """Pointers of a GEMV program's weight words [R, G, 4] (int32, [E, rows_per_expert, k_total/8]) and
+    E8M0 scales [R, G] ([E, rows_per_expert, k_total/32]) at the start of its K range ``k_begin``.
+    k_total and k_begin are multiples of 32 (validated), so every row's words start 16-byte aligned and
+    the word loads can be 16 bytes wide."""
+    w_row_words = tl.multiple_of(rows * (k_total // 8) + k_begin // 8, 4)
+    w_ptrs = w_ptr + expert * rows_per_expert * (k_total // 8) + w_row_words[:, None, None] + words
+    s_ptrs = (scale_ptr + expert * rows_per_expert * (k_total // 32) + rows[:, None] * (k_total // 32)
+              + k_begin // 32 + g[None, :])
+    return w_ptrs, s_ptrs
+
+
+@triton.jit
 def _x_f32_position(k):
     """Index of value ``k`` of a row in the word-pair float32 layout: within each 32-value group, value
     ``8w + j`` (nibble j of word w) goes to ``4j + w``."""
@@ -756,19 +779,14 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
-    expert = tl.load(active_experts_ptr + slot).to(tl.int64)
-    row_begin = tl.load(expert_start_ptr + expert)
-    row_end = tl.load(expert_start_ptr + expert + 1)
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
     words, pairs, g = _gemv_tile_offsets(2 * BLOCK_N, BLOCK_K, X_F32)
     x_row_len = hidden if X_F32 else hidden // 2
     k_len = hidden // SPLIT_K  # the host checks BLOCK_K divides it
     k_begin = tl.program_id(2) * k_len
-    # H % 256 == 0 (validated): every row starts 16-byte aligned, so the word loads can be 16 bytes wide
-    w_row_words = tl.multiple_of(w_rows * (hidden // 8) + k_begin // 8, 4)
-    w_ptrs = w13_ptr + expert * (2 * inter) * (hidden // 8) + w_row_words[:, None, None] + words
-    s_ptrs = (w13_scale_ptr + expert * (2 * inter) * (hidden // 32) + w_rows[:, None] * (hidden // 32)
-              + k_begin // 32 + g[None, :])
+    w_ptrs, s_ptrs = _gemv_weight_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden, k_begin,
+                                           words, g)
     pairs += k_begin if X_F32 else k_begin // 2
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     step = 2 if TWO_ROWS else 1
@@ -806,14 +824,6 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
 
 
 @triton.jit
-def _swiglu(gate, up, swiglu_limit):
-    if swiglu_limit > 0:
-        gate = tl.minimum(gate, swiglu_limit)
-        up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-    return gate / (1.0 + tl.exp(-gate)) * up
-
-
-@triton.jit
 def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                       active_experts_ptr, num_active_ptr, y_ptr, num_rows, hidden, inter, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -826,17 +836,13 @@ def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_ro
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
-    expert = tl.load(active_experts_ptr + slot).to(tl.int64)
-    row_begin = tl.load(expert_start_ptr + expert)
-    row_end = tl.load(expert_start_ptr + expert + 1)
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     words, pairs, g = _gemv_tile_offsets(BLOCK_N, BLOCK_K, X_F32)
     act_row_len = inter if X_F32 else inter // 2
     k_len = inter // SPLIT_K  # the host checks BLOCK_K divides it
     k_begin = tl.program_id(2) * k_len
-    w_row_words = tl.multiple_of(n * (inter // 8) + k_begin // 8, 4)  # I % 32 == 0: 16-byte aligned rows
-    w_ptrs = w2_ptr + expert * hidden * (inter // 8) + w_row_words[:, None, None] + words
-    s_ptrs = w2_scale_ptr + expert * hidden * (inter // 32) + n[:, None] * (inter // 32) + k_begin // 32 + g[None, :]
+    w_ptrs, s_ptrs = _gemv_weight_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter, k_begin, words, g)
     pairs += k_begin if X_F32 else k_begin // 2
     y_split = y_ptr + tl.program_id(2).to(tl.int64) * num_rows * hidden + n
     step = 2 if TWO_ROWS else 1
