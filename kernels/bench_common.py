@@ -58,6 +58,14 @@ def _check_rows(t, name: str, dtype: torch.dtype, device=None, shape=None) -> No
            f"{'' if device is None else f' on {device}'} with a contiguous last dim", _describe(t))
 
 
+def _bf16_out(out, shape, device) -> torch.Tensor:
+    """``out`` checked as a bf16 ``shape`` tensor on ``device``, or a new one when it is None."""
+    if out is None:
+        return torch.empty(shape, dtype=torch.bfloat16, device=device)
+    _check_rows(out, "out", torch.bfloat16, device, shape)
+    return out
+
+
 def _norm_warps(block_n: int) -> int:
     # 8 bf16 (16 bytes) per thread and access for widths up to 2048, at most 8 warps
     return max(1, min(8, block_n // 256))
@@ -101,10 +109,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, residual: torc
         _check(isinstance(weight, torch.Tensor) and weight.shape == (n,) and weight.dtype == torch.bfloat16
                and weight.device == x.device and weight.is_contiguous(),
                "weight", f"a contiguous ({n},) bfloat16 tensor on {x.device}", _describe(weight))
-    if out is None:
-        out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
-    else:
-        _check_rows(out, "out", torch.bfloat16, x.device, (m, n))
+    out = _bf16_out(out, (m, n), x.device)
     if m == 0:
         return out
     block_n = triton.next_power_of_2(n)
@@ -226,10 +231,7 @@ def swiglu(gate_up: torch.Tensor, limit: float, out: torch.Tensor | None = None)
     m, two_i = gate_up.shape
     _check(two_i > 0 and two_i % 2 == 0, "gate_up", "an even, non-zero last dim [gate | up]", _describe(gate_up))
     inter = two_i // 2
-    if out is None:
-        out = torch.empty(m, inter, dtype=torch.bfloat16, device=gate_up.device)
-    else:
-        _check_rows(out, "out", torch.bfloat16, gate_up.device, (m, inter))
+    out = _bf16_out(out, (m, inter), gate_up.device)
     if m == 0:
         return out
     _swiglu_kernel[(m, triton.cdiv(inter, ELEMENTWISE_BLOCK))](
@@ -263,10 +265,7 @@ def combine(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
     m, n = x.shape
     for name, t in (("a", a), ("b", b), ("c", c)):
         _check_rows(t, name, torch.bfloat16, x.device, (m, n))
-    if out is None:
-        out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
-    else:
-        _check_rows(out, "out", torch.bfloat16, x.device, (m, n))
+    out = _bf16_out(out, (m, n), x.device)
     if m == 0 or n == 0:
         return out
     _combine_kernel[(m, triton.cdiv(n, ELEMENTWISE_BLOCK))](
