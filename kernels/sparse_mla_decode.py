@@ -80,6 +80,7 @@ import triton.language as tl
 from .dsv4 import (E8M0_BIAS, HEAD_DIM, KV_DATA_BYTES, KV_GROUPS, KV_NUM_TILES, KV_SCALE_BYTES, KV_TILE,
                    KV_TOKEN_BYTES, NOPE_DIM, ROPE_DIM, SPARSE_MLA_MAX_HEADS, kv_page_bytes)
 from .harness.aot import AotConfig
+from .harness.interpreter import interpreter_enabled
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -167,13 +168,11 @@ def _load_slots(u, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N: tl
 
 
 @triton.jit
-def _load_tile(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots,
+def _tile_rows(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots,
                x_nope_ptr, x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots,
-               BLOCK_N: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
-               DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, HAS_EXTRA: tl.constexpr,
-               ROW_SCALES: tl.constexpr):
-    """Issue the raw loads of one tile (FP8 nope in four 128-byte chunks, bf16 rope, UE8M0 scale
-    bytes) straight from the paged cache; out-of-range and -1 slots are masked, never read."""
+               DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, HAS_EXTRA: tl.constexpr):
+    """Where live tile ``u``'s candidates lie: (valid, nope, rope and scale base pointers of their
+    cache, byte offset of each row's data, byte offset of each row's scale bytes)."""
     if HAS_EXTRA:
         is_main = u < main_live
         nope_p = tl.where(is_main, nope_ptr, x_nope_ptr)
@@ -190,6 +189,48 @@ def _load_tile(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, pa
     page = slot64 // p_size
     in_page = slot64 - page * p_size
     data = page * p_stride + in_page * DATA_BYTES
+    scale_at = page * p_stride + p_size * DATA_BYTES + in_page * SCALE_BYTES
+    return valid, nope_p, rope_p, scale_p, data, scale_at
+
+
+@triton.jit
+def _prefetch_tile_l2(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots,
+                      x_nope_ptr, x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots,
+                      BLOCK_N: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
+                      HAS_EXTRA: tl.constexpr, EMIT: tl.constexpr):
+    """Ask L2 for every 128-byte line of live tile ``u`` (data row and scale bytes) without waiting
+    for it and without registers for the data (``prefetch.global.L2``): the gather of the tile one
+    iteration later then hits L2 instead of paying DRAM latency with the SM idle. Invalid slots
+    are not touched. EMIT=False (the CPU interpreter, which has no inline asm) issues nothing;
+    a prefetch has no effect on results."""
+    if EMIT:
+        valid, nope_p, rope_p, scale_p, data, scale_at = _tile_rows(
+            u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
+            x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
+        k = tl.arange(0, 8)
+        # lines at data + 0, 128, ..., 512 and the row's last byte (576-byte rows straddle 5-6
+        # lines), then the scale bytes; column 7 is unused
+        offs = tl.where(k < 5, k * 128, DATA_BYTES - 1)
+        base = nope_p.to(tl.pointer_type(tl.uint8), bitcast=True)
+        s_base = scale_p.to(tl.pointer_type(tl.uint8), bitcast=True)
+        ptrs = tl.where(k[None, :] == 6, s_base + scale_at[:, None], base + data[:, None] + offs[None, :])
+        on = valid[:, None] & (k < 7)[None, :]
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+            "=r,l,r", [ptrs, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _load_tile(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots,
+               x_nope_ptr, x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots,
+               BLOCK_N: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
+               DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, HAS_EXTRA: tl.constexpr,
+               ROW_SCALES: tl.constexpr):
+    """Issue the raw loads of one tile (FP8 nope in four 128-byte chunks, bf16 rope, UE8M0 scale
+    bytes) straight from the paged cache; out-of-range and -1 slots are masked, never read."""
+    valid, nope_p, rope_p, scale_p, data, scale_at = _tile_rows(
+        u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
+        x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
     cols = tl.arange(0, 2 * TILE)
     first = cols < TILE
     row = nope_p + data[:, None] + cols[None, :]
@@ -200,7 +241,7 @@ def _load_tile(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, pa
     # the rope lands in columns 64..127 of the last chunk (lanes 0..63 are masked, never loaded)
     rope = tl.load(rope_p + ((data + NOPE) // 2)[:, None] + (cols - TILE)[None, :],
                    mask=valid[:, None] & (cols >= TILE)[None, :], other=0.0)
-    scale_row = scale_p + (page * p_stride + p_size * DATA_BYTES + in_page * SCALE_BYTES)
+    scale_row = scale_p + scale_at
     if ROW_SCALES:  # the 7 bytes packed into one int64 per candidate: dequant stays in the tile's layout
         scales = tl.zeros((BLOCK_N,), tl.int64)
         for grp in tl.static_range(NOPE_TILES):
@@ -265,29 +306,60 @@ def _scores(q0, q1, q2, q3, valid, n0, n1, n2, n3, rope, scales, qk_scale, TILE:
 
 
 @triton.jit
-def _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3):
+def _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3, LAZY_RESCALE: tl.constexpr):
     """Fold one tile's logits ``s`` (base 2, -inf where invalid) and its bf16 KV into all heads'
-    running (max, sum, acc)."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    pb = p.to(tl.bfloat16)
-    acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None])
-    acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None])
-    acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None])
-    acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None])
-    return m_new, l_i, acc0, acc1, acc2, acc3
+    running (reference max, sum, acc).
+
+    LAZY_RESCALE = 0: the reference is each head's running max, and the accumulator is rescaled
+    every tile (for 64 heads x 512 columns that is 128 FMUL per thread per tile, as many
+    instructions as both products). LAZY_RESCALE = t > 0: the reference stays put until some
+    head's tile max exceeds it by more than t (base-2 units), and only then (a CTA-uniform branch)
+    are all heads moved to their exact running max and the accumulator rescaled. Until then
+    p = 2^(s - m) <= 2^t: fine in fp32 and in the bf16 P (same relative rounding at any
+    magnitude). (m, l, acc) stay consistent with each other, so the output, the LSE and the
+    split-K combine are exact given m; the first tile with a candidate always takes the branch."""
+    if LAZY_RESCALE > 0:
+        m_tile = tl.max(s, 1)
+        growth = tl.where(m_tile > m_i, m_tile - m_i, 0.0)  # +inf from m = -inf; never NaN
+        if tl.max(growth, 0) > LAZY_RESCALE:
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            l_i = l_i * alpha
+            acc0 = acc0 * alpha[:, None]
+            acc1 = acc1 * alpha[:, None]
+            acc2 = acc2 * alpha[:, None]
+            acc3 = acc3 * alpha[:, None]
+            m_i = m_new
+        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        pb = p.to(tl.bfloat16)
+        acc0 = tl.dot(pb, kv0, acc0)
+        acc1 = tl.dot(pb, kv1, acc1)
+        acc2 = tl.dot(pb, kv2, acc2)
+        acc3 = tl.dot(pb, kv3, acc3)
+        return m_i, l_i, acc0, acc1, acc2, acc3
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pb = p.to(tl.bfloat16)
+        acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None])
+        acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None])
+        acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None])
+        acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None])
+        return m_new, l_i, acc0, acc1, acc2, acc3
 
 
 @triton.jit
 def _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, valid, n0, n1, n2, n3, rope, scales, qk_scale,
-            TILE: tl.constexpr, NOPE_TILES: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr):
+            TILE: tl.constexpr, NOPE_TILES: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr,
+            LAZY_RESCALE: tl.constexpr):
     """Fold one raw tile into all heads' running (max, sum, acc), logits in base 2."""
     s, kv0, kv1, kv2, kv3 = _scores(q0, q1, q2, q3, valid, n0, n1, n2, n3, rope, scales, qk_scale, TILE,
                                     NOPE_TILES, ROW_SCALES, QK_CHAINS)
-    return _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3)
+    return _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3, LAZY_RESCALE)
 
 
 @triton.jit
@@ -325,7 +397,7 @@ def sparse_mla_decode_kernel(
         BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
         HAS_EXTRA: tl.constexpr, HAS_X_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT_K: tl.constexpr,
         PREFETCH_KV: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr, MID_PREFETCH: tl.constexpr,
-        D: tl.constexpr,
+        LAZY_RESCALE: tl.constexpr, L2_PREFETCH: tl.constexpr, EMIT_ASM: tl.constexpr, D: tl.constexpr,
         TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
         DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
     """Grid ``(HEAD_BLOCKS * splits, B * s_q)``; see the module docstring. Split ``j`` of a query
@@ -389,7 +461,7 @@ def sparse_mla_decode_kernel(
             slots = _load_slots(u + 2, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
                                                        c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES,
-                                                       ROW_SCALES, QK_CHAINS)
+                                                       ROW_SCALES, QK_CHAINS, LAZY_RESCALE)
     elif MID_PREFETCH:  # the next tile's raw KV is issued between this tile's QK and its PV product
         for u in range(u_lo, u_end):
             s, kv0, kv1, kv2, kv3 = _scores(q0, q1, q2, q3, valid, n0, n1, n2, n3, rope, scales, qk_scale, TILE,
@@ -399,7 +471,23 @@ def sparse_mla_decode_kernel(
                 x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
                 DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
             slots = _load_slots(u + 2, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3,
+                                                     LAZY_RESCALE)
+    elif L2_PREFETCH:  # slots two tiles ahead; the next tile's lines asked of L2, not of registers
+        slots_next = _load_slots(u_lo + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+        for u in range(u_lo, u_end):
+            c_valid, c0, c1, c2, c3, c_rope, c_scales = _load_tile(
+                u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
+                x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
+                DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
+            _prefetch_tile_l2(u + 1, slots_next, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride,
+                              n_slots, x_nope_ptr, x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots,
+                              BLOCK_N, DATA_BYTES, SCALE_BYTES, HAS_EXTRA, EMIT_ASM)
+            slots = slots_next
+            slots_next = _load_slots(u + 2, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
+                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES,
+                                                       ROW_SCALES, QK_CHAINS, LAZY_RESCALE)
     else:  # slots one tile ahead only (fewer live registers)
         for u in range(u_lo, u_end):
             c_valid, c0, c1, c2, c3, c_rope, c_scales = _load_tile(
@@ -409,7 +497,7 @@ def sparse_mla_decode_kernel(
             slots = _load_slots(u + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
                                                        c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES,
-                                                       ROW_SCALES, QK_CHAINS)
+                                                       ROW_SCALES, QK_CHAINS, LAZY_RESCALE)
 
     if SPLIT_K:  # publish (acc, max, sum); sparse_mla_combine_kernel merges the splits
         unit = row * HEAD_BLOCKS + head_block
@@ -662,8 +750,9 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, BLOCK_N=block_n, HAS_LEN=topk_length is not None,
         HAS_EXTRA=has_extra, HAS_X_LEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT_K=splits > 1, PREFETCH_KV=cfg["PREFETCH_KV"], ROW_SCALES=cfg.get("ROW_SCALES", False),
-        QK_CHAINS=cfg.get("QK_CHAINS", 1), MID_PREFETCH=cfg.get("MID_PREFETCH", False), **_LAYOUT,
-        num_warps=cfg["num_warps"],
+        QK_CHAINS=cfg.get("QK_CHAINS", 1), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
+        LAZY_RESCALE=float(cfg.get("LAZY_RESCALE", 0.0)), L2_PREFETCH=cfg.get("L2_PREFETCH", False),
+        EMIT_ASM=not interpreter_enabled(), **_LAYOUT, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if splits > 1:
         cols = combine_cols(splits)
@@ -769,7 +858,7 @@ def _signature() -> dict:
     sig.update(pointers)
     sig["qk_scale"] = "fp32"
     for name in ("BLOCK_H", "HEAD_BLOCKS", "BLOCK_N", "HAS_LEN", "HAS_EXTRA", "HAS_X_LEN", "HAS_SINK", "SPLIT_K",
-                 "PREFETCH_KV", "ROW_SCALES", "QK_CHAINS", "MID_PREFETCH", *_LAYOUT):
+                 "PREFETCH_KV", "ROW_SCALES", "QK_CHAINS", "MID_PREFETCH", "LAZY_RESCALE", "L2_PREFETCH", "EMIT_ASM", *_LAYOUT):
         sig[name] = "constexpr"
     return sig
 
@@ -796,7 +885,8 @@ def aot_configs() -> list[AotConfig]:
                           HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
                           PREFETCH_KV=cfg["PREFETCH_KV"], ROW_SCALES=cfg.get("ROW_SCALES", False),
                           QK_CHAINS=cfg.get("QK_CHAINS", 1), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
-                          **_LAYOUT)
+                          LAZY_RESCALE=float(cfg.get("LAZY_RESCALE", 0.0)), L2_PREFETCH=cfg.get("L2_PREFETCH", False),
+                          EMIT_ASM=True, **_LAYOUT)
         configs.append(AotConfig(
             name=f"sparse_mla_decode_{suffix}", kernel=sparse_mla_decode_kernel, signature=_signature(),
             constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,

@@ -1,8 +1,9 @@
-"""Sparse MLA decode on the device (run 5): full DSv4-Flash shapes checked against the float32
-reference and timed in CUDA graphs, the shipped default beside candidate launch forms for H=64 at
-32 and 64 query rows (mid-loop KV prefetch, num_stages=2, 32- vs 64-head programs) in C4 and C128
-layers at 8K and 64K context, and upstream's Triton kernel (``flash_mla_sparse_decode_triton``) in
-the C4 8K B=64 cell, in the same run (run 4 and earlier: see git history of this file).
+"""Sparse MLA decode on the device (run 6): full DSv4-Flash shapes checked against the float32
+reference and timed in CUDA graphs, the shipped default beside candidate tile loops (lazy
+accumulator rescale, L2 prefetch of the next tile) in the cells of the issue's targets (C4 8K,
+H=64, s_q=1, B=1/16/64) and cells that guard the other defaults (C128 8K B=64, 32 rows, H=32,
+H=16, C4 64K), and upstream's Triton kernel (``flash_mla_sparse_decode_triton``) in the C4 8K
+B=64 cell, in the same run (run 5 and earlier: see git history of this file).
 
     python3 tools/device_sparse_mla_decode.py --prepare          # here: copy/extract upstream baselines
     python3 tools/device_sparse_mla_decode.py --out $OUT         # on the device (carry .upstream)
@@ -41,31 +42,46 @@ COLUMNS = ("layer", "context", "B", "H", "s_q", "candidates", "variant", "us", "
            "pct_bf16_mm", "KV_GBps", "rel_err", "lse_max_abs_err", "note")
 
 
-# Run 5 (H=64, 32 and 64 query rows): the shipped default beside
-# * "bh64 midpf": the 64-head large-batch form with the next tile's raw KV issued between the
-#   current tile's QK and PV products (MID_PREFETCH: the raw registers of two tiles are never live
-#   at once, unlike PREFETCH_KV, which was 3-7% slower in this form in run 3). sm_120a: 242
-#   registers, 83968 B, no spills,
-# * "bh32 midpf": the same loop in the 32-head form (32-candidate tiles) that runs below 64 rows,
-# * "bh32": the < 64-row form (two 32-head programs per row) at 64 rows (faster than the 64-head
-#   form in C128 at 8K in run 4: a per-layer-kind choice by candidates per row),
-# * "bh64 bn16": the 64-head form at 32 rows (faster in C4 at 32 rows in run 4, slower in C128).
-# Not timed: num_stages=2 on the 64-head form (Triton's pipeliner on the tile loop) needs 110592 B
-# of shared memory and spills 316 B on sm_120a, so it could not ship.
+# Run 6: the old defaults beside two changes to the tile loop, in the cells of the issue's targets
+# (C4 8K, H=64, s_q=1: B=1, 16, 64) and cells that keep other defaults honest:
+# * "lazy": LAZY_RESCALE=8 (the accumulator is rescaled only when some head's max grows by more
+#   than 2^8; sm_120a 64-head form: 222 registers, the common path 1723 instead of 1842 SASS
+#   instructions per tile; sm_90: 757 instead of 867),
+# * "l2pf": L2_PREFETCH (slots two tiles ahead, the next tile's 128-byte lines requested with
+#   prefetch.global.L2 while this tile computes: no registers for the data; the register
+#   prefetches of runs 3 and 5 spilled on sm_90 at 255 registers). Only in the loop without the
+#   register prefetch (the 64-head form and 32-head forms with PREFETCH_KV=False).
 _BASE = dict(BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1)
 _BH64 = dict(_BASE, BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False)
+_BH32 = dict(_BASE, BLOCK_H=32)
+_BH32_MID = dict(_BASE, BLOCK_H=32, PREFETCH_KV=False, MID_PREFETCH=True)
+_BH16 = dict(_BASE, BLOCK_H=16)
+_LAZY = dict(LAZY_RESCALE=8.0)
+_L2 = dict(L2_PREFETCH=True)
 CANDIDATES = {
-    64: {"bh64 bn16": _BH64,
-         "bh64 midpf": dict(_BH64, MID_PREFETCH=True),
-         "bh32": dict(_BASE, BLOCK_H=32),
-         "bh32 midpf": dict(_BASE, BLOCK_H=32, PREFETCH_KV=False, MID_PREFETCH=True)},
+    "bh64": _BH64, "bh64 lazy": dict(_BH64, **_LAZY), "bh64 l2pf": dict(_BH64, **_L2),
+    "bh64 l2pf lazy": dict(_BH64, **_L2, **_LAZY),
+    "bh32": _BH32, "bh32 lazy": dict(_BH32, **_LAZY), "bh32 l2pf lazy": dict(_BH32, PREFETCH_KV=False, **_L2, **_LAZY),
+    "bh32 midpf": _BH32_MID, "bh32 midpf lazy": dict(_BH32_MID, **_LAZY),
+    "bh16": _BH16, "bh16 lazy": dict(_BH16, **_LAZY),
 }
-SPLIT_NEIGHBOURS = ("bh64 midpf",)  # forms whose neighbouring split counts are timed in the target cell
-RUN_NAME = "sparse_mla_decode-h200-run5"
-LAYERS = [("C4", 8192), ("C128", 8192), ("C4", 65536), ("C128", 65536)]
-HEADS = (64,)
-CELLS = [(64, 1), (32, 1), (16, 2)]  # (B, s_q), in priority order
-BUDGET_S = 110.0  # no new shape starts after this (timeout_s is 150)
+SPLIT_NEIGHBOURS = ("bh64 l2pf lazy",)  # forms whose neighbouring split counts are timed in the target cell
+RUN_NAME = "sparse_mla_decode-h200-run6"
+# (layer, context, B, H, s_q, candidate names), in priority order
+GRID = [
+    ("C4", 8192, 64, 64, 1, ("bh64 lazy", "bh64 l2pf", "bh64 l2pf lazy")),
+    ("C4", 8192, 16, 64, 1, ("bh32 lazy", "bh32 l2pf lazy")),
+    ("C4", 8192, 1, 64, 1, ("bh16 lazy",)),
+    ("C128", 8192, 64, 64, 1, ("bh32 midpf lazy", "bh64 l2pf lazy")),
+    ("C4", 8192, 32, 64, 1, ("bh64 lazy", "bh64 l2pf", "bh64 l2pf lazy")),
+    ("C4", 8192, 64, 32, 1, ("bh32 lazy", "bh32 l2pf lazy")),
+    ("C4", 8192, 16, 16, 1, ("bh16 lazy",)),
+    ("C4", 65536, 64, 64, 1, ("bh64 lazy", "bh64 l2pf", "bh64 l2pf lazy")),
+    ("C4", 8192, 32, 64, 2, ("bh64 lazy", "bh64 l2pf", "bh64 l2pf lazy")),
+]
+SMOKE_GRID = [("C4", 512, 2, 64, 1, ("bh64 lazy", "bh64 l2pf lazy", "bh32 l2pf lazy")),
+              ("C128", 512, 1, 16, 2, ("bh16 lazy",))]
+BUDGET_S = 140.0  # no new shape starts after this (timeout_s is 200)
 
 
 def prepare() -> None:
@@ -137,13 +153,14 @@ def graph_time(make_call, rotations, calls_per_graph=None, replays=20):
     return time_in_cuda_graph(step, calls_per_graph=calls_per_graph or rotations, replays=replays)
 
 
-def forms_for(heads, rows, candidates, target_cell, tiles_of, device):
+def forms_for(heads, rows, candidates, names, target_cell, tiles_of, device):
     """(label, launch_config or None, num_splits or None) to time in one cell: the shipped default
-    first, then every candidate with the split rule; in the target cells also the rule's
-    neighbouring split counts."""
+    first, then the named candidates with the split rule; in the target cell also the rule's
+    neighbouring split counts of SPLIT_NEIGHBOURS."""
     forms = [("default", None, None)]
     default_cfg = smd.launch_config_for(heads, rows, candidates)
-    for name, cfg in CANDIDATES[heads].items():
+    for name in names:
+        cfg = CANDIDATES[name]
         if smd.padded_heads(heads) % cfg["BLOCK_H"] or cfg == default_cfg:
             continue
         forms.append((name, cfg, None))
@@ -165,9 +182,8 @@ def run(out_dir: str, smoke: bool) -> None:
 
     t0 = time.time()
     device = "cpu" if smoke else "cuda"
-    result = BenchResult(RUN_NAME, "Sparse MLA decode (DSv4-Flash), H=64 at 32-64 query rows: mid-loop KV prefetch, "
-                         "32- vs 64-head programs; default vs candidates, upstream SGLang 0.5.23 "
-                         "Triton (C4 8K B=64)", COLUMNS)
+    result = BenchResult(RUN_NAME, "Sparse MLA decode (DSv4-Flash): lazy accumulator rescale and L2 prefetch of the "
+                         "next tile; default vs candidates, upstream SGLang 0.5.23 Triton (C4 8K B=64)", COLUMNS)
     up_triton = None
     try:
         import upstream
@@ -184,27 +200,25 @@ def run(out_dir: str, smoke: bool) -> None:
         print(f"copy {bw:.0f} GB/s, bf16 mm {mm:.1f} TFLOP/s", flush=True)
     if smoke:
         caches = Caches(device, 8, 64, 2048)
-        layers, cells, heads_list, rotations = [("C4", 512), ("C128", 512)], [(2, 1)], HEADS, 2
+        grid, rotations = SMOKE_GRID, 2
     else:
         caches = Caches(device, 4096, 16384, 262144)
-        layers, cells, heads_list, rotations = LAYERS, CELLS, HEADS, ROTATIONS
+        grid, rotations = GRID, ROTATIONS
     result.extra.update(rotations_per_graph=rotations, SMs=smd._program_target(device),
                         default_launch_configs=str(smd.LAUNCH_CONFIGS),
                         default_large_batch_configs=str(smd.LARGE_BATCH_CONFIGS),
                         default_few_candidates_configs=str(getattr(smd, "FEW_CANDIDATES_CONFIGS", None)),
                         default_small_batch_configs=str(smd.SMALL_BATCH_CONFIGS), candidates=str(CANDIDATES))
 
-    # B=64 in every layer first (the issue's missed target is C4 8K B=64), then 32 rows
-    grid = [(lay, b, h, s) for (b, s) in cells for lay in layers for h in heads_list]
     skipped = []
     best = {}
-    for (layer, context), batch, heads, s_q in grid:
+    for layer, context, batch, heads, s_q, names in grid:
         if time.time() - t0 > BUDGET_S:
             skipped.append(f"{layer}@{context} B={batch} H={heads} s_q={s_q}")
             continue
         try:
             best[(f"{layer}@{context}", batch, heads, s_q)] = measure(
-                result, caches, layer, context, batch, heads, s_q, rotations, smoke, up_triton, mm)
+                result, caches, layer, context, batch, heads, s_q, names, rotations, smoke, up_triton, mm)
         except Exception as exc:  # one failing shape must not lose the others
             traceback.print_exc()
             result.notes.append(f"{layer}@{context} B={batch} H={heads} s_q={s_q}: {type(exc).__name__}: {exc}")
@@ -222,7 +236,7 @@ def run(out_dir: str, smoke: bool) -> None:
     print("wrote", result.write(out_dir), f"in {time.time() - t0:.0f} s")
 
 
-def measure(result, caches, layer, context, batch, heads, s_q, rotations, smoke, up_triton, mm):
+def measure(result, caches, layer, context, batch, heads, s_q, names, rotations, smoke, up_triton, mm):
     calls = [caches.inputs(layer, context, batch, s_q, heads) for _ in range(rotations)]
     a = calls[0]
     topk, x_topk = a["indices"].shape[-1], a["extra_indices"].shape[-1]
@@ -256,7 +270,7 @@ def measure(result, caches, layer, context, batch, heads, s_q, rotations, smoke,
         return -(-topk // cfg["BLOCK_N"]) + -(-x_topk // cfg["BLOCK_N"])
 
     times = {}
-    for label, cfg, splits in forms_for(heads, rows, cands, target_cell, tiles_of, "cpu" if smoke else "cuda"):
+    for label, cfg, splits in forms_for(heads, rows, cands, names, target_cell, tiles_of, "cpu" if smoke else "cuda"):
         try:
             out, lse = smd.sparse_mla_decode(**a, num_splits=splits, launch_config=cfg)
             err = rel_err(out, ref_out)
