@@ -105,8 +105,12 @@ LAUNCH_CONFIGS = {
 # (benchmarks/sparse_mla_decode-h200-run5-summary.md): at 32 rows with 640 candidates (C4 at 8K and
 # 64K, C128 at 64K; B=32 s_q=1 and B=16 s_q=2) 1.09x faster than two 32-head programs (48.1 ->
 # 44.2 us), but with 192 candidates (C128 at 8K) 0.92x at 32 rows and 0.87-0.89x at 64 rows.
+# L2_PREFETCH (H200 run 6, benchmarks/sparse_mla_decode-h200-run6-summary.md): the next tile's
+# lines requested from L2 while this tile computes, 1.008-1.035x in every cell of this form (C4 8K
+# B=64: 74.13 -> 72.50 us); 228 registers, 98304 B on sm_120a. LAZY_RESCALE was 0.73x here.
 LARGE_BATCH_CONFIGS = {
-    64: (32, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True, num_warps=8, num_stages=1)),
+    64: (32, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True, ROW_SCALES=True, num_warps=8,
+                  num_stages=1)),
 }
 # Measured crossover lies between 192 (slower) and 640 (faster) candidates per row; 384 (C128 at
 # 32K context) is not measured.
@@ -131,6 +135,7 @@ MIN_HEADS = 16  # tl.dot needs M >= 16: H = 8 runs padded to 16 rows
 MAX_SPLITS = 32  # bounds the combine's registers (all splits of a block are loaded at once)
 COMBINE_SUB_H, COMBINE_WARPS = 16, 4  # combine block: 16 heads x COLS columns per program
 COMBINE_SPLITS_WIDE = 16  # up to this many splits the combine takes 32 columns per program, above it 16
+COMBINE_BLOCK_VALUES = 512  # splits x columns per combine program (x 16 heads over 128 threads: 64 fp32 each)
 # Split-count cost model (choose_splits), in units of one tile's time: a program's fixed cost (q,
 # slots, epilogue) per wave, and split-K's partial stores + combine launch once.
 PROGRAM_OVERHEAD_TILES = 1.0
@@ -504,10 +509,11 @@ def sparse_mla_decode_kernel(
         local = tl.arange(0, BLOCK_H)
         everyone = local >= 0
         mine = part_acc_ptr + (unit * num_splits + split) * BLOCK_H * D
-        _store_chunk(mine, acc0, local, D, everyone, CHUNK, 0)
-        _store_chunk(mine, acc1, local, D, everyone, CHUNK, 1)
-        _store_chunk(mine, acc2, local, D, everyone, CHUNK, 2)
-        _store_chunk(mine, acc3, local, D, everyone, CHUNK, 3)
+        part_ty = part_acc_ptr.dtype.element_ty  # fp32, or bf16 (PARTIAL_BF16: half the traffic)
+        _store_chunk(mine, acc0.to(part_ty), local, D, everyone, CHUNK, 0)
+        _store_chunk(mine, acc1.to(part_ty), local, D, everyone, CHUNK, 1)
+        _store_chunk(mine, acc2.to(part_ty), local, D, everyone, CHUNK, 2)
+        _store_chunk(mine, acc3.to(part_ty), local, D, everyone, CHUNK, 3)
         stats = part_ml_ptr + (unit * num_splits + split) * 2 * BLOCK_H
         tl.store(stats + local, m_i)
         tl.store(stats + BLOCK_H + local, l_i)
@@ -545,7 +551,7 @@ def sparse_mla_combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, sink_
     cols = c0 + tl.arange(0, COLS)
     part = part_acc_ptr + ((unit * num_splits + j) * BLOCK_H * D)[:, None, None] + (local * D)[None, :, None] \
         + cols[None, None, :]
-    acc = tl.sum(tl.load(part, mask=j_ok[:, None, None], other=0.0) * w[:, :, None], 0)
+    acc = tl.sum(tl.load(part, mask=j_ok[:, None, None], other=0.0).to(tl.float32) * w[:, :, None], 0)
     scale, lse = _finish_stats(m, l_sum, sink_ptr, heads, head_ok, HAS_SINK)
     tl.store(out_ptr + (row * num_heads + heads)[:, None] * D + cols[None, :], (acc * scale[:, None]).to(tl.bfloat16),
              mask=head_ok[:, None])
@@ -629,10 +635,10 @@ def launch_config_for(num_heads: int, rows: int, candidates: int | None = None) 
     return LAUNCH_CONFIGS[heads]
 
 
-def combine_cols(splits: int) -> int:
-    """Columns per combine program: narrower for many splits so the [splits, 16, cols] block stays
-    in registers."""
-    return 32 if splits <= COMBINE_SPLITS_WIDE else 16
+def combine_cols(splits: int, widest: int = 32) -> int:
+    """Columns per combine program (at most ``widest``): narrower for many splits so the
+    [splits, 16, cols] block stays in registers (at most COMBINE_BLOCK_VALUES values)."""
+    return max(16, min(widest, COMBINE_BLOCK_VALUES // triton.next_power_of_2(splits)))
 
 
 def choose_splits(units: int, total_tiles: int, device, max_splits: int = MAX_SPLITS) -> tuple[int, int]:
@@ -722,7 +728,9 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         per = -(-total_tiles // num_splits)
         splits = -(-total_tiles // per)
     if splits > 1:
-        part_acc = _new_buffer((units, splits, block_h, HEAD_DIM), torch.float32, device)
+        # bf16 partial accumulators (PARTIAL_BF16) halve the split-K traffic; (max, sum) stay fp32
+        part_acc = _new_buffer((units, splits, block_h, HEAD_DIM),
+                               torch.bfloat16 if cfg.get("PARTIAL_BF16", False) else torch.float32, device)
         part_ml = _new_buffer((units, splits, 2, block_h), torch.float32, device)
     else:  # one split: no scratch, the pointers are never dereferenced
         part_acc = part_ml = lse
@@ -755,7 +763,7 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         EMIT_ASM=not interpreter_enabled(), **_LAYOUT, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if splits > 1:
-        cols = combine_cols(splits)
+        cols = combine_cols(splits, cfg.get("COMBINE_COLS", 32))
         sparse_mla_combine_kernel[(units, block_h // COMBINE_SUB_H, HEAD_DIM // cols)](
             part_acc, part_ml, out, lse, attn_sink if attn_sink is not None else lse, num_heads, splits,
             BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, SUB_H=COMBINE_SUB_H, COLS=cols,
@@ -847,18 +855,23 @@ def random_v4_cache(num_pages: int, page_size: int, device="cpu", spare_pages: i
 # AOT configs (every shipped launch config, compiled for sm_120a / sm_121a by the registry test)
 
 
-def _signature() -> dict:
+def _partial_type(cfg: dict) -> str:
+    return "*bf16" if cfg.get("PARTIAL_BF16", False) else "*fp32"
+
+
+def _signature(cfg: dict) -> dict:
     sig = {}
     for name in sparse_mla_decode_kernel.arg_names:
         sig[name] = "i32"
     pointers = {"q_ptr": "*bf16", "out_ptr": "*bf16", "lse_ptr": "*fp32", "sink_ptr": "*fp32",
                 "nope_ptr": "*fp8e4nv", "rope_ptr": "*bf16", "scale_ptr": "*u8", "idx_ptr": "*i32",
                 "len_ptr": "*i32", "x_nope_ptr": "*fp8e4nv", "x_rope_ptr": "*bf16", "x_scale_ptr": "*u8",
-                "x_idx_ptr": "*i32", "x_len_ptr": "*i32", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32"}
+                "x_idx_ptr": "*i32", "x_len_ptr": "*i32", "part_acc_ptr": _partial_type(cfg), "part_ml_ptr": "*fp32"}
     sig.update(pointers)
     sig["qk_scale"] = "fp32"
     for name in ("BLOCK_H", "HEAD_BLOCKS", "BLOCK_N", "HAS_LEN", "HAS_EXTRA", "HAS_X_LEN", "HAS_SINK", "SPLIT_K",
-                 "PREFETCH_KV", "ROW_SCALES", "QK_CHAINS", "MID_PREFETCH", "LAZY_RESCALE", "L2_PREFETCH", "EMIT_ASM", *_LAYOUT):
+                 "PREFETCH_KV", "ROW_SCALES", "QK_CHAINS", "MID_PREFETCH", "LAZY_RESCALE", "L2_PREFETCH", "EMIT_ASM",
+                 *_LAYOUT):
         sig[name] = "constexpr"
     return sig
 
@@ -888,21 +901,24 @@ def aot_configs() -> list[AotConfig]:
                           LAZY_RESCALE=float(cfg.get("LAZY_RESCALE", 0.0)), L2_PREFETCH=cfg.get("L2_PREFETCH", False),
                           EMIT_ASM=True, **_LAYOUT)
         configs.append(AotConfig(
-            name=f"sparse_mla_decode_{suffix}", kernel=sparse_mla_decode_kernel, signature=_signature(),
+            name=f"sparse_mla_decode_{suffix}", kernel=sparse_mla_decode_kernel, signature=_signature(cfg),
             constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,
             expect_opcodes=("HMMA.16816.F32.BF16",),
             note=f"H={'8/16' if heads == 16 else heads}: {cfg['BLOCK_H']} heads x {cfg['BLOCK_N']} candidates per "
                  f"tile, both caches, sink, split-K partials"))
     for suffix, heads, cfg in _shipped_configs():
-        for splits in (COMBINE_SPLITS_WIDE, MAX_SPLITS):  # widest split count of each column width
+        widest = {}  # the most splits of each column width this config's combine can take
+        for splits in range(2, MAX_SPLITS + 1):
+            widest[combine_cols(splits, cfg.get("COMBINE_COLS", 32))] = splits
+        for cols, splits in sorted(widest.items()):
             configs.append(AotConfig(
                 name=f"sparse_mla_combine_{suffix}_s{splits}", kernel=sparse_mla_combine_kernel,
-                signature={"part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
+                signature={"part_acc_ptr": _partial_type(cfg), "part_ml_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
                            "sink_ptr": "*fp32", "num_heads": "i32", "num_splits": "i32", "BLOCK_H": "constexpr",
                            "HEAD_BLOCKS": "constexpr", "SUB_H": "constexpr", "COLS": "constexpr",
                            "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr"},
                 constexprs=dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], SUB_H=COMBINE_SUB_H,
-                                COLS=combine_cols(splits), SPLITS=splits, D=HEAD_DIM, HAS_SINK=True),
+                                COLS=cols, SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=True),
                 num_warps=COMBINE_WARPS, num_stages=1, div16=("num_heads",),
                 note=f"split-K merge + sink + LSE, up to {splits} splits (no tensor cores: a reduction)"))
     return configs

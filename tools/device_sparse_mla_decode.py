@@ -1,9 +1,9 @@
-"""Sparse MLA decode on the device (run 6): full DSv4-Flash shapes checked against the float32
-reference and timed in CUDA graphs, the shipped default beside candidate tile loops (lazy
-accumulator rescale, L2 prefetch of the next tile) in the cells of the issue's targets (C4 8K,
+"""Sparse MLA decode on the device (run 7): full DSv4-Flash shapes checked against the float32
+reference and timed in CUDA graphs, the shipped default beside split-K candidates (bf16 partial
+accumulators, wider combine programs) in the cells of the issue's targets (C4 8K,
 H=64, s_q=1, B=1/16/64) and cells that guard the other defaults (C128 8K B=64, 32 rows, H=32,
 H=16, C4 64K), and upstream's Triton kernel (``flash_mla_sparse_decode_triton``) in the C4 8K
-B=64 cell, in the same run (run 5 and earlier: see git history of this file).
+B=64 cell, in the same run (run 6 and earlier: see git history of this file).
 
     python3 tools/device_sparse_mla_decode.py --prepare          # here: copy/extract upstream baselines
     python3 tools/device_sparse_mla_decode.py --out $OUT         # on the device (carry .upstream)
@@ -42,46 +42,49 @@ COLUMNS = ("layer", "context", "B", "H", "s_q", "candidates", "variant", "us", "
            "pct_bf16_mm", "KV_GBps", "rel_err", "lse_max_abs_err", "note")
 
 
-# Run 6: the old defaults beside two changes to the tile loop, in the cells of the issue's targets
-# (C4 8K, H=64, s_q=1: B=1, 16, 64) and cells that keep other defaults honest:
-# * "lazy": LAZY_RESCALE=8 (the accumulator is rescaled only when some head's max grows by more
-#   than 2^8; sm_120a 64-head form: 222 registers, the common path 1723 instead of 1842 SASS
-#   instructions per tile; sm_90: 757 instead of 867),
-# * "l2pf": L2_PREFETCH (slots two tiles ahead, the next tile's 128-byte lines requested with
-#   prefetch.global.L2 while this tile computes: no registers for the data; the register
-#   prefetches of runs 3 and 5 spilled on sm_90 at 255 registers). Only in the loop without the
-#   register prefetch (the 64-head form and 32-head forms with PREFETCH_KV=False).
+# Run 7: the shipped default (since run 6 the 64-head form carries L2_PREFETCH) beside the split-K
+# traffic candidates, in the cells of the issue's targets (C4 8K, H=64, s_q=1: B=1, 16, 64) and
+# cells that keep other defaults honest:
+# * "bf16p": PARTIAL_BF16 (split-K partial accumulators stored in bf16: at C4 B=64 the 2 x 64 rows
+#   x 64 heads x 512 fp32 partials are 16.8 MB written and read again; (max, sum) stay fp32),
+# * "cols128": COMBINE_COLS=128 (combine programs of 16 heads x up to 128 columns while the
+#   [splits, 16, cols] block stays <= 512 values: 4x fewer combine programs at 2-4 splits),
+# * "bh64 run5": the 64-head form without L2_PREFETCH (the default before run 6), to confirm.
+# Run 6 (git history of this file): LAZY_RESCALE (0.73x in the 64-head form on the H200, 0.97-1.00x
+# elsewhere) and L2_PREFETCH (1.008-1.035x in the 64-head form, 0.89-0.93x in 32-head forms).
 _BASE = dict(BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1)
-_BH64 = dict(_BASE, BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False)
+_BH64 = dict(_BASE, BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True)
 _BH32 = dict(_BASE, BLOCK_H=32)
 _BH32_MID = dict(_BASE, BLOCK_H=32, PREFETCH_KV=False, MID_PREFETCH=True)
 _BH16 = dict(_BASE, BLOCK_H=16)
-_LAZY = dict(LAZY_RESCALE=8.0)
-_L2 = dict(L2_PREFETCH=True)
+_BF16P = dict(PARTIAL_BF16=True)
+_COLS = dict(COMBINE_COLS=128)
 CANDIDATES = {
-    "bh64": _BH64, "bh64 lazy": dict(_BH64, **_LAZY), "bh64 l2pf": dict(_BH64, **_L2),
-    "bh64 l2pf lazy": dict(_BH64, **_L2, **_LAZY),
-    "bh32": _BH32, "bh32 lazy": dict(_BH32, **_LAZY), "bh32 l2pf lazy": dict(_BH32, PREFETCH_KV=False, **_L2, **_LAZY),
-    "bh32 midpf": _BH32_MID, "bh32 midpf lazy": dict(_BH32_MID, **_LAZY),
-    "bh16": _BH16, "bh16 lazy": dict(_BH16, **_LAZY),
+    "bh64 run5": dict(_BH64, L2_PREFETCH=False),
+    "bh64 bf16p": dict(_BH64, **_BF16P), "bh64 cols128": dict(_BH64, **_COLS),
+    "bh64 bf16p cols128": dict(_BH64, **_BF16P, **_COLS),
+    "bh32 bf16p": dict(_BH32, **_BF16P), "bh32 bf16p cols128": dict(_BH32, **_BF16P, **_COLS),
+    "bh32 midpf bf16p cols128": dict(_BH32_MID, **_BF16P, **_COLS),
+    "bh16 bf16p": dict(_BH16, **_BF16P), "bh16 bf16p cols128": dict(_BH16, **_BF16P, **_COLS),
 }
-SPLIT_NEIGHBOURS = ("bh64 l2pf lazy",)  # forms whose neighbouring split counts are timed in the target cell
-RUN_NAME = "sparse_mla_decode-h200-run6"
+SPLIT_NEIGHBOURS = ()  # forms whose neighbouring split counts are timed in the target cell
+RUN_NAME = "sparse_mla_decode-h200-run7"
+_T64 = ("bh64 run5", "bh64 bf16p", "bh64 cols128", "bh64 bf16p cols128")
 # (layer, context, B, H, s_q, candidate names), in priority order
 GRID = [
-    ("C4", 8192, 64, 64, 1, ("bh64 lazy", "bh64 l2pf", "bh64 l2pf lazy")),
-    ("C4", 8192, 16, 64, 1, ("bh32 lazy", "bh32 l2pf lazy")),
-    ("C4", 8192, 1, 64, 1, ("bh16 lazy",)),
-    ("C128", 8192, 64, 64, 1, ("bh32 midpf lazy", "bh64 l2pf lazy")),
-    ("C4", 8192, 32, 64, 1, ("bh64 lazy", "bh64 l2pf", "bh64 l2pf lazy")),
-    ("C4", 8192, 64, 32, 1, ("bh32 lazy", "bh32 l2pf lazy")),
-    ("C4", 8192, 16, 16, 1, ("bh16 lazy",)),
-    ("C4", 65536, 64, 64, 1, ("bh64 lazy", "bh64 l2pf", "bh64 l2pf lazy")),
-    ("C4", 8192, 32, 64, 2, ("bh64 lazy", "bh64 l2pf", "bh64 l2pf lazy")),
+    ("C4", 8192, 64, 64, 1, _T64),
+    ("C4", 8192, 16, 64, 1, ("bh32 bf16p", "bh32 bf16p cols128")),
+    ("C4", 8192, 1, 64, 1, ("bh16 bf16p", "bh16 bf16p cols128")),
+    ("C128", 8192, 64, 64, 1, ("bh32 midpf bf16p cols128",)),
+    ("C4", 8192, 32, 64, 1, _T64),
+    ("C4", 8192, 64, 32, 1, ("bh32 bf16p", "bh32 bf16p cols128")),
+    ("C4", 8192, 16, 16, 1, ("bh16 bf16p", "bh16 bf16p cols128")),
+    ("C4", 65536, 64, 64, 1, _T64),
+    ("C4", 8192, 32, 64, 2, _T64),
 ]
-SMOKE_GRID = [("C4", 512, 2, 64, 1, ("bh64 lazy", "bh64 l2pf lazy", "bh32 l2pf lazy")),
-              ("C128", 512, 1, 16, 2, ("bh16 lazy",))]
-BUDGET_S = 140.0  # no new shape starts after this (timeout_s is 200)
+SMOKE_GRID = [("C4", 512, 2, 64, 1, ("bh64 run5", "bh64 bf16p cols128", "bh32 bf16p cols128")),
+              ("C128", 512, 1, 16, 2, ("bh16 bf16p cols128",))]
+BUDGET_S = 105.0  # no new shape starts after this (timeout_s is 150)
 
 
 def prepare() -> None:
@@ -182,8 +185,8 @@ def run(out_dir: str, smoke: bool) -> None:
 
     t0 = time.time()
     device = "cpu" if smoke else "cuda"
-    result = BenchResult(RUN_NAME, "Sparse MLA decode (DSv4-Flash): lazy accumulator rescale and L2 prefetch of the "
-                         "next tile; default vs candidates, upstream SGLang 0.5.23 Triton (C4 8K B=64)", COLUMNS)
+    result = BenchResult(RUN_NAME, "Sparse MLA decode (DSv4-Flash): bf16 split-K partials and wider combine "
+                         "programs; default vs candidates, upstream SGLang 0.5.23 Triton (C4 8K B=64)", COLUMNS)
     up_triton = None
     try:
         import upstream

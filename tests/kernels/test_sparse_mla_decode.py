@@ -258,6 +258,12 @@ LAUNCH_FORMS = {
                                         MID_PREFETCH=True, LAZY_RESCALE=8.0, num_warps=8, num_stages=1)),
     "bh16_lazy_at_h64": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, LAZY_RESCALE=8.0,
                                   num_warps=8, num_stages=1)),
+    # run 7: bf16 split-K partial accumulators and wider combine programs
+    "bh64_bn16_l2_prefetch_bf16_partials": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True,
+                                                     L2_PREFETCH=True, PARTIAL_BF16=True, COMBINE_COLS=128,
+                                                     num_warps=8, num_stages=1)),
+    "bh16_bf16_partials_at_h64": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True,
+                                           PARTIAL_BF16=True, num_warps=8, num_stages=1)),
 }
 
 
@@ -290,10 +296,12 @@ def test_lazy_rescale_is_exact_given_the_reference_max(form, softmax_scale):
         _check(args, num_splits=num_splits, launch_config=cfg)
 
 
-def test_more_than_sixteen_splits_use_the_narrow_combine():
-    cfg = dict(LAUNCH_FORMS["bh16_row_scales"][1], BLOCK_N=16)
+@pytest.mark.parametrize("widest,partial_bf16", [(32, False), (128, True)])
+def test_more_than_sixteen_splits_use_the_narrow_combine(widest, partial_bf16):
+    cfg = dict(LAUNCH_FORMS["bh16_row_scales"][1], BLOCK_N=16, COMBINE_COLS=widest, PARTIAL_BF16=partial_bf16)
     args = _case(43, 1, 1, 16, C4_PAGE_SIZE, 160, C128_PAGE_SIZE, 160, lengths="full")
     assert smd.combine_cols(20) < smd.combine_cols(16)
+    assert smd.combine_cols(20, widest) == 16 and smd.combine_cols(2, widest) == widest
     _check(args, num_splits=20, launch_config=cfg)
 
 
@@ -316,7 +324,7 @@ def test_default_launch_config_by_heads_and_rows():
     assert smd.launch_config_for(64, rows) is large and large["BLOCK_H"] == 64
     assert smd.launch_config_for(8, 4 * rows) is smd.LAUNCH_CONFIGS[16]
     # the large-batch form is one of the launch forms checked above against the reference
-    assert large == LAUNCH_FORMS["bh64_bn16_no_prefetch"][1]
+    assert large == LAUNCH_FORMS["bh64_bn16_l2_prefetch"][1]
 
 
 def test_default_launch_config_by_candidates_per_row():
