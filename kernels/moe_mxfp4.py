@@ -859,6 +859,161 @@ def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_ro
                      mask=(n >= 0) & has_second)
 
 
+# ---------------------------------------------------------------------------------------------
+# tensor-core pair-word decode (``upcast="pairs"``)
+# ---------------------------------------------------------------------------------------------
+# Each int32 weight word (8 e2m1 values) becomes four bf16 *pairs* with two shifts and one LOP3 per pair
+# (nibbles j and j + 4, the same bits as the GEMV's ``_e2m1_pair``: both values times 2**-126), i.e. two
+# values per 32-bit operation, and the pairs go straight into a bf16 MMA with the weights as the M side
+# (rows x 32) and the routed rows as the N side -- no per-value scale multiply: the E8M0 scale multiplies
+# each 32-value group's MMA result (one FFMA per accumulator element per group), the 2**126 unbias and the
+# activations' 2**PAIRS_ACT_SHIFT pre-scale once in the epilogue. The MMA's K order is the pair order
+# (:func:`_pairs_position`), so the activations are stored in that order (bf16 times 2**PAIRS_ACT_SHIFT,
+# exact) by the routing launch (x) and the gate/up epilogue (SwiGLU rows); still four launches.
+PAIRS_ACT_SHIFT: tl.constexpr = tl.constexpr(32)
+PAIRS_ACT_SCALE: tl.constexpr = tl.constexpr(2.0 ** 32)
+PAIRS_UNBIAS: tl.constexpr = tl.constexpr(2.0 ** (126 - 32))
+
+
+@triton.jit
+def _pairs_position(k):
+    """Index of value ``k`` of a row in the pair order: within each 32-value group, value ``8w + j + 4h``
+    (nibble ``j + 4h`` of word w, j < 4) sits at ``8w + 4 (j % 2) + 2 (j // 2) + h`` -- the order in which
+    :func:`_pairs_tile` lays the group's 32 weights out."""
+    j = k % 4
+    return (k // 8) * 8 + 4 * (j % 2) + 2 * (j // 2) + (k // 4) % 2
+
+
+@triton.jit
+def _pair_bits(q, SHIFT: tl.constexpr, MUL_PAIRS: tl.constexpr):
+    """int32 words -> int32 holding the bf16 pair (nibble j low, nibble j + 4 high), ``SHIFT`` = 12 - 4j:
+    by two shifts and two masks, or (MUL_PAIRS) one mask, one multiply and one mask (``_e2m1_pair``)."""
+    if MUL_PAIRS:
+        if SHIFT >= 8:  # j = 0, 1
+            pair = ((q & (0x000F000F << (12 - SHIFT))) * (0x1040 >> (12 - SHIFT))) & PAIR_BITS_MASK
+        else:  # j = 2, 3: on the word shifted down a byte (the mask drops the sign fill)
+            pair = (((q >> 8) & (0x000F000F << (4 - SHIFT))) * (0x1040 >> (4 - SHIFT))) & PAIR_BITS_MASK
+    else:
+        t = q << SHIFT
+        pair = (t & SIGN_PAIR_MASK) | ((t >> 6) & 0x01C001C0)
+    return pair
+
+
+@triton.jit
+def _pair_halves(p):
+    """int32 bf16 pairs [R, 4, 2, 2] -> int16 [R, 4, 2, 2, 2] (low half first)."""
+    return tl.join(p.to(tl.int16), (p >> 16).to(tl.int16))
+
+
+@triton.jit
+def _pairs_tile(q, ROWS: tl.constexpr, MUL_PAIRS: tl.constexpr):
+    """[ROWS, 4] int32 words of one 32-value group -> bf16 [ROWS, 32] in the pair order, the values times
+    2**-126 (exact; the 0.5 code is the bf16 subnormal 2**-127)."""
+    first = tl.join(_pair_bits(q, 12, MUL_PAIRS), _pair_bits(q, 8, MUL_PAIRS))  # j = 0, 1
+    second = tl.join(_pair_bits(q, 4, MUL_PAIRS), _pair_bits(q, 0, MUL_PAIRS))  # j = 2, 3
+    both = _pair_halves(tl.join(first, second))  # [ROWS, w, j % 2, j // 2, h]
+    return tl.reshape(both, [ROWS, 32]).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _pairs_rows(w_ptrs, s_ptrs, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr):
+    """``w_ptrs`` [ROWS, 4] int32 words, ``s_ptrs`` [ROWS] E8M0 bytes, ``a_ptrs`` [BLOCK_M, 32] pair-ordered
+    activations (times 2**PAIRS_ACT_SHIFT) of group 0 -> float32 [ROWS, BLOCK_M] dot products times
+    2**(-126 + PAIRS_ACT_SHIFT) (the epilogue multiplies PAIRS_UNBIAS)."""
+    acc = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, k_len, BLOCK_K):
+        for gi in tl.static_range(BLOCK_K // 32):
+            g = k0 // 32 + gi
+            w = _pairs_tile(tl.load(w_ptrs + g * 4), ROWS, MUL_PAIRS)
+            factor = _e8m0_to_f32(tl.load(s_ptrs + g))
+            a = tl.load(a_ptrs + g * 32, mask=a_ok, other=0.0)
+            acc += tl.dot(w, tl.trans(a)) * factor[:, None]
+    return acc
+
+
+@triton.jit
+def _pairs_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total):
+    """Group-0 pointers of a pairs program: weight words [R, 4] (int32, [E, rows_per_expert, k_total/8];
+    16-byte aligned since k_total is a multiple of 32) and E8M0 scales [R] ([E, rows_per_expert, k_total/32])."""
+    row_words = tl.multiple_of(rows * (k_total // 8), 4)
+    expert_words = tl.multiple_of(expert * rows_per_expert * (k_total // 8), 4)
+    w_ptrs = w_ptr + expert_words + row_words[:, None] + tl.arange(0, 4)[None, :]
+    s_ptrs = scale_ptr + expert * rows_per_expert * (k_total // 32) + rows * (k_total // 32)
+    return w_ptrs, s_ptrs
+
+
+@triton.jit
+def _route_pairs_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                        num_active_ptr, x_ptr, x_pairs_ptr, x_numel, NUM_EXPERTS: tl.constexpr,
+                        BLOCK_ROWS: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_X: tl.constexpr):
+    """Launch 1 of the pairs decode: program 0 routes (``_route_kernel``), the others write the bf16
+    activations ``x [B, H]`` times 2**PAIRS_ACT_SHIFT in the pair order (exact)."""
+    pid = tl.program_id(0)
+    if pid == 0:
+        _route_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                      num_active_ptr, NUM_EXPERTS, BLOCK_ROWS, NUM_BINS)
+    else:
+        k = (pid - 1).to(tl.int64) * BLOCK_X + tl.arange(0, BLOCK_X)
+        ok = k < x_numel
+        x = tl.load(x_ptr + k, mask=ok, other=0.0).to(tl.float32)
+        tl.store(x_pairs_ptr + _pairs_position(k), (x * PAIRS_ACT_SCALE).to(tl.bfloat16), mask=ok)
+
+
+@triton.jit
+def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                          num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          MUL_PAIRS: tl.constexpr):
+    """Program (touched expert slot, block of BLOCK_N intermediate columns): the 2*BLOCK_N interleaved
+    gate/up rows of its expert against up to BLOCK_M of its routed rows per pass, then the clamped SwiGLU,
+    stored bf16 times 2**PAIRS_ACT_SHIFT in the pair order. ``x_ptr``: pair-ordered x [B, H] from
+    ``_route_pairs_kernel``; ``w13_ptr``: the repacked weights as int32 words [E, 2I, H/8]."""
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+    w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
+    w_ptrs, s_ptrs = _pairs_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kg = tl.arange(0, 32)
+    for m0 in range(row_begin, row_end, BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = m < row_end
+        rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0)
+        a_ptrs = x_ptr + (rows // TOP_K).to(tl.int64)[:, None] * hidden + kg[None, :]
+        acc = _pairs_rows(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K, MUL_PAIRS)
+        gate, up = tl.split(tl.reshape(tl.trans(acc * PAIRS_UNBIAS), [BLOCK_M, BLOCK_N, 2]))
+        act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE
+        tl.store(act_ptr + rows.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :],
+                 act.to(tl.bfloat16), mask=m_ok[:, None])
+
+
+@triton.jit
+def _down_pairs_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
+                       active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr):
+    """Program (touched expert slot, block of BLOCK_N hidden columns): the down projection of up to
+    BLOCK_M routed rows per pass (pair-ordered SwiGLU rows from the gate/up launch), times the routing
+    weight, into fp32 ``y [B*top_k, H]``; ``w2_ptr``: int32 words [E, H, I/8]."""
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_ptrs, s_ptrs = _pairs_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter)
+    kg = tl.arange(0, 32)
+    for m0 in range(row_begin, row_end, BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = m < row_end
+        rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
+        a_ptrs = act_ptr + rows[:, None] * inter + kg[None, :]
+        acc = _pairs_rows(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M, BLOCK_K, MUL_PAIRS)
+        weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rows[None, :] * hidden + n[:, None], acc * PAIRS_UNBIAS * weight[None, :],
+                 mask=m_ok[None, :])
+
+
 @triton.jit
 def _to_bf16_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -913,7 +1068,10 @@ UPCASTS = ("dot_scaled", "regs", "split_f32", "split_bf16")
 # No tensor core: the CUDA-core weight-streaming GEMV (_gate_up_gemv_kernel / _down_gemv_kernel), one
 # or two routed rows per pass over a weight block. ``upcast`` takes it beside the GEMM upcasts.
 GEMV = "gemv"
-FORWARD_UPCASTS = UPCASTS + (GEMV,)
+# Tensor cores on int32 weight words turned into bf16 pairs (_gate_up_pairs_kernel / _down_pairs_kernel),
+# E8M0 scale per 32-group on the MMA result, activations pre-ordered by the routing launch.
+PAIRS = "pairs"
+FORWARD_UPCASTS = UPCASTS + (GEMV, PAIRS)
 _SPLIT_NIBBLES = {"split_f32": SCALE_MATH_F32, "split_bf16": SCALE_MATH_BF16}
 
 
@@ -1129,6 +1287,14 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
             upcast = default_gemm_upcast(num_rows, inter)
     if upcast not in FORWARD_UPCASTS:
         raise ValueError(f"upcast must be one of {FORWARD_UPCASTS}, got {upcast!r}")
+    if upcast == PAIRS:
+        if act_mxfp8 or split_k not in (None, "off"):
+            raise ValueError(f"upcast='pairs' takes bf16 activations and no split_k, got act_mxfp8={act_mxfp8}, "
+                             f"split_k={split_k!r}")
+        for name, launch in pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
+                                           swiglu_limit, configs):
+            launch()
+        return out
     if upcast == GEMV:
         if act_mxfp8 or split_k not in (None, "off"):
             raise ValueError(f"upcast='gemv' takes bf16 activations and no split_k, got act_mxfp8={act_mxfp8}, "
@@ -1396,6 +1562,92 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     return list(zip(GEMV_LAUNCH_NAMES, (route_step, gate_up, down, topk_sum)))
 
 
+@dataclasses.dataclass(frozen=True)
+class PairsConfig:
+    """Tile of the tensor-core pairs decode: ``block_n`` output columns per program (gate/up: intermediate
+    columns, i.e. 2*block_n weight rows, the MMA's M side), ``block_k`` K values per loop step (a multiple
+    of 32: one MMA + scale FFMA per 32-group), ``block_m`` routed rows per pass (the MMA's N side, >= 16),
+    ``mul_pairs``: nibble pairs placed by a multiply (3 instead of 4 integer instructions per pair)."""
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int = 3
+    block_m: int = 16
+    mul_pairs: bool = False
+
+    def label(self) -> str:
+        return (f"n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
+                + (f"m{self.block_m}" if self.block_m != 16 else "") + ("mul" if self.mul_pairs else ""))
+
+
+PAIRS_X_BLOCK = 1024  # activations one program of the pairs routing launch reorders
+
+
+def pairs_configs(num_rows: int, inter: int) -> tuple[PairsConfig, PairsConfig]:
+    """(gate/up, down) tiles of the pairs decode (selectable through ``upcast="pairs"``)."""
+    return PairsConfig(32, 128, 4), PairsConfig(64, min(128, inter), 4)
+
+
+def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
+                   configs=None) -> list:
+    """The pairs forward as its four launches ``[(name, fn)]`` (:data:`GEMV_LAUNCH_NAMES`): routing + x in
+    the pair order, gate/up, down, top-k sum, over buffers sized by the shapes only (graph-capturable).
+    Inputs as validated by :func:`moe_mxfp4_forward`; up to ``ROUTE_TRITON_MAX_ROWS`` routed rows."""
+    batch, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    num_rows = batch * top_k
+    if num_rows > ROUTE_TRITON_MAX_ROWS:
+        raise ValueError(f"upcast='pairs' is a decode form: at most {ROUTE_TRITON_MAX_ROWS} routed rows "
+                         f"(B*top_k), got {num_rows}")
+    gu_cfg, dn_cfg = configs if configs else pairs_configs(num_rows, inter)
+    if not (isinstance(gu_cfg, PairsConfig) and isinstance(dn_cfg, PairsConfig)):
+        raise ValueError(f"configs for upcast='pairs' must be two PairsConfig, got {configs!r}")
+    gu_k, dn_k = min(gu_cfg.block_k, hidden), min(dn_cfg.block_k, inter)
+    if (inter % gu_cfg.block_n or hidden % dn_cfg.block_n or gu_k % 32 or dn_k % 32 or hidden % gu_k
+            or inter % dn_k or min(gu_cfg.block_m, dn_cfg.block_m, 2 * gu_cfg.block_n, dn_cfg.block_n) < 16):
+        raise ValueError(f"pairs tiles {configs!r} do not fit H={hidden}, I={inter} (block_k a multiple of 32 "
+                         f"dividing K, block_n dividing the outputs, MMA sides >= 16)")
+    device = x.device
+    ids = topk_ids.contiguous()
+    weights = topk_weights.contiguous()
+    sorted_rows = torch.empty(num_rows, dtype=torch.int32, device=device)
+    expert_start = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    active_experts = torch.empty(num_experts, dtype=torch.int32, device=device)
+    num_active = torch.empty(1, dtype=torch.int32, device=device)
+    x_pairs = torch.empty(batch, hidden, dtype=torch.bfloat16, device=device)
+    act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=device)
+    y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)
+    slots = min(num_rows, num_experts)
+
+    def route_step():
+        _route_pairs_kernel[(1 + triton.cdiv(x.numel(), PAIRS_X_BLOCK),)](
+            ids, num_rows, sorted_rows, expert_start, active_experts, num_active, x, x_pairs, x.numel(),
+            NUM_EXPERTS=num_experts, BLOCK_ROWS=triton.next_power_of_2(max(num_rows, 16)),
+            NUM_BINS=triton.next_power_of_2(num_experts + 1), BLOCK_X=PAIRS_X_BLOCK, num_warps=4)
+
+    def gate_up():
+        _gate_up_pairs_kernel[(slots, inter // gu_cfg.block_n)](
+            x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts,
+            num_active, act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m,
+            BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs, num_warps=gu_cfg.num_warps,
+            num_stages=gu_cfg.num_stages)
+
+    def down():
+        _down_pairs_kernel[(slots, hidden // dn_cfg.block_n)](
+            act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
+            num_active, y, hidden, inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
+            MUL_PAIRS=dn_cfg.mul_pairs, num_warps=dn_cfg.num_warps, num_stages=dn_cfg.num_stages)
+
+    def topk_sum():
+        _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
+            y, ids, out, hidden, 0, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, SPLITS=1,
+            num_warps=4)
+
+    return list(zip(GEMV_LAUNCH_NAMES, (route_step, gate_up, down, topk_sum)))
+
+
 def dequant_nibbles(packed: torch.Tensor, scale: torch.Tensor, upcast: str = "split_bf16") -> torch.Tensor:
     """``[N, K/2]`` packed e2m1 + ``[N, K/32]`` E8M0 -> float32 ``[N, K]`` through the split-nibble
     upcast the GEMMs use (``upcast`` "split_f32" or "split_bf16"): its values must equal
@@ -1466,6 +1718,24 @@ def _down_gemv_sig(x_f32=False):
             "num_active_ptr": "*i32", "y_ptr": "*fp32", "num_rows": "i32", "hidden": "i32", "inter": "i32",
             "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "TWO_ROWS": "constexpr", "SPLIT_K": "constexpr",
             "PREFETCH": "constexpr", "X_F32": "constexpr"}
+
+
+def _gate_up_pairs_sig():
+    return {"x_ptr": "*bf16", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32",
+            "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "act_ptr": "*bf16",
+            "hidden": "i32", "inter": "i32", "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_M": "constexpr",
+            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MUL_PAIRS": "constexpr"}
+
+
+def _down_pairs_sig():
+    return {"act_ptr": "*bf16", "w2_ptr": "*i32", "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32",
+            "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
+            "num_active_ptr": "*i32", "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_M": "constexpr",
+            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MUL_PAIRS": "constexpr"}
+
+
+# pairs tiles compiled beside pairs_configs (the device run's candidates)
+PAIRS_AOT_EXTRA = ((PairsConfig(32, 128, 4, mul_pairs=True), PairsConfig(64, 128, 4, mul_pairs=True)),)
 
 
 # GEMV forms compiled beside the defaults (selectable through ``configs``, measured slower on the H200 in
@@ -1567,6 +1837,37 @@ def aot_configs() -> list[AotConfig]:
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages or 1, div16=("hidden", "inter"),
                     forbid_opcodes=TENSOR_CORE_OPCODES,
                     note="CUDA-core GEMV decode" + ("" if shipped else " (selectable, not a default)")))
+    # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
+    for tp in SUPPORTED_TP:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        for gu_cfg, dn_cfg in (pairs_configs(TOP_K, inter),) + PAIRS_AOT_EXTRA:
+            for kind, kernel, sig, cfg, k_len in (("gate_up", _gate_up_pairs_kernel, _gate_up_pairs_sig(), gu_cfg,
+                                                   HIDDEN_SIZE),
+                                                  ("down", _down_pairs_kernel, _down_pairs_sig(), dn_cfg, inter)):
+                block_k = min(cfg.block_k, k_len)
+                if kind == "gate_up" and inter % cfg.block_n:
+                    continue
+                cfg = dataclasses.replace(cfg, block_k=block_k)
+                if (kind, PAIRS, cfg) in seen:
+                    continue
+                seen.add((kind, PAIRS, cfg))
+                constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": block_k,
+                              "MUL_PAIRS": cfg.mul_pairs}
+                if kind == "gate_up":
+                    constexprs["TOP_K"] = TOP_K
+                configs.append(AotConfig(
+                    name=f"moe_mxfp4_{kind}_pairs_{cfg.label()}",
+                    kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps,
+                    num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",),
+                    note="tensor-core pairs decode (selectable, not a default)"))
+    configs.append(AotConfig(
+        name="moe_mxfp4_route_pairs", kernel=_route_pairs_kernel,
+        signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",
+                   "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
+                   "x_ptr": "*bf16", "x_pairs_ptr": "*bf16", "x_numel": "i32", "NUM_EXPERTS": "constexpr",
+                   "BLOCK_ROWS": "constexpr", "NUM_BINS": "constexpr", "BLOCK_X": "constexpr"},
+        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": 512, "NUM_BINS": 512, "BLOCK_X": PAIRS_X_BLOCK},
+        num_warps=4, div16=("x_numel",), note="routing + x -> bf16 pair order (pairs decode)"))
     configs.append(AotConfig(
         name="moe_mxfp4_route_x_f32", kernel=_route_x_f32_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",

@@ -1,8 +1,16 @@
 #!/usr/bin/env python3
 """Device run (round 3): fewer instructions per weight value in the CUDA-core GEMV MoE decode, H200.
+``--pairs`` (round 4): the tensor-core pairs decode (``upcast="pairs"``) beside the defaults.
 
     python3 tools/device_moe_mxfp4_gemv.py --out $OUT        # device (no carry: no upstream code)
     python3 tools/device_moe_mxfp4_gemv.py --smoke --out DIR  # CPU interpreter, tiny shapes: the logic
+    python3 tools/device_moe_mxfp4_gemv.py --pairs [--smoke] --out $OUT
+
+Round 4 (``--pairs``): T in (1, 4), B in (1, 8, 32, 64); per (T, B) the shipped default, then the pairs
+decode (int32 weight words -> bf16 pairs with a few integer ops per two values, bf16 MMA with the weights
+as the M side and up to 16 routed rows as N, E8M0 scale per 32-group on the MMA result, activations
+pre-ordered by the routing launch; cp.async-pipelined weight loads) at several tiles. Same reference
+check, graphs, rotation and launch-by-launch breakdown (B = 1) as round 3.
 
 Full DeepSeek-V4-Flash expert shapes (256 experts, H = 4096, I = 2048/T) for T in (1, 4) and B in
 (1, 8, 64), top-6 routing as SGLang's (distinct experts per token, weights with the 1.5 routed scale
@@ -53,35 +61,61 @@ GEMV_CANDIDATES = [
 SMOKE_CANDIDATES = [(G(8, 128, 4, x_f32=True), G(16, 128, 4, x_f32=True)),
                     (G(4, 64, 4, x_f32=True), G(8, 32, 4, x_f32=True))]
 DEADLINE_S = 105  # later cases are skipped (the device limit of this run is 150 s)
+P = moe.PairsConfig
+PAIRS_CANDIDATES = [
+    (P(32, 128, 4), P(64, 128, 4)),
+    (P(32, 128, 4, mul_pairs=True), P(64, 128, 4, mul_pairs=True)),
+    (P(32, 256, 4, mul_pairs=True), P(64, 256, 4, mul_pairs=True)),
+    (P(16, 128, 4, mul_pairs=True), P(32, 128, 4, mul_pairs=True)),
+    (P(64, 128, 8, mul_pairs=True), P(128, 128, 8, mul_pairs=True)),
+    (P(64, 128, 4, mul_pairs=True), P(128, 128, 4, mul_pairs=True)),
+    (P(32, 128, 4, 4, mul_pairs=True), P(64, 128, 4, 4, mul_pairs=True)),
+    (P(32, 128, 4, 2, mul_pairs=True), P(64, 128, 4, 2, mul_pairs=True)),
+]
+PAIRS_SMOKE_CANDIDATES = [(P(16, 64, 4), P(32, 32, 4)), (P(16, 64, 4, mul_pairs=True), P(32, 32, 4, mul_pairs=True))]
+PAIRS_DEADLINE_S = 140  # the device limit of the round-4 run is 200 s
 
 
 def label(cfgs) -> str:
-    return f"gemv {cfgs[0].label()} / {cfgs[1].label()}"
+    kind = "pairs" if isinstance(cfgs[0], moe.PairsConfig) else "gemv"
+    return f"{kind} {cfgs[0].label()} / {cfgs[1].label()}"
+
+
+def launches_of(kw):
+    """The per-launch builder of a variant's form, or None (tensor-core GEMM path: no breakdown)."""
+    if kw.get("upcast") == moe.PAIRS:
+        return moe.pairs_launches
+    return moe.gemv_launches if kw.get("upcast") == moe.GEMV else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
     from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
 
+    parser.add_argument("--pairs", action="store_true")
+    args = parser.parse_args()
     if args.smoke:
         from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
 
         patch_bf16_dot()
         device, num_experts, hidden, tps, batches, copies, base_inter = "cpu", 8, 256, (1, 4), (1, 3), 2, 256
-        candidates = SMOKE_CANDIDATES
+        candidates = PAIRS_SMOKE_CANDIDATES if args.pairs else SMOKE_CANDIDATES
     else:
-        device, num_experts, hidden, tps, batches, copies, base_inter = (
-            "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), (1, 8, 64), 3, MOE_INTERMEDIATE_SIZE)
-        candidates = GEMV_CANDIDATES
+        device, num_experts, hidden, tps, copies, base_inter = (
+            "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
+        batches = (1, 8, 32, 64) if args.pairs else (1, 8, 64)
+        candidates = PAIRS_CANDIDATES if args.pairs else GEMV_CANDIDATES
+    deadline = PAIRS_DEADLINE_S if args.pairs else DEADLINE_S
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name="moe_mxfp4-h200-gemv3",
-        title="sm120 MoE decode, round 3: fewer instructions per weight value in the CUDA-core GEMV, DSv4-Flash shapes, H200",
+        name="moe_mxfp4-h200-run2" if args.pairs else "moe_mxfp4-h200-gemv3",
+        title=("sm120 MoE decode, round 4: tensor-core pairs decode vs the defaults, DSv4-Flash shapes, H200"
+               if args.pairs else
+               "sm120 MoE decode, round 3: fewer instructions per weight value in the CUDA-core GEMV, DSv4-Flash shapes, H200"),
         columns=["T", "B", "variant", "us", "touched_MB", "GB/s", "%copy", "rel_err", "vs_default",
                  "route_us", "gate_up_us", "down_us", "topk_sum_us"])
     result.extra.update({"copy bandwidth (GB/s, read+write, eager)": round(copy_gbs, 1),
@@ -98,8 +132,8 @@ def main() -> None:
     for tp, batch in cases:
         inter = base_inter // tp
         layers, ckpt = all_layers[tp]
-        if time.time() - t_start > DEADLINE_S:
-            result.notes.append(f"T={tp} B={batch}: skipped, past {DEADLINE_S} s into the run")
+        if time.time() - t_start > deadline:
+            result.notes.append(f"T={tp} B={batch}: skipped, past {deadline} s into the run")
             continue
         x, weights, ids = make_routing(batch, num_experts, hidden, device, seed=batch + tp)
         touched = moe.touched_expert_bytes(ids, hidden, inter, num_experts)
@@ -110,8 +144,10 @@ def main() -> None:
             old = f"{label(moe.gemv_configs(rows, inter))} (default)"
         else:
             old = f"tl.dot {up}, split {moe.default_split_k(rows, inter)} (default)"
-        variants = [(old, {})] + [(label(c), {"upcast": "gemv", "configs": c}) for c in candidates
-                                  if up != moe.GEMV or c != moe.gemv_configs(rows, inter)]
+        form = moe.PAIRS if args.pairs else moe.GEMV
+        variants = [(old, {"upcast": moe.GEMV} if up == moe.GEMV else {})]
+        variants += [(label(c), {"upcast": form, "configs": c}) for c in candidates
+                     if up != moe.GEMV or c != moe.gemv_configs(rows, inter)]
         times = {}
         for name, kw in variants:
             def per_layer(layer, kw=kw):
@@ -120,9 +156,10 @@ def main() -> None:
             try:
                 err = relative_error(per_layer(layers[0]), ref)
                 us = run(cycling(per_layer, layers))
-                if batch == 1 and (kw or up == moe.GEMV):  # launch-by-launch breakdown of the GEMV forms
+                build = launches_of(kw)
+                if batch == 1 and build is not None:  # launch-by-launch breakdown of the GEMV / pairs forms
                     outs = [torch.empty_like(x) for _ in layers]
-                    launches = [moe.gemv_launches(x, *layer, weights, ids, o, SWIGLU_LIMIT, kw.get("configs"))
+                    launches = [build(x, *layer, weights, ids, o, SWIGLU_LIMIT, kw.get("configs"))
                                 for layer, o in zip(layers, outs)]
                     for launch in launches[0]:
                         launch[1]()
@@ -147,6 +184,9 @@ def main() -> None:
     result.notes.append("vs_default = time of the default at the time of the run / time of this row (> 1: faster); "
                         "touched_MB = distinct experts x (w13 + w2 + E8M0 scales); weights rotate over "
                         f"{copies} layer copies; CUDA graphs of 12 calls, median of 15 replays")
+    if args.pairs:
+        result.notes.append("pairs labels: gate/up / down PairsConfig as n<block_n>k<block_k>w<warps>s<num_stages>, "
+                            "mul = nibble pairs placed by one multiply; 16 routed rows per MMA pass")
     result.notes.append("gemv labels: gate/up / down GemvConfig as n<block_n>k<block_k>w<warps>, s<K splits>, "
                         "p = register prefetch of the next K step, st<num_stages> (none: Triton's default 3), f = x_f32 "
                         "(activations as float32 in the word-pair order, multiply-placed nibble pairs); "

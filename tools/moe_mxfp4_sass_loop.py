@@ -60,9 +60,9 @@ def mma_loop(rows):
 
 def config(kind: str, upcast: str, tile: moe.GemmConfig) -> aot.AotConfig:
     constexprs = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "ACT_MXFP8": False,
-                  "DOT_SCALED": upcast == "dot_scaled", "SPLIT_NIBBLES": moe._SPLIT_NIBBLES.get(upcast, 0)}
+                  "DOT_SCALED": upcast == "dot_scaled", "SPLIT_NIBBLES": moe._SPLIT_NIBBLES.get(upcast, 0), "SPLIT_K": 1, "TOP_K": moe.TOP_K}
+    constexprs["ZERO_OUT" if kind == "gate_up" else "ATOMIC_OUT"] = False
     if kind == "gate_up":
-        constexprs["TOP_K"] = moe.TOP_K
         kernel, sig = moe._gate_up_kernel, moe._gate_up_sig(False)
     else:
         kernel, sig = moe._down_kernel, moe._down_sig(False)

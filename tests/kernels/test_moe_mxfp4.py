@@ -587,3 +587,133 @@ def test_gemv_aot_configs_forbid_tensor_cores():
     assert any(c.kernel is moe._down_gemv_kernel and c.constexprs["BLOCK_N"] == dn.block_n
                and c.signature["act_ptr"] == "*fp32" for c in x_f32)
     assert any(c.kernel is moe._route_x_f32_kernel for c in moe.aot_configs())
+
+
+# --- tensor-core pairs decode ----------------------------------------------------------------------
+# reduced tiles: gate/up 16 columns (32 weight rows), down 32 rows, K steps of 64 (two 32-groups)
+PAIRS_TILES = (moe.PairsConfig(16, 64, 4), moe.PairsConfig(32, 64, 4))
+
+
+def pairs_tiles(inter, mul_pairs=False, block_m=16):
+    return tuple(moe.PairsConfig(min(c.block_n, inter) if i == 0 else c.block_n, c.block_k, c.num_warps,
+                                 mul_pairs=mul_pairs, block_m=block_m) for i, c in enumerate(PAIRS_TILES))
+
+
+@pytest.mark.parametrize("mul_pairs", [False, True], ids=["shift_pairs", "mul_pairs"])
+@pytest.mark.parametrize("batch,inter", [(0, 64), (1, 256), (1, 128), (3, 64), (3, 32), (64, 32)])
+def test_pairs_forward_matches_reference(batch, inter, mul_pairs):
+    """Every per-rank I (reduced), B in 0/1/3/64 (more routed rows per expert than one 16-row pass at
+    B = 64 with 8 experts), both pair placements, NaN-poisoned output."""
+    experts = make_experts(inter)
+    weights, ids = make_routing(batch, "random")
+    x = make_x(batch)
+    out = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter, mul_pairs))
+    assert out.shape == (batch, HIDDEN) and out.dtype == torch.bfloat16
+    if batch:
+        assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
+
+
+@pytest.mark.parametrize("pattern", ["skewed", "duplicate", "invalid", "all_invalid"])
+def test_pairs_routing_patterns_clamp_and_poisoned_scratch(pattern):
+    """Skewed and duplicate experts, invalid ids, the clamp on and off, every scratch tensor NaN-poisoned
+    (each activation and output row the launches read must be written first)."""
+    inter = 32
+    experts = make_experts(inter)
+    weights, ids = make_routing(5, pattern)
+    x = make_x(5, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    unclamped = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kw):
+        t = real_empty(*args, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = poisoned_empty
+    try:
+        out = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter, block_m=32))
+        out_unclamped = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter), swiglu_limit=0.0)
+    finally:
+        torch.empty = real_empty
+    if pattern == "all_invalid":
+        assert torch.equal(out, torch.zeros_like(out))
+        return
+    assert rel(unclamped, ref) > 0.1  # the clamp is active
+    assert rel(out, ref) < 2e-2 and rel(out_unclamped, unclamped) < 2e-2
+
+
+@pytest.mark.parametrize("mul_pairs", [False, True], ids=["shift_pairs", "mul_pairs"])
+def test_pairs_dequantise_every_code_under_extreme_scales(mul_pairs):
+    """Every byte of the weights (both nibbles, all signs and codes, the 0.5 code as the bf16 subnormal
+    2**-127) under E8M0 bytes from 2**-127 up to 2**20: the pair bits and the per-group scale on the MMA
+    result give the reference's products."""
+    inter, hidden, batch = 32, 256, 2
+    g = torch.Generator().manual_seed(5)
+    w13 = (torch.arange(2 * inter * hidden // 2) % 256).to(torch.uint8).reshape(1, 2 * inter, hidden // 2)
+    w13 = w13.view(torch.int8).repeat(2, 1, 1)
+    s13 = torch.randint(0, 148, (2, 2 * inter, hidden // MXFP4_GROUP), dtype=torch.uint8, generator=g)
+    s13[0, :, 0] = 0  # the 2**-127 subnormal scale
+    w2 = torch.randint(-128, 128, (2, hidden, inter // 2), dtype=torch.int8, generator=g)
+    s2 = torch.randint(118, 124, (2, hidden, inter // MXFP4_GROUP), dtype=torch.uint8, generator=g)
+    experts = [t.to(DEVICE) for t in (w13, s13.view(torch.float8_e8m0fnu), w2, s2.view(torch.float8_e8m0fnu))]
+    x = make_x(batch, scale=1e-3)
+    ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32, device=DEVICE)
+    weights = torch.ones(batch, 2, device=DEVICE)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
+    out = run(x, experts, weights, ids, upcast="pairs", swiglu_limit=0.0,
+              configs=(moe.PairsConfig(32, 256, 4, mul_pairs=mul_pairs), moe.PairsConfig(32, 32, 4, mul_pairs=mul_pairs)))
+    assert torch.isfinite(ref).all() and torch.isfinite(out).all() and rel(out, ref) < 2e-2
+
+
+def test_pairs_layout_launches_and_validation():
+    """The routing launch writes x * 2**PAIRS_ACT_SHIFT in the pair order (exact, a permutation within each
+    8 values), the four launches repeated give the forward again, and bad arguments are refused."""
+    inter, batch = 64, 3
+    experts = make_experts(inter)
+    weights, ids = make_routing(batch, "skewed")
+    x = make_x(batch)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    w13r, s13r = repacked(*experts[:2])
+    out = torch.full_like(x, float("nan"))
+    launches = moe.pairs_launches(x, w13r, s13r, *experts[2:], weights, ids, out, configs=pairs_tiles(inter))
+    assert [name for name, _ in launches] == list(moe.GEMV_LAUNCH_NAMES) and len(launches) == moe.LAUNCHES_PER_FORWARD
+    assert_launches_repeat_the_forward(launches, out, ref)
+    # nibble j + 4h of word w (value 8w + j + 4h) at 8w + 4 (j % 2) + 2 (j // 2) + h
+    k = torch.arange(HIDDEN)
+    j, h = k % 4, (k // 4) % 2
+    position = (k // 8) * 8 + 4 * (j % 2) + 2 * (j // 2) + h
+    assert sorted(position.tolist()) == list(range(HIDDEN))
+    expected = torch.empty(batch, HIDDEN)
+    expected[:, position] = x.float().cpu() * 2.0 ** 32
+    x_pairs = torch.full((batch, HIDDEN), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    routing = [torch.empty(n, dtype=torch.int32, device=DEVICE) for n in (batch * TOP_K, NUM_EXPERTS + 1, NUM_EXPERTS, 1)]
+    moe._route_pairs_kernel[(1 + triton.cdiv(x.numel(), 128),)](
+        ids, batch * TOP_K, *routing, x, x_pairs, x.numel(), NUM_EXPERTS=NUM_EXPERTS, BLOCK_ROWS=32,
+        NUM_BINS=16, BLOCK_X=128)
+    assert torch.equal(x_pairs.float().cpu(), expected)
+    assert int(routing[3]) == len(torch.unique(ids))
+    with pytest.raises(ValueError, match="PairsConfig"):
+        run(x, experts, weights, ids, upcast="pairs", configs=SPLIT_TILES)
+    with pytest.raises(ValueError, match="pairs tiles"):
+        run(x, experts, weights, ids, upcast="pairs", configs=(moe.PairsConfig(16, 48, 4), PAIRS_TILES[1]))
+    with pytest.raises(ValueError, match="pairs tiles"):  # the down MMA's M side below 16
+        run(x, experts, weights, ids, upcast="pairs", configs=(PAIRS_TILES[0], moe.PairsConfig(8, 64, 4)))
+    with pytest.raises(ValueError, match="pairs"):
+        run(x, experts, weights, ids, upcast="pairs", split_k=(2, 1))
+    with pytest.raises(ValueError, match="pairs"):
+        run(x, experts, weights, ids, upcast="pairs", act_mxfp8=True)
+    many = moe.ROUTE_TRITON_MAX_ROWS // TOP_K + 1
+    big_w, big_ids = make_routing(many, "random")
+    with pytest.raises(ValueError, match="decode form"):
+        run(make_x(many), experts, big_w, big_ids, upcast="pairs")
+
+
+def test_pairs_aot_configs_expect_tensor_cores():
+    pairs = [c for c in moe.aot_configs() if "_pairs_" in c.name]
+    for tp in SUPPORTED_TP:
+        gu, dn = moe.pairs_configs(TOP_K, 2048 // tp)
+        assert any(c.kernel is moe._gate_up_pairs_kernel and c.constexprs["BLOCK_N"] == gu.block_n for c in pairs)
+        assert any(c.kernel is moe._down_pairs_kernel and c.constexprs["BLOCK_K"] == min(dn.block_k, 2048 // tp)
+                   for c in pairs)
+    assert all(c.expect_opcodes == ("HMMA.16816.F32.BF16",) for c in pairs)
+    assert any(c.kernel is moe._route_pairs_kernel for c in moe.aot_configs())
