@@ -56,9 +56,18 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
   ``MID_PREFETCH`` issues the next tile's raw KV after the current tile's QK product instead, so
   the raw registers of two tiles are never live together (the 32-head form at >= 64 rows with few
   candidates; in the 64-head form it was 5% slower than no prefetch at C4 B=64, H200 run 5).
+  The 64-head form (no register prefetch) instead asks L2 for the next tile's 128-byte lines with
+  ``prefetch.global.L2`` (``L2_PREFETCH``: one instruction per thread, no data registers), slots
+  two tiles ahead: 1.008-1.035x on the H200 (run 6), slower in the 32-head forms.
+* **Lazy rescale was measured and is off.** ``LAZY_RESCALE`` keeps each head's reference max until
+  some head's tile max exceeds it by more than 2^t, so the 64 x 512 fp32 accumulator is not
+  multiplied every tile. It halves nothing that limits the H200: 0.73x in the 64-head form
+  (whose products are wgmma on sm_90), 0.97-1.00x in the others (run 6). It stays selectable.
 * **Split-K over candidates.** The grid is ``(head_blocks * splits, B * s_q)``; split ``j`` takes
-  a contiguous run of the row's live tiles, so B=1 spreads over the GPU. Splits write fp32
-  (acc, max, sum) partials and one small combine kernel (all splits of a 16-head block loaded in
+  a contiguous run of the row's live tiles, so B=1 spreads over the GPU. Splits write (acc, max,
+  sum) partials (acc in bf16 where ``PARTIAL_BF16``: at C4 B=64 the fp32 partials were 16.8 MB
+  written and read back; H200 run 7: 1.03-1.07x at H=64 for one more bf16 rounding, relative
+  error 1.7e-3 -> 2.4e-3) and one small combine kernel (all splits of a 16-head block loaded in
   one round trip) merges them, applies the sink and writes ``out`` and ``lse``. A first version
   merged in the last-arriving split (atomic ticket): that single program's serial L2 reads cost
   ~20-30 us at B=1, more than the launch it saved. With one split there is no scratch and no
@@ -93,8 +102,12 @@ LN2 = 0.6931471805599453
 # 4-warp forms that fit sm_120a (16 heads x 16 candidates; 32 heads x 16 without prefetch) were
 # never the fastest form of a run-4 cell.
 # QK_CHAINS=2 (two independent QK accumulation chains) measured no gain and stays off.
+# PARTIAL_BF16 (split-K partial accumulators in bf16, half the partial traffic) at H=64: H200 run 7
+# (benchmarks/sparse_mla_decode-h200-run7-summary.md) C4 B=16 29.39 -> 28.34 us; at H=32 (B=64) and
+# H=16 (B=16) it was within 1%, so those stay fp32.
 LAUNCH_CONFIGS = {
-    64: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1),
+    64: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, PARTIAL_BF16=True, num_warps=8,
+             num_stages=1),
     32: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1),
     16: dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1),
 }
@@ -108,10 +121,14 @@ LAUNCH_CONFIGS = {
 # L2_PREFETCH (H200 run 6, benchmarks/sparse_mla_decode-h200-run6-summary.md): the next tile's
 # lines requested from L2 while this tile computes, 1.008-1.035x in every cell of this form (C4 8K
 # B=64: 74.13 -> 72.50 us); 228 registers, 98304 B on sm_120a. LAZY_RESCALE was 0.73x here.
-LARGE_BATCH_CONFIGS = {
-    64: (32, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True, ROW_SCALES=True, num_warps=8,
-                  num_stages=1)),
-}
+# PARTIAL_BF16 (H200 run 7): 1.034-1.067x in every cell of this form (C4 B=32 44.00 -> 41.24 us).
+_BH64_LARGE = dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True, ROW_SCALES=True, PARTIAL_BF16=True,
+                   num_warps=8, num_stages=1)
+LARGE_BATCH_CONFIGS = {64: (32, _BH64_LARGE)}
+# From this many rows on, the same form's combine programs take up to 128 columns (COMBINE_COLS):
+# H200 run 7 at 64 rows (2 splits: 256 combine programs) C4 8K B=64 69.85 -> 68.30 us, C4 64K
+# 70.12 -> 68.52, B=32 s_q=2 69.86 -> 67.95; at 32 rows (4 splits: 128 programs) it was 0.84x.
+WIDE_COMBINE_CONFIGS = {64: (64, dict(_BH64_LARGE, COMBINE_COLS=128))}
 # Measured crossover lies between 192 (slower) and 640 (faster) candidates per row; 384 (C128 at
 # 32K context) is not measured.
 LARGE_BATCH_MIN_CANDIDATES = 384
@@ -628,7 +645,8 @@ def launch_config_for(num_heads: int, rows: int, candidates: int | None = None) 
     large = LARGE_BATCH_CONFIGS.get(heads)
     if large is not None and rows >= large[0]:
         if candidates is None or candidates >= LARGE_BATCH_MIN_CANDIDATES:
-            return large[1]
+            wide = WIDE_COMBINE_CONFIGS.get(heads)
+            return wide[1] if wide is not None and rows >= wide[0] else large[1]
         few = FEW_CANDIDATES_CONFIGS.get(heads)
         if few is not None and rows >= few[0]:
             return few[1]
@@ -885,6 +903,7 @@ def _shipped_configs():
     """(name suffix, padded heads, config) for every default launch configuration."""
     out = [(f"h{heads}", heads, cfg) for heads, cfg in LAUNCH_CONFIGS.items()]
     out += [(f"h{heads}_rows{rows}", heads, cfg) for heads, (rows, cfg) in LARGE_BATCH_CONFIGS.items()]
+    out += [(f"h{heads}_rows{rows}_wide_combine", heads, cfg) for heads, (rows, cfg) in WIDE_COMBINE_CONFIGS.items()]
     out += [(f"h{heads}_rows{rows}_few_candidates", heads, cfg)
             for heads, (rows, cfg) in FEW_CANDIDATES_CONFIGS.items()]
     out += [(f"h{heads}_upto{rows}rows", heads, cfg) for heads, (rows, cfg) in SMALL_BATCH_CONFIGS.items()]
@@ -893,7 +912,12 @@ def _shipped_configs():
 
 def aot_configs() -> list[AotConfig]:
     configs = []
+    seen = []
     for suffix, heads, cfg in _shipped_configs():
+        kernel_cfg = (heads, {k: v for k, v in cfg.items() if k != "COMBINE_COLS"})  # the combine's width only
+        if kernel_cfg in seen:
+            continue
+        seen.append(kernel_cfg)
         constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                           HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
                           PREFETCH_KV=cfg["PREFETCH_KV"], ROW_SCALES=cfg.get("ROW_SCALES", False),
@@ -911,6 +935,10 @@ def aot_configs() -> list[AotConfig]:
         for splits in range(2, MAX_SPLITS + 1):
             widest[combine_cols(splits, cfg.get("COMBINE_COLS", 32))] = splits
         for cols, splits in sorted(widest.items()):
+            key = (_partial_type(cfg), cfg["BLOCK_H"], heads, cols, triton.next_power_of_2(splits))
+            if key in seen:  # the same combine as an earlier config's
+                continue
+            seen.append(key)
             configs.append(AotConfig(
                 name=f"sparse_mla_combine_{suffix}_s{splits}", kernel=sparse_mla_combine_kernel,
                 signature={"part_acc_ptr": _partial_type(cfg), "part_ml_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32",

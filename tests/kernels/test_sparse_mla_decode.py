@@ -259,9 +259,14 @@ LAUNCH_FORMS = {
     "bh16_lazy_at_h64": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, LAZY_RESCALE=8.0,
                                   num_warps=8, num_stages=1)),
     # run 7: bf16 split-K partial accumulators and wider combine programs
-    "bh64_bn16_l2_prefetch_bf16_partials": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True,
-                                                     L2_PREFETCH=True, PARTIAL_BF16=True, COMBINE_COLS=128,
-                                                     num_warps=8, num_stages=1)),
+    "bh64_bn16_l2_prefetch_bf16_partials": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True,
+                                                     ROW_SCALES=True, PARTIAL_BF16=True, num_warps=8,
+                                                     num_stages=1)),
+    "bh64_bn16_l2_prefetch_bf16_partials_cols128": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False,
+                                                             L2_PREFETCH=True, ROW_SCALES=True, PARTIAL_BF16=True,
+                                                             num_warps=8, num_stages=1, COMBINE_COLS=128)),
+    "bh32_bf16_partials": (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, PARTIAL_BF16=True,
+                                    num_warps=8, num_stages=1)),
     "bh16_bf16_partials_at_h64": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True,
                                            PARTIAL_BF16=True, num_warps=8, num_stages=1)),
 }
@@ -324,7 +329,13 @@ def test_default_launch_config_by_heads_and_rows():
     assert smd.launch_config_for(64, rows) is large and large["BLOCK_H"] == 64
     assert smd.launch_config_for(8, 4 * rows) is smd.LAUNCH_CONFIGS[16]
     # the large-batch form is one of the launch forms checked above against the reference
-    assert large == LAUNCH_FORMS["bh64_bn16_l2_prefetch"][1]
+    assert large == LAUNCH_FORMS["bh64_bn16_l2_prefetch_bf16_partials"][1]
+    assert smd.LAUNCH_CONFIGS[64] == LAUNCH_FORMS["bh32_bf16_partials"][1]
+    # from more rows on, the same kernel with wider combine programs
+    wide_rows, wide = smd.WIDE_COMBINE_CONFIGS[64]
+    assert wide_rows > rows
+    assert smd.launch_config_for(64, wide_rows - 1) is large and smd.launch_config_for(64, wide_rows) is wide
+    assert wide == LAUNCH_FORMS["bh64_bn16_l2_prefetch_bf16_partials_cols128"][1]
 
 
 def test_default_launch_config_by_candidates_per_row():
