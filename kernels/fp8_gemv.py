@@ -12,7 +12,9 @@ by the last CTA of each tile (a self-resetting per-weight counter), so a call is
 Launch forms (``GemvConfig``; ``default_config`` picks one from the H200 runs in ``benchmarks/``):
 the 1-row FMA form and the 16/32-row tensor-core form of ``_block_fp8_gemv_kernel``, and the rows
 form ``_block_fp8_gemv_rows_kernel`` (1, 2, 4 or 8 rows share each dequantised weight chunk on CUDA
-cores), used at 2 rows and, one-shot (a program's whole K in flight), at 1 row for short K.
+cores), used at 2 rows and, one-shot (a program's whole K in flight), at 1 row for short K; and the FP8
+tensor-core form ``_block_fp8_gemv_fp8mma_kernel`` (the e4m3 weight fed to e4m3 MMAs as loaded, each bf16
+activation row split exactly into two e4m3 terms in registers), used at 2..8 rows on large weights.
 
 Layout (what SGLang hands over):
 
@@ -396,12 +398,172 @@ def _block_fp8_gemv_rows_kernel(
             tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call (graph replays)
 
 
+# FP8 tensor-core form: the weight goes to the MMA as e4m3 with no dequantisation; each bf16
+# activation row is split per 128-wide K block into two e4m3 terms in registers.
+_E4M3_MAX = tl.constexpr(448.0)
+_LO_FACTOR = tl.constexpr(16.0)  # lo carries the residual times 16 (4 more significant bits)
+
+
+@triton.jit
+def _round_to_e4m3_grid(v):
+    """fp32 ``v`` rounded to nearest-even on 3 mantissa bits in integer arithmetic, so a later cast to
+    e4m3 is exact for normal values (the interpreter's fp32 -> e4m3 cast drops the rounding carry into
+    the exponent; the GPU's rounds, and gets the same result)."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _to_e4m3(v):
+    """fp32 ``v`` (|v| <= 448) -> e4m3, rounded to nearest-even."""
+    return _round_to_e4m3_grid(v).to(tl.float8e4nv)
+
+
+@triton.jit
+def _pow2_activation_scale(x):
+    """Per row of fp32 ``x [R, BLOCK_K]``: the power of two at or above amax / 448 (amax 0 -> a tiny
+    power of two, all zeros), so that x / s is exact and within e4m3's range."""
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-30)
+    s_bits = (amax / _E4M3_MAX).to(tl.int32, bitcast=True)
+    return ((s_bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)  # 2^ceil(log2(amax / 448))
+
+
+@triton.jit
+def _split_activation_joined(x):
+    """The split of _split_activation_e4m3 on BLOCK_M distinct rows (no duplicated loads or arithmetic):
+    fp32 ``x [BM, BLOCK_K]`` -> (e4m3 q [2*BM, BLOCK_K], fp32 column scale [2*BM]), rows 0..BM-1 hi,
+    rows BM..2*BM-1 lo, both joined before one exact cast."""
+    BM: tl.constexpr = x.shape[0]
+    BK: tl.constexpr = x.shape[1]
+    s = _pow2_activation_scale(x)
+    v = x * (1.0 / s)[:, None]
+    hi = _to_e4m3(v).to(tl.float32)
+    lo = _round_to_e4m3_grid((v - hi) * _LO_FACTOR)
+    q = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), (2 * BM, BK)).to(tl.float8e4nv)
+    x_scale = tl.reshape(tl.permute(tl.join(s, s / _LO_FACTOR), (1, 0)), (2 * BM,))
+    return q, x_scale
+
+
+@triton.jit
+def _split_activation_e4m3(x, is_lo):
+    """Rows of fp32 ``x [R, BLOCK_K]`` -> (e4m3 q, fp32 column scale [R]) with x ~= scale * q, where a
+    row with ``is_lo`` holds the residual term: per row, s = the power of two at or above amax / 448
+    (amax 0 -> tiny s, all zeros), hi = e4m3(x / s), lo = e4m3((x / s - hi) * 16), x = s * (hi + lo / 16).
+    x / s is exact (power-of-two s) and for bf16 x the residual of a 4-bit hi is a small integer times a
+    power of two, so hi + lo / 16 reproduces x exactly down to s * 2^-13 (e4m3 subnormals)."""
+    s = _pow2_activation_scale(x)
+    v = x * (1.0 / s)[:, None]
+    hi = _to_e4m3(v).to(tl.float32)
+    q = _to_e4m3(tl.where(is_lo[:, None], (v - hi) * _LO_FACTOR, v))
+    return q, tl.where(is_lo, s / _LO_FACTOR, s)
+
+
+@triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
+def _block_fp8_gemv_fp8mma_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+    M, N, K,
+    stride_xm, stride_xg,
+    stride_wg, stride_wn,
+    stride_sg, stride_sn,
+    stride_ym, stride_yg,
+    stride_freq,
+    k_blocks_per_split, num_splits,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
+    JOIN: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
+):
+    """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
+    K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
+
+    The FP8 weight tile is the MMA's M side, as loaded (no conversion); the N side is 2*BLOCK_M columns:
+    column j < BLOCK_M holds row j's hi term, column BLOCK_M + j its lo term (both e4m3, split in
+    registers by _split_activation_e4m3). Each block's fp32 product is scaled per column by
+    weight scale x activation scale, so hi and lo columns accumulate separately and are added once at
+    the end. On sm_90 this is wgmma e4m3, on sm_120 mma.sync e4m3 (QMMA): the weight bytes never pass
+    through CUDA-core conversions. JOIN loads and splits the BLOCK_M distinct rows once and joins hi and
+    lo into the 2*BLOCK_M columns (half the activation work of loading each row for both halves);
+    K_UNROLL 128-wide blocks per loop iteration (more weight bytes per pipeline stage)."""
+    tl.static_assert(BLOCK_K % BLOCK_N == 0)
+    TWO_M: tl.constexpr = 2 * BLOCK_M
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_g = tl.program_id(2)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // n_tiles
+    pid_n = pid % n_tiles
+
+    col = tl.arange(0, TWO_M)
+    is_lo = col >= BLOCK_M
+    rm_col = pid_m * BLOCK_M + (col % BLOCK_M)  # the activation row behind each MMA column
+    col_valid = rm_col < M
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_mask = rn < N
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if JOIN:  # activation rows as they are
+        x_row_ids = rm
+    else:  # activation row behind each MMA column
+        x_row_ids = rm_col
+    x_valid = x_row_ids < M
+    x_rows = x_ptr + pid_g * stride_xg + x_row_ids[:, None] * stride_xm
+    w_rows = w_ptr + pid_g * stride_wg + rn[:, None] * stride_wn  # [BN, 1]
+    s_row = s_ptr + pid_g * stride_sg + (pid_n * BLOCK_N // BLOCK_K) * stride_sn
+    freq_rows = freqs_ptr
+    if INV_ROPE:
+        pos = tl.load(pos_ptr + x_row_ids, mask=x_valid, other=0)
+        freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
+
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    kb_begin = pid_k * k_blocks_per_split
+    kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
+    k_stop = tl.minimum(kb_end * BLOCK_K, K)
+
+    acc = tl.zeros((BLOCK_N, TWO_M), tl.float32)
+    for kb0 in range(kb_begin, kb_end, K_UNROLL):
+        for u in tl.static_range(K_UNROLL):
+            kb = kb0 + u
+            k = kb * BLOCK_K + rk
+            k_mask = k < k_stop  # past the split: zero weight and activation, zero scale
+            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = _load_activation(x_rows, freq_rows, k[None, :], x_valid[:, None] & k_mask[None, :], kb * BLOCK_K,
+                                 INV_ROPE, HEAD, ROPE, BLOCK_K)
+            if JOIN:
+                q, x_scale = _split_activation_joined(x.to(tl.float32))
+            else:
+                q, x_scale = _split_activation_e4m3(x.to(tl.float32), is_lo)
+            w_scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
+            acc += tl.dot(w, tl.trans(q)) * (x_scale * w_scale)[None, :]
+    # hi + lo per row: [BN, 2, BM] summed over the middle axis, then rows first
+    out = tl.trans(tl.sum(tl.reshape(acc, (BLOCK_N, 2, BLOCK_M)), axis=1))  # [BM, BN]
+
+    y_ptrs = y_ptr + pid_g * stride_yg + rm[:, None] * stride_ym + rn[None, :]
+    y_mask = (rm < M)[:, None] & n_mask[None, :]
+    if not IS_SPLIT:
+        tl.store(y_ptrs, out.to(tl.bfloat16), mask=y_mask)
+    else:
+        # partials [G, num_splits, M, N] fp32; the last program of this tile to arrive sums them
+        part_base = partial_ptr + (pid_g * num_splits).to(tl.int64) * M * N
+        tile_part = rm[:, None] * N + rn[None, :]
+        tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, out, mask=y_mask)
+        tl.debug_barrier()
+        tile = pid_g * tl.num_programs(0) + pid
+        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+        if arrived == num_splits - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for s in range(num_splits):
+                total += tl.load(part_base + s * M * N + tile_part, mask=y_mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptrs, total.to(tl.bfloat16), mask=y_mask)
+            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call (graph replays)
+
+
 # ----------------------------------------------------------------------------------------------
 # launch configuration
 # ----------------------------------------------------------------------------------------------
 
 
 ROWS_FORM_BLOCK_M = (1, 2, 4, 8)
+FP8_MMA_BLOCK_M = (8, 16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,17 +586,29 @@ class GemvConfig:
     # (benchmarks/fp8_gemv-h200-run5.summary.md): slower than the defaults on 47 of 48 points
     # (geomean 1.10x / 1.18x / 1.62x / 2.52x at 1 / 2 / 4 / 8 rows), so no default uses it.
     x_broadcast: bool = False
+    # FP8 tensor-core form (_block_fp8_gemv_fp8mma_kernel): the e4m3 weight is the MMA's M side as
+    # loaded, each activation row split in registers into two e4m3 terms (hi, lo); block_m in (8, 16)
+    # rows make 16 / 32 MMA columns; use_dot must be True, k_unroll 1
+    fp8_mma: bool = False
+    fp8_join: bool = False  # fp8_mma: split each activation row once, hi and lo joined into the MMA columns
 
     def __post_init__(self):
         if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M)) or (
                 not self.rows_form and (self.prefetch or self.evict_first or self.x_broadcast)):
             raise ValueError(f"config: rows form needs use_dot=False and block_m in {ROWS_FORM_BLOCK_M}; prefetch, "
                              f"evict_first and x_broadcast need the rows form; got {self}")
+        if (self.fp8_mma and (not self.use_dot or self.rows_form or self.swap_ab
+                              or self.block_m not in FP8_MMA_BLOCK_M or self.block_n < 16)) or (
+                self.fp8_join and not self.fp8_mma):
+            raise ValueError(f"config: fp8_mma needs use_dot=True, no rows form / swap_ab, block_m in "
+                             f"{FP8_MMA_BLOCK_M} and block_n >= 16; fp8_join needs fp8_mma; got {self}")
 
     @property
     def name(self) -> str:
         if self.rows_form:
             kind = "rows"
+        elif self.fp8_mma:
+            kind = "q8j" if self.fp8_join else "q8"
         else:
             kind = ("dotT" if self.swap_ab else "dot") if self.use_dot else "fma"
         extra = ("_pf" if self.prefetch else "") + ("_ef" if self.evict_first else "") + ("_xb" if self.x_broadcast else "")
@@ -465,6 +639,19 @@ ROWS_FORM_BLOCK_N, ROWS_FORM_K_UNROLL = 32, 2
 ONE_SHOT_BLOCK_N = 16
 ONE_SHOT_MIN_K_BLOCKS, ONE_SHOT_MAX_K_BLOCKS = 4, 8
 ONE_SHOT_WIDE_PROGRAMS_PER_SM = 2
+# FP8 tensor-core form with the joined activation split (GemvConfig(fp8_mma=True, fp8_join=True)), from the
+# H200 runs 6 / 6b (benchmarks/fp8_gemv-h200-run6b.summary.md): faster than the forms above only on large
+# weights at 2..8 rows; 0.82-0.91x the time at 3..8 rows on every weight of >= 16 MiB with K >= 4096
+# (128 columns, 8 warps) and on wq_b at T=1 (32 MiB, K = 1024; 64 columns, 4 warps); 0.90-0.92x at 2 rows
+# on the >= 32 MiB weights only (0.97-0.98x at 16 MiB: the rows form stays there). 1 row and 9+ rows (16-row
+# tiles) were slower everywhere; so were smaller weights (e.g. wq_b at T=2, 16 MiB, K = 1024: 0.99-1.07x).
+FP8_MMA_BLOCK_ROWS = 8  # activation rows per tile: 16 MMA columns (hi, lo)
+FP8_MMA_MAX_ROWS = 8
+FP8_MMA_MIN_WEIGHT_BYTES = 16 << 20  # 3..8 rows
+FP8_MMA_TWO_ROW_MIN_WEIGHT_BYTES = 32 << 20  # 2 rows
+FP8_MMA_WIDE_MIN_K = 4096  # K from which the 128-column 8-warp tile runs; below it, 32 MiB and 64 columns
+FP8_MMA_WIDE = dict(block_n=128, num_warps=8, num_stages=3)
+FP8_MMA_NARROW = dict(block_n=64, num_warps=4, num_stages=3)
 # Programs wanted per SM for full memory bandwidth; split-K raises small-N launches to this.
 PROGRAMS_PER_SM = 4
 # A split keeps at least this many 128-wide K blocks so its partial store stays small.
@@ -490,9 +677,30 @@ def choose_split(tiles: int, k_blocks: int, target_programs: int) -> int:
     return split
 
 
+def _fp8_mma_config(m: int, n: int, k: int, groups: int) -> GemvConfig | None:
+    """The FP8 tensor-core form where the H200 runs measured it faster (see FP8_MMA_* above), else None."""
+    weight_bytes = groups * n * k
+    min_bytes = FP8_MMA_TWO_ROW_MIN_WEIGHT_BYTES if m == 2 else FP8_MMA_MIN_WEIGHT_BYTES
+    if not 2 <= m <= FP8_MMA_MAX_ROWS or weight_bytes < min_bytes:
+        return None
+    if k >= FP8_MMA_WIDE_MIN_K:
+        tile = FP8_MMA_WIDE
+    elif weight_bytes >= FP8_MMA_TWO_ROW_MIN_WEIGHT_BYTES:
+        tile = FP8_MMA_NARROW
+    else:
+        return None
+    tiles = groups * triton.cdiv(n, tile["block_n"])
+    split = choose_split(tiles, triton.cdiv(k, FP8_BLOCK), PROGRAMS_PER_SM * sm_count())
+    return GemvConfig(FP8_MMA_BLOCK_ROWS, tile["block_n"], split, True, tile["num_warps"], tile["num_stages"],
+                      fp8_mma=True, fp8_join=True)
+
+
 def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
     k_blocks = triton.cdiv(k, FP8_BLOCK)
+    fp8_mma = _fp8_mma_config(m, n, k, groups)
+    if fp8_mma is not None:
+        return fp8_mma
     if m == 1 and ONE_SHOT_MIN_K_BLOCKS <= k_blocks <= ONE_SHOT_MAX_K_BLOCKS:
         # few, short rows of weight (DSv4's K = 512 / 1024 linears at N <= 8192): one program per
         # 16 columns with its whole K in flight at once beats the looping FMA form
@@ -581,6 +789,22 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             per_split, split,
             ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, EVICT_FIRST=cfg.evict_first, X_BROADCAST=cfg.x_broadcast,
+            INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return
+    if cfg.fp8_mma:
+        _block_fp8_gemv_fp8mma_kernel[grid](
+            x3, w3, s3, y3, partial, counters, pos, fr,
+            m, n, k,
+            x3.stride(0), x3.stride(1),
+            w3.stride(0), w3.stride(1),
+            s3.stride(0), s3.stride(1),
+            y3.stride(0), y3.stride(1),
+            fr.stride(0) if inv_rope else 0,
+            per_split, split,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
+            JOIN=cfg.fp8_join, IS_SPLIT=split > 1,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
@@ -773,6 +997,13 @@ SHIPPED_FORMS = (
     (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True), True),
     (GemvConfig(1, 16, 1, False, k_unroll=4, rows_form=True, prefetch=True, evict_first=True), False),
     (GemvConfig(1, 16, 1, False, num_warps=8, k_unroll=8, rows_form=True, prefetch=True), False),
+    # FP8 tensor-core form, joined activation split: 128 columns on 8 warps (split-K off / on, fused RoPE)
+    # and 64 columns on 4 warps (split-K off / on)
+    (GemvConfig(8, 128, 1, True, 8, 3, fp8_mma=True, fp8_join=True), False),
+    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True), False),
+    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True), True),
+    (GemvConfig(8, 64, 1, True, 4, 3, fp8_mma=True, fp8_join=True), False),
+    (GemvConfig(8, 64, 4, True, 4, 3, fp8_mma=True, fp8_join=True), False),
 )
 
 
@@ -797,6 +1028,12 @@ _AOT_ROWS_SIGNATURE = {
                                     "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE")},
 }
 
+_AOT_FP8MMA_SIGNATURE = {
+    **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
+    **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
+                                    "HEAD", "ROPE")},
+}
+
 
 def aot_config(cfg: GemvConfig, rope: bool = False) -> AotConfig:
     """The AotConfig of one launch form (split_k only matters as 1 vs > 1)."""
@@ -813,6 +1050,17 @@ def aot_config(cfg: GemvConfig, rope: bool = False) -> AotConfig:
                    "stride_freq"),
             # the FP8 weight moves straight into registers in 16-byte loads (.EF: evict-first)
             expect_opcodes=("FFMA", "LDG.E.EF.128" if cfg.evict_first else "LDG.E.128"),
+        )
+    if cfg.fp8_mma:
+        return AotConfig(
+            name=name, kernel=_block_fp8_gemv_fp8mma_kernel, signature=_AOT_FP8MMA_SIGNATURE,
+            constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, **common},
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
+                   "stride_freq"),
+            # e4m3 x e4m3 on tensor cores (mma.sync m16n8k32 on sm_12x); the weight by 16-byte cp.async
+            expect_opcodes=("QMMA.16832.F32.E4M3.E4M3", "LDGSTS.E.BYPASS.128"),
+            forbid_opcodes=("HMMA.16816.F32.BF16",),
         )
     return AotConfig(
         name=name, kernel=_block_fp8_gemv_kernel, signature=_AOT_SIGNATURE,

@@ -43,6 +43,9 @@ RUN_NAME = "fp8_gemv-h200-run3"
 DOT_RUN_NAME = "fp8_gemv-h200-run4-dot"  # --dot-sweep: tensor-core form variants at 4..16 rows
 XB_RUN_NAME = "fp8_gemv-h200-run5"  # --xb-sweep: x_broadcast rows variants vs the run-3 defaults
 XB_ROWS, XB_TPS = (1, 2, 4, 8), (1, 4)
+Q8_RUN_NAME = "fp8_gemv-h200-run6"  # --q8-sweep: FP8 tensor-core form (split activation) vs the defaults
+Q8J_RUN_NAME = "fp8_gemv-h200-run6b"  # --q8j-sweep: joined split, stages, unroll, 128-col tiles
+Q8_ROWS, Q8_TPS = (1, 2, 4, 8, 16), (1, 4, 2, 8)
 
 
 def prepare() -> None:
@@ -197,10 +200,69 @@ def xb_candidates(m: int, n: int, k: int, groups: int, g):
     return unique
 
 
+def q8_config(m: int, n: int, k: int, groups: int, g, block_n: int = 64, stages: int = 3, warps: int = 4,
+              programs_per_sm: int = 4, join: bool = False, unroll: int = 1):
+    """The FP8 tensor-core form: 8-row tiles (16 MMA columns) up to 8 rows, 16-row tiles above."""
+    block_m = 8 if m <= 8 else 16
+    tiles = groups * math.ceil(n / block_n) * math.ceil(m / block_m)
+    split = g.choose_split(tiles, math.ceil(k / g.FP8_BLOCK), programs_per_sm * g.sm_count())
+    return g.GemvConfig(block_m, block_n, split, True, warps, stages, unroll, fp8_mma=True, fp8_join=join)
+
+
+def q8_candidates(m: int, n: int, k: int, groups: int, g):
+    """--q8-sweep (run 6): the run-3/5 default first, then the FP8 tensor-core form with 32/64/128-column
+    weight tiles, 3..6 pipeline stages, 4/8 warps and split-K targets of 2/4/8 programs per SM."""
+    def q8(**kw):
+        return q8_config(m, n, k, groups, g, **kw)
+    out = [("old_default", run3_default_config(m, n, k, groups, g)),
+           ("q8_n64_st3", q8()),
+           ("q8_n64_st4", q8(stages=4)),
+           ("q8_n64_st6", q8(stages=6)),
+           ("q8_n64_st4_pps8", q8(stages=4, programs_per_sm=8)),
+           ("q8_n64_st4_pps2", q8(stages=4, programs_per_sm=2)),
+           ("q8_n128_st4", q8(block_n=128, stages=4)),
+           ("q8_n128_st4_w8", q8(block_n=128, stages=4, warps=8)),
+           ("q8_n128_st4_pps8", q8(block_n=128, stages=4, programs_per_sm=8)),
+           ("q8_n32_st4", q8(block_n=32, stages=4)),
+           ("current_default", g.default_config(m, n, k, groups))]
+    seen, unique = set(), []
+    for label, cfg in out:
+        if cfg not in seen:
+            seen.add(cfg)
+            unique.append((label, cfg))
+    return unique
+
+
+def q8j_candidates(m: int, n: int, k: int, groups: int, g):
+    """--q8j-sweep (run 6b): the run-3/5 default and run 6's best FP8 tensor-core variant (q8_n64_st3), then the
+    joined split (each activation row split once) with 2..4 stages (smaller shared memory, more programs per
+    SM), 2 K blocks per iteration, 128-column tiles on 8 warps and a split-K target of 8 programs per SM."""
+    def q8j(**kw):
+        return q8_config(m, n, k, groups, g, join=True, **kw)
+    out = [("old_default", run3_default_config(m, n, k, groups, g)),
+           ("q8_n64_st3", q8_config(m, n, k, groups, g)),
+           ("q8j_n64_st3", q8j()),
+           ("q8j_n64_st2", q8j(stages=2)),
+           ("q8j_n64_st4", q8j(stages=4)),
+           ("q8j_n64_st2_pps8", q8j(stages=2, programs_per_sm=8)),
+           ("q8j_n64_u2_st2", q8j(stages=2, unroll=2)),
+           ("q8j_n64_u2_st3", q8j(unroll=2)),
+           ("q8j_n128_w8_st2", q8j(block_n=128, warps=8, stages=2)),
+           ("q8j_n128_w8_st3", q8j(block_n=128, warps=8)),
+           ("current_default", g.default_config(m, n, k, groups))]
+    seen, unique = set(), []
+    for label, cfg in out:
+        if cfg not in seen:
+            seen.add(cfg)
+            unique.append((label, cfg))
+    return unique
+
+
 ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default")
 
 
-def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False) -> None:
+def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
+         q8j_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -210,16 +272,20 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "140" if xb_sweep else "235"))
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
     if dot_sweep:
         rows, run_name, pick = (3, 16) if smoke else (4, 8, 16), DOT_RUN_NAME, dot_candidates
     tps = (2,) if smoke else TPS
-    with_rope = not xb_sweep  # run 5: no fused-RoPE timing (the dense seam does not use it)
+    with_rope = not (xb_sweep or q8_sweep or q8j_sweep)  # runs 5, 6: no fused-RoPE timing (the dense seam does not use it)
     if xb_sweep:
         rows, run_name, pick = (1, 2, 3, 8) if smoke else XB_ROWS, XB_RUN_NAME, xb_candidates
         tps = (2,) if smoke else XB_TPS
+    if q8_sweep or q8j_sweep:
+        rows, run_name, pick = ((1, 3, 11) if smoke else Q8_ROWS, Q8J_RUN_NAME if q8j_sweep else Q8_RUN_NAME,
+                                q8j_candidates if q8j_sweep else q8_candidates)
+        tps = (2,) if smoke else Q8_TPS
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -257,7 +323,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     res = db.BenchResult(
         name=run_name,
         title=("Block-FP8 GEMV / grouped wo_a at DSv4-Flash decode shapes: previous default vs "
-               + ("tensor-core form variants" if dot_sweep else "x_broadcast rows form" if xb_sweep else "rows form")
+               + ("tensor-core form variants" if dot_sweep else "x_broadcast rows form" if xb_sweep
+                  else "FP8 tensor-core form (split bf16 activation)" if q8_sweep or q8j_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
                  "best_pct_copy", "cur_us", "cur_form", "cur_pct_copy", "bf16_us", "fp8_path_us", "einsum_us",
@@ -375,8 +442,11 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                 if not smoke:
                     _sync(torch)
             if not is_wo_a and m == 8 and tp == 1 and not smoke:
+                q8_errs = [e["rel_err"] for e in sweep_log
+                           if (e["linear"], e["T"], e["M"]) == (name, tp, m) and e["label"].startswith("q8")]
                 numerics[name] = {
                     "worst_swept_variant": round(max_err, 6),
+                    "worst_fp8_tensor_core_variant": max(q8_errs) if q8_errs else None,
                     "upstream_fp8_activation_emulated": round(db.relative_error(
                         g.reference_upstream_fp8_activation_linear(x, *weights[0]).to(torch.bfloat16), ref), 6),
                     "bf16_rounding_floor": round(db.relative_error(ref.to(torch.bfloat16), ref), 6),
@@ -495,6 +565,10 @@ if __name__ == "__main__":
     parser.add_argument("--dot-sweep", action="store_true", help="sweep the tensor-core form at 4..16 rows instead")
     parser.add_argument("--xb-sweep", action="store_true",
                         help="run 5: x_broadcast rows variants vs the run-3 defaults, M 1..8, T 1 and 4")
+    parser.add_argument("--q8-sweep", action="store_true",
+                        help="run 6: FP8 tensor-core form (split activation) vs the run-3/5 defaults, M 1..16")
+    parser.add_argument("--q8j-sweep", action="store_true",
+                        help="run 6b: joined-split FP8 tensor-core variants vs the defaults and run 6's best")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -508,4 +582,4 @@ if __name__ == "__main__":
     if args.prepare:
         prepare()
     else:
-        main(args.out, args.smoke, args.dot_sweep, args.xb_sweep)
+        main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep)

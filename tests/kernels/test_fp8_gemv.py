@@ -4,6 +4,8 @@ split-K on and off, fused inverse RoPE)."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from sglang_sm120.kernels import fp8_gemv as g
 from sglang_sm120.kernels.dsv4 import FP8_BLOCK
@@ -263,3 +265,114 @@ def test_bad_inputs_raise_value_errors():
     with pytest.raises(ValueError, match="freqs: expected"):
         g.grouped_fp8_wo_a(o, w3, s3, positions=torch.zeros(1, dtype=torch.int64),
                            freqs=torch.zeros(4, 32), head_dim=128, rope_dim=64)
+
+
+# --- FP8 tensor-core form (activation split into two e4m3 terms) -------------------------------
+
+
+def q8(block_m=8, block_n=64, split=1, join=True, unroll=1, warps=4):
+    return g.GemvConfig(block_m, block_n, split, True, warps, 3, unroll, fp8_mma=True, fp8_join=join)
+
+
+Q8_FORMS = [q8(), q8(split=3), q8(block_n=32, split=2, unroll=2), q8(16, split=4), q8(join=False, split=2),
+            q8(16, 128, 1, join=False, warps=8)]
+
+
+@pytest.mark.parametrize("cfg", Q8_FORMS, ids=lambda c: c.name)
+@pytest.mark.parametrize("m", [1, 5, 11])
+def test_fp8_mma_forms_match_reference(cfg, m):
+    gen = torch.Generator().manual_seed(17 * m + cfg.block_n + cfg.split_k)
+    n, k = 200, 1000  # N ragged against every tile, K ragged against the 128-wide scale blocks
+    w, s = random_weight(n, k, gen=gen)  # arbitrary scales: each block's product is scaled in fp32
+    x = torch.randn(m, k, generator=gen)
+    x[:, ::37] *= 50  # outlier channels: each 128-group gets its own activation scale
+    x = x.to(torch.bfloat16).to(DEVICE)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    for _ in range(2):  # the second call checks the split-K counters were left at zero
+        y = g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=cfg)
+        assert torch.isfinite(y).all()
+        assert rel_err(y, ref) < OUTPUT_TOL, cfg.name
+    if cfg.split_k > 1:
+        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+
+
+def test_fp8_mma_zero_rows_huge_values_and_bad_configs():
+    """A zero activation row (amax 0) gives zeros, not NaN; values near bf16's top are split without
+    overflow; fp8_join without fp8_mma and 1-row tiles are rejected."""
+    gen = torch.Generator().manual_seed(21)
+    w, s = random_weight(128, 512, gen=gen)
+    x = torch.randn(3, 512, generator=gen)
+    x[0] = 0.0
+    x[2, :128] *= 1e30
+    x = x.to(torch.bfloat16).to(DEVICE)
+    y = g.block_fp8_linear(x, w, s, config=q8())
+    ref = g.reference_block_fp8_linear(x, w, s)
+    assert torch.equal(y[0].float(), torch.zeros(128))
+    assert torch.isfinite(y).all()
+    assert rel_err(y[1], ref[1]) < OUTPUT_TOL
+    assert rel_err(y[2].float() * 1e-29, ref[2] * 1e-29) < OUTPUT_TOL  # norms of 1e29 values overflow fp32
+    with pytest.raises(ValueError, match="fp8_join needs fp8_mma"):
+        g.GemvConfig(8, 64, 1, True, fp8_join=True)
+    with pytest.raises(ValueError, match="fp8_mma needs"):
+        g.GemvConfig(1, 64, 1, True, fp8_mma=True)
+
+
+@triton.jit
+def _split_probe_kernel(x_ptr, q_ptr, s_ptr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, WIDTH)
+    x = tl.load(x_ptr + r[:, None] * WIDTH + c[None, :]).to(tl.float32)
+    q, scale = g._split_activation_joined(x)
+    r2 = tl.arange(0, 2 * ROWS)
+    tl.store(q_ptr + r2[:, None] * WIDTH + c[None, :], q)
+    tl.store(s_ptr + r2, scale)
+
+
+def test_activation_split_is_exact_for_bf16():
+    """x = s * (hi + lo / 16) with power-of-two s holds exactly for bf16 x (normal range of e4m3), so the
+    FP8 tensor-core form multiplies the bf16 activation itself, not an FP8 rounding of it."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(8, FP8_BLOCK, generator=gen) * torch.logspace(-3, 3, 8)[:, None]
+    x[1, :5] = torch.tensor([31.75, -255.0, 447.0, 1e-3, 0.0])  # rounding carries into the exponent
+    x[7] = 0.0
+    x = x.to(torch.bfloat16).to(DEVICE)
+    q = torch.empty(16, FP8_BLOCK, dtype=g.FP8_DTYPE, device=DEVICE)
+    scale = torch.empty(16, dtype=torch.float32, device=DEVICE)
+    _split_probe_kernel[(1,)](x, q, scale, ROWS=8, WIDTH=FP8_BLOCK)
+    hi, lo = q[:8].float() * scale[:8, None], q[8:].float() * scale[8:, None]
+    assert torch.equal(scale[8:], scale[:8] / 16)
+    assert torch.all(torch.log2(scale).frac() == 0)  # powers of two
+    recon = hi + lo
+    rows_ok = x.float().abs().amax(1) > 0
+    # exact except in e4m3's subnormal range (|x| < 2^-6 s): there within s * 2^-13
+    err = (recon - x.float()).abs()
+    assert torch.all(err <= scale[:8, None] * 2.0 ** -13)
+    assert torch.equal(recon[1, :3], x[1, :3].float())
+    assert torch.equal(recon[~rows_ok], torch.zeros_like(recon[~rows_ok]))
+
+
+def test_default_config_fp8_mma_where_measured_faster():
+    """The H200 runs 6/6b put 2..8 rows of large weights on the FP8 tensor-core form, nothing else."""
+    wo_a = g.default_config(4, 1024, 4096, groups=8)  # T=1, 32 MiB
+    assert wo_a.fp8_mma and wo_a.fp8_join and wo_a.block_n == 128 and wo_a.split_k > 1
+    assert g.default_config(2, 1024, 4096, groups=8).fp8_mma
+    assert g.default_config(8, 32768, 1024).fp8_mma and g.default_config(8, 32768, 1024).block_n == 64
+    assert g.default_config(4, 4096, 4096).fp8_mma  # 16 MiB, K = 4096
+    assert not g.default_config(2, 4096, 4096).fp8_mma  # 2 rows need 32 MiB
+    assert not g.default_config(4, 16384, 1024).fp8_mma  # 16 MiB at K = 1024
+    assert not g.default_config(1, 1024, 4096, groups=8).fp8_mma
+    assert not g.default_config(9, 1024, 4096, groups=8).fp8_mma
+    assert not g.default_config(8, 1536, 4096).fp8_mma
+
+
+@pytest.mark.parametrize("cfg", [q8(split=2), q8(16, 128, 3, join=False, warps=8)], ids=lambda c: c.name)
+def test_wo_a_fp8_mma_with_rope_and_strided_o(cfg):
+    gen = torch.Generator().manual_seed(12)
+    b, groups, r, d = 3, 2, 128, 512
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    heads = torch.randn(b, groups * d + 64, generator=gen).to(torch.bfloat16).to(DEVICE)
+    o = heads[:, :groups * d].view(b, groups, d)
+    pos, freqs, _ = rope_inputs(b, gen)
+    y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE,
+                           out=poisoned((b, groups, r)), config=cfg)
+    assert rel_err(y, g.reference_grouped_wo_a(o, w, s, pos, freqs, HEAD, ROPE)) < OUTPUT_TOL

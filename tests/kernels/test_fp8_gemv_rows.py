@@ -104,11 +104,13 @@ def test_rows_form_config_is_validated():
 
 def test_default_config_picks_rows_forms_where_measured():
     """From the H200 run (benchmarks/fp8_gemv-h200-run3.summary.md): 2 rows on the rows form at every
-    shape; 1 row on the one-shot rows form for K of 4..8 blocks and few column tiles; 3..16 rows stay on
-    the 16-row tensor-core form; larger-K single rows stay on the FMA form."""
-    for n, k in [(1536, 4096), (32768, 1024), (4096, 256)]:
+    shape below 32 MiB (run 6b moved 2 rows of the 32 MiB weights to the FP8 tensor-core form); 1 row on
+    the one-shot rows form for K of 4..8 blocks and few column tiles; 3..16 rows stay on tensor cores;
+    larger-K single rows stay on the FMA form."""
+    for n, k in [(1536, 4096), (16384, 1024), (4096, 4096), (4096, 256)]:
         cfg = g.default_config(2, n, k)
         assert cfg.rows_form and cfg.block_m == 2 and not cfg.prefetch
+    assert g.default_config(2, 32768, 1024).fp8_mma
     one_shot = g.default_config(1, 4096, 1024)
     assert one_shot.rows_form and one_shot.k_unroll == 8 and one_shot.split_k == 1 and one_shot.num_warps == 8
     assert g.default_config(1, 8192, 1024).evict_first and g.default_config(1, 4096, 512).k_unroll == 4
