@@ -58,7 +58,8 @@ PAGE_WORDS = INDEX_PAGE_BYTES // 4  # 2112 fp32 words per index-K page
 SCALE_WORD_OFFSET = INDEX_SCALE_OFFSET // 4  # 2048
 
 MAX_TOPK = 1024
-SELECT_CHUNKS = (512, 1024, 2048, 4096)  # positions one select program holds in registers
+SELECT_CHUNKS = (512, 1024, 2048, 4096, 8192)  # positions one select program holds in registers
+SELECT_MAX_CHUNK = 4096  # largest chunk by default (8192: fewer merge levels, 16 warps)
 FUSED_SPLIT_PAGES = (8, 16, 32, 64)  # pages one fused program scores and reduces to K candidates
 LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this many programs run
 LOGITS_NUM_WARPS, LOGITS_NUM_STAGES = 4, 3
@@ -143,13 +144,62 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
 
 
 @triton.jit
-def _select(vals, valid, K: tl.constexpr, N: tl.constexpr):
+def _kth_key_bitwise(key, valid, k_eff):
+    """The k_eff-th largest signed key of ``key[valid]``, built bit by bit from the top (32
+    block-wide counts)."""
+    sign = tl.full((), -2147483648, tl.int32)
+    thr_u = tl.full((), 0, tl.int32)  # in unsigned order (u = key ^ sign)
+    for i in tl.static_range(32):
+        cand_u = thr_u | (tl.full((), 1, tl.int32) << (31 - i))
+        count = tl.sum((valid & (key >= (cand_u ^ sign))).to(tl.int32), axis=0)
+        thr_u = tl.where(count >= k_eff, cand_u, thr_u)
+    return thr_u ^ sign
+
+
+@triton.jit
+def _kth_key_radix4(key, valid, k_eff, N: tl.constexpr):
+    """The k_eff-th largest signed key of ``key[valid]``, 2 bits a round from the top: 16 rounds of
+    one block-wide 4-bin histogram (16-bit counts packed in one int64) instead of 32 counts."""
+    tl.static_assert(N < 65536, "16-bit histogram fields")
+    sign = tl.full((), -2147483648, tl.int32)
+    key_u = key ^ sign  # unsigned order held in int32 bits: digits come from masked shifts
+    thr_u = tl.full((), 0, tl.int32)
+    need = k_eff  # still to take among the elements whose upper digits equal the threshold's
+    for r in tl.static_range(16):
+        shift = 30 - 2 * r  # r is a constexpr: so is this
+        if r == 0:
+            match = valid
+        else:
+            match = valid & (((key_u ^ thr_u) >> (shift + 2)) == 0)
+        digit = (key_u >> shift) & 3
+        hist = tl.sum(tl.where(match, tl.full((), 1, tl.int64) << (digit * 16).to(tl.int64), 0), axis=0)
+        # The first digit from the top whose running count reaches ``need`` is the threshold's;
+        # everything above it is taken.
+        running = tl.full((), 0, tl.int32)
+        chosen = tl.full((), 0, tl.int32)
+        taken_above = tl.full((), 0, tl.int32)
+        found = tl.full((), 0, tl.int32)
+        for t in tl.static_range(4):
+            count = ((hist >> ((3 - t) * 16)) & 0xFFFF).to(tl.int32)
+            hit = (found == 0) & (running + count >= need)
+            chosen = tl.where(hit, 3 - t, chosen)
+            taken_above = tl.where(hit, running, taken_above)
+            found = tl.where(hit, 1, found)
+            running += count
+        thr_u = thr_u | (chosen << shift)
+        need = need - taken_above
+    return thr_u ^ sign
+
+
+@triton.jit
+def _select(vals, valid, K: tl.constexpr, N: tl.constexpr, RADIX: tl.constexpr = 1):
     """Pick the K largest of ``vals[valid]`` (all valid ones if fewer). Returns (selected mask,
     output slot of each selected element in block order, number selected).
 
-    The K-th largest key is built bit by bit from the top (32 block-wide counts). A radix select
-    with 256-bin ``tl.histogram`` rounds (4 rounds instead of 32 counts) measured slower on the
-    H200 with Triton 3.6 (benchmarks/indexer-h200-run2-radix.md), so the counting search stays."""
+    RADIX 1: the K-th largest key from 32 block-wide counts (bitwise search); RADIX 2: from 16
+    rounds of a 4-bin histogram. The search costs per-thread instructions more than block-wide
+    reductions: fewer, heavier rounds (16-bin histograms, or 256-bin ``tl.histogram`` in run 2)
+    measured slower on the H200 (benchmarks/indexer-h200-run4.md, indexer-h200-run2-radix.md)."""
     n_valid = tl.sum(valid.to(tl.int32), axis=0)
     k_eff = tl.minimum(n_valid, K)
     if N <= K:
@@ -157,14 +207,10 @@ def _select(vals, valid, K: tl.constexpr, N: tl.constexpr):
     else:
         bits = (vals + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0: equal scores, equal keys
         key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed int order == float order
-        sign = tl.full((), -2147483648, tl.int32)
-        # Build the K-th largest key bit by bit, in unsigned order (u = key ^ sign).
-        thr_u = tl.full((), 0, tl.int32)
-        for i in tl.static_range(32):
-            cand_u = thr_u | (tl.full((), 1, tl.int32) << (31 - i))
-            count = tl.sum((valid & (key >= (cand_u ^ sign))).to(tl.int32), axis=0)
-            thr_u = tl.where(count >= k_eff, cand_u, thr_u)
-        thr = thr_u ^ sign
+        if RADIX == 2:
+            thr = _kth_key_radix4(key, valid, k_eff, N)
+        else:
+            thr = _kth_key_bitwise(key, valid, k_eff)
         above = valid & (key > thr)
         tie = valid & (key == thr)
         n_above = tl.sum(above.to(tl.int32), axis=0)
@@ -220,7 +266,7 @@ def _fused_split_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, 
 def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_pos_ptr, out_raw_ptr,
                    n_in, pt_width, stride_inb, stride_outb, stride_ptb, stride_rawb,
                    CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, IMPLICIT_POS: tl.constexpr,
-                   FINAL: tl.constexpr, HAS_RAW: tl.constexpr):
+                   FINAL: tl.constexpr, HAS_RAW: tl.constexpr, RADIX: tl.constexpr = 1):
     """Grid (B, groups): the top-K of CHUNK consecutive entries of a row.
 
     Input is a logits row (IMPLICIT_POS: position = column, valid below the row's length) or
@@ -240,7 +286,7 @@ def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_po
     else:
         pos = tl.load(in_pos_ptr + b64 * stride_inb + idx, mask=inside, other=-1)
         valid = inside & (pos >= 0)
-    sel, slot, k_eff = _select(vals, valid, K, CHUNK)
+    sel, slot, k_eff = _select(vals, valid, K, CHUNK, RADIX)
     if FINAL:
         page = tl.load(pt_ptr + b64 * stride_ptb + pos // PAGE, mask=sel, other=0)
         j = tl.arange(0, K)
@@ -413,26 +459,28 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     return out
 
 
-def select_chunk(n: int, k: int) -> int:
-    """Entries one select program holds: the smallest shipped chunk covering n (at least 2k for
-    intermediate levels so that the merge tree shrinks), else the largest."""
+def select_chunk(n: int, k: int, max_chunk: int = SELECT_MAX_CHUNK) -> int:
+    """Entries one select program holds: the smallest shipped chunk up to ``max_chunk`` covering n (at
+    least 2k for intermediate levels so that the merge tree shrinks), else ``max_chunk``."""
     for chunk in SELECT_CHUNKS:
-        if chunk >= max(n, k):
+        if chunk >= max(n, k) or chunk >= max_chunk:
             return chunk
     return SELECT_CHUNKS[-1]
 
 
 def _select_warps(chunk: int) -> int:
+    """Warps of a select program over ``chunk`` entries: 16 entries a thread from 2048 up. (Half the
+    warps measured 2.6x slower on the H200, run 4: the search is bound by per-thread work.)"""
     return max(4, chunk // 512)
 
 
-def _merge(vals, pos, lens, page_table, out, raw, implicit):
+def _merge(vals, pos, lens, page_table, out, raw, implicit, form):
     """Reduce candidate rows ``vals``/``pos`` ``[B, n]`` (or a logits row when ``implicit``) to the
     final slot ids in ``out`` through levels of :func:`_select_kernel`."""
     batch, k = out.shape
     n = vals.shape[1]
     while True:
-        chunk = select_chunk(n, k)
+        chunk = select_chunk(n, k, form.max_chunk)
         groups = -(-n // chunk)
         final = groups == 1
         if final:
@@ -445,16 +493,19 @@ def _merge(vals, pos, lens, page_table, out, raw, implicit):
             raw if raw is not None else out, n, page_table.shape[1], vals.stride(0), dst_pos.stride(0),
             page_table.stride(0), raw.stride(0) if raw is not None else 0,
             CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit and pos is None, FINAL=final,
-            HAS_RAW=raw is not None, num_warps=_select_warps(chunk), num_stages=1)
+            HAS_RAW=raw is not None, RADIX=form.radix_bits, num_warps=_select_warps(chunk),
+            num_stages=1)
         if final:
             return out
         vals, pos, n = dst_val, dst_pos, groups * k
 
 
-def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZE, raw=None):
+def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZE, raw=None, *, select=None):
     """``topk_transform_paged`` contract: top-``out.shape[1]`` positions of each scores row (below its
-    length) as cache slot ids in ``out`` (-1 padded); optionally the raw positions in ``raw``."""
+    length) as cache slot ids in ``out`` (-1 padded); optionally the raw positions in ``raw``.
+    ``select`` (a :class:`SelectForm`) defaults to :func:`choose_plan`'s for the shape."""
     validate_topk_inputs(scores, lens, page_table, out, page_size, raw)
+    form = _select_form(scores.shape[0], scores.shape[1], select)
     if scores.shape[0] == 0:
         return out
     if scores.shape[1] == 0:
@@ -462,31 +513,70 @@ def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZ
         if raw is not None:
             raw.fill_(-1)
         return out
-    return _merge(scores, None, lens, page_table, out, raw, implicit=True)
+    return _merge(scores, None, lens, page_table, out, raw, implicit=True, form=form)
+
+
+SELECT_RADIX_BITS = (1, 2)  # bits fixed per block-wide round of the K-th-key search
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectForm:
+    """How the select programs search: ``radix_bits`` 1 = 32-step bitwise search, 2 = 16 rounds of
+    4-bin histograms; ``max_chunk`` is the largest chunk one program holds (8192: 16 warps, one merge
+    level fewer on long rows)."""
+    radix_bits: int = 1
+    max_chunk: int = SELECT_MAX_CHUNK
+
+    def __post_init__(self):
+        if self.radix_bits not in SELECT_RADIX_BITS:
+            raise ValueError(f"radix_bits must be one of {SELECT_RADIX_BITS}, got {self.radix_bits!r}")
+        if self.max_chunk not in SELECT_CHUNKS or self.max_chunk < 2 * MAX_TOPK:
+            raise ValueError(f"max_chunk must be one of {SELECT_CHUNKS} and >= {2 * MAX_TOPK}, got {self.max_chunk!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     path: str  # "fused" | "two_kernel"
     split_pages: int = 0  # fused: pages per split program
+    select: SelectForm = SelectForm()
+
+
+def _select_form(batch, width, select):
+    if select is None:
+        return choose_plan(batch, width).select
+    if not isinstance(select, SelectForm):
+        raise ValueError(f"select must be a SelectForm, got {type(select).__name__}")
+    return select
 
 
 # Decision table, per (batch, compressed length) bucket: the first row whose limits cover the shape
-# wins. Measured on the H200 (benchmarks/indexer-h200.md, us per call, logits + top-512):
+# wins. Path: the two-kernel path won every shape in runs 1-4 (writing the fp32 logits row costs ~3 %
+# of the index-K bytes, less than the in-kernel selection costs the bandwidth-bound fused split; the
+# fused path stays selectable, SGLANG_SM120_INDEXER_PATH=fused, for measuring it on sm_120).
+# Select form, from H200 run 4 (benchmarks/indexer-h200-run4.md, us per call, logits + top-512):
 #
-#   B    context  two-kernel  best fused          B    context  two-kernel  best fused
-#   1    8K       13.6        21.5 (8 pages)      16   256K     90.4        97.1 (8)
-#   1    64K      27.3        35.7 (8)            64   8K       19.6        24.6 (8)
-#   1    256K     40.4        46.9 (8)            64   64K      79.7        88.0 (8)
-#   16   8K       15.3        22.9 (8)            64   256K     271.5       282.8 (16)
-#   16   64K      38.0        41.4 (8)            1    1M       55.7        57.8 (8)
-#                                                 256  8K       35.5        43.9 (8)
+#   B   context  bitwise 4096  radix-4 (2 bits)  bitwise 8192    B   context  bitwise 4096  bitwise 8192
+#   1   8K       13.58         13.18             13.61           64  8K       19.77         19.64
+#   16  8K       15.32         14.86             15.26           64  64K      80.19         74.11
+#   1   64K      27.33         33.59             33.07           1   256K     40.24         42.14
+#   16  64K      37.97         47.17             43.33           16  256K     91.04         82.61
+#   1   1M       55.74         74.50             68.08           64  256K     273.2         255.0
 #
-# The two-kernel path won everywhere: writing the fp32 logits row costs ~3 % of the index-K bytes,
-# less than the in-kernel selection costs the bandwidth-bound split. No sm_120 timing exists; the
-# fused path stays selectable (SGLANG_SM120_INDEXER_PATH=fused) for measuring it there.
+# Radix-4 wins only where one program holds the whole row (2048 entries) at B <= 16; 8192-entry
+# chunks (one merge level fewer) win with many rows of 16K-64K positions. Batch limits sit between
+# the measured batches (1, 16, 64); larger batches take the B=64 choice; 1M context (B=1 measured)
+# keeps the bitwise 4096 form.
+_BITWISE = SelectForm()
+_RADIX4 = SelectForm(radix_bits=2)
+_CHUNK8K = SelectForm(max_chunk=8192)
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
-    (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel")),
+    (32, 2048, Plan("two_kernel", select=_RADIX4)),
+    (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE)),
+    (32, 16384, Plan("two_kernel", select=_BITWISE)),
+    (INDEX_MAX_BATCH, 16384, Plan("two_kernel", select=_CHUNK8K)),
+    (4, 65536, Plan("two_kernel", select=_BITWISE)),
+    (INDEX_MAX_BATCH, 65536, Plan("two_kernel", select=_CHUNK8K)),
+    (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel", select=_BITWISE)),
 )
 
 
@@ -498,9 +588,10 @@ def choose_plan(batch: int, max_seq_len: int) -> Plan:
 
 
 def fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *, split_pages=16,
-                      scaled_dot=None):
+                      scaled_dot=None, select=None):
     """Top-k slot ids straight from q and the index-K cache; only per-split candidates hit memory."""
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
+    form = _select_form(q.shape[0], max_seq_len, select)
     if split_pages not in FUSED_SPLIT_PAGES:
         raise ValueError(f"split_pages must be one of {FUSED_SPLIT_PAGES}, got {split_pages}")
     batch = q.shape[0]
@@ -527,9 +618,9 @@ def fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=No
     _fused_split_kernel[(batch, splits)](
         q, kv_fp8, kv_f32, weights, lens, page_table, cand_val, cand_pos, max_seq_len, page_table.shape[1],
         q.stride(0), weights.stride(0), page_table.stride(0), cand_val.stride(0), **_page_consts(),
-        R_PAGES=split_pages, K=k, CB=block, USE_SCALED_DOT=scaled, num_warps=fused_num_warps(split_pages),
-        num_stages=LOGITS_NUM_STAGES)
-    return _merge(cand_val, cand_pos, lens, page_table, out, raw, implicit=False)
+        R_PAGES=split_pages, K=k, CB=block, USE_SCALED_DOT=scaled,
+        num_warps=fused_num_warps(split_pages), num_stages=LOGITS_NUM_STAGES)
+    return _merge(cand_val, cand_pos, lens, page_table, out, raw, implicit=False, form=form)
 
 
 def fused_num_warps(split_pages: int) -> int:
@@ -541,9 +632,9 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
     plan = plan or choose_plan(q.shape[0], max_seq_len)
     if plan.path == "fused":
         return fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw,
-                                 split_pages=plan.split_pages, scaled_dot=scaled_dot)
+                                 split_pages=plan.split_pages, scaled_dot=scaled_dot, select=plan.select)
     logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
-    return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw)
+    return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw, select=plan.select)
 
 
 # --------------------------------------------------------------------------------------------
@@ -590,12 +681,15 @@ def aot_configs() -> list[AotConfig]:
             f"indexer_fused_r{r}", _fused_split_kernel, _sig(_FUSED_SIG, c), c, num_warps=fused_num_warps(r),
             num_stages=LOGITS_NUM_STAGES, div16=("stride_qb", "stride_cb"),
             expect_opcodes=("QMMA.SF",), forbid_opcodes=("QMMA.16832",)))
-    for chunk in SELECT_CHUNKS:
-        for implicit, final in ((True, True), (True, False), (False, False), (False, True)):
-            c = dict(CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit, FINAL=final,
-                     HAS_RAW=False)
-            configs.append(AotConfig(
-                f"indexer_select_c{chunk}_{'logits' if implicit else 'cand'}_{'final' if final else 'level'}",
-                _select_kernel, _sig(_SELECT_SIG, c), c, num_warps=_select_warps(chunk), num_stages=1,
-                div16=("stride_inb", "stride_outb")))
+    for radix in SELECT_RADIX_BITS:
+        for chunk in SELECT_CHUNKS:
+            if radix != 1 and chunk <= INDEX_TOPK:
+                continue  # no search below K entries: the same code as radix 1
+            for implicit, final in ((True, True), (True, False), (False, False), (False, True)):
+                c = dict(CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit, FINAL=final,
+                         HAS_RAW=False, RADIX=radix)
+                name = f"indexer_select_c{chunk}_{'logits' if implicit else 'cand'}_{'final' if final else 'level'}"
+                configs.append(AotConfig(
+                    name + ("" if radix == 1 else f"_radix{radix}"), _select_kernel, _sig(_SELECT_SIG, c), c,
+                    num_warps=_select_warps(chunk), num_stages=1, div16=("stride_inb", "stride_outb")))
     return configs

@@ -13,6 +13,7 @@ tables into one cache), after an L2 flush, so every call reads cold pages as con
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -31,8 +32,18 @@ from sglang_sm120.kernels.dsv4 import C4_RATIO, INDEX_PAGE_BYTES, INDEX_PAGE_SIZ
 UPSTREAM_FILE = "indexer_logits_torch.py"
 SHAPES = [(b, ctx) for b in (1, 16, 64) for ctx in (8192, 65536, 262144)]
 EXTRA_SHAPES = [(1, 1048576), (256, 8192)]  # the longest context and the largest batch, checked too
-FUSED_SPLITS = ix.FUSED_SPLIT_PAGES
 ROTATIONS = 8
+# Select forms timed beside each other (run 4 also timed 16-bin radix rounds, half the warps and
+# radix-searching fused splits: all slower, removed). "r1" is the form runs 1-3 measured; the
+# ``default_plan`` row times whatever choose_plan picks per shape.
+SELECT_FORMS = {
+    "r1": ix.SelectForm(),
+    "r2": ix.SelectForm(radix_bits=2),
+    "r1_c8k": ix.SelectForm(max_chunk=8192),
+    "r2_c8k": ix.SelectForm(radix_bits=2, max_chunk=8192),
+}
+# Fused variants: (pages per split, select form of the merge).
+FUSED_VARIANTS = {"fused_r8": (8, "r1"), "fused_r16": (16, "r1"), "fused_r8_c8k": (8, "r1_c8k")}
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
            "logits_rel_err", "sel_violations", "exact_overlap", "note")
 
@@ -121,12 +132,22 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
     checks = {}
     out = torch.empty(batch, INDEX_TOPK, dtype=torch.int32, device=device)
     raw = torch.empty_like(out)
-    ix.topk_transform_paged(logits, lens, pt, out, INDEX_PAGE_SIZE, raw)
-    checks["two_kernel"] = check_selection(raw, ref, lens)
-    for split in FUSED_SPLITS:
-        raw.fill_(12345)
-        ix.fused_logits_topk(q, kv, w, lens, pt, c4_len, out, raw, split_pages=split)
-        checks[f"fused_r{split}"] = check_selection(raw, ref, lens)
+    for name, form in SELECT_FORMS.items():
+        try:
+            raw.fill_(12345)
+            ix.topk_transform_paged(logits, lens, pt, out, INDEX_PAGE_SIZE, raw, select=form)
+            checks[two_kernel_name(name)] = check_selection(raw, ref, lens)
+        except Exception as exc:
+            traceback.print_exc()
+            checks[two_kernel_name(name)] = (f"failed: {type(exc).__name__}", "")
+    for name, (split, form) in FUSED_VARIANTS.items():
+        try:
+            raw.fill_(12345)
+            ix.fused_logits_topk(q, kv, w, lens, pt, c4_len, out, raw, split_pages=split, select=SELECT_FORMS[form])
+            checks[name] = check_selection(raw, ref, lens)
+        except Exception as exc:
+            traceback.print_exc()
+            checks[name] = (f"failed: {type(exc).__name__}", "")
     del ref, logits
 
     def loop(call):
@@ -147,33 +168,54 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
             note = (note + "; " if note else "") + f"upstream failed: {type(exc).__name__}: {str(exc)[:120]}"
             traceback.print_exc()
     logits_buf = torch.empty(batch, c4_len, dtype=torch.float32, device=device)
-    timings["ours_logits_only"] = timeit(loop(lambda t: ix.paged_mqa_logits(q, kv, w, lens, t, c4_len, out=logits_buf)))
-    timings["ours_topk_only"] = timeit(loop(lambda t: ix.topk_transform_paged(logits_buf, lens, t, outs, INDEX_PAGE_SIZE)))
-    timings["two_kernel"] = timeit(loop(lambda t: ix.indexer_topk(q, kv, w, lens, t, c4_len, outs,
-                                                                  plan=ix.Plan("two_kernel"))))
-    for split in FUSED_SPLITS:
-        timings[f"fused_r{split}"] = timeit(loop(lambda t, s=split: ix.fused_logits_topk(
-            q, kv, w, lens, t, c4_len, outs, split_pages=s)))
+    ix.paged_mqa_logits(q, kv, w, lens, tables[0], c4_len, out=logits_buf)
+
+    def timed(variant, fn):
+        try:
+            timings[variant] = timeit(fn)
+        except Exception as exc:  # one variant failing keeps the others' numbers
+            traceback.print_exc()
+            errors[variant] = f"{type(exc).__name__}: {str(exc)[:120]}"
+
+    errors = {}
+    timed("ours_logits_only", loop(lambda t: ix.paged_mqa_logits(q, kv, w, lens, t, c4_len, out=logits_buf)))
+    for name, form in SELECT_FORMS.items():
+        timed(f"ours_topk_only_{name}", loop(lambda t, f=form: ix.topk_transform_paged(
+            logits_buf, lens, t, outs, INDEX_PAGE_SIZE, select=f)))
+        timed(two_kernel_name(name), loop(lambda t, f=form: ix.indexer_topk(
+            q, kv, w, lens, t, c4_len, outs, plan=ix.Plan("two_kernel", select=f))))
+    timed("default_plan", loop(lambda t: ix.indexer_topk(q, kv, w, lens, t, c4_len, outs)))
+    for name, (split, form) in FUSED_VARIANTS.items():
+        timed(name, loop(lambda t, s=split, f=SELECT_FORMS[form]: ix.fused_logits_topk(
+            q, kv, w, lens, t, c4_len, outs, split_pages=s, select=f)))
     up_total = timings.get("upstream_logits", 0) + timings.get("upstream_topk", 0) if up_logits else None
     for variant, us in timings.items():
         row = dict(base, variant=variant, us=round(us, 2), note=note)
-        if variant.startswith(("two_kernel", "fused")):
+        if variant.startswith(("two_kernel", "fused", "default_plan")):
             gbs = kbytes / (us * 1e-6) / 1e9
-            row.update(read_GBps=round(gbs, 1), pct_copy_bw=round(100 * gbs / copy_gbs, 1) if copy_gbs else "",
-                       sel_violations=checks[variant][0], exact_overlap=checks[variant][1])
+            row.update(read_GBps=round(gbs, 1), pct_copy_bw=round(100 * gbs / copy_gbs, 1) if copy_gbs else "")
+            if variant in checks:
+                row.update(sel_violations=checks[variant][0], exact_overlap=checks[variant][1])
             if up_total:
                 row["vs_upstream"] = round(up_total / us, 2)
         if variant == "ours_logits_only":
             row["logits_rel_err"] = f"{err:.2e}"
         result.add(**row)
-    ours = {v: t for v, t in timings.items() if v.startswith(("two_kernel", "fused"))}
-    best = min(ours, key=ours.get)
-    result.extra.setdefault("best_variant", {})[f"B={batch} ctx={ctx}"] = f"{best} {ours[best]:.1f} us"
+    for variant, why in errors.items():
+        result.add(**dict(base, variant=variant, note=f"failed: {why}"))
+    ours = {v: t for v, t in timings.items() if v.startswith(("two_kernel", "fused")) and checks.get(v, (1,))[0] == 0}
+    if ours:
+        best = min(ours, key=ours.get)
+        result.extra.setdefault("best_variant", {})[f"B={batch} ctx={ctx}"] = f"{best} {ours[best]:.1f} us"
     print(f"B={batch} ctx={ctx}: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items())
           + f" | err {err:.1e} | checks {checks}", flush=True)
     del q, kv, w, tables, logits_buf
     if device == "cuda":
         torch.cuda.empty_cache()
+
+
+def two_kernel_name(form_name):
+    return "two_kernel" if form_name == "r1" else f"two_kernel_{form_name}"
 
 
 def ix_relative_error(actual, expected):
@@ -189,6 +231,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
+    parser.add_argument("--name", default="indexer-h200-run5", help="result file stem (run 4 was the select-form sweep)")
     args = parser.parse_args()
     if args.prepare:
         prepare()
@@ -196,7 +239,7 @@ def main() -> None:
     from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs
 
     device = "cpu" if args.smoke else "cuda"
-    result = BenchResult("indexer-h200", "Lightning indexer: logits + top-512 (ours vs upstream torch path)", COLUMNS)
+    result = BenchResult(args.name, "Lightning indexer: logits + top-512 (ours vs upstream torch path)", COLUMNS)
     up_logits = None
     try:
         import upstream
@@ -207,6 +250,9 @@ def main() -> None:
     copy_gbs = None if args.smoke else copy_bandwidth_gbs()
     result.extra["copy_bandwidth_GBps (read+write)"] = round(copy_gbs, 1) if copy_gbs else "n/a"
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
+    result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
+    result.extra["fused_variants (split pages, select form)"] = FUSED_VARIANTS
+    result.extra["default_plan"] = "ix.indexer_topk with choose_plan (the PLAN_TABLE this run started with)"
     result.extra["timing"] = (f"one CUDA graph of {ROTATIONS} calls, each over its own pages, replayed after an L2 "
                               f"flush; us = graph time / {ROTATIONS}; read_GBps = index-K bytes of the live pages / us")
     rotations = 2 if args.smoke else ROTATIONS

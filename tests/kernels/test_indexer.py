@@ -149,6 +149,82 @@ def test_topk_transform_matches_reference_and_upstream(lens, width):
             assert all(masked[b, p] == kth for p in pos.tolist()), "sets differ beyond ties"
 
 
+SELECT_FORMS = {
+    "bitwise": ix.SelectForm(),
+    "radix4": ix.SelectForm(radix_bits=2),
+    "bitwise_c8k": ix.SelectForm(max_chunk=8192),
+    "radix4_c8k": ix.SelectForm(radix_bits=2, max_chunk=8192),
+}
+
+
+def _extreme_scores(batch, width, gen):
+    """Rows that stress the order-preserving keys: ties, signed zeros, huge and tiny magnitudes,
+    infinities, one row of a single repeated value."""
+    scores = torch.randn(batch, width, generator=gen) * torch.logspace(-30, 30, width)[torch.randperm(width, generator=gen)]
+    scores[:, ::5] = 0.0
+    scores[:, 1::5] = -0.0
+    scores[:, ::11] = scores[:, 7:8]
+    scores[0, ::97] = float("inf")
+    scores[0, 3::89] = float("-inf")
+    scores[-1] = 2.5
+    return scores
+
+
+@pytest.mark.parametrize("form", list(SELECT_FORMS), ids=list(SELECT_FORMS))
+@pytest.mark.parametrize("lens,width", [
+    ([0, 1, 512, 513, 600], 600),
+    ([9000, 4500, 8193], 9000),  # 8192-entry chunks: two groups, then the final merge
+    ([20000, 700], 20000),  # 4096: five groups, a level, the final; 8192: three groups, the final
+])
+def test_select_forms_match_reference(form, lens, width):
+    gen = torch.Generator().manual_seed(width + len(form))
+    batch = len(lens)
+    scores = _extreme_scores(batch, width, gen)
+    pt_width = -(-width // INDEX_PAGE_SIZE)
+    table = torch.stack([torch.randperm(3 * pt_width, generator=gen)[:pt_width] for _ in range(batch)]).int()
+    l = torch.tensor(lens, dtype=torch.int32)
+    out = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
+    raw = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
+    ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw, select=SELECT_FORMS[form])
+    masked = scores.masked_fill(torch.arange(width)[None, :] >= l[:, None], float("-inf"))
+    expected = ix.reference_topk_positions(masked, l)
+    assert torch.equal(raw, expected.int())  # exact, ties to the lowest position, ascending
+    assert torch.equal(out, ix.positions_to_slots(expected, table))
+
+
+def test_default_select_forms_and_fused_merge_forms_agree():
+    """Every plan's select form, and the fused path's merge under each form, pick the reference set."""
+    lens, max_seq_len = [2500, 1999, 0], 2560
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=11)
+    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    expected = ix.positions_to_slots(ix.reference_topk_positions(ref, l), pt)
+    for plan in {p for _, _, p in ix.PLAN_TABLE}:
+        out = torch.full((3, INDEX_TOPK), 12345, dtype=torch.int32)
+        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, plan=plan)
+        assert_selection_matches(out, ref, l, pt, rel_tol=1e-5)
+        assert torch.equal(out[2], expected[2])
+    for form in SELECT_FORMS.values():
+        out = torch.full((3, INDEX_TOPK), 12345, dtype=torch.int32)
+        ix.fused_logits_topk(q, kv, w, l, pt, max_seq_len, out, split_pages=8, select=form)
+        assert_selection_matches(out, ref, l, pt, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(radix_bits=4), "radix_bits"),
+    (dict(max_chunk=1024), "max_chunk"),
+    (dict(max_chunk=16384), "max_chunk"),
+])
+def test_bad_select_form_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ix.SelectForm(**kwargs)
+
+
+def test_select_argument_must_be_a_select_form():
+    scores, l, pt = torch.randn(2, 128), torch.tensor([5, 6], dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="select must be a SelectForm"):
+        ix.topk_transform_paged(scores, l, pt, torch.empty(2, 512, dtype=torch.int32), INDEX_PAGE_SIZE, select=2)
+
+
 def test_topk_small_k_and_edge_rows():
     scores = torch.randn(3, 300)
     table = torch.arange(15).view(3, 5).int()
@@ -213,6 +289,7 @@ def test_plan_table_covers_every_shape():
         for length in (1, 2048, 65536, ix.INDEX_MAX_COMPRESSED_LEN):
             plan = ix.choose_plan(batch, length)
             assert plan.path in ("fused", "two_kernel")
+            assert isinstance(plan.select, ix.SelectForm)
             if plan.path == "fused":
                 assert plan.split_pages in ix.FUSED_SPLIT_PAGES
 
