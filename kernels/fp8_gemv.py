@@ -437,12 +437,55 @@ def _split_activation_joined(x):
     BM: tl.constexpr = x.shape[0]
     BK: tl.constexpr = x.shape[1]
     s = _pow2_activation_scale(x)
-    v = x * (1.0 / s)[:, None]
+    q = _split_scaled_joined(x * (1.0 / s)[:, None])
+    return q, _hi_lo_column_scale(s)
+
+
+@triton.jit
+def _split_scaled_joined(v):
+    """fp32 ``v [BM, BLOCK_K]`` (|v| <= 448) -> e4m3 ``[2*BM, BLOCK_K]``: rows 0..BM-1 hi = e4m3(v), rows
+    BM..2*BM-1 lo = e4m3((v - hi) * 16), joined before one exact cast."""
+    BM: tl.constexpr = v.shape[0]
+    BK: tl.constexpr = v.shape[1]
     hi = _to_e4m3(v).to(tl.float32)
     lo = _round_to_e4m3_grid((v - hi) * _LO_FACTOR)
-    q = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), (2 * BM, BK)).to(tl.float8e4nv)
-    x_scale = tl.reshape(tl.permute(tl.join(s, s / _LO_FACTOR), (1, 0)), (2 * BM,))
-    return q, x_scale
+    return tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)), (2 * BM, BK)).to(tl.float8e4nv)
+
+
+@triton.jit
+def _hi_lo_column_scale(s):
+    """Per-row scale ``s [BM]`` -> the [2*BM] MMA column scales of the joined split: s (hi), s / 16 (lo)."""
+    BM: tl.constexpr = s.shape[0]
+    return tl.reshape(tl.permute(tl.join(s, s / _LO_FACTOR), (1, 0)), (2 * BM,))
+
+
+# Chained form: 128-wide K blocks per step of the pre-pass that bounds each row's scaled activation.
+_CHAIN_PREPASS_BLOCKS = tl.constexpr(4)
+
+
+@triton.jit
+def _chain_row_scale(x_rows, x_valid, s_row, kb_begin, kb_end, k_stop, INV_ROPE: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """Per activation row of the split: the power of two S at or above max_kb(amax|x[row, block kb]| *
+    w_scale[kb]) / 448 (x 2 with the fused inverse RoPE: a rotated pair element is at most sqrt(2) times
+    the larger input, plus bf16 rounding), so x * w_scale / S stays within e4m3's range on every block
+    of the split. The rows and the scales are small and L2-resident."""
+    PRE_K: tl.constexpr = _CHAIN_PREPASS_BLOCKS * BLOCK_K
+    BM: tl.constexpr = x_rows.shape[0]
+    rk = tl.arange(0, PRE_K)
+    bound = tl.zeros((BM,), tl.float32)
+    for kb0 in range(kb_begin, kb_end, _CHAIN_PREPASS_BLOCKS):
+        k = kb0 * BLOCK_K + rk
+        xa = tl.abs(tl.load(x_rows + k[None, :], mask=x_valid[:, None] & (k < k_stop)[None, :],
+                            other=0.0).to(tl.float32))
+        kbs = kb0 + tl.arange(0, _CHAIN_PREPASS_BLOCKS)
+        ws = tl.abs(tl.load(s_row + kbs, mask=kbs < kb_end, other=0.0))
+        block_amax = tl.max(tl.reshape(xa, (BM, _CHAIN_PREPASS_BLOCKS, BLOCK_K)), axis=2)
+        bound = tl.maximum(bound, tl.max(block_amax * ws[None, :], axis=1))
+    if INV_ROPE:
+        bound = bound * 2.0
+    s_bits = (tl.maximum(bound, 1e-30) / _E4M3_MAX).to(tl.int32, bitcast=True)
+    return ((s_bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -471,6 +514,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     k_blocks_per_split, num_splits,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
     JOIN: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
+    CHAIN: tl.constexpr = False,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
@@ -482,8 +526,19 @@ def _block_fp8_gemv_fp8mma_kernel(
     the end. On sm_90 this is wgmma e4m3, on sm_120 mma.sync e4m3 (QMMA): the weight bytes never pass
     through CUDA-core conversions. JOIN loads and splits the BLOCK_M distinct rows once and joins hi and
     lo into the 2*BLOCK_M columns (half the activation work of loading each row for both halves);
-    K_UNROLL 128-wide blocks per loop iteration (more weight bytes per pipeline stage)."""
+    K_UNROLL 128-wide blocks per loop iteration (more weight bytes per pipeline stage).
+
+    CHAIN (with JOIN): the MMAs chain, ``acc = dot(w, q^T, acc)``, with no per-block scaling between them
+    (a per-column scale on each fresh product makes every MMA complete before the next can start). The
+    tile's weight scale of block kb (BLOCK_N <= 128 rows lie in one scale block) is folded into the fp32
+    activation, x' = x * w_scale[kb], and x' is split with ONE power-of-two scale S per row and K split,
+    chosen by a pre-pass (_chain_row_scale): hi = e4m3(x'/S), lo = e4m3((x'/S - hi) * 16); the hi and lo
+    columns get S and S / 16 once after the loop. For power-of-two weight scales (DSv4's UE8M0) the split
+    is exact as in the unchained form down to S * 2^-13 (e4m3 subnormals), now with S from the split's
+    largest |x'| rather than the block's; otherwise x * w_scale adds one fp32 rounding and hi + lo keeps
+    8 significant bits of it."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
+    tl.static_assert(JOIN or not CHAIN)
     TWO_M: tl.constexpr = 2 * BLOCK_M
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -519,6 +574,9 @@ def _block_fp8_gemv_fp8mma_kernel(
     kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
 
+    if CHAIN:
+        row_scale = _chain_row_scale(x_rows, x_valid, s_row, kb_begin, kb_end, k_stop, INV_ROPE, BLOCK_K)
+        inv_row_scale = 1.0 / row_scale  # exact: a power of two
     acc = tl.zeros((BLOCK_N, TWO_M), tl.float32)
     for kb0 in range(kb_begin, kb_end, K_UNROLL):
         for u in tl.static_range(K_UNROLL):
@@ -528,12 +586,20 @@ def _block_fp8_gemv_fp8mma_kernel(
             w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
             x = _load_activation(x_rows, freq_rows, k[None, :], x_valid[:, None] & k_mask[None, :], kb * BLOCK_K,
                                  INV_ROPE, HEAD, ROPE, BLOCK_K)
-            if JOIN:
-                q, x_scale = _split_activation_joined(x.to(tl.float32))
-            else:
-                q, x_scale = _split_activation_e4m3(x.to(tl.float32), is_lo)
             w_scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
-            acc += tl.dot(w, tl.trans(q)) * (x_scale * w_scale)[None, :]
+            if CHAIN:
+                v = x.to(tl.float32) * (w_scale * inv_row_scale)[:, None]
+                # the pre-pass bound holds up to fp32 rounding of amax * w_scale / 448: clamp to e4m3's range
+                v = tl.minimum(tl.maximum(v, -_E4M3_MAX), _E4M3_MAX)
+                acc = tl.dot(w, tl.trans(_split_scaled_joined(v)), acc)
+            else:
+                if JOIN:
+                    q, x_scale = _split_activation_joined(x.to(tl.float32))
+                else:
+                    q, x_scale = _split_activation_e4m3(x.to(tl.float32), is_lo)
+                acc += tl.dot(w, tl.trans(q)) * (x_scale * w_scale)[None, :]
+    if CHAIN:
+        acc = acc * _hi_lo_column_scale(row_scale)[None, :]
     # hi + lo per row: [BN, 2, BM] summed over the middle axis, then rows first
     out = tl.trans(tl.sum(tl.reshape(acc, (BLOCK_N, 2, BLOCK_M)), axis=1))  # [BM, BN]
 
@@ -591,6 +657,9 @@ class GemvConfig:
     # rows make 16 / 32 MMA columns; use_dot must be True, k_unroll 1
     fp8_mma: bool = False
     fp8_join: bool = False  # fp8_mma: split each activation row once, hi and lo joined into the MMA columns
+    # fp8_mma + fp8_join: chained MMAs (acc = dot(w, q^T, acc)), the weight scale folded into the activation,
+    # one power-of-two activation scale per row and K split (pre-pass); candidate, no default uses it
+    fp8_chain: bool = False
 
     def __post_init__(self):
         if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M)) or (
@@ -599,16 +668,17 @@ class GemvConfig:
                              f"evict_first and x_broadcast need the rows form; got {self}")
         if (self.fp8_mma and (not self.use_dot or self.rows_form or self.swap_ab
                               or self.block_m not in FP8_MMA_BLOCK_M or self.block_n < 16)) or (
-                self.fp8_join and not self.fp8_mma):
+                self.fp8_join and not self.fp8_mma) or (self.fp8_chain and not self.fp8_join):
             raise ValueError(f"config: fp8_mma needs use_dot=True, no rows form / swap_ab, block_m in "
-                             f"{FP8_MMA_BLOCK_M} and block_n >= 16; fp8_join needs fp8_mma; got {self}")
+                             f"{FP8_MMA_BLOCK_M} and block_n >= 16; fp8_join needs fp8_mma; fp8_chain needs fp8_join; "
+                             f"got {self}")
 
     @property
     def name(self) -> str:
         if self.rows_form:
             kind = "rows"
         elif self.fp8_mma:
-            kind = "q8j" if self.fp8_join else "q8"
+            kind = ("q8j" if self.fp8_join else "q8") + ("c" if self.fp8_chain else "")
         else:
             kind = ("dotT" if self.swap_ab else "dot") if self.use_dot else "fma"
         extra = ("_pf" if self.prefetch else "") + ("_ef" if self.evict_first else "") + ("_xb" if self.x_broadcast else "")
@@ -804,7 +874,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             fr.stride(0) if inv_rope else 0,
             per_split, split,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
-            JOIN=cfg.fp8_join, IS_SPLIT=split > 1,
+            JOIN=cfg.fp8_join, IS_SPLIT=split > 1, CHAIN=cfg.fp8_chain,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
@@ -1031,7 +1101,7 @@ _AOT_ROWS_SIGNATURE = {
 _AOT_FP8MMA_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
-                                    "HEAD", "ROPE")},
+                                    "HEAD", "ROPE", "CHAIN")},
 }
 
 
@@ -1054,7 +1124,7 @@ def aot_config(cfg: GemvConfig, rope: bool = False) -> AotConfig:
     if cfg.fp8_mma:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_fp8mma_kernel, signature=_AOT_FP8MMA_SIGNATURE,
-            constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, **common},
+            constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),

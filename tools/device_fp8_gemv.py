@@ -46,6 +46,8 @@ XB_ROWS, XB_TPS = (1, 2, 4, 8), (1, 4)
 Q8_RUN_NAME = "fp8_gemv-h200-run6"  # --q8-sweep: FP8 tensor-core form (split activation) vs the defaults
 Q8J_RUN_NAME = "fp8_gemv-h200-run6b"  # --q8j-sweep: joined split, stages, unroll, 128-col tiles
 Q8_ROWS, Q8_TPS = (1, 2, 4, 8, 16), (1, 4, 2, 8)
+CHAIN_RUN_NAME = "fp8_gemv-h200-run7-chain"  # --chain-final: chained FP8 MMAs vs the defaults
+CHAIN_ROWS, CHAIN_LINEARS = (1, 2, 4, 8), ("wo_a", "wq_b", "wo_b")  # at T=1
 
 
 def prepare() -> None:
@@ -258,11 +260,33 @@ def q8j_candidates(m: int, n: int, k: int, groups: int, g):
     return unique
 
 
+def chain_candidates(m: int, n: int, k: int, groups: int, g):
+    """--chain-final: the run-3/5 default, the current default, and the chained FP8 tensor-core form
+    (GemvConfig(fp8_chain=True): acc = dot(w, q^T, acc), weight scale folded into the activation, one
+    power-of-two activation scale per row and split) on the current FP8 tile of the shape (its split, 3
+    stages) and with 2 stages."""
+    import dataclasses
+
+    base = g._fp8_mma_config(max(m, 4), n, k, groups)
+    if base is None:  # not a large weight: the 64-column tile and its split
+        base = q8_config(m, n, k, groups, g, join=True)
+    out = [("old_default", run3_default_config(m, n, k, groups, g)),
+           ("current_default", g.default_config(m, n, k, groups)),
+           ("q8jc", dataclasses.replace(base, fp8_chain=True)),
+           ("q8jc_st2", dataclasses.replace(base, fp8_chain=True, num_stages=2))]
+    seen, unique = set(), []
+    for label, cfg in out:
+        if cfg not in seen:
+            seen.add(cfg)
+            unique.append((label, cfg))
+    return unique
+
+
 ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default")
 
 
 def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
-         q8j_sweep: bool = False) -> None:
+         q8j_sweep: bool = False, chain_final: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -272,13 +296,14 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else
+                                    "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
     if dot_sweep:
         rows, run_name, pick = (3, 16) if smoke else (4, 8, 16), DOT_RUN_NAME, dot_candidates
     tps = (2,) if smoke else TPS
-    with_rope = not (xb_sweep or q8_sweep or q8j_sweep)  # runs 5, 6: no fused-RoPE timing (the dense seam does not use it)
+    with_rope = not (xb_sweep or q8_sweep or q8j_sweep or chain_final)  # runs 5, 6: no fused-RoPE timing (the dense seam does not use it)
     if xb_sweep:
         rows, run_name, pick = (1, 2, 3, 8) if smoke else XB_ROWS, XB_RUN_NAME, xb_candidates
         tps = (2,) if smoke else XB_TPS
@@ -286,6 +311,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         rows, run_name, pick = ((1, 3, 11) if smoke else Q8_ROWS, Q8J_RUN_NAME if q8j_sweep else Q8_RUN_NAME,
                                 q8j_candidates if q8j_sweep else q8_candidates)
         tps = (2,) if smoke else Q8_TPS
+    if chain_final:
+        rows, run_name, pick, tps = (1, 3, 8) if smoke else CHAIN_ROWS, CHAIN_RUN_NAME, chain_candidates, (1,)
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -324,7 +351,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         name=run_name,
         title=("Block-FP8 GEMV / grouped wo_a at DSv4-Flash decode shapes: previous default vs "
                + ("tensor-core form variants" if dot_sweep else "x_broadcast rows form" if xb_sweep
-                  else "FP8 tensor-core form (split bf16 activation)" if q8_sweep or q8j_sweep else "rows form")
+                  else "FP8 tensor-core form (split bf16 activation)" if q8_sweep or q8j_sweep
+                  else "chained FP8 tensor-core form" if chain_final else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
                  "best_pct_copy", "cur_us", "cur_form", "cur_pct_copy", "bf16_us", "fp8_path_us", "einsum_us",
@@ -358,6 +386,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
             if name in ("wqkv_a", "indexer_wq_b") and tp != tps[0]:
                 continue  # replicated: the same at every T
+            if chain_final and name not in CHAIN_LINEARS:
+                continue
             if smoke:
                 n, k = min(n, 256), min(k, 512)
             shapes.append((name, tp, n, k))
@@ -443,7 +473,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                     _sync(torch)
             if not is_wo_a and m == 8 and tp == 1 and not smoke:
                 q8_errs = [e["rel_err"] for e in sweep_log
-                           if (e["linear"], e["T"], e["M"]) == (name, tp, m) and e["label"].startswith("q8")]
+                           if (e["linear"], e["T"], e["M"]) == (name, tp, m)
+                           and (e["label"].startswith("q8") or e["config"].startswith("q8"))]
                 numerics[name] = {
                     "worst_swept_variant": round(max_err, 6),
                     "worst_fp8_tensor_core_variant": max(q8_errs) if q8_errs else None,
@@ -464,7 +495,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                     cur_pct_copy=pct(nbytes, cur_us), bf16_us=bf16_us, fp8_path_us=fp8_path_us,
                     einsum_us=einsum_us, old_rope_us=rope_times.get("old_default", float("nan")),
                     cur_rope_us=rope_times.get(cur_label, float("nan")), max_rel_err=float(f"{max_err:.3g}"))
-            print(f"[{time.time() - t_start:5.0f}s] {point}: " + ", ".join(f"{lab} {us:.2f}" for lab, us in times.items())
+            errs = {e["label"]: e["rel_err"] for e in sweep_log if (e["linear"], e["T"], e["M"]) == (name, tp, m)}
+            print(f"[{time.time() - t_start:5.0f}s] {point}: "
+                  + ", ".join(f"{lab} {us:.2f} (err {errs.get(lab, float('nan')):.3g})" for lab, us in times.items())
                   + f" | bf16 {bf16_us:.2f} fp8path {fp8_path_us:.2f} einsum {einsum_us:.2f} err {max_err:.2g}",
                   flush=True)
         del weights, dq
@@ -569,6 +602,8 @@ if __name__ == "__main__":
                         help="run 6: FP8 tensor-core form (split activation) vs the run-3/5 defaults, M 1..16")
     parser.add_argument("--q8j-sweep", action="store_true",
                         help="run 6b: joined-split FP8 tensor-core variants vs the defaults and run 6's best")
+    parser.add_argument("--chain-final", action="store_true",
+                        help="run 7: chained FP8 MMAs vs the old and current defaults, wo_a / wq_b / wo_b T=1, M 1..8")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -582,4 +617,4 @@ if __name__ == "__main__":
     if args.prepare:
         prepare()
     else:
-        main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep)
+        main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final)

@@ -376,3 +376,117 @@ def test_wo_a_fp8_mma_with_rope_and_strided_o(cfg):
     y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE,
                            out=poisoned((b, groups, r)), config=cfg)
     assert rel_err(y, g.reference_grouped_wo_a(o, w, s, pos, freqs, HEAD, ROPE)) < OUTPUT_TOL
+
+
+# --- chained FP8 tensor-core form (weight scale folded into the activation, one scale per split) ----
+
+
+def q8c(block_m=8, block_n=64, split=1, unroll=1, warps=4):
+    return g.GemvConfig(block_m, block_n, split, True, warps, 3, unroll, fp8_mma=True, fp8_join=True,
+                        fp8_chain=True)
+
+
+Q8C_FORMS = [q8c(), q8c(split=3), q8c(block_n=32, split=2, unroll=2), q8c(16, 128, 2, warps=8)]
+
+
+@pytest.mark.parametrize("cfg", Q8C_FORMS, ids=lambda c: c.name)
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 16])
+def test_fp8_chain_forms_match_reference(cfg, m):
+    """Random weights with arbitrary (not power-of-two) block scales, outlier channels, ragged N and K,
+    split-K on and off; the error stays at bf16 output rounding, like the unchained form's."""
+    gen = torch.Generator().manual_seed(31 * m + cfg.block_n + cfg.split_k)
+    n, k = 200, 1000
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(m, k, generator=gen)
+    x[:, ::37] *= 50
+    x = x.to(torch.bfloat16).to(DEVICE)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    unchained = g.block_fp8_linear(x, w, s, config=q8(cfg.block_m, cfg.block_n, cfg.split_k, unroll=cfg.k_unroll,
+                                                      warps=cfg.num_warps))
+    for _ in range(2):  # the second call checks the split-K counters were left at zero
+        y = g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=cfg)
+        assert torch.isfinite(y).all()
+        assert rel_err(y, ref) < OUTPUT_TOL, cfg.name
+        # as close to the fp32 reference as the unchained form (both at bf16 output rounding)
+        assert rel_err(y, ref) <= rel_err(unchained, ref) * 1.25 + 1e-4
+    if cfg.split_k > 1:
+        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+
+
+def test_fp8_chain_power_of_two_scales_match_unchained_closely():
+    """With DSv4's power-of-two (UE8M0) weight scales, x * w_scale / S is exact, so the chained form
+    multiplies the same bf16 activation as the unchained form: both differ only in fp32 summation
+    order (and bf16 output rounding)."""
+    gen = torch.Generator().manual_seed(5)
+    w, s = random_weight(256, 1024, gen=gen, pow2=True)
+    x = torch.randn(8, 1024, generator=gen).to(torch.bfloat16).to(DEVICE)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    y = g.block_fp8_linear(x, w, s, config=q8c(split=2))
+    y0 = g.block_fp8_linear(x, w, s, config=q8(split=2))
+    assert rel_err(y, ref) < OUTPUT_TOL
+    assert (y.float() - y0.float()).abs().max() <= 2 * 2.0 ** -8 * ref.abs().max()
+
+
+def test_fp8_chain_wide_dynamic_range_row():
+    """One scale S per row and K split: where one element sets S (|x * w_scale| at the split's top) and the
+    rest of the row lies 2^d below it, the rest is split with an absolute floor of S * 2^-14 per element
+    (e4m3 subnormals), so its relative error grows with d. Adversarial rows: the top element meets a zero
+    weight column (it sets S but contributes nothing). Measured under the interpreter: d = 0 / 8 / 12 / 16
+    / 20 -> 0.0033 / 0.0027 / 0.0039 / 0.011 / 0.25 (the unchained form, one scale per 128-block: 0.0027 -
+    0.0036 on every row)."""
+    gen = torch.Generator().manual_seed(9)
+    k = 4 * FP8_BLOCK
+    w_dense = torch.randn(128, k, generator=gen) * 0.02
+    w_dense[:, 0] = 0.0
+    wq, s = block_quantize(w_dense, pow2=True)
+    w, s = wq.to(DEVICE), s.to(DEVICE)
+    ranges = (0, 8, 12, 16, 20)
+    x = torch.randn(len(ranges), k, generator=gen)
+    x[:, :FP8_BLOCK] = 0.0
+    x[:, 0] = 2.0 ** 12
+    for i, d in enumerate(ranges):
+        x[i, FP8_BLOCK:] *= 2.0 ** (12 - d)
+    x = x.to(torch.bfloat16).to(DEVICE)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    chained = g.block_fp8_linear(x, w, s, out=poisoned(ref.shape), config=q8c())
+    unchained = g.block_fp8_linear(x, w, s, config=q8())
+    err = [rel_err(chained[i], ref[i]) for i in range(len(ranges))]
+    assert all(rel_err(unchained[i], ref[i]) < OUTPUT_TOL for i in range(len(ranges)))
+    assert err[0] < OUTPUT_TOL and err[1] < OUTPUT_TOL and err[2] < OUTPUT_TOL  # up to 2^12 below the top
+    assert OUTPUT_TOL < err[3] < 0.03 and 0.05 < err[4] < 1.0  # 2^16: ~1 %, 2^20: the floor dominates
+    # the floor bound per row: ||y - ref|| <= ||S * 2^-14 * sum_k |w_q[n, k]||| + the output-rounding tolerance
+    row_scale = torch.exp2(torch.ceil(torch.log2(2.0 ** 12 * s[:, 0].amax() / g.FP8_MAX)))
+    floor = (row_scale * 2.0 ** -14 * w.float().abs().sum(-1)).norm()
+    assert torch.all((chained.float() - ref).norm(dim=-1) <= floor + OUTPUT_TOL * ref.norm(dim=-1))
+
+
+def test_fp8_chain_zero_rows_huge_values_and_config():
+    gen = torch.Generator().manual_seed(21)
+    w, s = random_weight(128, 512, gen=gen)
+    x = torch.randn(3, 512, generator=gen)
+    x[0] = 0.0
+    x[2, :128] *= 1e30
+    x = x.to(torch.bfloat16).to(DEVICE)
+    y = g.block_fp8_linear(x, w, s, out=poisoned((3, 128)), config=q8c(split=2))
+    ref = g.reference_block_fp8_linear(x, w, s)
+    assert torch.equal(y[0].float(), torch.zeros(128))
+    assert torch.isfinite(y).all()
+    assert rel_err(y[1], ref[1]) < OUTPUT_TOL
+    assert rel_err(y[2].float() * 1e-29, ref[2] * 1e-29) < OUTPUT_TOL
+    with pytest.raises(ValueError, match="fp8_chain needs fp8_join"):
+        g.GemvConfig(8, 64, 1, True, fp8_mma=True, fp8_chain=True)
+    assert q8c().name.startswith("q8jc_") and not g.default_config(4, 1024, 4096, groups=8).fp8_chain
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_wo_a_fp8_chain(rope):
+    gen = torch.Generator().manual_seed(13)
+    b, groups, r, d = 3, 2, 128, 512
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    heads = torch.randn(b, groups * d + 64, generator=gen).to(torch.bfloat16).to(DEVICE)
+    o = heads[:, :groups * d].view(b, groups, d)
+    pos, freqs = (rope_inputs(b, gen)[:2]) if rope else (None, None)
+    kw = dict(head_dim=HEAD, rope_dim=ROPE) if rope else {}
+    y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, out=poisoned((b, groups, r)),
+                           config=q8c(split=2), **kw)
+    assert rel_err(y, g.reference_grouped_wo_a(o, w, s, pos, freqs, **kw)) < OUTPUT_TOL
