@@ -48,6 +48,18 @@ instead of 5.7 sm_120a SASS instructions per weight value (gate/up n8k512w4) -- 
 the H200 1.05x at I = 512, B = 1 (the default there, :data:`GEMV_X_F32_WHERE`) but slower at I = 2048
 (at best 4 % at B = 1; ``benchmarks/moe_mxfp4-h200-gemv3.md``).
 
+Tensor-core pairs decode (``upcast="pairs"``, round 4, :data:`PAIRS_DEFAULT_WHERE`): launches 1-3 become
+``_route_pairs_kernel`` (routing + x as bf16 times 2**32 in the *pair order*), ``_gate_up_pairs_kernel`` and
+``_down_pairs_kernel`` (grid: touched expert slot, block of output columns). Each int32 weight word becomes
+four bf16 pairs (nibbles j and j+4, exact values times 2**-126) with a few integer instructions per two
+values, and goes into a bf16 MMA with the weights as the M side and up to 16 routed rows as N (one weight
+pass per 16 routed rows of an expert); the E8M0 scale multiplies each 32-group's MMA result (FFMA), the
+weight loads are cp.async-pipelined. sm_120a SASS: 6.4 instructions per weight value in the gate/up loop
+(n32k128w4, mul pairs; split_bf16 8.4 at the same tile, the GEMV 5.7 but one pass per routed row). On the
+H200 it reached ~1.0 TB/s at B >= 32 and was the fastest only at I = 512 (T=4), B = 64 (666.5 vs 769.5 us);
+slower elsewhere -- at B <= 8 too few programs and a barrier per 32-group, at I = 2048 slower than
+split_bf16 (``benchmarks/moe_mxfp4-h200-run2.md``).
+
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
 fp32 partials to a shape-sized scratch; the last of a (slot, n block)'s splits to take its ticket (an
@@ -1092,9 +1104,21 @@ SPLIT_NIBBLES_MIN_INTER = 2048  # decode at I = 2048: split_bf16 12-18 % faster 
 GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 8 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, TOP_K, 64 * TOP_K))
 
 
+# Where the tensor-core pairs decode is the default (same form): the H200 round-4 run
+# (benchmarks/moe_mxfp4-h200-run2.md) measured pairs n32k128w4s3mul / n64k128w4s3mul 1.15x faster than
+# the GEMV at I = 512 (T=4), B = 64 (666.5 vs 769.5 us) and slower at every other measured point
+# (I = 512, B = 1 / 8 / 32: 0.60 / 0.68 / 0.84x; I = 2048, B = 1 / 8 / 32 / 64: 0.67 / 0.59 / 0.76 / 0.76x);
+# B between 33 and 63, B > 64, T = 2 and T = 8 are not measured, so they keep the earlier choice.
+PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE // 4, 64 * TOP_K, 64 * TOP_K),)
+
+
 def default_upcast(num_rows: int, inter: int) -> str:
-    """The decode/prefill variant :func:`moe_mxfp4_forward` runs when not told: the CUDA-core GEMV
-    where the H200 measured it faster (:data:`GEMV_DEFAULT_WHERE`), else :func:`default_gemm_upcast`."""
+    """The decode/prefill variant :func:`moe_mxfp4_forward` runs when not told: the tensor-core pairs
+    decode and the CUDA-core GEMV where the H200 measured them faster (:data:`PAIRS_DEFAULT_WHERE`,
+    :data:`GEMV_DEFAULT_WHERE`), else :func:`default_gemm_upcast`."""
+    for where_inter, min_rows, max_rows in PAIRS_DEFAULT_WHERE:
+        if inter == where_inter and min_rows <= num_rows <= max_rows:
+            return PAIRS
     for where_inter, min_rows, max_rows in GEMV_DEFAULT_WHERE:
         if inter == where_inter and min_rows <= num_rows <= max_rows:
             return GEMV
@@ -1265,7 +1289,8 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     overrides the (gate/up, down) tiles (device tuning); ``dot_scaled`` picks how bf16-activation
     GEMMs upcast the weights (``tl.dot_scaled`` vs the explicit register dequantisation); ``upcast``
     (one of :data:`FORWARD_UPCASTS`, overrides ``dot_scaled``) picks among all variants, ``"gemv"``
-    being the CUDA-core GEMV decode (``configs``: two :class:`GemvConfig`), default
+    being the CUDA-core GEMV decode (``configs``: two :class:`GemvConfig`) and ``"pairs"`` the tensor-core
+    pairs decode (``configs``: two :class:`PairsConfig`; without ``upcast`` the tiles' type picks the form), default
     :func:`default_upcast` (which yields to the tl.dot path when GemmConfig tiles, ``split_k`` or
     ``act_mxfp8`` are given). ``split_k`` (bf16 activations, decode tiles): ``"off"``, ``"auto"``
     (:func:`split_k_choice` from the shapes and the SM count) or explicit ``(gate_up, down)`` splits of
@@ -1282,8 +1307,10 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
         return out
     if upcast is None:
         upcast = default_upcast(num_rows, inter) if dot_scaled is None else ("dot_scaled" if dot_scaled else "regs")
-        gemm_args = act_mxfp8 or split_k not in (None, "off") or (configs and not isinstance(configs[0], GemvConfig))
-        if upcast == GEMV and gemm_args:  # arguments of the tensor-core path select it
+        if dot_scaled is None and configs and isinstance(configs[0], (GemvConfig, PairsConfig)):  # tiles name the form
+            upcast = GEMV if isinstance(configs[0], GemvConfig) else PAIRS
+        gemm_args = act_mxfp8 or split_k not in (None, "off") or (configs and isinstance(configs[0], GemmConfig))
+        if upcast in (GEMV, PAIRS) and gemm_args:  # arguments of the tensor-core GEMM path select it
             upcast = default_gemm_upcast(num_rows, inter)
     if upcast not in FORWARD_UPCASTS:
         raise ValueError(f"upcast must be one of {FORWARD_UPCASTS}, got {upcast!r}")
@@ -1584,8 +1611,10 @@ PAIRS_X_BLOCK = 1024  # activations one program of the pairs routing launch reor
 
 
 def pairs_configs(num_rows: int, inter: int) -> tuple[PairsConfig, PairsConfig]:
-    """(gate/up, down) tiles of the pairs decode (selectable through ``upcast="pairs"``)."""
-    return PairsConfig(32, 128, 4), PairsConfig(64, min(128, inter), 4)
+    """(gate/up, down) tiles of the pairs decode: the fastest of the H200 round-4 run at every measured
+    (T, B) (gate/up 32 columns = 64 weight rows, down 64 rows, K steps of 128, 4 warps, 3 stages, nibble
+    pairs by multiply; benchmarks/moe_mxfp4-h200-run2.md)."""
+    return PairsConfig(32, 128, 4, mul_pairs=True), PairsConfig(64, min(128, inter), 4, mul_pairs=True)
 
 
 def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
@@ -1735,7 +1764,7 @@ def _down_pairs_sig():
 
 
 # pairs tiles compiled beside pairs_configs (the device run's candidates)
-PAIRS_AOT_EXTRA = ((PairsConfig(32, 128, 4, mul_pairs=True), PairsConfig(64, 128, 4, mul_pairs=True)),)
+PAIRS_AOT_EXTRA = ((PairsConfig(32, 128, 4), PairsConfig(64, 128, 4)),)
 
 
 # GEMV forms compiled beside the defaults (selectable through ``configs``, measured slower on the H200 in
@@ -1859,7 +1888,7 @@ def aot_configs() -> list[AotConfig]:
                     name=f"moe_mxfp4_{kind}_pairs_{cfg.label()}",
                     kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",),
-                    note="tensor-core pairs decode (selectable, not a default)"))
+                    note="tensor-core pairs decode" + ("" if cfg.mul_pairs else " (selectable, not a default)")))
     configs.append(AotConfig(
         name="moe_mxfp4_route_pairs", kernel=_route_pairs_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",
@@ -1905,7 +1934,8 @@ def aot_configs() -> list[AotConfig]:
 
 
 __all__ = [
-    "FORWARD_UPCASTS", "GEMV", "GEMV_DEFAULT_WHERE", "GEMV_X_F32_WHERE", "GEMV_LAUNCH_NAMES", "GemvConfig", "gemv_launches", "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs",
+    "FORWARD_UPCASTS", "GEMV", "GEMV_DEFAULT_WHERE", "PAIRS", "PAIRS_DEFAULT_WHERE", "PairsConfig", "pairs_configs",
+    "pairs_launches", "GEMV_X_F32_WHERE", "GEMV_LAUNCH_NAMES", "GemvConfig", "gemv_launches", "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs",
     "default_gemm_upcast", "default_upcast", "gemv_configs", "dequant_nibbles", "moe_mxfp4_forward", "quantize_mxfp8",
     "reference_dequant_mxfp4", "reference_moe_mxfp4", "reference_moe_mxfp8_act", "reference_swiglu",
     "repack_w13_", "route", "scale_bytes", "touched_expert_bytes", "unpack_w13_", "use_dot_scaled",

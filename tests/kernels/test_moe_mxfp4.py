@@ -351,7 +351,10 @@ def test_default_upcast_follows_the_h200_numbers():
     assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "dot_scaled"  # prefill
     assert moe.default_upcast(TOP_K, full_i // 2) == "dot_scaled"  # T=2: not measured
-    assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(64 * TOP_K, full_i // 4) == "gemv"
+    assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(32 * TOP_K, full_i // 4) == "gemv"
+    assert moe.default_upcast(64 * TOP_K, full_i // 4) == "pairs"  # round 4: 1.15x over the GEMV there only
+    assert moe.default_upcast(63 * TOP_K, full_i // 4) == moe.default_upcast(8 * TOP_K, full_i // 4) == "gemv"
+    assert moe.default_upcast(64 * TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(256 * TOP_K, full_i // 4) == "regs"
     assert moe.default_upcast(TOP_K, full_i // 8) == "regs"  # T=8: not measured
     assert set(moe.default_upcast(r, full_i // tp) for r in (TOP_K, 4096) for tp in SUPPORTED_TP) <= set(
@@ -708,7 +711,32 @@ def test_pairs_layout_launches_and_validation():
         run(make_x(many), experts, big_w, big_ids, upcast="pairs")
 
 
+def test_pairs_default_dispatch(monkeypatch):
+    """Where PAIRS_DEFAULT_WHERE names the shape the default forward runs the pairs launches at
+    pairs_configs' tiles; PairsConfig tiles select the form; tensor-core GEMM arguments the GEMM path."""
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(2, "random")
+    x = make_x(2)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    monkeypatch.setattr(moe, "PAIRS_DEFAULT_WHERE", ((inter, 2 * TOP_K, 2 * TOP_K),))
+    monkeypatch.setattr(moe, "pairs_configs", lambda rows, i: pairs_tiles(i, mul_pairs=True))
+    calls = []
+    real = moe.pairs_launches
+    monkeypatch.setattr(moe, "pairs_launches", lambda *a, **kw: calls.append(a[-1]) or real(*a, **kw))
+    assert moe.default_upcast(2 * TOP_K, inter) == "pairs" and moe.default_upcast(TOP_K, inter) != "pairs"
+    assert rel(run(x, experts, weights, ids), ref) < 2e-2 and calls == [None]
+    assert rel(run(x, experts, weights, ids, configs=SPLIT_TILES), ref) < 2e-2 and len(calls) == 1
+    assert rel(run(x[:1], experts, weights[:1], ids[:1], configs=pairs_tiles(inter)), ref[:1]) < 2e-2
+    assert len(calls) == 2
+
+
 def test_pairs_aot_configs_expect_tensor_cores():
+    """The shipped tiles (the round-4 winner, mul pairs, only at T=4 B=64) compile for every per-rank I."""
+    assert moe.PAIRS_DEFAULT_WHERE == ((2048 // 4, 64 * TOP_K, 64 * TOP_K),)
+    for tp in SUPPORTED_TP:
+        gu, dn = moe.pairs_configs(TOP_K, 2048 // tp)
+        assert gu == moe.PairsConfig(32, 128, 4, mul_pairs=True) and dn.block_n == 64 and dn.mul_pairs
     pairs = [c for c in moe.aot_configs() if "_pairs_" in c.name]
     for tp in SUPPORTED_TP:
         gu, dn = moe.pairs_configs(TOP_K, 2048 // tp)
