@@ -244,21 +244,9 @@ LAUNCH_FORMS = {
                                         MID_PREFETCH=True, num_warps=8, num_stages=1)),
     "bh32_mid_prefetch": (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=False, ROW_SCALES=True, MID_PREFETCH=True,
                                    num_warps=8, num_stages=1)),
-    # run 6: lazy accumulator rescale and the L2 prefetch of the next tile's lines (a no-op here:
-    # the interpreter has no inline asm, so these check the loop that carries the slots further)
-    "bh64_bn16_lazy": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True, LAZY_RESCALE=8.0,
-                                num_warps=8, num_stages=1)),
-    "bh64_bn16_l2_prefetch": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True, L2_PREFETCH=True,
-                                       num_warps=8, num_stages=1)),
-    "bh64_bn16_l2_prefetch_lazy": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True,
-                                            L2_PREFETCH=True, LAZY_RESCALE=8.0, num_warps=8, num_stages=1)),
-    "bh32_lazy": (32, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, LAZY_RESCALE=8.0, num_warps=8,
-                           num_stages=1)),
-    "bh32_mid_prefetch_lazy": (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=False, ROW_SCALES=True,
-                                        MID_PREFETCH=True, LAZY_RESCALE=8.0, num_warps=8, num_stages=1)),
-    "bh16_lazy_at_h64": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, LAZY_RESCALE=8.0,
-                                  num_warps=8, num_stages=1)),
-    # run 7: bf16 split-K partial accumulators and wider combine programs
+    # run 6/7: the L2 prefetch of the next tile's lines (a no-op here: the interpreter has no
+    # inline asm, so these check the loop that carries the slots further), bf16 split-K partial
+    # accumulators and wider combine programs
     "bh64_bn16_l2_prefetch_bf16_partials": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True,
                                                      ROW_SCALES=True, PARTIAL_BF16=True, num_warps=8,
                                                      num_stages=1)),
@@ -267,8 +255,14 @@ LAUNCH_FORMS = {
                                                              num_warps=8, num_stages=1, COMBINE_COLS=128)),
     "bh32_bf16_partials": (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, PARTIAL_BF16=True,
                                     num_warps=8, num_stages=1)),
-    "bh16_bf16_partials_at_h64": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True,
-                                           PARTIAL_BF16=True, num_warps=8, num_stages=1)),
+}
+# run 6: the lazy accumulator rescale (selectable, not a default) in the loop without register
+# prefetch (64 heads, with the L2 prefetch) and in the register-prefetch loop (32 heads)
+LAZY_FORMS = {
+    "bh64_bn16_l2_prefetch_lazy": (64, dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, ROW_SCALES=True,
+                                            L2_PREFETCH=True, LAZY_RESCALE=8.0, num_warps=8, num_stages=1)),
+    "bh32_lazy": (32, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, LAZY_RESCALE=8.0, num_warps=8,
+                           num_stages=1)),
 }
 
 
@@ -284,9 +278,9 @@ def test_launch_forms(form, num_splits):
 # rescale branch is taken mid-split), the model's scale, and logits that never grow past it after
 # the first tile (the accumulator is never rescaled; p stays <= 2^8)
 @pytest.mark.parametrize("softmax_scale", [4.0, SCALE, 1e-3])
-@pytest.mark.parametrize("form", ["bh64_bn16_lazy", "bh64_bn16_l2_prefetch_lazy", "bh16_lazy_at_h64"])
+@pytest.mark.parametrize("form", sorted(LAZY_FORMS))
 def test_lazy_rescale_is_exact_given_the_reference_max(form, softmax_scale):
-    heads, cfg = LAUNCH_FORMS[form]
+    heads, cfg = LAZY_FORMS[form]
     args = _case(53, 2, 1, heads, SWA_PAGE_SIZE, 48, C4_PAGE_SIZE, 80, lengths="full")
     args["softmax_scale"] = softmax_scale
     # each row's candidates sorted by ascending mean logit: every tile raises the running max
