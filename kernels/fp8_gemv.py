@@ -470,18 +470,20 @@ def _chain_row_scale(x_rows, x_valid, s_row, kb_begin, kb_end, k_stop, INV_ROPE:
     w_scale[kb]) / 448 (x 2 with the fused inverse RoPE: a rotated pair element is at most sqrt(2) times
     the larger input, plus bf16 rounding), so x * w_scale / S stays within e4m3's range on every block
     of the split. The rows and the scales are small and L2-resident."""
-    PRE_K: tl.constexpr = _CHAIN_PREPASS_BLOCKS * BLOCK_K
     BM: tl.constexpr = x_rows.shape[0]
-    rk = tl.arange(0, PRE_K)
+    rk = tl.arange(0, BLOCK_K)
     bound = tl.zeros((BM,), tl.float32)
     for kb0 in range(kb_begin, kb_end, _CHAIN_PREPASS_BLOCKS):
-        k = kb0 * BLOCK_K + rk
-        xa = tl.abs(tl.load(x_rows + k[None, :], mask=x_valid[:, None] & (k < k_stop)[None, :],
-                            other=0.0).to(tl.float32))
-        kbs = kb0 + tl.arange(0, _CHAIN_PREPASS_BLOCKS)
-        ws = tl.abs(tl.load(s_row + kbs, mask=kbs < kb_end, other=0.0))
-        block_amax = tl.max(tl.reshape(xa, (BM, _CHAIN_PREPASS_BLOCKS, BLOCK_K)), axis=2)
-        bound = tl.maximum(bound, tl.max(block_amax * ws[None, :], axis=1))
+        # independent [BM, BLOCK_K] loads (all in flight at once), each in the main loop's own tile shape so
+        # the row scale's layout is the one the main loop's activation tile already has (a wider load here
+        # made the compiler move the main loop to the pre-pass's layout: duplicated work, 2x registers)
+        for u in tl.static_range(_CHAIN_PREPASS_BLOCKS):
+            kb = kb0 + u
+            k = kb * BLOCK_K + rk
+            xa = tl.abs(tl.load(x_rows + k[None, :], mask=x_valid[:, None] & (k < k_stop)[None, :],
+                                other=0.0).to(tl.float32))
+            ws = tl.abs(tl.load(s_row + kb, mask=kb < kb_end, other=0.0))
+            bound = tl.maximum(bound, tl.max(xa, axis=1) * ws)
     if INV_ROPE:
         bound = bound * 2.0
     s_bits = (tl.maximum(bound, 1e-30) / _E4M3_MAX).to(tl.int32, bitcast=True)
