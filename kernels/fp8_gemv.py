@@ -480,9 +480,9 @@ def _chain_row_scale(x_rows, x_valid, s_row, kb_begin, kb_end, k_stop, INV_ROPE:
         for u in tl.static_range(_CHAIN_PREPASS_BLOCKS):
             kb = kb0 + u
             k = kb * BLOCK_K + rk
+            ws = tl.abs(tl.load(s_row + kb, mask=kb < kb_end, other=0.0))
             xa = tl.abs(tl.load(x_rows + k[None, :], mask=x_valid[:, None] & (k < k_stop)[None, :],
                                 other=0.0).to(tl.float32))
-            ws = tl.abs(tl.load(s_row + kb, mask=kb < kb_end, other=0.0))
             bound = tl.maximum(bound, tl.max(xa, axis=1) * ws)
     if INV_ROPE:
         bound = bound * 2.0
@@ -530,7 +530,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     lo into the 2*BLOCK_M columns (half the activation work of loading each row for both halves);
     K_UNROLL 128-wide blocks per loop iteration (more weight bytes per pipeline stage).
 
-    CHAIN (with JOIN): the MMAs chain, ``acc = dot(w, q^T, acc)``, with no per-block scaling between them
+    CHAIN: the MMAs chain, ``acc = dot(w, q^T, acc)``, with no per-block scaling between them
     (a per-column scale on each fresh product makes every MMA complete before the next can start). The
     tile's weight scale of block kb (BLOCK_N <= 128 rows lie in one scale block) is folded into the fp32
     activation, x' = x * w_scale[kb], and x' is split with ONE power-of-two scale S per row and K split,
@@ -538,9 +538,10 @@ def _block_fp8_gemv_fp8mma_kernel(
     columns get S and S / 16 once after the loop. For power-of-two weight scales (DSv4's UE8M0) the split
     is exact as in the unchained form down to S * 2^-13 (e4m3 subnormals), now with S from the split's
     largest |x'| rather than the block's; otherwise x * w_scale adds one fp32 rounding and hi + lo keeps
-    8 significant bits of it."""
+    8 significant bits of it. With JOIN the joined hi/lo operand reaches the MMA through shared memory
+    byte by byte on sm_120a (STS.U8 / LDS.U8); without JOIN (each row loaded for both its columns) the
+    operand keeps the load's K-contiguous layout and moves by ldmatrix (LDSM), at twice the split work."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
-    tl.static_assert(JOIN or not CHAIN)
     TWO_M: tl.constexpr = 2 * BLOCK_M
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -586,14 +587,19 @@ def _block_fp8_gemv_fp8mma_kernel(
             k = kb * BLOCK_K + rk
             k_mask = k < k_stop  # past the split: zero weight and activation, zero scale
             w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            w_scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
             x = _load_activation(x_rows, freq_rows, k[None, :], x_valid[:, None] & k_mask[None, :], kb * BLOCK_K,
                                  INV_ROPE, HEAD, ROPE, BLOCK_K)
-            w_scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
             if CHAIN:
                 v = x.to(tl.float32) * (w_scale * inv_row_scale)[:, None]
                 # the pre-pass bound holds up to fp32 rounding of amax * w_scale / 448: clamp to e4m3's range
                 v = tl.minimum(tl.maximum(v, -_E4M3_MAX), _E4M3_MAX)
-                acc = tl.dot(w, tl.trans(_split_scaled_joined(v)), acc)
+                if JOIN:
+                    acc = tl.dot(w, tl.trans(_split_scaled_joined(v)), acc)
+                else:  # each row loaded for its hi and its lo column: the operand keeps the load's layout
+                    hi = _to_e4m3(v).to(tl.float32)
+                    q = _to_e4m3(tl.where(is_lo[:, None], (v - hi) * _LO_FACTOR, v))
+                    acc = tl.dot(w, tl.trans(q), acc)
             else:
                 if JOIN:
                     q, x_scale = _split_activation_joined(x.to(tl.float32))
@@ -601,7 +607,10 @@ def _block_fp8_gemv_fp8mma_kernel(
                     q, x_scale = _split_activation_e4m3(x.to(tl.float32), is_lo)
                 acc += tl.dot(w, tl.trans(q)) * (x_scale * w_scale)[None, :]
     if CHAIN:
-        acc = acc * _hi_lo_column_scale(row_scale)[None, :]
+        if JOIN:
+            acc = acc * _hi_lo_column_scale(row_scale)[None, :]
+        else:
+            acc = acc * tl.where(is_lo, row_scale / _LO_FACTOR, row_scale)[None, :]
     # hi + lo per row: [BN, 2, BM] summed over the middle axis, then rows first
     out = tl.trans(tl.sum(tl.reshape(acc, (BLOCK_N, 2, BLOCK_M)), axis=1))  # [BM, BN]
 
@@ -659,8 +668,8 @@ class GemvConfig:
     # rows make 16 / 32 MMA columns; use_dot must be True, k_unroll 1
     fp8_mma: bool = False
     fp8_join: bool = False  # fp8_mma: split each activation row once, hi and lo joined into the MMA columns
-    # fp8_mma + fp8_join: chained MMAs (acc = dot(w, q^T, acc)), the weight scale folded into the activation,
-    # one power-of-two activation scale per row and K split (pre-pass); candidate, no default uses it
+    # fp8_mma: chained MMAs (acc = dot(w, q^T, acc)), the weight scale folded into the activation, one
+    # power-of-two activation scale per row and K split (pre-pass); joined or not; candidate, no default uses it
     fp8_chain: bool = False
 
     def __post_init__(self):
@@ -670,9 +679,9 @@ class GemvConfig:
                              f"evict_first and x_broadcast need the rows form; got {self}")
         if (self.fp8_mma and (not self.use_dot or self.rows_form or self.swap_ab
                               or self.block_m not in FP8_MMA_BLOCK_M or self.block_n < 16)) or (
-                self.fp8_join and not self.fp8_mma) or (self.fp8_chain and not self.fp8_join):
+                self.fp8_join and not self.fp8_mma) or (self.fp8_chain and not self.fp8_mma):
             raise ValueError(f"config: fp8_mma needs use_dot=True, no rows form / swap_ab, block_m in "
-                             f"{FP8_MMA_BLOCK_M} and block_n >= 16; fp8_join needs fp8_mma; fp8_chain needs fp8_join; "
+                             f"{FP8_MMA_BLOCK_M} and block_n >= 16; fp8_join needs fp8_mma; fp8_chain needs fp8_mma; "
                              f"got {self}")
 
     @property

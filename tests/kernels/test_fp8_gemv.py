@@ -381,12 +381,13 @@ def test_wo_a_fp8_mma_with_rope_and_strided_o(cfg):
 # --- chained FP8 tensor-core form (weight scale folded into the activation, one scale per split) ----
 
 
-def q8c(block_m=8, block_n=64, split=1, unroll=1, warps=4):
-    return g.GemvConfig(block_m, block_n, split, True, warps, 3, unroll, fp8_mma=True, fp8_join=True,
+def q8c(block_m=8, block_n=64, split=1, unroll=1, warps=4, join=True):
+    return g.GemvConfig(block_m, block_n, split, True, warps, 3, unroll, fp8_mma=True, fp8_join=join,
                         fp8_chain=True)
 
 
-Q8C_FORMS = [q8c(), q8c(split=3), q8c(block_n=32, split=2, unroll=2), q8c(16, 128, 2, warps=8)]
+Q8C_FORMS = [q8c(), q8c(split=3), q8c(block_n=32, split=2, unroll=2), q8c(16, 128, 2, warps=8),
+             q8c(join=False), q8c(block_n=128, split=3, warps=8, join=False)]
 
 
 @pytest.mark.parametrize("cfg", Q8C_FORMS, ids=lambda c: c.name)
@@ -401,8 +402,8 @@ def test_fp8_chain_forms_match_reference(cfg, m):
     x[:, ::37] *= 50
     x = x.to(torch.bfloat16).to(DEVICE)
     ref = g.reference_block_fp8_linear(x, w, s)
-    unchained = g.block_fp8_linear(x, w, s, config=q8(cfg.block_m, cfg.block_n, cfg.split_k, unroll=cfg.k_unroll,
-                                                      warps=cfg.num_warps))
+    unchained = g.block_fp8_linear(x, w, s, config=q8(cfg.block_m, cfg.block_n, cfg.split_k, join=cfg.fp8_join,
+                                                      unroll=cfg.k_unroll, warps=cfg.num_warps))
     for _ in range(2):  # the second call checks the split-K counters were left at zero
         y = g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=cfg)
         assert torch.isfinite(y).all()
@@ -413,7 +414,8 @@ def test_fp8_chain_forms_match_reference(cfg, m):
         assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
 
 
-def test_fp8_chain_power_of_two_scales_match_unchained_closely():
+@pytest.mark.parametrize("join", [True, False])
+def test_fp8_chain_power_of_two_scales_match_unchained_closely(join):
     """With DSv4's power-of-two (UE8M0) weight scales, x * w_scale / S is exact, so the chained form
     multiplies the same bf16 activation as the unchained form: both differ only in fp32 summation
     order (and bf16 output rounding)."""
@@ -421,13 +423,14 @@ def test_fp8_chain_power_of_two_scales_match_unchained_closely():
     w, s = random_weight(256, 1024, gen=gen, pow2=True)
     x = torch.randn(8, 1024, generator=gen).to(torch.bfloat16).to(DEVICE)
     ref = g.reference_block_fp8_linear(x, w, s)
-    y = g.block_fp8_linear(x, w, s, config=q8c(split=2))
-    y0 = g.block_fp8_linear(x, w, s, config=q8(split=2))
+    y = g.block_fp8_linear(x, w, s, config=q8c(split=2, join=join))
+    y0 = g.block_fp8_linear(x, w, s, config=q8(split=2, join=join))
     assert rel_err(y, ref) < OUTPUT_TOL
     assert (y.float() - y0.float()).abs().max() <= 2 * 2.0 ** -8 * ref.abs().max()
 
 
-def test_fp8_chain_wide_dynamic_range_row():
+@pytest.mark.parametrize("join", [True, False])
+def test_fp8_chain_wide_dynamic_range_row(join):
     """One scale S per row and K split: where one element sets S (|x * w_scale| at the split's top) and the
     rest of the row lies 2^d below it, the rest is split with an absolute floor of S * 2^-14 per element
     (e4m3 subnormals), so its relative error grows with d. Adversarial rows: the top element meets a zero
@@ -448,7 +451,7 @@ def test_fp8_chain_wide_dynamic_range_row():
         x[i, FP8_BLOCK:] *= 2.0 ** (12 - d)
     x = x.to(torch.bfloat16).to(DEVICE)
     ref = g.reference_block_fp8_linear(x, w, s)
-    chained = g.block_fp8_linear(x, w, s, out=poisoned(ref.shape), config=q8c())
+    chained = g.block_fp8_linear(x, w, s, out=poisoned(ref.shape), config=q8c(join=join))
     unchained = g.block_fp8_linear(x, w, s, config=q8())
     err = [rel_err(chained[i], ref[i]) for i in range(len(ranges))]
     assert all(rel_err(unchained[i], ref[i]) < OUTPUT_TOL for i in range(len(ranges)))
@@ -473,13 +476,15 @@ def test_fp8_chain_zero_rows_huge_values_and_config():
     assert torch.isfinite(y).all()
     assert rel_err(y[1], ref[1]) < OUTPUT_TOL
     assert rel_err(y[2].float() * 1e-29, ref[2] * 1e-29) < OUTPUT_TOL
-    with pytest.raises(ValueError, match="fp8_chain needs fp8_join"):
-        g.GemvConfig(8, 64, 1, True, fp8_mma=True, fp8_chain=True)
-    assert q8c().name.startswith("q8jc_") and not g.default_config(4, 1024, 4096, groups=8).fp8_chain
+    with pytest.raises(ValueError, match="fp8_chain needs fp8_mma"):
+        g.GemvConfig(8, 64, 1, True, fp8_chain=True)
+    assert q8c().name.startswith("q8jc_") and q8c(join=False).name.startswith("q8c_")
+    assert not g.default_config(4, 1024, 4096, groups=8).fp8_chain
 
 
+@pytest.mark.parametrize("join", [True, False])
 @pytest.mark.parametrize("rope", [False, True])
-def test_wo_a_fp8_chain(rope):
+def test_wo_a_fp8_chain(rope, join):
     gen = torch.Generator().manual_seed(13)
     b, groups, r, d = 3, 2, 128, 512
     w, s = random_weight(r, d, groups=groups, gen=gen)
@@ -488,5 +493,5 @@ def test_wo_a_fp8_chain(rope):
     pos, freqs = (rope_inputs(b, gen)[:2]) if rope else (None, None)
     kw = dict(head_dim=HEAD, rope_dim=ROPE) if rope else {}
     y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, out=poisoned((b, groups, r)),
-                           config=q8c(split=2), **kw)
+                           config=q8c(split=2, join=join), **kw)
     assert rel_err(y, g.reference_grouped_wo_a(o, w, s, pos, freqs, **kw)) < OUTPUT_TOL
