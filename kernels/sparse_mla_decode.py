@@ -125,9 +125,10 @@ LAUNCH_CONFIGS = {
 _BH64_LARGE = dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True, ROW_SCALES=True, PARTIAL_BF16=True,
                    num_warps=8, num_stages=1)
 LARGE_BATCH_CONFIGS = {64: (32, _BH64_LARGE)}
-# From this many rows on, the same form's combine programs take up to 128 columns (COMBINE_COLS):
-# H200 run 7 at 64 rows (2 splits: 256 combine programs) C4 8K B=64 69.85 -> 68.30 us, C4 64K
-# 70.12 -> 68.52, B=32 s_q=2 69.86 -> 67.95; at 32 rows (4 splits: 128 programs) it was 0.84x.
+# From this many rows on, the same form's combine programs take 128 columns (COMBINE_COLS) when a
+# row has two splits (64-66 rows; more rows split otherwise): H200 run 7 at 64 rows (256 combine
+# programs) C4 8K B=64 69.85 -> 68.30 us, C4 64K 70.12 -> 68.52, B=32 s_q=2 69.86 -> 67.95; at 32
+# rows with 4 splits (128 programs) it was 0.84x, so more splits keep the default widths.
 WIDE_COMBINE_CONFIGS = {64: (64, dict(_BH64_LARGE, COMBINE_COLS=128))}
 # Measured crossover lies between 192 (slower) and 640 (faster) candidates per row; 384 (C128 at
 # 32K context) is not measured.
@@ -153,6 +154,7 @@ MAX_SPLITS = 32  # bounds the combine's registers (all splits of a block are loa
 COMBINE_SUB_H, COMBINE_WARPS = 16, 4  # combine block: 16 heads x COLS columns per program
 COMBINE_SPLITS_WIDE = 16  # up to this many splits the combine takes 32 columns per program, above it 16
 COMBINE_BLOCK_VALUES = 512  # splits x columns per combine program (x 16 heads over 128 threads: 64 fp32 each)
+WIDE_COMBINE_MAX_SPLITS = 2  # a config's COMBINE_COLS applies up to this many splits (measured at 2)
 # Split-count cost model (choose_splits), in units of one tile's time: a program's fixed cost (q,
 # slots, epilogue) per wave, and split-K's partial stores + combine launch once.
 PROGRAM_OVERHEAD_TILES = 1.0
@@ -653,6 +655,12 @@ def launch_config_for(num_heads: int, rows: int, candidates: int | None = None) 
     return LAUNCH_CONFIGS[heads]
 
 
+def _combine_width(cfg: dict, splits: int) -> int:
+    """Columns per combine program for launch config ``cfg`` at ``splits`` splits."""
+    wide = cfg.get("COMBINE_COLS", 32) if splits <= WIDE_COMBINE_MAX_SPLITS else 32
+    return combine_cols(splits, wide)
+
+
 def combine_cols(splits: int, widest: int = 32) -> int:
     """Columns per combine program (at most ``widest``): narrower for many splits so the
     [splits, 16, cols] block stays in registers (at most COMBINE_BLOCK_VALUES values)."""
@@ -781,7 +789,7 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         EMIT_ASM=not interpreter_enabled(), **_LAYOUT, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if splits > 1:
-        cols = combine_cols(splits, cfg.get("COMBINE_COLS", 32))
+        cols = _combine_width(cfg, splits)
         sparse_mla_combine_kernel[(units, block_h // COMBINE_SUB_H, HEAD_DIM // cols)](
             part_acc, part_ml, out, lse, attn_sink if attn_sink is not None else lse, num_heads, splits,
             BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, SUB_H=COMBINE_SUB_H, COLS=cols,
@@ -933,7 +941,7 @@ def aot_configs() -> list[AotConfig]:
     for suffix, heads, cfg in _shipped_configs():
         widest = {}  # the most splits of each column width this config's combine can take
         for splits in range(2, MAX_SPLITS + 1):
-            widest[combine_cols(splits, cfg.get("COMBINE_COLS", 32))] = splits
+            widest[_combine_width(cfg, splits)] = splits
         for cols, splits in sorted(widest.items()):
             key = (_partial_type(cfg), cfg["BLOCK_H"], heads, cols, triton.next_power_of_2(splits))
             if key in seen:  # the same combine as an earlier config's

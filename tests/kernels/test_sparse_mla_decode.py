@@ -304,6 +304,12 @@ def test_more_than_sixteen_splits_use_the_narrow_combine(widest, partial_bf16):
     _check(args, num_splits=20, launch_config=cfg)
 
 
+def test_wide_combine_at_two_splits_only():
+    heads, cfg = LAUNCH_FORMS["bh64_bn16_l2_prefetch_bf16_partials_cols128"]
+    assert smd._combine_width(cfg, 2) == 128 and smd._combine_width(cfg, 3) == smd.combine_cols(3)
+    _check(_case(55, 2, 1, heads, SWA_PAGE_SIZE, 48, C4_PAGE_SIZE, 64), num_splits=2, launch_config=cfg)
+
+
 def test_launch_config_must_divide_the_heads():
     args = _case(45, 1, 1, 16, SWA_PAGE_SIZE, 16)
     with pytest.raises(ValueError, match=r"^launch_config: expected"):
