@@ -26,8 +26,9 @@ rate, while ``tl.dot_scaled(..e4m3.., ..e4m3..)`` with unit (127) E8M0 scales be
 ``QMMA.SF.16832...E8`` with identical numerics; on sm_90 ``dot_scaled`` is emulated (bf16 HGMMA plus
 conversions), so the plain fp8 dot (``QGMMA``) is used there. :func:`use_scaled_dot` picks by arch.
 
-Selection: scores map to order-preserving int32 keys; a 32-step bitwise search finds the K-th
-largest key of a block held in registers, and cumulative sums compact the winners.
+Selection: scores map to order-preserving int32 keys; a 32-step bitwise search (or 16 radix-4
+rounds) finds the K-th largest key of a block held in registers, and cumulative sums compact the
+winners. :class:`SelectForm` (search, largest chunk, warps) is chosen per shape in :data:`PLAN_TABLE`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ SCALE_WORD_OFFSET = INDEX_SCALE_OFFSET // 4  # 2048
 MAX_TOPK = 1024
 SELECT_CHUNKS = (512, 1024, 2048, 4096, 8192)  # positions one select program holds in registers
 SELECT_MAX_CHUNK = 4096  # largest chunk by default (8192: fewer merge levels, 16 warps)
+SELECT_MAX_WARPS = 16
 FUSED_SPLIT_PAGES = (8, 16, 32, 64)  # pages one fused program scores and reduces to K candidates
 LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this many programs run
 LOGITS_NUM_WARPS, LOGITS_NUM_STAGES = 4, 3
@@ -468,10 +470,11 @@ def select_chunk(n: int, k: int, max_chunk: int = SELECT_MAX_CHUNK) -> int:
     return SELECT_CHUNKS[-1]
 
 
-def _select_warps(chunk: int) -> int:
-    """Warps of a select program over ``chunk`` entries: 16 entries a thread from 2048 up. (Half the
-    warps measured 2.6x slower on the H200, run 4: the search is bound by per-thread work.)"""
-    return max(4, chunk // 512)
+def _select_warps(chunk: int, warps_mul: int = 1) -> int:
+    """Warps of a select program over ``chunk`` entries: 16 entries a thread from 2048 up, or
+    ``warps_mul`` times as many warps (at most 16: 32 warps cap ptxas at 64 registers and spill).
+    Half the warps measured 2.6x slower on the H200 (run 4): the search is bound by per-thread work."""
+    return min(SELECT_MAX_WARPS, max(4, chunk // 512) * warps_mul)
 
 
 def _merge(vals, pos, lens, page_table, out, raw, implicit, form):
@@ -493,7 +496,7 @@ def _merge(vals, pos, lens, page_table, out, raw, implicit, form):
             raw if raw is not None else out, n, page_table.shape[1], vals.stride(0), dst_pos.stride(0),
             page_table.stride(0), raw.stride(0) if raw is not None else 0,
             CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit and pos is None, FINAL=final,
-            HAS_RAW=raw is not None, RADIX=form.radix_bits, num_warps=_select_warps(chunk),
+            HAS_RAW=raw is not None, RADIX=form.radix_bits, num_warps=_select_warps(chunk, form.warps_mul),
             num_stages=1)
         if final:
             return out
@@ -517,21 +520,26 @@ def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZ
 
 
 SELECT_RADIX_BITS = (1, 2)  # bits fixed per block-wide round of the K-th-key search
+SELECT_WARPS_MULS = (1, 2)
 
 
 @dataclasses.dataclass(frozen=True)
 class SelectForm:
     """How the select programs search: ``radix_bits`` 1 = 32-step bitwise search, 2 = 16 rounds of
     4-bin histograms; ``max_chunk`` is the largest chunk one program holds (8192: 16 warps, one merge
-    level fewer on long rows)."""
+    level fewer on long rows); ``warps_mul`` 2 doubles the warps of programs below 8192 entries (half
+    the entries per thread; not yet timed, so no plan uses it)."""
     radix_bits: int = 1
     max_chunk: int = SELECT_MAX_CHUNK
+    warps_mul: int = 1
 
     def __post_init__(self):
         if self.radix_bits not in SELECT_RADIX_BITS:
             raise ValueError(f"radix_bits must be one of {SELECT_RADIX_BITS}, got {self.radix_bits!r}")
         if self.max_chunk not in SELECT_CHUNKS or self.max_chunk < 2 * MAX_TOPK:
             raise ValueError(f"max_chunk must be one of {SELECT_CHUNKS} and >= {2 * MAX_TOPK}, got {self.max_chunk!r}")
+        if self.warps_mul not in SELECT_WARPS_MULS:
+            raise ValueError(f"warps_mul must be one of {SELECT_WARPS_MULS}, got {self.warps_mul!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -685,11 +693,14 @@ def aot_configs() -> list[AotConfig]:
         for chunk in SELECT_CHUNKS:
             if radix != 1 and chunk <= INDEX_TOPK:
                 continue  # no search below K entries: the same code as radix 1
+            warps = sorted({_select_warps(chunk, mul) for mul in SELECT_WARPS_MULS})
             for implicit, final in ((True, True), (True, False), (False, False), (False, True)):
                 c = dict(CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit, FINAL=final,
                          HAS_RAW=False, RADIX=radix)
                 name = f"indexer_select_c{chunk}_{'logits' if implicit else 'cand'}_{'final' if final else 'level'}"
-                configs.append(AotConfig(
-                    name + ("" if radix == 1 else f"_radix{radix}"), _select_kernel, _sig(_SELECT_SIG, c), c,
-                    num_warps=_select_warps(chunk), num_stages=1, div16=("stride_inb", "stride_outb")))
+                name += "" if radix == 1 else f"_radix{radix}"
+                for w in warps:
+                    configs.append(AotConfig(
+                        name + ("" if w == _select_warps(chunk) else f"_w{w}"), _select_kernel, _sig(_SELECT_SIG, c),
+                        c, num_warps=w, num_stages=1, div16=("stride_inb", "stride_outb")))
     return configs

@@ -41,6 +41,8 @@ SELECT_FORMS = {
     "r2": ix.SelectForm(radix_bits=2),
     "r1_c8k": ix.SelectForm(max_chunk=8192),
     "r2_c8k": ix.SelectForm(radix_bits=2, max_chunk=8192),
+    "r1_2xw": ix.SelectForm(warps_mul=2),  # run 4: the search is bound by entries per thread
+    "r2_2xw": ix.SelectForm(radix_bits=2, warps_mul=2),
 }
 # Fused variants: (pages per split, select form of the merge).
 FUSED_VARIANTS = {"fused_r8": (8, "r1"), "fused_r16": (16, "r1"), "fused_r8_c8k": (8, "r1_c8k")}

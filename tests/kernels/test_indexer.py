@@ -154,6 +154,8 @@ SELECT_FORMS = {
     "radix4": ix.SelectForm(radix_bits=2),
     "bitwise_c8k": ix.SelectForm(max_chunk=8192),
     "radix4_c8k": ix.SelectForm(radix_bits=2, max_chunk=8192),
+    "bitwise_2x_warps": ix.SelectForm(warps_mul=2),
+    "radix4_2x_warps": ix.SelectForm(radix_bits=2, warps_mul=2),
 }
 
 
@@ -213,6 +215,7 @@ def test_default_select_forms_and_fused_merge_forms_agree():
     (dict(radix_bits=4), "radix_bits"),
     (dict(max_chunk=1024), "max_chunk"),
     (dict(max_chunk=16384), "max_chunk"),
+    (dict(warps_mul=4), "warps_mul"),
 ])
 def test_bad_select_form_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
