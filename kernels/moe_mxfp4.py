@@ -58,7 +58,10 @@ weight loads are cp.async-pipelined. sm_120a SASS: 6.4 instructions per weight v
 (n32k128w4, mul pairs; split_bf16 8.4 at the same tile, the GEMV 5.7 but one pass per routed row). On the
 H200 it reached ~1.0 TB/s at B >= 32 and was the fastest only at I = 512 (T=4), B = 64 (666.5 vs 769.5 us);
 slower elsewhere -- at B <= 8 too few programs and a barrier per 32-group, at I = 2048 slower than
-split_bf16 (``benchmarks/moe_mxfp4-h200-run2.md``).
+split_bf16 (``benchmarks/moe_mxfp4-h200-run2.md``). ``PairsConfig(scale_bf16=True)`` (after that run, not
+yet measured, not a default) multiplies the pair words by the E8M0 factor in packed bf16 instead, so a
+K step is one MMA (sm_120a: 5.3 instead of 6.4 instructions per value, 16-byte weight loads; sm_90a:
+wgmma); exact for E8M0 bytes 34..160 (inf above 160, far outside checkpoint scales).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -928,6 +931,52 @@ def _pairs_tile(q, ROWS: tl.constexpr, MUL_PAIRS: tl.constexpr):
 
 
 @triton.jit
+def _pairs_step_tile(q, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr):
+    """[ROWS, BLOCK_K/8] int32 words of one K step -> bf16 [ROWS, BLOCK_K] in the pair order (groups one
+    after the other, as :func:`_pairs_position`), the values times 2**-126."""
+    first = tl.join(_pair_bits(q, 12, MUL_PAIRS), _pair_bits(q, 8, MUL_PAIRS))
+    second = tl.join(_pair_bits(q, 4, MUL_PAIRS), _pair_bits(q, 0, MUL_PAIRS))
+    both = _pair_halves(tl.join(first, second))  # [ROWS, w, j % 2, j // 2, h]
+    return tl.reshape(both, [ROWS, BLOCK_K]).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _scale_pairs_bf16(w, s, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BF16: tl.constexpr):
+    """bf16 pair tile [ROWS, BLOCK_K] (values times 2**-126) times its E8M0 bytes [ROWS, BLOCK_K/32] as
+    2**(byte - 127 + 126 - PAIRS_ACT_SHIFT) in bf16 (packed HMUL2): the dequantised value over
+    2**PAIRS_ACT_SHIFT, exact while the product is a normal bf16 (bytes 34..160; bytes above 160 give inf).
+    SCALE_BF16 == 2: the same products in float32 by bits (the CPU interpreter's bf16 arithmetic and
+    bf16 <-> fp32 casts are wrong; these products are exact either way)."""
+    exponent = tl.minimum((s.to(tl.int32) & 0xFF) + (127 - 1 - PAIRS_ACT_SHIFT), 255)
+    w3 = tl.reshape(w, [ROWS, BLOCK_K // 32, 32])
+    if SCALE_BF16 == 2:
+        factor = (exponent << 23).to(tl.float32, bitcast=True)
+        wide = ((w3.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+        prod = wide * factor[:, :, None]
+        w3 = (prod.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        factor = (exponent << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        w3 = w3 * factor[:, :, None]
+    return tl.reshape(w3, [ROWS, BLOCK_K])
+
+
+@triton.jit
+def _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr):
+    """:func:`_pairs_rows` with the E8M0 scale applied to the pair words (:func:`_scale_pairs_bf16`), so a
+    whole K step is one MMA (one shared-memory round trip of the tile, no per-group FFMA). ``w_ptrs``
+    [ROWS, BLOCK_K/8] words, ``s_ptrs`` [ROWS, BLOCK_K/32], ``a_ptrs`` [BLOCK_M, BLOCK_K] of step 0. Same
+    result scale as :func:`_pairs_rows` (times 2**(-126 + PAIRS_ACT_SHIFT))."""
+    acc = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, k_len, BLOCK_K):
+        w = _pairs_step_tile(tl.load(w_ptrs + k0 // 8), ROWS, BLOCK_K, MUL_PAIRS)
+        w = _scale_pairs_bf16(w, tl.load(s_ptrs + k0 // 32), ROWS, BLOCK_K, SCALE_BF16)
+        a = tl.load(a_ptrs + k0, mask=a_ok, other=0.0)
+        acc = tl.dot(w, tl.trans(a), acc)
+    return acc * (1.0 / PAIRS_UNBIAS)
+
+
+@triton.jit
 def _pairs_rows(w_ptrs, s_ptrs, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr):
     """``w_ptrs`` [ROWS, 4] int32 words, ``s_ptrs`` [ROWS] E8M0 bytes, ``a_ptrs`` [BLOCK_M, 32] pair-ordered
@@ -956,6 +1005,17 @@ def _pairs_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total):
 
 
 @triton.jit
+def _pairs_step_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total, BLOCK_K: tl.constexpr):
+    """Step-0 pointers of a SCALE_BF16 pairs program: words [R, BLOCK_K/8], scales [R, BLOCK_K/32]."""
+    row_words = tl.multiple_of(rows * (k_total // 8), 4)
+    expert_words = tl.multiple_of(expert * rows_per_expert * (k_total // 8), 4)
+    w_ptrs = w_ptr + expert_words + row_words[:, None] + tl.arange(0, BLOCK_K // 8)[None, :]
+    s_ptrs = (scale_ptr + expert * rows_per_expert * (k_total // 32) + rows[:, None] * (k_total // 32)
+              + tl.arange(0, BLOCK_K // 32)[None, :])
+    return w_ptrs, s_ptrs
+
+
+@triton.jit
 def _route_pairs_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                         num_active_ptr, x_ptr, x_pairs_ptr, x_numel, NUM_EXPERTS: tl.constexpr,
                         BLOCK_ROWS: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_X: tl.constexpr):
@@ -976,7 +1036,7 @@ def _route_pairs_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
 def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                           num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          MUL_PAIRS: tl.constexpr):
+                          MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr = 0):
     """Program (touched expert slot, block of BLOCK_N intermediate columns): the 2*BLOCK_N interleaved
     gate/up rows of its expert against up to BLOCK_M of its routed rows per pass, then the clamped SwiGLU,
     stored bf16 times 2**PAIRS_ACT_SHIFT in the pair order. ``x_ptr``: pair-ordered x [B, H] from
@@ -986,15 +1046,24 @@ def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
-    w_ptrs, s_ptrs = _pairs_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden)
+    if SCALE_BF16:
+        w_ptrs, s_ptrs = _pairs_step_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden, BLOCK_K)
+        kg = tl.arange(0, BLOCK_K)
+    else:
+        w_ptrs, s_ptrs = _pairs_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden)
+        kg = tl.arange(0, 32)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    kg = tl.arange(0, 32)
     for m0 in range(row_begin, row_end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < row_end
         rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0)
         a_ptrs = x_ptr + (rows // TOP_K).to(tl.int64)[:, None] * hidden + kg[None, :]
-        acc = _pairs_rows(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K, MUL_PAIRS)
+        if SCALE_BF16:
+            acc = _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K,
+                                   MUL_PAIRS, SCALE_BF16)
+        else:
+            acc = _pairs_rows(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K,
+                              MUL_PAIRS)
         gate, up = tl.split(tl.reshape(tl.trans(acc * PAIRS_UNBIAS), [BLOCK_M, BLOCK_N, 2]))
         act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE
         tl.store(act_ptr + rows.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :],
@@ -1004,7 +1073,8 @@ def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert
 @triton.jit
 def _down_pairs_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                        active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr,
+                       SCALE_BF16: tl.constexpr = 0):
     """Program (touched expert slot, block of BLOCK_N hidden columns): the down projection of up to
     BLOCK_M routed rows per pass (pair-ordered SwiGLU rows from the gate/up launch), times the routing
     weight, into fp32 ``y [B*top_k, H]``; ``w2_ptr``: int32 words [E, H, I/8]."""
@@ -1013,14 +1083,22 @@ def _down_pairs_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_r
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_ptrs, s_ptrs = _pairs_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter)
-    kg = tl.arange(0, 32)
+    if SCALE_BF16:
+        w_ptrs, s_ptrs = _pairs_step_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter, BLOCK_K)
+        kg = tl.arange(0, BLOCK_K)
+    else:
+        w_ptrs, s_ptrs = _pairs_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter)
+        kg = tl.arange(0, 32)
     for m0 in range(row_begin, row_end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < row_end
         rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
         a_ptrs = act_ptr + rows[:, None] * inter + kg[None, :]
-        acc = _pairs_rows(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M, BLOCK_K, MUL_PAIRS)
+        if SCALE_BF16:
+            acc = _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M, BLOCK_K,
+                                   MUL_PAIRS, SCALE_BF16)
+        else:
+            acc = _pairs_rows(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M, BLOCK_K, MUL_PAIRS)
         weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows[None, :] * hidden + n[:, None], acc * PAIRS_UNBIAS * weight[None, :],
                  mask=m_ok[None, :])
@@ -1594,17 +1672,28 @@ class PairsConfig:
     """Tile of the tensor-core pairs decode: ``block_n`` output columns per program (gate/up: intermediate
     columns, i.e. 2*block_n weight rows, the MMA's M side), ``block_k`` K values per loop step (a multiple
     of 32: one MMA + scale FFMA per 32-group), ``block_m`` routed rows per pass (the MMA's N side, >= 16),
-    ``mul_pairs``: nibble pairs placed by a multiply (3 instead of 4 integer instructions per pair)."""
+    ``mul_pairs``: nibble pairs placed by a multiply (3 instead of 4 integer instructions per pair);
+    ``scale_bf16``: the E8M0 scale multiplies the pair words in packed bf16 (one MMA per K step instead
+    of one per 32-group plus an FFMA; exact for E8M0 bytes 34..160, inf above 160; not yet measured)."""
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int = 3
     block_m: int = 16
     mul_pairs: bool = False
+    scale_bf16: bool = False
 
     def label(self) -> str:
         return (f"n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
-                + (f"m{self.block_m}" if self.block_m != 16 else "") + ("mul" if self.mul_pairs else ""))
+                + (f"m{self.block_m}" if self.block_m != 16 else "") + ("mul" if self.mul_pairs else "")
+                + ("h" if self.scale_bf16 else ""))
+
+    def scale_bf16_constexpr(self) -> int:
+        """SCALE_BF16 of the launch: 1 (packed bf16 multiply) or, under the CPU interpreter, 2 (the same
+        exact products in float32 by bits); 0 without ``scale_bf16``."""
+        if not self.scale_bf16:
+            return 0
+        return 2 if interpreter_enabled() else 1
 
 
 PAIRS_X_BLOCK = 1024  # activations one program of the pairs routing launch reorders
@@ -1660,14 +1749,15 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
         _gate_up_pairs_kernel[(slots, inter // gu_cfg.block_n)](
             x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts,
             num_active, act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m,
-            BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs, num_warps=gu_cfg.num_warps,
-            num_stages=gu_cfg.num_stages)
+            BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs,
+            SCALE_BF16=gu_cfg.scale_bf16_constexpr(), num_warps=gu_cfg.num_warps, num_stages=gu_cfg.num_stages)
 
     def down():
         _down_pairs_kernel[(slots, hidden // dn_cfg.block_n)](
             act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
             num_active, y, hidden, inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
-            MUL_PAIRS=dn_cfg.mul_pairs, num_warps=dn_cfg.num_warps, num_stages=dn_cfg.num_stages)
+            MUL_PAIRS=dn_cfg.mul_pairs, SCALE_BF16=dn_cfg.scale_bf16_constexpr(), num_warps=dn_cfg.num_warps,
+            num_stages=dn_cfg.num_stages)
 
     def topk_sum():
         _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
@@ -1753,18 +1843,20 @@ def _gate_up_pairs_sig():
     return {"x_ptr": "*bf16", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32",
             "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "act_ptr": "*bf16",
             "hidden": "i32", "inter": "i32", "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_M": "constexpr",
-            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MUL_PAIRS": "constexpr"}
+            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MUL_PAIRS": "constexpr", "SCALE_BF16": "constexpr"}
 
 
 def _down_pairs_sig():
     return {"act_ptr": "*bf16", "w2_ptr": "*i32", "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32",
             "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
             "num_active_ptr": "*i32", "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_M": "constexpr",
-            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MUL_PAIRS": "constexpr"}
+            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MUL_PAIRS": "constexpr", "SCALE_BF16": "constexpr"}
 
 
 # pairs tiles compiled beside pairs_configs (the device run's candidates)
-PAIRS_AOT_EXTRA = ((PairsConfig(32, 128, 4), PairsConfig(64, 128, 4)),)
+PAIRS_AOT_EXTRA = ((PairsConfig(32, 128, 4), PairsConfig(64, 128, 4)),
+                   (PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True),
+                    PairsConfig(64, 128, 4, mul_pairs=True, scale_bf16=True)))
 
 
 # GEMV forms compiled beside the defaults (selectable through ``configs``, measured slower on the H200 in
@@ -1881,14 +1973,15 @@ def aot_configs() -> list[AotConfig]:
                     continue
                 seen.add((kind, PAIRS, cfg))
                 constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": block_k,
-                              "MUL_PAIRS": cfg.mul_pairs}
+                              "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": int(cfg.scale_bf16)}
                 if kind == "gate_up":
                     constexprs["TOP_K"] = TOP_K
                 configs.append(AotConfig(
                     name=f"moe_mxfp4_{kind}_pairs_{cfg.label()}",
                     kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",),
-                    note="tensor-core pairs decode" + ("" if cfg.mul_pairs else " (selectable, not a default)")))
+                    note="tensor-core pairs decode" + ("" if cfg.mul_pairs and not cfg.scale_bf16
+                                                          else " (selectable, not a default)")))
     configs.append(AotConfig(
         name="moe_mxfp4_route_pairs", kernel=_route_pairs_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",

@@ -597,20 +597,27 @@ def test_gemv_aot_configs_forbid_tensor_cores():
 PAIRS_TILES = (moe.PairsConfig(16, 64, 4), moe.PairsConfig(32, 64, 4))
 
 
-def pairs_tiles(inter, mul_pairs=False, block_m=16):
+def pairs_tiles(inter, mul_pairs=False, block_m=16, scale_bf16=False):
     return tuple(moe.PairsConfig(min(c.block_n, inter) if i == 0 else c.block_n, c.block_k, c.num_warps,
-                                 mul_pairs=mul_pairs, block_m=block_m) for i, c in enumerate(PAIRS_TILES))
+                                 mul_pairs=mul_pairs, block_m=block_m, scale_bf16=scale_bf16)
+                 for i, c in enumerate(PAIRS_TILES))
 
 
-@pytest.mark.parametrize("mul_pairs", [False, True], ids=["shift_pairs", "mul_pairs"])
+# (mul_pairs, scale_bf16): shift- or multiply-placed pairs, scale per group on the MMA result or on the
+# pair words in bf16 (one MMA per K step)
+PAIRS_FORMS = {"shift_pairs": (False, False), "mul_pairs": (True, False), "scale_bf16": (True, True)}
+
+
+@pytest.mark.parametrize("form", sorted(PAIRS_FORMS))
 @pytest.mark.parametrize("batch,inter", [(0, 64), (1, 256), (1, 128), (3, 64), (3, 32), (64, 32)])
-def test_pairs_forward_matches_reference(batch, inter, mul_pairs):
+def test_pairs_forward_matches_reference(batch, inter, form):
     """Every per-rank I (reduced), B in 0/1/3/64 (more routed rows per expert than one 16-row pass at
-    B = 64 with 8 experts), both pair placements, NaN-poisoned output."""
+    B = 64 with 8 experts), every pairs form, NaN-poisoned output."""
     experts = make_experts(inter)
     weights, ids = make_routing(batch, "random")
     x = make_x(batch)
-    out = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter, mul_pairs))
+    mul_pairs, scale_bf16 = PAIRS_FORMS[form]
+    out = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter, mul_pairs, scale_bf16=scale_bf16))
     assert out.shape == (batch, HIDDEN) and out.dtype == torch.bfloat16
     if batch:
         assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
@@ -645,11 +652,13 @@ def test_pairs_routing_patterns_clamp_and_poisoned_scratch(pattern):
     assert rel(out, ref) < 2e-2 and rel(out_unclamped, unclamped) < 2e-2
 
 
-@pytest.mark.parametrize("mul_pairs", [False, True], ids=["shift_pairs", "mul_pairs"])
-def test_pairs_dequantise_every_code_under_extreme_scales(mul_pairs):
+@pytest.mark.parametrize("form", sorted(PAIRS_FORMS))
+def test_pairs_dequantise_every_code_under_extreme_scales(form):
     """Every byte of the weights (both nibbles, all signs and codes, the 0.5 code as the bf16 subnormal
     2**-127) under E8M0 bytes from 2**-127 up to 2**20: the pair bits and the per-group scale on the MMA
-    result give the reference's products."""
+    result (or, scale_bf16, on the pair words: exact from byte 34 up, the groups below add under 2**-93
+    of the rest) give the reference's products."""
+    mul_pairs, scale_bf16 = PAIRS_FORMS[form]
     inter, hidden, batch = 32, 256, 2
     g = torch.Generator().manual_seed(5)
     w13 = (torch.arange(2 * inter * hidden // 2) % 256).to(torch.uint8).reshape(1, 2 * inter, hidden // 2)
@@ -664,7 +673,8 @@ def test_pairs_dequantise_every_code_under_extreme_scales(mul_pairs):
     weights = torch.ones(batch, 2, device=DEVICE)
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
     out = run(x, experts, weights, ids, upcast="pairs", swiglu_limit=0.0,
-              configs=(moe.PairsConfig(32, 256, 4, mul_pairs=mul_pairs), moe.PairsConfig(32, 32, 4, mul_pairs=mul_pairs)))
+              configs=(moe.PairsConfig(32, 256, 4, mul_pairs=mul_pairs, scale_bf16=scale_bf16),
+                       moe.PairsConfig(32, 32, 4, mul_pairs=mul_pairs, scale_bf16=scale_bf16)))
     assert torch.isfinite(ref).all() and torch.isfinite(out).all() and rel(out, ref) < 2e-2
 
 
