@@ -434,8 +434,6 @@ def _split_activation_joined(x):
     """The split of _split_activation_e4m3 on BLOCK_M distinct rows (no duplicated loads or arithmetic):
     fp32 ``x [BM, BLOCK_K]`` -> (e4m3 q [2*BM, BLOCK_K], fp32 column scale [2*BM]), rows 0..BM-1 hi,
     rows BM..2*BM-1 lo, both joined before one exact cast."""
-    BM: tl.constexpr = x.shape[0]
-    BK: tl.constexpr = x.shape[1]
     s = _pow2_activation_scale(x)
     q = _split_scaled_joined(x * (1.0 / s)[:, None])
     return q, _hi_lo_column_scale(s)
@@ -587,9 +585,9 @@ def _block_fp8_gemv_fp8mma_kernel(
             k = kb * BLOCK_K + rk
             k_mask = k < k_stop  # past the split: zero weight and activation, zero scale
             w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            w_scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
             x = _load_activation(x_rows, freq_rows, k[None, :], x_valid[:, None] & k_mask[None, :], kb * BLOCK_K,
                                  INV_ROPE, HEAD, ROPE, BLOCK_K)
+            w_scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
             if CHAIN:
                 v = x.to(tl.float32) * (w_scale * inv_row_scale)[:, None]
                 # the pre-pass bound holds up to fp32 rounding of amax * w_scale / 448: clamp to e4m3's range
