@@ -102,6 +102,8 @@ def main() -> None:
     from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
 
     parser.add_argument("--pairs", action="store_true")
+    parser.add_argument("--only", default=None, help="keep only candidates whose label contains this text")
+    parser.add_argument("--name", default=None, help="result name (default: the round's name)")
     args = parser.parse_args()
     if args.smoke:
         from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
@@ -114,12 +116,14 @@ def main() -> None:
             "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
         batches = (1, 8, 32, 64) if args.pairs else (1, 8, 64)
         candidates = PAIRS_CANDIDATES if args.pairs else GEMV_CANDIDATES
+    if args.only:
+        candidates = [c for c in candidates if args.only in label(c)]
     deadline = PAIRS_DEADLINE_S if args.pairs else DEADLINE_S
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name="moe_mxfp4-h200-run2" if args.pairs else "moe_mxfp4-h200-gemv3",
+        name=args.name or ("moe_mxfp4-h200-run2" if args.pairs else "moe_mxfp4-h200-gemv3"),
         title=("sm120 MoE decode, round 4: tensor-core pairs decode vs the defaults, DSv4-Flash shapes, H200"
                if args.pairs else
                "sm120 MoE decode, round 3: fewer instructions per weight value in the CUDA-core GEMV, DSv4-Flash shapes, H200"),
