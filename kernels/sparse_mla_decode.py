@@ -949,7 +949,8 @@ def aot_configs() -> list[AotConfig]:
             seen.append(key)
             configs.append(AotConfig(
                 name=f"sparse_mla_combine_{suffix}_s{splits}", kernel=sparse_mla_combine_kernel,
-                signature={"part_acc_ptr": _partial_type(cfg), "part_ml_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
+                signature={"part_acc_ptr": _partial_type(cfg), "part_ml_ptr": "*fp32", "out_ptr": "*bf16",
+                           "lse_ptr": "*fp32",
                            "sink_ptr": "*fp32", "num_heads": "i32", "num_splits": "i32", "BLOCK_H": "constexpr",
                            "HEAD_BLOCKS": "constexpr", "SUB_H": "constexpr", "COLS": "constexpr",
                            "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr"},
