@@ -58,10 +58,13 @@ weight loads are cp.async-pipelined. sm_120a SASS: 6.4 instructions per weight v
 (n32k128w4, mul pairs; split_bf16 8.4 at the same tile, the GEMV 5.7 but one pass per routed row). On the
 H200 it reached ~1.0 TB/s at B >= 32 and was the fastest only at I = 512 (T=4), B = 64 (666.5 vs 769.5 us);
 slower elsewhere -- at B <= 8 too few programs and a barrier per 32-group, at I = 2048 slower than
-split_bf16 (``benchmarks/moe_mxfp4-h200-run2.md``). ``PairsConfig(scale_bf16=True)`` (after that run, not
-yet measured, not a default) multiplies the pair words by the E8M0 factor in packed bf16 instead, so a
-K step is one MMA (sm_120a: 5.3 instead of 6.4 instructions per value, 16-byte weight loads; sm_90a:
-wgmma); exact for E8M0 bytes 34..160 (inf above 160, far outside checkpoint scales).
+split_bf16 (``benchmarks/moe_mxfp4-h200-run2.md``). ``PairsConfig(scale_bf16=True)`` (round 5, the
+pairs default) multiplies the pair words by the E8M0 factor in packed bf16 instead, so a K step is one
+MMA (sm_120a: 5.3 instead of 6.4 instructions per value, 16-byte weight loads; sm_90a: wgmma); exact for
+E8M0 bytes 34..160 (inf above 160; below 34, i.e. scales under 2**-93, the factor leaves the normal bf16
+range and the products lose bits -- both far outside checkpoint scales). On the H200 it is 1.28-1.57x
+faster than the previous defaults at B = 32 and 64 (T = 1 and 4) and the default there
+(``benchmarks/moe_mxfp4-h200-run3.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -1182,12 +1185,15 @@ SPLIT_NIBBLES_MIN_INTER = 2048  # decode at I = 2048: split_bf16 12-18 % faster 
 GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 8 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, TOP_K, 64 * TOP_K))
 
 
-# Where the tensor-core pairs decode is the default (same form): the H200 round-4 run
-# (benchmarks/moe_mxfp4-h200-run2.md) measured pairs n32k128w4s3mul / n64k128w4s3mul 1.15x faster than
-# the GEMV at I = 512 (T=4), B = 64 (666.5 vs 769.5 us) and slower at every other measured point
-# (I = 512, B = 1 / 8 / 32: 0.60 / 0.68 / 0.84x; I = 2048, B = 1 / 8 / 32 / 64: 0.67 / 0.59 / 0.76 / 0.76x);
-# B between 33 and 63, B > 64, T = 2 and T = 8 are not measured, so they keep the earlier choice.
-PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE // 4, 64 * TOP_K, 64 * TOP_K),)
+# Where the tensor-core pairs decode is the default (same form, scale_bf16 tiles of :func:`pairs_configs`):
+# the H200 round-5 run (benchmarks/moe_mxfp4-h200-run3.md) measured pairs n32k128w4s3mulh / n64k128w4s3mulh
+# faster than the default of the time at B = 32 and 64 for both measured intermediate sizes -- I = 2048
+# (T=1): 1066 vs 1372 us (tl.dot split_bf16) at B = 32, 1543 vs 1973 us at B = 64; I = 512 (T=4): 305 vs
+# 412 us (GEMV) at B = 32, 428 vs 672 us (round-4 pairs without scale_bf16) at B = 64 -- and equal or slower
+# at B = 1 and 8 (T=1 B=8: 370.6 vs 374.4 us, within run-to-run noise, kept on the GEMV). B = 33..63 lie
+# between two measured wins; B > 64, T = 2 and T = 8 are not measured, so they keep the earlier choice.
+PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 32 * TOP_K, 64 * TOP_K),
+                       (MOE_INTERMEDIATE_SIZE // 4, 32 * TOP_K, 64 * TOP_K))
 
 
 def default_upcast(num_rows: int, inter: int) -> str:
@@ -1700,10 +1706,12 @@ PAIRS_X_BLOCK = 1024  # activations one program of the pairs routing launch reor
 
 
 def pairs_configs(num_rows: int, inter: int) -> tuple[PairsConfig, PairsConfig]:
-    """(gate/up, down) tiles of the pairs decode: the fastest of the H200 round-4 run at every measured
-    (T, B) (gate/up 32 columns = 64 weight rows, down 64 rows, K steps of 128, 4 warps, 3 stages, nibble
-    pairs by multiply; benchmarks/moe_mxfp4-h200-run2.md)."""
-    return PairsConfig(32, 128, 4, mul_pairs=True), PairsConfig(64, min(128, inter), 4, mul_pairs=True)
+    """(gate/up, down) tiles of the pairs decode: the fastest of the H200 round-4 and round-5 runs at every
+    measured (T, B) (gate/up 32 columns = 64 weight rows, down 64 rows, K steps of 128, 4 warps, 3 stages,
+    nibble pairs by multiply, E8M0 factor on the pair words in packed bf16;
+    benchmarks/moe_mxfp4-h200-run2.md, run3.md)."""
+    return (PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True),
+            PairsConfig(64, min(128, inter), 4, mul_pairs=True, scale_bf16=True))
 
 
 def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
@@ -1855,8 +1863,7 @@ def _down_pairs_sig():
 
 # pairs tiles compiled beside pairs_configs (the device run's candidates)
 PAIRS_AOT_EXTRA = ((PairsConfig(32, 128, 4), PairsConfig(64, 128, 4)),
-                   (PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True),
-                    PairsConfig(64, 128, 4, mul_pairs=True, scale_bf16=True)))
+                   (PairsConfig(32, 128, 4, mul_pairs=True), PairsConfig(64, 128, 4, mul_pairs=True)))
 
 
 # GEMV forms compiled beside the defaults (selectable through ``configs``, measured slower on the H200 in
@@ -1980,7 +1987,7 @@ def aot_configs() -> list[AotConfig]:
                     name=f"moe_mxfp4_{kind}_pairs_{cfg.label()}",
                     kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",),
-                    note="tensor-core pairs decode" + ("" if cfg.mul_pairs and not cfg.scale_bf16
+                    note="tensor-core pairs decode" + ("" if cfg.mul_pairs and cfg.scale_bf16
                                                           else " (selectable, not a default)")))
     configs.append(AotConfig(
         name="moe_mxfp4_route_pairs", kernel=_route_pairs_kernel,

@@ -342,19 +342,21 @@ def test_split_nibble_dequant_is_bit_exact(upcast):
 
 
 def test_default_upcast_follows_the_h200_numbers():
-    """The CUDA-core GEMV where the H200 measured it faster (I = 2048 at B <= 8, I = 512 at B <= 64);
-    split_bf16 for the rest of the decode at I = 2048; the earlier choices elsewhere."""
+    """The CUDA-core GEMV where the H200 measured it faster (I = 2048 at B <= 8, I = 512 at B < 32), the
+    pairs decode at B = 32..64 (I = 2048 and 512); split_bf16 for the rest of the decode at I = 2048; the
+    earlier choices elsewhere."""
     full_i = 2048
     assert moe.default_upcast(TOP_K, full_i) == moe.default_upcast(8 * TOP_K, full_i) == "gemv"
     assert moe.default_upcast(3 * TOP_K, full_i) == "gemv"
-    assert moe.default_upcast(64 * TOP_K, full_i) == moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
+    assert moe.default_upcast(9 * TOP_K, full_i) == moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
+    assert moe.default_upcast(31 * TOP_K, full_i) == moe.default_upcast(65 * TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "dot_scaled"  # prefill
     assert moe.default_upcast(TOP_K, full_i // 2) == "dot_scaled"  # T=2: not measured
-    assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(32 * TOP_K, full_i // 4) == "gemv"
-    assert moe.default_upcast(64 * TOP_K, full_i // 4) == "pairs"  # round 4: 1.15x over the GEMV there only
-    assert moe.default_upcast(63 * TOP_K, full_i // 4) == moe.default_upcast(8 * TOP_K, full_i // 4) == "gemv"
-    assert moe.default_upcast(64 * TOP_K, full_i) == "split_bf16"
+    assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(31 * TOP_K, full_i // 4) == "gemv"
+    for inter in (full_i, full_i // 4):  # round 5: pairs with the bf16 scale 1.28-1.57x at B = 32 and 64
+        assert moe.default_upcast(32 * TOP_K, inter) == moe.default_upcast(64 * TOP_K, inter) == "pairs"
+    assert moe.default_upcast(65 * TOP_K, full_i // 4) == "regs"
     assert moe.default_upcast(256 * TOP_K, full_i // 4) == "regs"
     assert moe.default_upcast(TOP_K, full_i // 8) == "regs"  # T=8: not measured
     assert set(moe.default_upcast(r, full_i // tp) for r in (TOP_K, 4096) for tp in SUPPORTED_TP) <= set(
@@ -742,16 +744,19 @@ def test_pairs_default_dispatch(monkeypatch):
 
 
 def test_pairs_aot_configs_expect_tensor_cores():
-    """The shipped tiles (the round-4 winner, mul pairs, only at T=4 B=64) compile for every per-rank I."""
-    assert moe.PAIRS_DEFAULT_WHERE == ((2048 // 4, 64 * TOP_K, 64 * TOP_K),)
+    """The shipped tiles (the round-5 winner, mul pairs with the bf16 scale, T=1 and T=4 at B=32..64)
+    compile for every per-rank I."""
+    assert moe.PAIRS_DEFAULT_WHERE == ((2048, 32 * TOP_K, 64 * TOP_K), (2048 // 4, 32 * TOP_K, 64 * TOP_K))
     for tp in SUPPORTED_TP:
         gu, dn = moe.pairs_configs(TOP_K, 2048 // tp)
-        assert gu == moe.PairsConfig(32, 128, 4, mul_pairs=True) and dn.block_n == 64 and dn.mul_pairs
+        assert gu == moe.PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True)
+        assert dn.block_n == 64 and dn.mul_pairs and dn.scale_bf16
     pairs = [c for c in moe.aot_configs() if "_pairs_" in c.name]
     for tp in SUPPORTED_TP:
         gu, dn = moe.pairs_configs(TOP_K, 2048 // tp)
-        assert any(c.kernel is moe._gate_up_pairs_kernel and c.constexprs["BLOCK_N"] == gu.block_n for c in pairs)
+        assert any(c.kernel is moe._gate_up_pairs_kernel and c.constexprs["BLOCK_N"] == gu.block_n
+                   and c.constexprs["SCALE_BF16"] == 1 for c in pairs)
         assert any(c.kernel is moe._down_pairs_kernel and c.constexprs["BLOCK_K"] == min(dn.block_k, 2048 // tp)
-                   for c in pairs)
+                   and c.constexprs["SCALE_BF16"] == 1 for c in pairs)
     assert all(c.expect_opcodes == ("HMMA.16816.F32.BF16",) for c in pairs)
     assert any(c.kernel is moe._route_pairs_kernel for c in moe.aot_configs())
