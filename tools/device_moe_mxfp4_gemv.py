@@ -104,6 +104,8 @@ def main() -> None:
     parser.add_argument("--pairs", action="store_true")
     parser.add_argument("--only", default=None, help="keep only candidates whose label contains this text")
     parser.add_argument("--name", default=None, help="result name (default: the round's name)")
+    parser.add_argument("--batches", default=None, help="comma-separated B values (default: the round's)")
+    parser.add_argument("--tps", default=None, help="comma-separated tensor-parallel sizes T (default: 1,4)")
     args = parser.parse_args()
     if args.smoke:
         from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
@@ -118,6 +120,10 @@ def main() -> None:
         candidates = PAIRS_CANDIDATES if args.pairs else GEMV_CANDIDATES
     if args.only:
         candidates = [c for c in candidates if args.only in label(c)]
+    if args.batches:
+        batches = tuple(int(b) for b in args.batches.split(","))
+    if args.tps:
+        tps = tuple(int(t) for t in args.tps.split(","))
     deadline = PAIRS_DEADLINE_S if args.pairs else DEADLINE_S
     run = timer(args.smoke)
     t_start = time.time()
