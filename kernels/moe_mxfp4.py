@@ -62,9 +62,9 @@ split_bf16 (``benchmarks/moe_mxfp4-h200-run2.md``). ``PairsConfig(scale_bf16=Tru
 pairs default) multiplies the pair words by the E8M0 factor in packed bf16 instead, so a K step is one
 MMA (sm_120a: 5.3 instead of 6.4 instructions per value, 16-byte weight loads; sm_90a: wgmma); exact for
 E8M0 bytes 34..160 (inf above 160; below 34, i.e. scales under 2**-93, the factor leaves the normal bf16
-range and the products lose bits -- both far outside checkpoint scales). On the H200 it is 1.28-1.57x
-faster than the previous defaults at B = 32 and 64 (T = 1 and 4) and the default there
-(``benchmarks/moe_mxfp4-h200-run3.md``).
+range and the products lose bits -- both far outside checkpoint scales). On the H200 it is 1.2-1.9x
+faster than the previous defaults from B = 16 to 256 at T = 1 and 4 and from B = 1 to 64 at T = 2 and 8,
+and the default there (:data:`PAIRS_DEFAULT_WHERE`; ``benchmarks/moe_mxfp4-h200-run3.md``, ``run4a/b.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -1185,15 +1185,23 @@ SPLIT_NIBBLES_MIN_INTER = 2048  # decode at I = 2048: split_bf16 12-18 % faster 
 GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 8 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, TOP_K, 64 * TOP_K))
 
 
-# Where the tensor-core pairs decode is the default (same form, scale_bf16 tiles of :func:`pairs_configs`):
-# the H200 round-5 run (benchmarks/moe_mxfp4-h200-run3.md) measured pairs n32k128w4s3mulh / n64k128w4s3mulh
-# faster than the default of the time at B = 32 and 64 for both measured intermediate sizes -- I = 2048
-# (T=1): 1066 vs 1372 us (tl.dot split_bf16) at B = 32, 1543 vs 1973 us at B = 64; I = 512 (T=4): 305 vs
-# 412 us (GEMV) at B = 32, 428 vs 672 us (round-4 pairs without scale_bf16) at B = 64 -- and equal or slower
-# at B = 1 and 8 (T=1 B=8: 370.6 vs 374.4 us, within run-to-run noise, kept on the GEMV). B = 33..63 lie
-# between two measured wins; B > 64, T = 2 and T = 8 are not measured, so they keep the earlier choice.
-PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 32 * TOP_K, 64 * TOP_K),
-                       (MOE_INTERMEDIATE_SIZE // 4, 32 * TOP_K, 64 * TOP_K))
+# Where the tensor-core pairs decode is the default (same form, scale_bf16 tiles of :func:`pairs_configs`),
+# from two H200 runs of pairs n32k128w4s3mulh / n64k128w4s3mulh beside the defaults of the time
+# (benchmarks/moe_mxfp4-h200-run3.md, run4a.md, run4b.md; every point reference-checked):
+# I = 2048 (T=1): faster at B = 16 / 32 / 64 / 128 / 256 (641.6 vs 817.1, 1066 vs 1372, 1543 vs 1973,
+#   1950 vs 2559, 2054 vs 2667 us against tl.dot split_bf16); B = 8 370.6 vs 374.4 us (noise) and B = 1
+#   slower, so B <= 8 keep the GEMV;
+# I = 512 (T=4): faster at B = 16 / 32 / 64 / 128 / 256 (185.9 vs 217.3, 305 vs 412, 428 vs 672,
+#   537 vs 1005, 590 vs 1071 us); B = 1 and 8 slower than the GEMV;
+# I = 1024 (T=2) and I = 256 (T=8): faster at every measured B = 1 / 8 / 16 / 32 / 64 (T=2: 47.3 vs 64.0,
+#   193.7 vs 291.4, 354.8 vs 542.6, 582.1 vs 902.1, 766.7 vs 1189.9 us; T=8: 32.9 vs 36.7, 68.9 vs 111.9,
+#   121.0 vs 192.5, 180.9 vs 304.7, 259.1 vs 461.2 us against dot_scaled / regs).
+# Unmeasured: B = 9..15 at T = 1 and 4 and B > 64 at T = 2 and 8 keep the earlier choice; B = 17..255
+# between measured wins take the pairs form. (inter, min routed rows, max routed rows):
+PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K, 256 * TOP_K),
+                       (MOE_INTERMEDIATE_SIZE // 2, TOP_K, 64 * TOP_K),
+                       (MOE_INTERMEDIATE_SIZE // 4, 16 * TOP_K, 256 * TOP_K),
+                       (MOE_INTERMEDIATE_SIZE // 8, TOP_K, 64 * TOP_K))
 
 
 def default_upcast(num_rows: int, inter: int) -> str:

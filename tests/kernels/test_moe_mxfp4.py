@@ -342,23 +342,24 @@ def test_split_nibble_dequant_is_bit_exact(upcast):
 
 
 def test_default_upcast_follows_the_h200_numbers():
-    """The CUDA-core GEMV where the H200 measured it faster (I = 2048 at B <= 8, I = 512 at B < 32), the
-    pairs decode at B = 32..64 (I = 2048 and 512); split_bf16 for the rest of the decode at I = 2048; the
-    earlier choices elsewhere."""
+    """Where the H200 measured them faster: the pairs decode at B = 16..256 (I = 2048, 512) and B = 1..64
+    (I = 1024, 256), the CUDA-core GEMV at B <= 8 (I = 2048, 512); split_bf16 for the rest of the decode at
+    I = 2048; the earlier choices elsewhere."""
     full_i = 2048
     assert moe.default_upcast(TOP_K, full_i) == moe.default_upcast(8 * TOP_K, full_i) == "gemv"
     assert moe.default_upcast(3 * TOP_K, full_i) == "gemv"
     assert moe.default_upcast(9 * TOP_K, full_i) == moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
-    assert moe.default_upcast(31 * TOP_K, full_i) == moe.default_upcast(65 * TOP_K, full_i) == "split_bf16"
+    assert moe.default_upcast(15 * TOP_K, full_i) == moe.default_upcast(257 * TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "dot_scaled"  # prefill
-    assert moe.default_upcast(TOP_K, full_i // 2) == "dot_scaled"  # T=2: not measured
-    assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(31 * TOP_K, full_i // 4) == "gemv"
-    for inter in (full_i, full_i // 4):  # round 5: pairs with the bf16 scale 1.28-1.57x at B = 32 and 64
-        assert moe.default_upcast(32 * TOP_K, inter) == moe.default_upcast(64 * TOP_K, inter) == "pairs"
-    assert moe.default_upcast(65 * TOP_K, full_i // 4) == "regs"
-    assert moe.default_upcast(256 * TOP_K, full_i // 4) == "regs"
-    assert moe.default_upcast(TOP_K, full_i // 8) == "regs"  # T=8: not measured
+    assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(15 * TOP_K, full_i // 4) == "gemv"
+    for inter in (full_i, full_i // 4):
+        assert all(moe.default_upcast(b * TOP_K, inter) == "pairs" for b in (16, 32, 64, 128, 256))
+    for inter in (full_i // 2, full_i // 8):
+        assert all(moe.default_upcast(b * TOP_K, inter) == "pairs" for b in (1, 8, 16, 32, 64))
+    assert moe.default_upcast(65 * TOP_K, full_i // 2) == "dot_scaled"  # T=2 beyond B=64: not measured
+    assert moe.default_upcast(65 * TOP_K, full_i // 8) == "regs"  # T=8 beyond B=64: not measured
+    assert moe.default_upcast(257 * TOP_K, full_i // 4) == "regs"
     assert set(moe.default_upcast(r, full_i // tp) for r in (TOP_K, 4096) for tp in SUPPORTED_TP) <= set(
         moe.FORWARD_UPCASTS)
     assert all(moe.default_gemm_upcast(r, full_i // tp) in moe.UPCASTS for r in (TOP_K, 4096) for tp in SUPPORTED_TP)
@@ -744,9 +745,8 @@ def test_pairs_default_dispatch(monkeypatch):
 
 
 def test_pairs_aot_configs_expect_tensor_cores():
-    """The shipped tiles (the round-5 winner, mul pairs with the bf16 scale, T=1 and T=4 at B=32..64)
-    compile for every per-rank I."""
-    assert moe.PAIRS_DEFAULT_WHERE == ((2048, 32 * TOP_K, 64 * TOP_K), (2048 // 4, 32 * TOP_K, 64 * TOP_K))
+    """The shipped tiles (the round-5 winner, mul pairs with the bf16 scale) compile for every per-rank I."""
+    assert {inter for inter, _, _ in moe.PAIRS_DEFAULT_WHERE} == {2048 // tp for tp in SUPPORTED_TP}
     for tp in SUPPORTED_TP:
         gu, dn = moe.pairs_configs(TOP_K, 2048 // tp)
         assert gu == moe.PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True)
