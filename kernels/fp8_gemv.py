@@ -79,6 +79,22 @@ def _load_activation(row_ptr, freq_row, k, mask, k_first, INV_ROPE: tl.constexpr
 
 
 # Row counts and split sizes vary call to call: no 1 / multiple-of-16 specialisation (one compile).
+@triton.jit
+def _sum_split_partials(part_base, split_stride, tile_part, y_ptrs, y_mask, counter_ptr, tile, num_splits,
+                        ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """K-split epilogue, after this program stored its fp32 partial: the last of the tile's split programs to
+    take a ticket sums the partials ([splits] x split_stride apart) and stores the bf16 tile, then zeroes the
+    ticket counter for the next call (graph replays)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+    if arrived == num_splits - 1:
+        total = tl.zeros((ROWS, BLOCK_N), tl.float32)
+        for s in range(num_splits):
+            total += tl.load(part_base + s * split_stride + tile_part, mask=y_mask, other=0.0, cache_modifier=".cg")
+        tl.store(y_ptrs, total.to(tl.bfloat16), mask=y_mask)
+        tl.atomic_xchg(counter_ptr + tile, 0)
+
+
 @triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
 def _block_fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
@@ -197,16 +213,8 @@ def _block_fp8_gemv_kernel(
         part_base = partial_ptr + (pid_g * num_splits).to(tl.int64) * M * N
         tile_part = rm[:, None] * N + rn[None, :]
         tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, acc, mask=y_mask)
-        tl.debug_barrier()
-        tile = pid_g * tl.num_programs(0) + pid
-        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
-        if arrived == num_splits - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            for s in range(num_splits):
-                total += tl.load(part_base + s * M * N + tile_part, mask=y_mask, other=0.0,
-                                 cache_modifier=".cg")
-            tl.store(y_ptrs, total.to(tl.bfloat16), mask=y_mask)
-            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call (graph replays)
+        _sum_split_partials(part_base, M * N, tile_part, y_ptrs, y_mask, counter_ptr,
+                            pid_g * tl.num_programs(0) + pid, num_splits, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -383,19 +391,10 @@ def _block_fp8_gemv_rows_kernel(
         _store_row(acc7, row0 + 7, M, y_base + (row0 + 7) * stride_ym, part_base + (row0 + 7) * N, rn, n_mask,
                    IS_SPLIT)
     if IS_SPLIT:
-        # the last program of this tile to arrive sums the partials (as in _block_fp8_gemv_kernel)
-        tl.debug_barrier()
-        tile = pid_g * tl.num_programs(0) + pid
-        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
-        if arrived == num_splits - 1:
-            rm = row0 + tl.arange(0, ROWS)
-            y_mask = (rm < M)[:, None] & n_mask[None, :]
-            tile_part = rm[:, None] * N + rn[None, :]
-            total = tl.zeros((ROWS, BLOCK_N), tl.float32)
-            for s in range(num_splits):
-                total += tl.load(part_g + s * M * N + tile_part, mask=y_mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_base + rm[:, None] * stride_ym + rn[None, :], total.to(tl.bfloat16), mask=y_mask)
-            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call (graph replays)
+        rm = row0 + tl.arange(0, ROWS)
+        _sum_split_partials(part_g, M * N, rm[:, None] * N + rn[None, :],
+                            y_base + rm[:, None] * stride_ym + rn[None, :], (rm < M)[:, None] & n_mask[None, :],
+                            counter_ptr, pid_g * tl.num_programs(0) + pid, num_splits, ROWS, BLOCK_N)
 
 
 # FP8 tensor-core form: the weight goes to the MMA as e4m3 with no dequantisation; each bf16
@@ -621,15 +620,8 @@ def _block_fp8_gemv_fp8mma_kernel(
         part_base = partial_ptr + (pid_g * num_splits).to(tl.int64) * M * N
         tile_part = rm[:, None] * N + rn[None, :]
         tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, out, mask=y_mask)
-        tl.debug_barrier()
-        tile = pid_g * tl.num_programs(0) + pid
-        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
-        if arrived == num_splits - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            for s in range(num_splits):
-                total += tl.load(part_base + s * M * N + tile_part, mask=y_mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptrs, total.to(tl.bfloat16), mask=y_mask)
-            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call (graph replays)
+        _sum_split_partials(part_base, M * N, tile_part, y_ptrs, y_mask, counter_ptr,
+                            pid_g * tl.num_programs(0) + pid, num_splits, BLOCK_M, BLOCK_N)
 
 
 # ----------------------------------------------------------------------------------------------

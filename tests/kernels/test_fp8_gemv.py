@@ -296,25 +296,35 @@ def test_fp8_mma_forms_match_reference(cfg, m):
         assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
 
 
-def test_fp8_mma_zero_rows_huge_values_and_bad_configs():
+@pytest.mark.parametrize("form", ["q8j", "q8jc_split2"])
+def test_fp8_mma_zero_rows_and_huge_values(form):
     """A zero activation row (amax 0) gives zeros, not NaN; values near bf16's top are split without
-    overflow; fp8_join without fp8_mma and 1-row tiles are rejected."""
+    overflow (the FP8 tensor-core form and its chained variant with K splits)."""
     gen = torch.Generator().manual_seed(21)
     w, s = random_weight(128, 512, gen=gen)
     x = torch.randn(3, 512, generator=gen)
     x[0] = 0.0
     x[2, :128] *= 1e30
     x = x.to(torch.bfloat16).to(DEVICE)
-    y = g.block_fp8_linear(x, w, s, config=q8())
+    config = q8() if form == "q8j" else q8c(split=2)
+    y = g.block_fp8_linear(x, w, s, out=poisoned((3, 128)), config=config)
     ref = g.reference_block_fp8_linear(x, w, s)
     assert torch.equal(y[0].float(), torch.zeros(128))
     assert torch.isfinite(y).all()
     assert rel_err(y[1], ref[1]) < OUTPUT_TOL
     assert rel_err(y[2].float() * 1e-29, ref[2] * 1e-29) < OUTPUT_TOL  # norms of 1e29 values overflow fp32
+
+
+def test_fp8_mma_bad_configs():
+    """fp8_join / fp8_chain without fp8_mma and 1-row tiles are rejected; the chained form is no default."""
     with pytest.raises(ValueError, match="fp8_join needs fp8_mma"):
         g.GemvConfig(8, 64, 1, True, fp8_join=True)
     with pytest.raises(ValueError, match="fp8_mma needs"):
         g.GemvConfig(1, 64, 1, True, fp8_mma=True)
+    with pytest.raises(ValueError, match="fp8_chain needs fp8_mma"):
+        g.GemvConfig(8, 64, 1, True, fp8_chain=True)
+    assert q8c().name.startswith("q8jc_") and q8c(join=False).name.startswith("q8c_")
+    assert not g.default_config(4, 1024, 4096, groups=8).fp8_chain
 
 
 @triton.jit
@@ -461,25 +471,6 @@ def test_fp8_chain_wide_dynamic_range_row(join):
     row_scale = torch.exp2(torch.ceil(torch.log2(2.0 ** 12 * s[:, 0].amax() / g.FP8_MAX)))
     floor = (row_scale * 2.0 ** -14 * w.float().abs().sum(-1)).norm()
     assert torch.all((chained.float() - ref).norm(dim=-1) <= floor + OUTPUT_TOL * ref.norm(dim=-1))
-
-
-def test_fp8_chain_zero_rows_huge_values_and_config():
-    gen = torch.Generator().manual_seed(21)
-    w, s = random_weight(128, 512, gen=gen)
-    x = torch.randn(3, 512, generator=gen)
-    x[0] = 0.0
-    x[2, :128] *= 1e30
-    x = x.to(torch.bfloat16).to(DEVICE)
-    y = g.block_fp8_linear(x, w, s, out=poisoned((3, 128)), config=q8c(split=2))
-    ref = g.reference_block_fp8_linear(x, w, s)
-    assert torch.equal(y[0].float(), torch.zeros(128))
-    assert torch.isfinite(y).all()
-    assert rel_err(y[1], ref[1]) < OUTPUT_TOL
-    assert rel_err(y[2].float() * 1e-29, ref[2] * 1e-29) < OUTPUT_TOL
-    with pytest.raises(ValueError, match="fp8_chain needs fp8_mma"):
-        g.GemvConfig(8, 64, 1, True, fp8_chain=True)
-    assert q8c().name.startswith("q8jc_") and q8c(join=False).name.startswith("q8c_")
-    assert not g.default_config(4, 1024, 4096, groups=8).fp8_chain
 
 
 @pytest.mark.parametrize("join", [True, False])

@@ -483,11 +483,10 @@ def test_gemv_launches_alone_and_repeated_give_the_forward():
         run(x, experts, weights, ids, upcast="gemv", configs=(moe.GemvConfig(16, 64, 4, split_k=3), cfgs[1]))
 
 
-@pytest.mark.parametrize("x_f32", [False, True], ids=["bf16_pairs", "x_f32"])
-def test_gemv_dequantises_every_code_under_extreme_scales(x_f32):
-    """Every byte of the weights (both nibbles, all signs and codes) under E8M0 bytes from 2**-127 up to
-    2**20: the GEMV's bit trick and per-group scaling give the reference's products, with the activations
-    converted in the loop or (x_f32) once per row into the float32 word-pair order."""
+def extreme_scale_case():
+    """Two experts whose gate/up weights hold every byte (both nibbles, all signs and codes) under E8M0 bytes
+    from 2**-127 (byte 0) up to 2**20, two tokens routed to both; returns (experts, x, weights, ids, ref) with
+    the reference unclamped (the gate/up products span far more than the clamp window)."""
     inter, hidden, batch = 32, 256, 2
     g = torch.Generator().manual_seed(5)
     w13 = (torch.arange(2 * inter * hidden // 2) % 256).to(torch.uint8).reshape(1, 2 * inter, hidden // 2)
@@ -500,8 +499,15 @@ def test_gemv_dequantises_every_code_under_extreme_scales(x_f32):
     x = make_x(batch, scale=1e-3)
     ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32, device=DEVICE)
     weights = torch.ones(batch, 2, device=DEVICE)
-    # no clamp: the gate/up products span far more than the clamp window
-    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
+    return experts, x, weights, ids, moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
+
+
+@pytest.mark.parametrize("x_f32", [False, True], ids=["bf16_pairs", "x_f32"])
+def test_gemv_dequantises_every_code_under_extreme_scales(x_f32):
+    """Every byte of the weights (both nibbles, all signs and codes) under E8M0 bytes from 2**-127 up to
+    2**20: the GEMV's bit trick and per-group scaling give the reference's products, with the activations
+    converted in the loop or (x_f32) once per row into the float32 word-pair order."""
+    experts, x, weights, ids, ref = extreme_scale_case()
     out = run(x, experts, weights, ids, upcast="gemv", swiglu_limit=0.0,
               configs=(moe.GemvConfig(16, 256, 4, x_f32=x_f32), moe.GemvConfig(32, 32, 4, x_f32=x_f32)))
     assert torch.isfinite(ref).all() and torch.isfinite(out).all() and rel(out, ref) < 2e-2
@@ -662,19 +668,7 @@ def test_pairs_dequantise_every_code_under_extreme_scales(form):
     result (or, scale_bf16, on the pair words: exact from byte 34 up, the groups below add under 2**-93
     of the rest) give the reference's products."""
     mul_pairs, scale_bf16 = PAIRS_FORMS[form]
-    inter, hidden, batch = 32, 256, 2
-    g = torch.Generator().manual_seed(5)
-    w13 = (torch.arange(2 * inter * hidden // 2) % 256).to(torch.uint8).reshape(1, 2 * inter, hidden // 2)
-    w13 = w13.view(torch.int8).repeat(2, 1, 1)
-    s13 = torch.randint(0, 148, (2, 2 * inter, hidden // MXFP4_GROUP), dtype=torch.uint8, generator=g)
-    s13[0, :, 0] = 0  # the 2**-127 subnormal scale
-    w2 = torch.randint(-128, 128, (2, hidden, inter // 2), dtype=torch.int8, generator=g)
-    s2 = torch.randint(118, 124, (2, hidden, inter // MXFP4_GROUP), dtype=torch.uint8, generator=g)
-    experts = [t.to(DEVICE) for t in (w13, s13.view(torch.float8_e8m0fnu), w2, s2.view(torch.float8_e8m0fnu))]
-    x = make_x(batch, scale=1e-3)
-    ids = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32, device=DEVICE)
-    weights = torch.ones(batch, 2, device=DEVICE)
-    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
+    experts, x, weights, ids, ref = extreme_scale_case()
     out = run(x, experts, weights, ids, upcast="pairs", swiglu_limit=0.0,
               configs=(moe.PairsConfig(32, 256, 4, mul_pairs=mul_pairs, scale_bf16=scale_bf16),
                        moe.PairsConfig(32, 32, 4, mul_pairs=mul_pairs, scale_bf16=scale_bf16)))
