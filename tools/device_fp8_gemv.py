@@ -97,6 +97,16 @@ def rows_config(m: int, n: int, k: int, groups: int, g, block_n: int, unroll: in
                         evict_first=evict_first, x_broadcast=x_broadcast)
 
 
+def distinct_configs(labelled):
+    """The (label, config) pairs with each config kept once, under its first label."""
+    seen, unique = set(), []
+    for label, cfg in labelled:
+        if cfg not in seen:
+            seen.add(cfg)
+            unique.append((label, cfg))
+    return unique
+
+
 def candidates(m: int, n: int, k: int, groups: int, g):
     """(label, config) for one point: the previous default first, then rows-form variants, then the
     current default_config if it is none of those."""
@@ -114,12 +124,7 @@ def candidates(m: int, n: int, k: int, groups: int, g):
            ("rows4_n32_u2_nopf_xb", rows_config(m, n, k, groups, g, 32, 2, prefetch=False, x_broadcast=True,
                                                 max_block_m=4)),
            ("current_default", g.default_config(m, n, k, groups))]
-    seen, unique = set(), []
-    for label, cfg in out:
-        if cfg not in seen:
-            seen.add(cfg)
-            unique.append((label, cfg))
-    return unique
+    return distinct_configs(out)
 
 
 def _sync(torch) -> None:
@@ -147,12 +152,7 @@ def dot_candidates(m: int, n: int, k: int, groups: int, g):
            ("dot_n32_st4_pps8", dot_config(m, n, k, groups, g, stages=4, programs_per_sm=8)),
            ("dotT_n64_st4", dot_config(m, n, k, groups, g, block_n=64, stages=4, swap=True)),
            ("current_default", g.default_config(m, n, k, groups))]
-    seen, unique = set(), []
-    for label, cfg in out:
-        if cfg not in seen:
-            seen.add(cfg)
-            unique.append((label, cfg))
-    return unique
+    return distinct_configs(out)
 
 
 def run3_default_config(m: int, n: int, k: int, groups: int, g):
@@ -194,12 +194,7 @@ def xb_candidates(m: int, n: int, k: int, groups: int, g):
     if m >= 8:
         out.append(("xb4_n32_u2", xb(32, 2, max_block_m=4)))
     out.append(("current_default", g.default_config(m, n, k, groups)))
-    seen, unique = set(), []
-    for label, cfg in out:
-        if cfg not in seen:
-            seen.add(cfg)
-            unique.append((label, cfg))
-    return unique
+    return distinct_configs(out)
 
 
 def q8_config(m: int, n: int, k: int, groups: int, g, block_n: int = 64, stages: int = 3, warps: int = 4,
@@ -227,12 +222,7 @@ def q8_candidates(m: int, n: int, k: int, groups: int, g):
            ("q8_n128_st4_pps8", q8(block_n=128, stages=4, programs_per_sm=8)),
            ("q8_n32_st4", q8(block_n=32, stages=4)),
            ("current_default", g.default_config(m, n, k, groups))]
-    seen, unique = set(), []
-    for label, cfg in out:
-        if cfg not in seen:
-            seen.add(cfg)
-            unique.append((label, cfg))
-    return unique
+    return distinct_configs(out)
 
 
 def q8j_candidates(m: int, n: int, k: int, groups: int, g):
@@ -252,12 +242,7 @@ def q8j_candidates(m: int, n: int, k: int, groups: int, g):
            ("q8j_n128_w8_st2", q8j(block_n=128, warps=8, stages=2)),
            ("q8j_n128_w8_st3", q8j(block_n=128, warps=8)),
            ("current_default", g.default_config(m, n, k, groups))]
-    seen, unique = set(), []
-    for label, cfg in out:
-        if cfg not in seen:
-            seen.add(cfg)
-            unique.append((label, cfg))
-    return unique
+    return distinct_configs(out)
 
 
 def chain_candidates(m: int, n: int, k: int, groups: int, g):
@@ -275,12 +260,7 @@ def chain_candidates(m: int, n: int, k: int, groups: int, g):
            ("current_default", g.default_config(m, n, k, groups)),
            ("q8jc", dataclasses.replace(base, fp8_chain=True)),
            ("q8c", dataclasses.replace(base, fp8_chain=True, fp8_join=False))]
-    seen, unique = set(), []
-    for label, cfg in out:
-        if cfg not in seen:
-            seen.add(cfg)
-            unique.append((label, cfg))
-    return unique
+    return distinct_configs(out)
 
 
 ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default")
