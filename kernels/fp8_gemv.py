@@ -550,7 +550,6 @@ def _block_fp8_gemv_fp8mma_kernel(
     col = tl.arange(0, TWO_M)
     is_lo = col >= BLOCK_M
     rm_col = pid_m * BLOCK_M + (col % BLOCK_M)  # the activation row behind each MMA column
-    col_valid = rm_col < M
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     n_mask = rn < N

@@ -513,17 +513,23 @@ def test_gemv_dequantises_every_code_under_extreme_scales(x_f32):
     assert torch.isfinite(ref).all() and torch.isfinite(out).all() and rel(out, ref) < 2e-2
 
 
+def launch_case(inter, batch):
+    """Experts of intermediate size ``inter`` and ``batch`` skew-routed tokens for the launch-by-launch tests:
+    (experts, weights, ids, x, reference, repacked w13, its scales, a NaN-poisoned output)."""
+    experts = make_experts(inter)
+    weights, ids = make_routing(batch, "skewed")
+    x = make_x(batch)
+    w13r, s13r = repacked(*experts[:2])
+    return (experts, weights, ids, x, moe.reference_moe_mxfp4(x, *experts, weights, ids), w13r, s13r,
+            torch.full_like(x, float("nan")))
+
+
 def test_gemv_x_f32_layout_and_launches():
     """x_f32: the routing launch writes x * 2**GEMV_ACT_SHIFT in the word-pair order (value 8w + j of each
     32-group at 4j + w, exact), the four launches repeated give the forward again, and mixed layouts
     are refused."""
     inter, batch = 64, 3
-    experts = make_experts(inter)
-    weights, ids = make_routing(batch, "skewed")
-    x = make_x(batch)
-    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
-    w13r, s13r = repacked(*experts[:2])
-    out = torch.full_like(x, float("nan"))
+    experts, weights, ids, x, ref, w13r, s13r, out = launch_case(inter, batch)
     cfgs = (moe.GemvConfig(16, 128, 4, x_f32=True), moe.GemvConfig(64, 32, 2, x_f32=True))
     launches = moe.gemv_launches(x, w13r, s13r, *experts[2:], weights, ids, out, configs=cfgs)
     assert len(launches) == moe.LAUNCHES_PER_FORWARD
@@ -679,12 +685,7 @@ def test_pairs_layout_launches_and_validation():
     """The routing launch writes x * 2**PAIRS_ACT_SHIFT in the pair order (exact, a permutation within each
     8 values), the four launches repeated give the forward again, and bad arguments are refused."""
     inter, batch = 64, 3
-    experts = make_experts(inter)
-    weights, ids = make_routing(batch, "skewed")
-    x = make_x(batch)
-    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
-    w13r, s13r = repacked(*experts[:2])
-    out = torch.full_like(x, float("nan"))
+    experts, weights, ids, x, ref, w13r, s13r, out = launch_case(inter, batch)
     launches = moe.pairs_launches(x, w13r, s13r, *experts[2:], weights, ids, out, configs=pairs_tiles(inter))
     assert [name for name, _ in launches] == list(moe.GEMV_LAUNCH_NAMES) and len(launches) == moe.LAUNCHES_PER_FORWARD
     assert_launches_repeat_the_forward(launches, out, ref)
