@@ -85,6 +85,10 @@ GRID = [
 SMOKE_GRID = [("C4", 512, 2, 64, 1, ("bh64 run5", "bh64 bf16p cols128", "bh32 bf16p cols128")),
               ("C128", 512, 1, 16, 2, ("bh16 bf16p cols128",))]
 BUDGET_S = 105.0  # no new shape starts after this (timeout_s is 150)
+# --full-grid: the issue's device grid with the shipped defaults, upstream Triton and torch fallback in every cell
+FULL_GRID = [(layer, context, batch, heads, s_q, ()) for layer in ("C4", "C128") for context in (8192, 65536)
+             for heads in (64, 16) for s_q in (1, 2) for batch in (1, 4, 16, 64)]
+FULL_GRID_BUDGET_S = 400.0
 
 
 def prepare() -> None:
@@ -179,24 +183,30 @@ def forms_for(heads, rows, candidates, names, target_cell, tiles_of, device):
     return forms
 
 
-def run(out_dir: str, smoke: bool, defaults_only: bool = False) -> None:
+def run(out_dir: str, smoke: bool, defaults_only: bool = False, full_grid: bool = False) -> None:
     from sglang_sm120.kernels.harness.devicebench import (BenchResult, bf16_matmul_tflops, copy_bandwidth_gbs,
                                                           environment)
 
     t0 = time.time()
     device = "cpu" if smoke else "cuda"
-    if defaults_only:  # confirmation of the shipped defaults through the default call path
+    if full_grid:
+        result = BenchResult("sparse_mla_decode-h200-run9-grid", "Sparse MLA decode (DSv4-Flash): the shipped defaults "
+                             "over the issue's grid beside upstream SGLang 0.5.23's Triton kernel and torch fallback",
+                             COLUMNS)
+    elif defaults_only:  # confirmation of the shipped defaults through the default call path
         result = BenchResult("sparse_mla_decode-h200-run8-defaults", "Sparse MLA decode (DSv4-Flash): the shipped defaults, upstream "
                              "SGLang 0.5.23 Triton (C4 8K B=64)", COLUMNS)
     else:
         result = BenchResult(RUN_NAME, "Sparse MLA decode (DSv4-Flash): bf16 split-K partials and wider combine "
                              "programs; default vs candidates, upstream SGLang 0.5.23 Triton (C4 8K B=64)", COLUMNS)
-    up_triton = None
+    up_triton = up_torch = None
     try:
         import upstream
 
         if not smoke:
             up_triton = upstream.load(UPSTREAM_TRITON)
+        if full_grid:
+            up_torch = upstream.load(UPSTREAM_TORCH)
     except SystemExit as exc:
         result.notes.append(f"upstream baseline missing: {exc}")
     mm = None
@@ -213,6 +223,9 @@ def run(out_dir: str, smoke: bool, defaults_only: bool = False) -> None:
         grid, rotations = GRID, ROTATIONS
     if defaults_only:
         grid = [cell[:-1] + ((),) for cell in grid]
+    budget_s = BUDGET_S
+    if full_grid:
+        grid, budget_s = (FULL_GRID if not smoke else [c[:-1] + ((),) for c in SMOKE_GRID]), FULL_GRID_BUDGET_S
     result.extra.update(rotations_per_graph=rotations, SMs=smd._program_target(device),
                         default_launch_configs=str(smd.LAUNCH_CONFIGS),
                         default_large_batch_configs=str(smd.LARGE_BATCH_CONFIGS),
@@ -222,30 +235,34 @@ def run(out_dir: str, smoke: bool, defaults_only: bool = False) -> None:
     skipped = []
     best = {}
     for layer, context, batch, heads, s_q, names in grid:
-        if time.time() - t0 > BUDGET_S:
+        if time.time() - t0 > budget_s:
             skipped.append(f"{layer}@{context} B={batch} H={heads} s_q={s_q}")
             continue
         try:
             best[(f"{layer}@{context}", batch, heads, s_q)] = measure(
-                result, caches, layer, context, batch, heads, s_q, names, rotations, smoke, up_triton, mm)
+                result, caches, layer, context, batch, heads, s_q, names, rotations, smoke, up_triton, mm,
+                every_cell=full_grid, up_torch=up_torch)
         except Exception as exc:  # one failing shape must not lose the others
             traceback.print_exc()
             result.notes.append(f"{layer}@{context} B={batch} H={heads} s_q={s_q}: {type(exc).__name__}: {exc}")
         result.write(out_dir)
     if skipped:
-        result.notes.append(f"not measured (time budget {BUDGET_S:.0f} s reached): {'; '.join(skipped)}")
+        result.notes.append(f"not measured (time budget {budget_s:.0f} s reached): {'; '.join(skipped)}")
     result.extra["fastest_by_cell"] = {f"{k[0]} B={k[1]} H={k[2]} s_q={k[3]}": v for k, v in best.items()}
     result.notes.append("TFLOPs counts QK and PV (4*H*512 FLOP per candidate and query row); KV_GBps counts 584 B per "
                         "candidate row read once per query row. 'default' = the launch config and split rule shipped "
                         "before this run (launch_config_for + choose_splits); other rows pass launch_config (and "
-                        "num_splits where named; otherwise the split rule). Upstream Triton only in the C4 8K H=64 "
-                        "B=64 s_q=1 cell.")
+                        "num_splits where named; otherwise the split rule). "
+                        + ("Upstream Triton (graph of 2 calls, 5 replays) and torch fallback (2 calls, 3 replays) in "
+                           "every cell; vs_upstream_triton = upstream Triton time / this row's time." if full_grid else
+                           "Upstream Triton only in the C4 8K H=64 B=64 s_q=1 cell."))
     result.env = environment()
     print(result.markdown())
     print("wrote", result.write(out_dir), f"in {time.time() - t0:.0f} s")
 
 
-def measure(result, caches, layer, context, batch, heads, s_q, names, rotations, smoke, up_triton, mm):
+def measure(result, caches, layer, context, batch, heads, s_q, names, rotations, smoke, up_triton, mm,
+            every_cell=False, up_torch=None):
     calls = [caches.inputs(layer, context, batch, s_q, heads) for _ in range(rotations)]
     a = calls[0]
     topk, x_topk = a["indices"].shape[-1], a["extra_indices"].shape[-1]
@@ -258,7 +275,25 @@ def measure(result, caches, layer, context, batch, heads, s_q, names, rotations,
     target_cell = layer == "C4" and context == 8192 and heads == 64 and batch == 64 and s_q == 1
 
     t_up = None
-    if up_triton is not None and target_cell:
+    if up_torch is not None:
+        def torch_call(i):
+            c = calls[i]
+            return lambda: up_torch._sm120_sparse_decode_fwd(
+                c["q"], c["k_cache"], c["indices"], c["topk_length"], c["attn_sink"], HEAD_DIM, SOFTMAX_SCALE,
+                c["extra_k_cache"], c["extra_indices"], c["extra_topk_length"])
+
+        try:
+            torch_out = torch_call(0)()[0]
+            t_torch = None if smoke else graph_time(torch_call, rotations, calls_per_graph=2, replays=3)
+            result.add(**base, variant="upstream torch fallback", us=t_torch or "",
+                       TFLOPs=flops / t_torch / 1e6 if t_torch else "",
+                       pct_bf16_mm=100 * flops / t_torch / 1e6 / mm if t_torch and mm else "",
+                       KV_GBps=kv_bytes / t_torch / 1e3 if t_torch else "", rel_err=rel_err(torch_out, ref_out),
+                       lse_max_abs_err="")
+        except Exception as exc:
+            traceback.print_exc()
+            result.notes.append(f"upstream torch {layer} B={batch}: {type(exc).__name__}: {exc}")
+    if up_triton is not None and (target_cell or every_cell):
         def upstream_call(i):
             c = calls[i]
             return lambda: up_triton.flash_mla_sparse_decode_triton(
@@ -314,6 +349,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter, no timing")
     parser.add_argument("--out", default=os.environ.get("OUT", ".device-out"))
     parser.add_argument("--defaults-only", action="store_true", help="time only the shipped defaults (and upstream)")
+    parser.add_argument("--full-grid", action="store_true",
+                        help="the issue's grid (C4/C128, 8K/64K, B 1/4/16/64, H 64/16, s_q 1/2): shipped defaults "
+                             "beside upstream's Triton kernel and torch fallback in every cell")
     args = parser.parse_args()
     if args.prepare:
         prepare()
@@ -324,7 +362,7 @@ def main() -> None:
         if not interpreter_enabled():
             raise SystemExit("--smoke needs TRITON_INTERPRET=1")
         patch_bf16_dot()
-    run(args.out, args.smoke, args.defaults_only)
+    run(args.out, args.smoke, args.defaults_only, args.full_grid)
 
 
 if __name__ == "__main__":
