@@ -254,7 +254,8 @@ def run(out_dir: str, smoke: bool, defaults_only: bool = False, full_grid: bool 
                         "before this run (launch_config_for + choose_splits); other rows pass launch_config (and "
                         "num_splits where named; otherwise the split rule). "
                         + ("Upstream Triton (graph of 2 calls, 5 replays) and torch fallback (2 calls, 3 replays) in "
-                           "every cell; vs_upstream_triton = upstream Triton time / this row's time." if full_grid else
+                           "every cell (upstream Triton on the B * s_q rows as s_q = 1, as SGLang flattens MTP tokens); "
+                           "vs_upstream_triton = upstream Triton time / this row's time." if full_grid else
                            "Upstream Triton only in the C4 8K H=64 B=64 s_q=1 cell."))
     result.env = environment()
     print(result.markdown())
@@ -294,14 +295,17 @@ def measure(result, caches, layer, context, batch, heads, s_q, names, rotations,
             traceback.print_exc()
             result.notes.append(f"upstream torch {layer} B={batch}: {type(exc).__name__}: {exc}")
     if up_triton is not None and (target_cell or every_cell):
+        # upstream's Triton kernel takes one query per row (SGLang flattens MTP tokens): B * s_q rows of s_q = 1
+        flat = [(c["q"].reshape(rows, 1, heads, HEAD_DIM), c["k_cache"], c["indices"].reshape(rows, 1, -1),
+                 c["topk_length"].repeat_interleave(s_q), c["attn_sink"], HEAD_DIM, SOFTMAX_SCALE, c["extra_k_cache"],
+                 c["extra_indices"].reshape(rows, 1, -1), c["extra_topk_length"].repeat_interleave(s_q))
+                for c in calls]
+
         def upstream_call(i):
-            c = calls[i]
-            return lambda: up_triton.flash_mla_sparse_decode_triton(
-                c["q"], c["k_cache"], c["indices"], c["topk_length"], c["attn_sink"], HEAD_DIM, SOFTMAX_SCALE,
-                c["extra_k_cache"], c["extra_indices"], c["extra_topk_length"])
+            return lambda: up_triton.flash_mla_sparse_decode_triton(*flat[i])
 
         try:
-            up_out = upstream_call(0)()[0]  # autotune outside the graph
+            up_out = upstream_call(0)()[0].reshape(ref_out.shape)  # autotune outside the graph
             t_up = graph_time(upstream_call, rotations, calls_per_graph=2, replays=5)
             result.add(**base, variant="upstream triton", us=t_up, vs_upstream_triton=1.0,
                        TFLOPs=flops / t_up / 1e6, pct_bf16_mm=100 * flops / t_up / 1e6 / mm if mm else "",
