@@ -924,21 +924,12 @@ def _pair_halves(p):
 
 
 @triton.jit
-def _pairs_tile(q, ROWS: tl.constexpr, MUL_PAIRS: tl.constexpr):
-    """[ROWS, 4] int32 words of one 32-value group -> bf16 [ROWS, 32] in the pair order, the values times
-    2**-126 (exact; the 0.5 code is the bf16 subnormal 2**-127)."""
+def _pairs_tile(q, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr):
+    """[ROWS, BLOCK_K/8] int32 words (BLOCK_K/32 whole groups) -> bf16 [ROWS, BLOCK_K] in the pair order
+    (groups one after the other, as :func:`_pairs_position`), the values times 2**-126 (exact; the 0.5
+    code is the bf16 subnormal 2**-127)."""
     first = tl.join(_pair_bits(q, 12, MUL_PAIRS), _pair_bits(q, 8, MUL_PAIRS))  # j = 0, 1
     second = tl.join(_pair_bits(q, 4, MUL_PAIRS), _pair_bits(q, 0, MUL_PAIRS))  # j = 2, 3
-    both = _pair_halves(tl.join(first, second))  # [ROWS, w, j % 2, j // 2, h]
-    return tl.reshape(both, [ROWS, 32]).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def _pairs_step_tile(q, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr):
-    """[ROWS, BLOCK_K/8] int32 words of one K step -> bf16 [ROWS, BLOCK_K] in the pair order (groups one
-    after the other, as :func:`_pairs_position`), the values times 2**-126."""
-    first = tl.join(_pair_bits(q, 12, MUL_PAIRS), _pair_bits(q, 8, MUL_PAIRS))
-    second = tl.join(_pair_bits(q, 4, MUL_PAIRS), _pair_bits(q, 0, MUL_PAIRS))
     both = _pair_halves(tl.join(first, second))  # [ROWS, w, j % 2, j // 2, h]
     return tl.reshape(both, [ROWS, BLOCK_K]).to(tl.bfloat16, bitcast=True)
 
@@ -972,7 +963,7 @@ def _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BL
     result scale as :func:`_pairs_rows` (times 2**(-126 + PAIRS_ACT_SHIFT))."""
     acc = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
     for k0 in range(0, k_len, BLOCK_K):
-        w = _pairs_step_tile(tl.load(w_ptrs + k0 // 8), ROWS, BLOCK_K, MUL_PAIRS)
+        w = _pairs_tile(tl.load(w_ptrs + k0 // 8), ROWS, BLOCK_K, MUL_PAIRS)
         w = _scale_pairs_bf16(w, tl.load(s_ptrs + k0 // 32), ROWS, BLOCK_K, SCALE_BF16)
         a = tl.load(a_ptrs + k0, mask=a_ok, other=0.0)
         acc = tl.dot(w, tl.trans(a), acc)
@@ -982,39 +973,30 @@ def _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BL
 @triton.jit
 def _pairs_rows(w_ptrs, s_ptrs, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr):
-    """``w_ptrs`` [ROWS, 4] int32 words, ``s_ptrs`` [ROWS] E8M0 bytes, ``a_ptrs`` [BLOCK_M, 32] pair-ordered
+    """``w_ptrs`` [ROWS, 4] int32 words, ``s_ptrs`` [ROWS, 1] E8M0 bytes, ``a_ptrs`` [BLOCK_M, 32] pair-ordered
     activations (times 2**PAIRS_ACT_SHIFT) of group 0 -> float32 [ROWS, BLOCK_M] dot products times
     2**(-126 + PAIRS_ACT_SHIFT) (the epilogue multiplies PAIRS_UNBIAS)."""
     acc = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
     for k0 in range(0, k_len, BLOCK_K):
         for gi in tl.static_range(BLOCK_K // 32):
             g = k0 // 32 + gi
-            w = _pairs_tile(tl.load(w_ptrs + g * 4), ROWS, MUL_PAIRS)
+            w = _pairs_tile(tl.load(w_ptrs + g * 4), ROWS, 32, MUL_PAIRS)
             factor = _e8m0_to_f32(tl.load(s_ptrs + g))
             a = tl.load(a_ptrs + g * 32, mask=a_ok, other=0.0)
-            acc += tl.dot(w, tl.trans(a)) * factor[:, None]
+            acc += tl.dot(w, tl.trans(a)) * factor
     return acc
 
 
 @triton.jit
-def _pairs_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total):
-    """Group-0 pointers of a pairs program: weight words [R, 4] (int32, [E, rows_per_expert, k_total/8];
-    16-byte aligned since k_total is a multiple of 32) and E8M0 scales [R] ([E, rows_per_expert, k_total/32])."""
+def _pairs_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total, STEP: tl.constexpr):
+    """Step-0 pointers of a pairs program that takes STEP values of K at a time: weight words [R, STEP/8]
+    (int32, [E, rows_per_expert, k_total/8]; 16-byte aligned since k_total is a multiple of 32) and E8M0
+    scales [R, STEP/32] ([E, rows_per_expert, k_total/32])."""
     row_words = tl.multiple_of(rows * (k_total // 8), 4)
     expert_words = tl.multiple_of(expert * rows_per_expert * (k_total // 8), 4)
-    w_ptrs = w_ptr + expert_words + row_words[:, None] + tl.arange(0, 4)[None, :]
-    s_ptrs = scale_ptr + expert * rows_per_expert * (k_total // 32) + rows * (k_total // 32)
-    return w_ptrs, s_ptrs
-
-
-@triton.jit
-def _pairs_step_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total, BLOCK_K: tl.constexpr):
-    """Step-0 pointers of a SCALE_BF16 pairs program: words [R, BLOCK_K/8], scales [R, BLOCK_K/32]."""
-    row_words = tl.multiple_of(rows * (k_total // 8), 4)
-    expert_words = tl.multiple_of(expert * rows_per_expert * (k_total // 8), 4)
-    w_ptrs = w_ptr + expert_words + row_words[:, None] + tl.arange(0, BLOCK_K // 8)[None, :]
+    w_ptrs = w_ptr + expert_words + row_words[:, None] + tl.arange(0, STEP // 8)[None, :]
     s_ptrs = (scale_ptr + expert * rows_per_expert * (k_total // 32) + rows[:, None] * (k_total // 32)
-              + tl.arange(0, BLOCK_K // 32)[None, :])
+              + tl.arange(0, STEP // 32)[None, :])
     return w_ptrs, s_ptrs
 
 
@@ -1049,12 +1031,9 @@ def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
-    if SCALE_BF16:
-        w_ptrs, s_ptrs = _pairs_step_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden, BLOCK_K)
-        kg = tl.arange(0, BLOCK_K)
-    else:
-        w_ptrs, s_ptrs = _pairs_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden)
-        kg = tl.arange(0, 32)
+    STEP: tl.constexpr = BLOCK_K if SCALE_BF16 else 32  # K values per load: a K step, or one group
+    w_ptrs, s_ptrs = _pairs_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden, STEP)
+    kg = tl.arange(0, STEP)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     for m0 in range(row_begin, row_end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
@@ -1086,12 +1065,9 @@ def _down_pairs_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_r
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if SCALE_BF16:
-        w_ptrs, s_ptrs = _pairs_step_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter, BLOCK_K)
-        kg = tl.arange(0, BLOCK_K)
-    else:
-        w_ptrs, s_ptrs = _pairs_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter)
-        kg = tl.arange(0, 32)
+    STEP: tl.constexpr = BLOCK_K if SCALE_BF16 else 32  # K values per load: a K step, or one group
+    w_ptrs, s_ptrs = _pairs_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter, STEP)
+    kg = tl.arange(0, STEP)
     for m0 in range(row_begin, row_end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < row_end
@@ -2024,20 +2000,16 @@ def aot_configs() -> list[AotConfig]:
                    "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
                    "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr", "NUM_BINS": "constexpr"},
         constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": 2048, "NUM_BINS": 512}, num_warps=4))
-    configs.append(AotConfig(
-        name="moe_mxfp4_topk_sum", kernel=_topk_sum_kernel,
-        signature={"y_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
-                   "split_stride": "i32", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr", "BLOCK_H": "constexpr",
-                   "SPLITS": "constexpr"},
-        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK, "SPLITS": 1},
-        num_warps=4, div16=("hidden",)))
-    configs.append(AotConfig(
-        name="moe_mxfp4_topk_sum_splits2", kernel=_topk_sum_kernel,
-        signature={"y_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
-                   "split_stride": "i32", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr", "BLOCK_H": "constexpr",
-                   "SPLITS": "constexpr"},
-        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK, "SPLITS": 2},
-        num_warps=4, div16=("hidden", "split_stride"), note="top-k sum of a GEMV down with 2 K splits"))
+    for splits, name, div16, note in ((1, "moe_mxfp4_topk_sum", ("hidden",), ""),
+                                      (2, "moe_mxfp4_topk_sum_splits2", ("hidden", "split_stride"),
+                                       "top-k sum of a GEMV down with 2 K splits")):
+        configs.append(AotConfig(
+            name=name, kernel=_topk_sum_kernel,
+            signature={"y_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
+                       "split_stride": "i32", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr",
+                       "BLOCK_H": "constexpr", "SPLITS": "constexpr"},
+            constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK, "SPLITS": splits},
+            num_warps=4, div16=div16, note=note))
     return configs
 
 
