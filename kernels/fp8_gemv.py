@@ -39,6 +39,7 @@ import triton.language as tl
 
 from .dsv4 import FP8_BLOCK, HEAD_DIM, ROPE_DIM
 from .harness.aot import AotConfig
+from .harness.interpreter import interpreter_enabled
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -95,6 +96,43 @@ def _sum_split_partials(part_base, split_stride, tile_part, y_ptrs, y_mask, coun
         tl.atomic_xchg(counter_ptr + tile, 0)
 
 
+# Programmatic dependent launch (GemvConfig.pdl): the launch carries the programmatic-serialisation
+# attribute, so this kernel's programs may start while the previous kernel in the stream drains. The
+# weight and its scales are constants of the model: they may be read before the wait; the activation
+# (written by the previous kernel) and every store (the output / split partials may reuse memory the
+# previous kernel still reads) come after it. Both instructions are no-ops without the attribute.
+@triton.jit
+def _pdl_launch_dependents(PDL: tl.constexpr):
+    """Let the next kernel's programs launch once every program of this one has started (a hint: the next
+    kernel still waits for this one to complete before it reads what this one writes)."""
+    if PDL:
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
+def _pdl_wait(PDL: tl.constexpr):
+    """Wait until the previous kernel has completed and its writes are visible. The memory clobber keeps
+    the compiler from moving any load or store across it."""
+    if PDL:
+        tl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r,~{memory}", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K: tl.constexpr,
+                        BLOCKS: tl.constexpr):
+    """Before the wait: ask L2 for the first BLOCKS K blocks of this program's weight rows (one
+    ``prefetch.global.L2`` per row and 128-byte block), so the weight stream starts while the previous
+    kernel drains. Rows past N and blocks past the split re-request a valid line of the tile."""
+    if BLOCKS > 0:
+        kb = tl.minimum(kb_begin + tl.arange(0, BLOCKS), kb_end - 1)
+        row_shift = (tl.minimum(rn, N - 1) - rn) * stride_wn  # 0 for rows inside the weight
+        ptrs = w_rows + row_shift[:, None] + (kb * BLOCK_K)[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
 def _block_fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
@@ -108,6 +146,7 @@ def _block_fp8_gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
     IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
+    PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g,
     over K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), K_UNROLL blocks per iteration.
@@ -144,6 +183,10 @@ def _block_fp8_gemv_kernel(
     kb_begin = pid_k * k_blocks_per_split
     kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
+
+    _pdl_launch_dependents(PDL)
+    _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K, L2_PREFETCH_BLOCKS)
+    _pdl_wait(PDL)
 
     if USE_DOT:
         x_rows = x_base + rm[:, None] * stride_xm  # [BM, 1]
@@ -276,6 +319,7 @@ def _block_fp8_gemv_rows_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
     IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EVICT_FIRST: tl.constexpr, X_BROADCAST: tl.constexpr,
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
+    PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
 ):
     """One program: rows [pid_m*ROWS, +ROWS) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over K blocks
     [pid_k*k_blocks_per_split, +k_blocks_per_split), BLOCK_K*K_UNROLL columns per iteration.
@@ -308,6 +352,9 @@ def _block_fp8_gemv_rows_kernel(
     kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
 
+    _pdl_launch_dependents(PDL)
+    _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K, L2_PREFETCH_BLOCKS)
+
     acc0 = tl.zeros((BLOCK_N,), tl.float32)
     acc1 = tl.zeros((BLOCK_N,), tl.float32)
     acc2 = tl.zeros((BLOCK_N,), tl.float32)
@@ -319,6 +366,7 @@ def _block_fp8_gemv_rows_kernel(
     if PREFETCH:
         k_next = kb_begin * BLOCK_K + rk
         w_next = _load_weight(w_rows + k_next[None, :], n_mask[:, None] & (k_next < k_stop)[None, :], EVICT_FIRST)
+    _pdl_wait(PDL)  # after the first weight chunk's load is issued (PREFETCH): it is in flight while waiting
     for kb in range(kb_begin, kb_end, K_UNROLL):
         k = kb * BLOCK_K + rk
         k_mask = k < k_stop
@@ -513,7 +561,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     k_blocks_per_split, num_splits,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
     JOIN: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
-    CHAIN: tl.constexpr = False,
+    CHAIN: tl.constexpr = False, PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
@@ -563,15 +611,18 @@ def _block_fp8_gemv_fp8mma_kernel(
     x_rows = x_ptr + pid_g * stride_xg + x_row_ids[:, None] * stride_xm
     w_rows = w_ptr + pid_g * stride_wg + rn[:, None] * stride_wn  # [BN, 1]
     s_row = s_ptr + pid_g * stride_sg + (pid_n * BLOCK_N // BLOCK_K) * stride_sn
-    freq_rows = freqs_ptr
-    if INV_ROPE:
-        pos = tl.load(pos_ptr + x_row_ids, mask=x_valid, other=0)
-        freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
-
     k_blocks = tl.cdiv(K, BLOCK_K)
     kb_begin = pid_k * k_blocks_per_split
     kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
+
+    _pdl_launch_dependents(PDL)
+    _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K, L2_PREFETCH_BLOCKS)
+    _pdl_wait(PDL)
+    freq_rows = freqs_ptr
+    if INV_ROPE:
+        pos = tl.load(pos_ptr + x_row_ids, mask=x_valid, other=0)
+        freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
 
     if CHAIN:
         row_scale = _chain_row_scale(x_rows, x_valid, s_row, kb_begin, kb_end, k_stop, INV_ROPE, BLOCK_K)
@@ -660,6 +711,11 @@ class GemvConfig:
     # fp8_mma: chained MMAs (acc = dot(w, q^T, acc)), the weight scale folded into the activation, one
     # power-of-two activation scale per row and K split (pre-pass); joined or not; candidate, no default uses it
     fp8_chain: bool = False
+    # programmatic dependent launch (any form): launched with the programmatic-serialisation attribute, each
+    # program lets the next kernel launch at once and waits for the previous one only before its first
+    # activation load (the rows form with prefetch issues its first weight chunk's load before the wait)
+    pdl: bool = False
+    pdl_l2_blocks: int = 0  # pdl: K blocks of the program's weight rows prefetched into L2 before the wait
 
     def __post_init__(self):
         if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M)) or (
@@ -672,6 +728,9 @@ class GemvConfig:
             raise ValueError(f"config: fp8_mma needs use_dot=True, no rows form / swap_ab, block_m in "
                              f"{FP8_MMA_BLOCK_M} and block_n >= 16; fp8_join needs fp8_mma; fp8_chain needs fp8_mma; "
                              f"got {self}")
+        if self.pdl_l2_blocks < 0 or (self.pdl_l2_blocks and not self.pdl) or (
+                self.pdl_l2_blocks & (self.pdl_l2_blocks - 1)):
+            raise ValueError(f"config: pdl_l2_blocks needs pdl and a power of two (or 0); got {self}")
 
     @property
     def name(self) -> str:
@@ -682,6 +741,7 @@ class GemvConfig:
         else:
             kind = ("dotT" if self.swap_ab else "dot") if self.use_dot else "fma"
         extra = ("_pf" if self.prefetch else "") + ("_ef" if self.evict_first else "") + ("_xb" if self.x_broadcast else "")
+        extra += ("_pdl" if self.pdl else "") + (f"_l2p{self.pdl_l2_blocks}" if self.pdl_l2_blocks else "")
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -846,6 +906,9 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         partial = counters = y3  # unused
     inv_rope = positions is not None
     pos = positions if inv_rope else y3
+    # the interpreter has no inline PTX (the PDL instructions); the same program order runs without them
+    pdl = cfg.pdl and not interpreter_enabled()
+    pdl_args = dict(PDL=pdl, L2_PREFETCH_BLOCKS=cfg.pdl_l2_blocks if pdl else 0, launch_pdl=pdl)
     fr = freqs if inv_rope else y3
     if cfg.rows_form:
         _block_fp8_gemv_rows_kernel[grid](
@@ -860,7 +923,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, EVICT_FIRST=cfg.evict_first, X_BROADCAST=cfg.x_broadcast,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args,
         )
         return
     if cfg.fp8_mma:
@@ -876,7 +939,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             JOIN=cfg.fp8_join, IS_SPLIT=split > 1, CHAIN=cfg.fp8_chain,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args,
         )
         return
     _block_fp8_gemv_kernel[grid](
@@ -891,7 +954,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
         IS_SPLIT=split > 1, USE_DOT=cfg.use_dot, SWAP_AB=cfg.swap_ab,
         INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args,
     )
 
 
@@ -1090,26 +1153,39 @@ _AOT_SIGNATURE = {
     "stride_freq": "i32", "k_blocks_per_split": "i32", "num_splits": "i32",
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_UNROLL": "constexpr",
     "IS_SPLIT": "constexpr", "USE_DOT": "constexpr", "SWAP_AB": "constexpr", "INV_ROPE": "constexpr",
-    "HEAD": "constexpr", "ROPE": "constexpr",
+    "HEAD": "constexpr", "ROPE": "constexpr", "PDL": "constexpr", "L2_PREFETCH_BLOCKS": "constexpr",
 }
 _AOT_ROWS_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("ROWS", "BLOCK_N", "BLOCK_K", "K_UNROLL", "IS_SPLIT", "PREFETCH", "EVICT_FIRST",
-                                    "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE")},
+                                    "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE", "PDL", "L2_PREFETCH_BLOCKS")},
 }
 
 _AOT_FP8MMA_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
-                                    "HEAD", "ROPE", "CHAIN")},
+                                    "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS")},
 }
+
+
+# SASS of the PDL instructions on sm_120a / sm_121a: griddepcontrol.launch_dependents, griddepcontrol.wait and
+# prefetch.global.L2
+PDL_OPCODES = ("PREEXIT", "ACQBULK")
+L2_PREFETCH_OPCODE = "CCTL.E.PF2"
 
 
 def aot_config(cfg: GemvConfig, rope: bool = False) -> AotConfig:
     """The AotConfig of one launch form (split_k only matters as 1 vs > 1)."""
+    cfg_aot = _aot_config_of_form(cfg, rope)
+    pdl_opcodes = (PDL_OPCODES if cfg.pdl else ()) + ((L2_PREFETCH_OPCODE,) if cfg.pdl_l2_blocks else ())
+    return dataclasses.replace(cfg_aot, expect_opcodes=(*cfg_aot.expect_opcodes, *pdl_opcodes))
+
+
+def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
     name = f"fp8_gemv_{cfg.name}" + ("_invrope" if rope else "")
     common = {"BLOCK_N": cfg.block_n, "BLOCK_K": FP8_BLOCK, "K_UNROLL": cfg.k_unroll, "IS_SPLIT": cfg.split_k > 1,
-              "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM}
+              "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM, "PDL": cfg.pdl,
+              "L2_PREFETCH_BLOCKS": cfg.pdl_l2_blocks}
     if cfg.rows_form:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_rows_kernel, signature=_AOT_ROWS_SIGNATURE,

@@ -48,6 +48,8 @@ Q8J_RUN_NAME = "fp8_gemv-h200-run6b"  # --q8j-sweep: joined split, stages, unrol
 Q8_ROWS, Q8_TPS = (1, 2, 4, 8, 16), (1, 4, 2, 8)
 CHAIN_RUN_NAME = "fp8_gemv-h200-run7-chain"  # --chain-final: chained FP8 MMAs vs the defaults
 CHAIN_ROWS, CHAIN_LINEARS = (1, 2, 4, 8), ("wo_a", "wq_b", "wo_b")  # at T=1
+PDL_RUN_NAME = "fp8_gemv-h200-run8-pdl"  # --pdl-sweep: programmatic dependent launch on vs off
+PDL_MIXED_ROWS = (1, 8)  # T=1: each GEMV followed by a plain (non-PDL) torch kernel
 
 
 def prepare() -> None:
@@ -263,11 +265,100 @@ def chain_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def pdl_candidates(m: int, n: int, k: int, groups: int, g):
+    """--pdl-sweep (run 8): the current default launch form without PDL ("old_default"), then the same form
+    launched with programmatic dependent launch (GemvConfig(pdl=True): early launch_dependents, griddepcontrol.wait
+    before the first activation load), with 0 / 4 / 16 K blocks of the program's weight prefetched into L2 before
+    the wait; at 1 row also the rows form with its first weight chunk loaded into registers before the wait, and
+    at 2 rows the default rows form with that prefetch."""
+    import dataclasses
+
+    cur = g.default_config(m, n, k, groups)
+    base = dataclasses.replace(cur, pdl=False, pdl_l2_blocks=0)
+
+    def pdl(cfg, blocks=0, **kw):
+        return dataclasses.replace(cfg, pdl=True, pdl_l2_blocks=blocks, **kw)
+    out = [("old_default", base), ("pdl", pdl(base)), ("pdl_l2p4", pdl(base, 4)), ("pdl_l2p16", pdl(base, 16))]
+    if m == 1 and not base.rows_form:
+        out.append(("rows1_pf_pdl_l2p16", pdl(rows_config(m, n, k, groups, g, 32, 2), 16)))
+    if base.rows_form and not base.prefetch:
+        out.append(("rows_pf_pdl_l2p16", pdl(base, 16, prefetch=True)))
+    out.append(("current_default", cur))
+    return distinct_configs(out)
+
+
+def pdl_chain_check(g, torch, dev: str, smoke: bool) -> dict:
+    """Exactness of PDL where it matters: a chain in which every GEMV reads the previous one's output,
+    captured in one CUDA graph with every launch PDL, against the same launch forms run eagerly without PDL
+    (bit-identical expected: the arithmetic is the same; a read of the activation before the previous kernel
+    finished, or a store over memory it still reads, would differ). Two chains: the square shared gate/up
+    weight [4096, 4096] (1 row FMA, 2 rows rows form, 4 rows FP8 tensor cores, 16 rows bf16 tensor cores)
+    and [4096, 1024] / [1024, 4096] alternating (1 row: the one-shot rows form, then split-K FMA). Three
+    replays with fresh inputs each."""
+    import dataclasses
+
+    def weight(n, k, copies):
+        scale = 2.0 ** round(math.log2(2 / math.sqrt(k)))  # keeps the activations O(1) along the chain
+        ws = []
+        for _ in range(copies):
+            w = (torch.randn(n, k, device=dev) * 0.5).to(g.FP8_DTYPE)
+            ws.append((w, torch.full((math.ceil(n / g.FP8_BLOCK), math.ceil(k / g.FP8_BLOCK)), scale, device=dev)))
+        return ws
+    big, small = (4096, 1024) if not smoke else (256, 128)
+    chains = {"square": weight(big, big, 6), "alternating": [w for pair in zip(weight(big, small, 3),
+                                                                              weight(small, big, 3)) for w in pair]}
+    report = {}
+    for name, ws in chains.items():
+        for m in ((1, 2, 4, 16) if name == "square" else (1, 2)):
+            for blocks in (0, 16):
+                cfgs = [g.default_config(m, w.shape[0], w.shape[1]) for w, _ in ws]
+                pdl_cfgs = [dataclasses.replace(c, pdl=True, pdl_l2_blocks=blocks) for c in cfgs]
+                x_static = torch.zeros(m, ws[0][0].shape[1], device=dev, dtype=torch.bfloat16)
+
+                def chain(configs):
+                    y = x_static
+                    for (w, s), c in zip(ws, configs):
+                        y = g.block_fp8_linear(y, w, s, config=c)
+                    return y
+                key = f"{name} M={m} l2p{blocks} ({'/'.join(sorted({c.name for c in pdl_cfgs}))})"
+                try:
+                    chain(pdl_cfgs)  # JIT
+                    graph = None
+                    if not smoke:
+                        stream = torch.cuda.Stream()
+                        stream.wait_stream(torch.cuda.current_stream())
+                        with torch.cuda.stream(stream):
+                            chain(pdl_cfgs)
+                        torch.cuda.current_stream().wait_stream(stream)
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph):
+                            y_graph = chain(pdl_cfgs)
+                    worst, equal = 0.0, True
+                    for _ in range(3):
+                        x_static.copy_(torch.randn(x_static.shape, device=dev).to(torch.bfloat16))
+                        if graph is not None:
+                            graph.replay()
+                            got = y_graph.clone()
+                        else:
+                            got = chain(pdl_cfgs)
+                        want = chain(cfgs)
+                        equal = equal and bool(torch.equal(got, want))
+                        worst = max(worst, float((got.float() - want.float()).abs().max()))
+                    report[key] = {"bit_identical": equal, "max_abs_diff": worst,
+                                   "output_rms": round(float(want.float().pow(2).mean().sqrt()), 4)}
+                except Exception as exc:
+                    report[key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                    if smoke:
+                        raise
+                print(f"PDL chain {key}: {report[key]}", flush=True)
+    return report
+
+
 ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default")
 
 
 def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
-         q8j_sweep: bool = False, chain_final: bool = False) -> None:
+         q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -277,14 +368,14 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
     if dot_sweep:
         rows, run_name, pick = (3, 16) if smoke else (4, 8, 16), DOT_RUN_NAME, dot_candidates
     tps = (2,) if smoke else TPS
-    with_rope = not (xb_sweep or q8_sweep or q8j_sweep or chain_final)  # runs 5, 6: no fused-RoPE timing (the dense seam does not use it)
+    with_rope = not (xb_sweep or q8_sweep or q8j_sweep or chain_final or pdl_sweep)  # runs 5, 6: no fused-RoPE timing (the dense seam does not use it)
     if xb_sweep:
         rows, run_name, pick = (1, 2, 3, 8) if smoke else XB_ROWS, XB_RUN_NAME, xb_candidates
         tps = (2,) if smoke else XB_TPS
@@ -294,6 +385,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         tps = (2,) if smoke else Q8_TPS
     if chain_final:
         rows, run_name, pick, tps = (1, 3, 8) if smoke else CHAIN_ROWS, CHAIN_RUN_NAME, chain_candidates, (1,)
+    if pdl_sweep:
+        rows, run_name, pick = (1, 2, 3, 16) if smoke else ROWS, PDL_RUN_NAME, pdl_candidates
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -333,7 +426,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         title=("Block-FP8 GEMV / grouped wo_a at DSv4-Flash decode shapes: previous default vs "
                + ("tensor-core form variants" if dot_sweep else "x_broadcast rows form" if xb_sweep
                   else "FP8 tensor-core form (split bf16 activation)" if q8_sweep or q8j_sweep
-                  else "chained FP8 tensor-core form" if chain_final else "rows form")
+                  else "chained FP8 tensor-core form" if chain_final
+                  else "programmatic dependent launch (PDL)" if pdl_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
                  "best_pct_copy", "cur_us", "cur_form", "cur_pct_copy", "bf16_us", "fp8_path_us", "einsum_us",
@@ -344,6 +438,18 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     sweep_log = []
     failures = {}
     numerics = {}
+    if pdl_sweep:
+        from triton.backends.nvidia.compiler import CUDAOptions
+
+        # an older Triton would drop launch_pdl silently (the instructions are then no-ops): say which it was
+        res.extra["triton launch_pdl option"] = "launch_pdl" in CUDAOptions.__dataclass_fields__
+        res.extra["PDL chain exactness (graph with PDL vs eager without)"] = pdl_chain_check(g, torch, dev, smoke)
+        _sync(torch)
+        bump = torch.zeros(8192, device=dev, dtype=torch.bfloat16)
+
+        def plain_op():  # a small torch kernel launched without PDL (never triggers its dependents early)
+            return bump.add_(1.0)
+        res.extra["plain torch op alone (us, bump.add_ on 8192 bf16)"] = round(timed([plain_op]), 3)
 
     def pct(nbytes, us):
         return round(100 * nbytes / (us * 1e-6) / 1e9 / copy_gbs, 1) if copy_gbs == copy_gbs and us == us else float("nan")
@@ -431,6 +537,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                     sweep_log.append({"linear": name, "T": tp, "M": m, "label": label, "config": cfg.name,
                                       "launch": effective_launch(cfg, k, g).name,
                                       "us": round(us, 3), "pct_copy": pct(nbytes, us), "rel_err": float(f"{err:.3g}")})
+                    if pdl_sweep and tp == 1 and m in PDL_MIXED_ROWS and label.startswith(("old_default", "pdl")):
+                        sweep_log[-1]["mixed_us"] = round(timed([(lambda w=w, s=s, c=cfg: (run(w, s, c), plain_op()))
+                                                                 for w, s in weights]), 3)
                     if is_wo_a and with_rope and label in ROPE_LABELS:
                         rope_times[label] = timed([(lambda w=w, s=s, c=cfg: run(w, s, c, True)) for w, s in weights])
                         sweep_log[-1]["rope_us"] = round(rope_times[label], 3)
@@ -507,6 +616,13 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         res.notes.append("run 7 variants: old_default, current_default (dropped where equal to old_default), q8jc "
                          "(chained, joined split) and q8c (chained, unjoined split) on the current FP8 tile of each "
                          "shape; each variant's time and relative error is in -sweep.json; fp8_path_us not timed.")
+    if pdl_sweep:
+        res.notes.append("run 8 variants: old_default = the current default_config launch form with PDL off; pdl* = "
+                         "the same form launched with programmatic dependent launch (l2pN: N K blocks of each "
+                         "program's weight prefetched into L2 before griddepcontrol.wait); every variant's time, "
+                         "error and, at T=1 M=1/8, mixed_us (each GEMV followed by a plain torch kernel, per pair) "
+                         "are in -sweep.json. The timing graph calls n distinct weight copies back to back, so with "
+                         "PDL each GEMV overlaps the previous GEMV's drain.")
     json_path, md_path = res.write(out_dir)
     with open(os.path.join(out_dir, f"{run_name}-sweep.json"), "w") as f:
         json.dump(sweep_log, f, indent=0)
@@ -591,6 +707,8 @@ if __name__ == "__main__":
                         help="run 6b: joined-split FP8 tensor-core variants vs the defaults and run 6's best")
     parser.add_argument("--chain-final", action="store_true",
                         help="run 7: chained FP8 MMAs vs the old and current defaults, wo_a / wq_b / wo_b T=1, M 1..8")
+    parser.add_argument("--pdl-sweep", action="store_true",
+                        help="run 8: the defaults with programmatic dependent launch on vs off, every shape, M 1..16")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -604,4 +722,5 @@ if __name__ == "__main__":
     if args.prepare:
         prepare()
     else:
-        main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final)
+        main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
+             args.pdl_sweep)

@@ -2,6 +2,8 @@
 the CPU interpreter at reduced shapes (every launch form: FMA rows 1-2, tensor-core rows 16/32,
 split-K on and off, fused inverse RoPE)."""
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -486,3 +488,64 @@ def test_wo_a_fp8_chain(rope, join):
     y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, out=poisoned((b, groups, r)),
                            config=q8c(split=2, join=join), **kw)
     assert rel_err(y, g.reference_grouped_wo_a(o, w, s, pos, freqs, **kw)) < OUTPUT_TOL
+
+
+# --- programmatic dependent launch (GemvConfig.pdl) -----------------------------------------------
+# The interpreter has no inline PTX: it runs the PDL forms' program order (weight prefetch first, activation
+# and stores after the wait point) without the PDL instructions. On the GPU the device script checks a chain
+# of dependent GEMVs, each launched with PDL in one CUDA graph, bit for bit against eager launches without it;
+# the AOT configs check that the instructions are in the SASS.
+
+
+def with_pdl(cfg, blocks=16):
+    return dataclasses.replace(cfg, pdl=True, pdl_l2_blocks=blocks)
+
+
+PDL_FORMS = [with_pdl(g.GemvConfig(1, 32, 3, False, k_unroll=2)),
+             with_pdl(g.GemvConfig(1, 16, 1, False, num_warps=8, k_unroll=8, rows_form=True, prefetch=True), 4),
+             with_pdl(g.GemvConfig(2, 32, 2, False, k_unroll=2, rows_form=True), 0),
+             with_pdl(g.GemvConfig(8, 16, 3, False, k_unroll=4, rows_form=True, prefetch=True, evict_first=True)),
+             with_pdl(g.GemvConfig(16, 32, 2, True)),
+             with_pdl(q8(split=3)), with_pdl(q8(block_n=128, warps=8), 4)]
+
+
+@pytest.mark.parametrize("cfg", PDL_FORMS, ids=lambda c: c.name)
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_pdl_forms_match_reference(cfg, m):
+    gen = torch.Generator().manual_seed(23 * m + cfg.block_n + cfg.split_k)
+    n, k = 200, 1000  # ragged N and K: the L2 prefetch addresses clamp to the tile's last row / the split's block
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    for _ in range(2):  # the second call checks the split-K counters were left at zero
+        y = g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=cfg)
+        assert torch.isfinite(y).all()
+        assert rel_err(y, ref) < OUTPUT_TOL, cfg.name
+    if cfg.split_k > 1:
+        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+
+
+@pytest.mark.parametrize("cfg", [with_pdl(g.GemvConfig(1, 32, 4, False, k_unroll=2)), with_pdl(q8(split=2), 4)],
+                         ids=lambda c: c.name)
+def test_wo_a_pdl_with_rope(cfg):
+    gen = torch.Generator().manual_seed(29)
+    b, groups, r, d = 2, 2, 128, 512
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    pos, freqs, _ = rope_inputs(b, gen)
+    y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE,
+                           out=poisoned((b, groups, r)), config=cfg)
+    assert rel_err(y, g.reference_grouped_wo_a(o, w, s, pos, freqs, HEAD, ROPE)) < OUTPUT_TOL
+
+
+def test_pdl_config_validation_and_name():
+    cfg = with_pdl(g.GemvConfig(1, 32, 1, False, k_unroll=2))
+    assert cfg.name.endswith("_pdl_l2p16")
+    assert with_pdl(cfg, 0).name.endswith("_pdl")
+    for bad in (dict(pdl_l2_blocks=4), dict(pdl=True, pdl_l2_blocks=3), dict(pdl=True, pdl_l2_blocks=-2)):
+        with pytest.raises(ValueError, match="pdl_l2_blocks"):
+            g.GemvConfig(1, 32, 1, False, **bad)
+    aot = g.aot_config(cfg)
+    assert set(g.PDL_OPCODES) <= set(aot.expect_opcodes) and g.L2_PREFETCH_OPCODE in aot.expect_opcodes
+    assert not set(g.PDL_OPCODES) & set(g.aot_config(dataclasses.replace(cfg, pdl=False, pdl_l2_blocks=0))
+                                        .expect_opcodes)
