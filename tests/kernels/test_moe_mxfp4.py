@@ -638,6 +638,47 @@ def test_pairs_forward_matches_reference(batch, inter, form):
         assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
 
 
+def scale_word_tiles(scale_load, gate_up_n=16):
+    return (moe.PairsConfig(gate_up_n, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=scale_load),
+            moe.PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=scale_load))
+
+
+@pytest.mark.parametrize("scale_load", [1, 2], ids=["scale_words", "scale_words_on_pairs"])
+@pytest.mark.parametrize("batch,inter,pattern", [(0, 128, "random"), (1, 256, "random"), (3, 128, "random"),
+                                                 (64, 128, "random"), (5, 128, "skewed"), (5, 256, "duplicate")])
+def test_pairs_scale_words_match_reference(batch, inter, pattern, scale_load):
+    """The scales loaded as int32 words of four E8M0 bytes (per group, or per weight word with the scale on
+    the pair words): B in 0/1/3/64, skewed and duplicate experts, the clamp active, NaN-poisoned output."""
+    experts = make_experts(inter)
+    weights, ids = make_routing(batch, pattern)
+    x = make_x(batch, scale=4.0)
+    out = run(x, experts, weights, ids, upcast="pairs", configs=scale_word_tiles(scale_load))
+    assert out.shape == (batch, HIDDEN) and out.dtype == torch.bfloat16
+    if batch:
+        ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+        assert rel(moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0), ref) > 0.1
+        assert rel(out, ref) < 2e-2
+
+
+@pytest.mark.parametrize("scale_load", [1, 2], ids=["scale_words", "scale_words_on_pairs"])
+def test_pairs_scale_words_extreme_scales_and_validation(scale_load):
+    """Every weight byte under E8M0 bytes 2**-127 .. 2**20 through the scale-word loads (gate/up), and the
+    forms refused where the K steps are not whole scale words."""
+    experts, x, weights, ids, ref = extreme_scale_case()
+    gate_up = moe.PairsConfig(32, 256, 4, mul_pairs=True, scale_bf16=True, scale_load=scale_load)
+    out = run(x, experts, weights, ids, upcast="pairs", swiglu_limit=0.0,
+              configs=(gate_up, moe.PairsConfig(32, 32, 4, mul_pairs=True, scale_bf16=True)))
+    assert torch.isfinite(out).all() and rel(out, ref) < 2e-2
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(2, "random")
+    with pytest.raises(ValueError, match="scale_load"):  # down K = 64: no whole int32 word of scales
+        run(make_x(2), experts, weights, ids, upcast="pairs", configs=scale_word_tiles(scale_load))
+    with pytest.raises(ValueError, match="scale_load"):
+        run(make_x(2), experts, weights, ids, upcast="pairs",
+            configs=(moe.PairsConfig(16, 128, 4, scale_load=scale_load), PAIRS_TILES[1]))
+
+
 @pytest.mark.parametrize("pattern", ["skewed", "duplicate", "invalid", "all_invalid"])
 def test_pairs_routing_patterns_clamp_and_poisoned_scratch(pattern):
     """Skewed and duplicate experts, invalid ids, the clamp on and off, every scratch tensor NaN-poisoned
