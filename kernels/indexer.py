@@ -65,6 +65,17 @@ SELECT_MAX_WARPS = 16
 FUSED_SPLIT_PAGES = (8, 16, 32, 64)  # pages one fused program scores and reduces to K candidates
 LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this many programs run
 LOGITS_NUM_WARPS, LOGITS_NUM_STAGES = 4, 3
+# Histogram select: the order-preserving key in three digits (11 + 11 + 10 bits). Workspace row
+# (int32, zero before the call): two counters, then the three digits' histograms.
+HIST_DIGITS = (11, 11, 10)
+WS_ABOVE = tl.constexpr(0)  # entries the split pass sent out
+WS_TIE = tl.constexpr(1)  # entries in the first digit's threshold bin
+WS_H1 = 16
+WS_H2 = WS_H1 + (1 << HIST_DIGITS[0])
+WS_H3 = WS_H2 + (1 << HIST_DIGITS[1])
+WS_WIDTH = WS_H3 + (1 << HIST_DIGITS[2])
+HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
+HIST_CHUNKS = (1024, 2048, 4096)  # entries per split-pass program
 
 
 def use_scaled_dot(device: torch.device | str | None = None) -> bool:
@@ -119,11 +130,14 @@ def _row_length(lens_ptr, b, max_seq_len, pt_width, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_ptr,
-                   max_seq_len, pt_width, pages_per_split, stride_qb, stride_wb, stride_ptb, stride_ob,
+def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_ptr, hist_ptr,
+                   max_seq_len, pt_width, pages_per_split, stride_qb, stride_wb, stride_ptb, stride_ob, stride_hb,
                    D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
-                   PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr):
-    """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row."""
+                   PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr,
+                   HIST_BITS: tl.constexpr = 0):
+    """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row.
+    HIST_BITS > 0 also counts each live logit into its row's histogram of the top HIST_BITS bits
+    of the order-preserving key (``hist_ptr`` ``[B, 2**HIST_BITS]`` int32, zero on entry)."""
     b = tl.program_id(0)
     split = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -140,9 +154,27 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
                             SCALE_WORDS, USE_SCALED_DOT)
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.where(pos < length, vals, float("-inf")), mask=pos < max_seq_len)
+        if HIST_BITS > 0:
+            bins = _key_bits(_order_key(vals), 0, HIST_BITS)
+            tl.atomic_add(hist_ptr + b64 * stride_hb + bins, tl.full((PAGE,), 1, tl.int32), mask=pos < length,
+                          sem="relaxed")
     for p in range(tl.maximum(p_live, p_begin), p_end):
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.full((PAGE,), float("-inf"), tl.float32), mask=pos < max_seq_len)
+
+
+@triton.jit
+def _order_key(vals):
+    """fp32 -> int32 bits whose unsigned order is the float order (-0.0 and +0.0 equal)."""
+    bits = (vals + 0.0).to(tl.int32, bitcast=True)
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed int order == float order
+    return key ^ tl.full((), -2147483648, tl.int32)
+
+
+@triton.jit
+def _key_bits(key_u, skip: tl.constexpr, n: tl.constexpr):
+    """Bits [32 - skip - n, 32 - skip) of an unsigned-order key, as a non-negative int32."""
+    return (key_u >> (32 - skip - n)) & ((1 << n) - 1)
 
 
 @triton.jit
@@ -304,6 +336,163 @@ def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_po
         _store_candidates(out_val_ptr + base, out_pos_ptr + base, vals, pos, sel, slot, k_eff, K)
 
 
+@triton.jit
+def _threshold_bin(hist, total, need, NBINS: tl.constexpr):
+    """From a histogram of ``total`` keys (bin order = key order): the bin holding the ``need``-th
+    largest key (1 <= need <= total) and how many keys lie in the bins above it."""
+    at_or_above = total - tl.cumsum(hist, axis=0) + hist  # non-increasing in the bin index
+    thr = tl.sum((at_or_above >= need).to(tl.int32), axis=0) - 1
+    above = tl.sum(tl.where(tl.arange(0, NBINS) > thr, hist, 0), axis=0)
+    return thr, above
+
+
+@triton.jit
+def _store_slots(out_row, raw_row, pt_row, pos, slot, sel, PAGE: tl.constexpr, HAS_RAW: tl.constexpr):
+    page = tl.load(pt_row + pos // PAGE, mask=sel, other=0)
+    tl.store(out_row + slot, page * PAGE + pos % PAGE, mask=sel)
+    if HAS_RAW:
+        tl.store(raw_row + slot, pos, mask=sel)
+
+
+@triton.jit
+def _score_hist_kernel(scores_ptr, lens_ptr, ws_ptr, n_in, pt_width, stride_sb, stride_wsb,
+                       CHUNK: tl.constexpr, PAGE: tl.constexpr, B1: tl.constexpr, WS_H1: tl.constexpr):
+    """Grid (B, groups): the first-digit histogram of a given scores row (the logits kernel builds
+    it in passing when it computes the scores itself)."""
+    b = tl.program_id(0)
+    b64 = b.to(tl.int64)
+    idx = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    valid = idx < _row_length(lens_ptr, b, n_in, pt_width, PAGE)
+    vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=valid, other=float("-inf"))
+    bins = _key_bits(_order_key(vals), 0, B1)
+    tl.atomic_add(ws_ptr + b64 * stride_wsb + WS_H1 + bins, tl.full((CHUNK,), 1, tl.int32), mask=valid,
+                  sem="relaxed")
+
+
+@triton.jit
+def _hist_split_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr,
+                       n_in, pt_width, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                       CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr,
+                       HAS_RAW: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, WS_H1: tl.constexpr,
+                       WS_H2: tl.constexpr):
+    """Grid (B, groups), rows longer than K: from the row's first-digit histogram, the bin of the
+    K-th largest key; every entry of a higher bin goes straight to the output (slots claimed with
+    one atomic per program), the threshold bin's entries to the row's candidate list (first CAP
+    kept) and into its second-digit histogram."""
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
+    if (length > K) & (g * CHUNK < length):
+        ws_row = ws_ptr + b64 * stride_wsb
+        thr1, _ = _threshold_bin(tl.load(ws_row + WS_H1 + tl.arange(0, 1 << B1)), length, K, 1 << B1)
+        idx = g * CHUNK + tl.arange(0, CHUNK)
+        valid = idx < length
+        vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=valid, other=float("-inf"))
+        key_u = _order_key(vals)
+        digit1 = _key_bits(key_u, 0, B1)
+        above = valid & (digit1 > thr1)
+        tie = valid & (digit1 == thr1)
+        base = tl.atomic_add(ws_row + WS_ABOVE, tl.sum(above.to(tl.int32), axis=0))
+        _store_slots(out_ptr + b64 * stride_outb, raw_ptr + b64 * stride_rawb, pt_ptr + b64 * stride_ptb, idx,
+                     base + tl.cumsum(above.to(tl.int32), axis=0) - 1, above, PAGE, HAS_RAW)
+        tie_base = tl.atomic_add(ws_row + WS_TIE, tl.sum(tie.to(tl.int32), axis=0))
+        tie_slot = tie_base + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+        keep = tie & (tie_slot < CAP)
+        tl.store(cand_val_ptr + b64 * stride_cb + tie_slot, vals, mask=keep)
+        tl.store(cand_pos_ptr + b64 * stride_cb + tie_slot, idx, mask=keep)
+        tl.atomic_add(ws_row + WS_H2 + _key_bits(key_u, B1, B2), tl.full((CHUNK,), 1, tl.int32), mask=tie,
+                      sem="relaxed")
+
+
+@triton.jit
+def _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row):
+    """One block of the threshold bin's entries: the candidate list, or the whole row (overflow)."""
+    vals = tl.load(tl.where(from_row, scores_row + idx, cand_val_row + idx), mask=inside, other=float("-inf"))
+    pos = tl.where(from_row, idx, tl.load(cand_pos_row + idx, mask=inside & (from_row == 0), other=0))
+    return vals, pos
+
+
+@triton.jit
+def _hist_final_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr,
+                       n_in, pt_width, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                       K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
+                       B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, WS_H1: tl.constexpr,
+                       WS_H2: tl.constexpr, WS_H3: tl.constexpr, CLEAN: tl.constexpr = False,
+                       WS_WIDTH: tl.constexpr = 0):
+    """Grid (B,): the rest of each row's top-K. Rows of at most K positions list them in order.
+    Longer rows: from the second-digit histogram, the threshold bin's entries with a higher second
+    digit go out; the third (last) digit of those with the threshold's second digit is counted
+    here, then the exact K-th key is known and equal keys are taken in list order. If the
+    candidate list overflowed (more than CAP entries in the threshold bin: heavy ties) the same two
+    passes run over the whole row instead, so the result stays exact at a bounded cost. CLEAN
+    zeroes the row's workspace at the end, so a persistent workspace needs no memset per call."""
+    b = tl.program_id(0)
+    b64 = b.to(tl.int64)
+    length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
+    out_row = out_ptr + b64 * stride_outb
+    raw_row = raw_ptr + b64 * stride_rawb
+    pt_row = pt_ptr + b64 * stride_ptb
+    j = tl.arange(0, K)
+    if length <= K:
+        _store_slots(out_row, raw_row, pt_row, j, j, j < length, PAGE, HAS_RAW)
+        tl.store(out_row + j, tl.full((K,), -1, tl.int32), mask=j >= length)
+        if HAS_RAW:
+            tl.store(raw_row + j, tl.full((K,), -1, tl.int32), mask=j >= length)
+    else:
+        ws_row = ws_ptr + b64 * stride_wsb
+        thr1, n_above1 = _threshold_bin(tl.load(ws_row + WS_H1 + tl.arange(0, 1 << B1)), length, K, 1 << B1)
+        n_tie = tl.load(ws_row + WS_TIE)
+        hist2 = tl.load(ws_row + WS_H2 + tl.arange(0, 1 << B2))
+        thr2, n_above2 = _threshold_bin(hist2, n_tie, K - n_above1, 1 << B2)
+        n_tie2 = tl.sum(tl.where(tl.arange(0, 1 << B2) == thr2, hist2, 0), axis=0)
+        from_row = n_tie > CAP
+        n_src = tl.where(from_row, length, n_tie)
+        scores_row = scores_ptr + b64 * stride_sb
+        cand_val_row = cand_val_ptr + b64 * stride_cb
+        cand_pos_row = cand_pos_ptr + b64 * stride_cb
+        written = n_above1
+        for start in range(0, n_src, CAP):
+            idx = start + tl.arange(0, CAP)
+            inside = idx < n_src
+            vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
+            key_u = _order_key(vals)
+            in_bin = inside & (_key_bits(key_u, 0, B1) == thr1)
+            digit2 = _key_bits(key_u, B1, B2)
+            take = in_bin & (digit2 > thr2)
+            _store_slots(out_row, raw_row, pt_row, pos, written + tl.cumsum(take.to(tl.int32), axis=0) - 1, take,
+                         PAGE, HAS_RAW)
+            written += tl.sum(take.to(tl.int32), axis=0)
+            tl.atomic_add(ws_row + WS_H3 + _key_bits(key_u, B1 + B2, B3), tl.full((CAP,), 1, tl.int32),
+                          mask=in_bin & (digit2 == thr2))
+        tl.debug_barrier()  # this program's counts, performed at L2, before it reads them back
+        need3 = K - n_above1 - n_above2
+        thr3, n_above3 = _threshold_bin(tl.load(ws_row + WS_H3 + tl.arange(0, 1 << B3), cache_modifier=".cg"),
+                                        n_tie2, need3, 1 << B3)
+        n_equal = need3 - n_above3  # entries with exactly the K-th key still to take
+        equal_seen = tl.full((), 0, tl.int32)
+        for start in range(0, n_src, CAP):
+            idx = start + tl.arange(0, CAP)
+            inside = idx < n_src
+            vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
+            key_u = _order_key(vals)
+            in_tie2 = inside & (_key_bits(key_u, 0, B1) == thr1) & (_key_bits(key_u, B1, B2) == thr2)
+            digit3 = _key_bits(key_u, B1 + B2, B3)
+            equal = in_tie2 & (digit3 == thr3)
+            equal_rank = equal_seen + tl.cumsum(equal.to(tl.int32), axis=0) - 1
+            take = in_tie2 & ((digit3 > thr3) | (equal & (equal_rank < n_equal)))
+            _store_slots(out_row, raw_row, pt_row, pos, written + tl.cumsum(take.to(tl.int32), axis=0) - 1, take,
+                         PAGE, HAS_RAW)
+            written += tl.sum(take.to(tl.int32), axis=0)
+            equal_seen += tl.sum(equal.to(tl.int32), axis=0)
+    if CLEAN:  # leave the row's workspace zero for the next call (a persistent workspace, no memset)
+        tl.debug_barrier()
+        ws_row = ws_ptr + b64 * stride_wsb
+        for off in tl.static_range(0, WS_WIDTH, 1024):
+            i = off + tl.arange(0, 1024)
+            tl.store(ws_row + i, tl.zeros((1024,), tl.int32), mask=i < WS_WIDTH)
+
+
 # --------------------------------------------------------------------------------------------
 # Float32 references (the specification)
 # --------------------------------------------------------------------------------------------
@@ -440,9 +629,14 @@ def logits_pages_per_split(batch: int, max_seq_len: int) -> int:
     return max(1, -(-pages * max(batch, 1) // LOGITS_TARGET_PROGRAMS))
 
 
-def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_dot=None, out=None):
-    """FP8 paged MQA logits ``[B, max_seq_len]`` fp32 (``-inf`` past each length)."""
+def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_dot=None, out=None,
+                     hist_workspace=None):
+    """FP8 paged MQA logits ``[B, max_seq_len]`` fp32 (``-inf`` past each length). With
+    ``hist_workspace`` (from :func:`hist_workspace`, zeroed) it also counts the first-digit
+    histogram that :func:`hist_select` starts from."""
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
+    if hist_workspace is not None:
+        _check("hist_workspace", hist_workspace, (q.shape[0], WS_WIDTH), torch.int32, q.device)
     batch = q.shape[0]
     if out is None:
         out = torch.empty(batch, max_seq_len, dtype=torch.float32, device=q.device)
@@ -454,11 +648,83 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     kv_fp8, kv_f32 = _kv_views(kv)
     pps = logits_pages_per_split(batch, max_seq_len)
     splits = -(-_cdiv(max_seq_len, INDEX_PAGE_SIZE) // pps)
+    hist = hist_workspace[:, WS_H1:] if hist_workspace is not None else out
     _logits_kernel[(batch, splits)](
-        q, kv_fp8, kv_f32, weights, lens, page_table, out, max_seq_len, page_table.shape[1], pps,
-        q.stride(0), weights.stride(0), page_table.stride(0), out.stride(0), **_page_consts(),
-        USE_SCALED_DOT=scaled, num_warps=LOGITS_NUM_WARPS, num_stages=LOGITS_NUM_STAGES)
+        q, kv_fp8, kv_f32, weights, lens, page_table, out, hist, max_seq_len, page_table.shape[1], pps,
+        q.stride(0), weights.stride(0), page_table.stride(0), out.stride(0), hist.stride(0), **_page_consts(),
+        USE_SCALED_DOT=scaled, HIST_BITS=HIST_DIGITS[0] if hist_workspace is not None else 0,
+        num_warps=LOGITS_NUM_WARPS, num_stages=LOGITS_NUM_STAGES)
     return out
+
+
+def hist_workspace(batch: int, device) -> torch.Tensor:
+    """Zeroed ``[B, WS_WIDTH]`` int32 scratch of the histogram select (one memset, shapes only)."""
+    return torch.zeros(batch, WS_WIDTH, dtype=torch.int32, device=device)
+
+
+def hist_chunk(n: int) -> int:
+    return next((c for c in HIST_CHUNKS if c >= n), HIST_CHUNKS[-1])
+
+
+def _hist_num_warps(entries: int) -> int:
+    return max(4, entries // 512)
+
+
+def _hist_digit_consts():
+    b1, b2, b3 = HIST_DIGITS
+    return dict(B1=b1, B2=b2, WS_H1=WS_H1, WS_H2=WS_H2)
+
+
+def hist_select(scores, lens, page_table, out, raw, workspace, *, clean=False):
+    """Top-``out.shape[1]`` of each scores row from the first-digit histogram already counted in
+    ``workspace`` (by the logits kernel or :func:`_score_hist_kernel`): a split pass over the row,
+    then one program per row. Long rows list their selection in no fixed order (slots are claimed
+    with atomics); the set is exact, ties at the K-th score going to entries in list order."""
+    batch, width = scores.shape
+    k = out.shape[1]
+    chunk = hist_chunk(width)
+    cand_val = torch.empty(batch, HIST_CAP, dtype=torch.float32, device=scores.device)
+    cand_pos = torch.empty(batch, HIST_CAP, dtype=torch.int32, device=scores.device)
+    raw_arg = raw if raw is not None else out
+    common = (scores, lens, page_table, workspace, cand_val, cand_pos, out, raw_arg, width, page_table.shape[1],
+              scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
+              raw_arg.stride(0))
+    if width > k:
+        _hist_split_kernel[(batch, _cdiv(width, chunk))](
+            *common, CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=raw is not None,
+            **_hist_digit_consts(), num_warps=_hist_num_warps(chunk), num_stages=1)
+    _hist_final_kernel[(batch,)](
+        *common, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=raw is not None, B3=HIST_DIGITS[2], WS_H3=WS_H3,
+        CLEAN=clean, WS_WIDTH=WS_WIDTH, **_hist_digit_consts(), num_warps=_hist_num_warps(HIST_CAP), num_stages=1)
+    return out
+
+
+_PERSISTENT_WORKSPACES: dict[torch.device, torch.Tensor] = {}
+
+
+def persistent_hist_workspace(batch: int, device) -> torch.Tensor:
+    """Rows of one per-device workspace (INDEX_MAX_BATCH rows, allocated zeroed once) that the
+    select's last kernel leaves zeroed: no memset per call. Calls on one stream only (they share
+    it); ``hist_workspace`` is the self-contained alternative."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if batch > INDEX_MAX_BATCH:
+        raise ValueError(f"batch must be <= {INDEX_MAX_BATCH} for the persistent workspace, got {batch}")
+    ws = _PERSISTENT_WORKSPACES.get(device)
+    if ws is None:
+        ws = _PERSISTENT_WORKSPACES[device] = torch.zeros(INDEX_MAX_BATCH, WS_WIDTH, dtype=torch.int32, device=device)
+    return ws[:batch]
+
+
+def _hist_topk_from_scores(scores, lens, page_table, out, raw):
+    workspace = hist_workspace(scores.shape[0], scores.device)
+    chunk = hist_chunk(scores.shape[1])
+    _score_hist_kernel[(scores.shape[0], _cdiv(scores.shape[1], chunk))](
+        scores, lens, workspace, scores.shape[1], page_table.shape[1], scores.stride(0), workspace.stride(0),
+        CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, B1=HIST_DIGITS[0], WS_H1=WS_H1, num_warps=_hist_num_warps(chunk),
+        num_stages=1)
+    return hist_select(scores, lens, page_table, out, raw, workspace)
 
 
 def select_chunk(n: int, k: int, max_chunk: int = SELECT_MAX_CHUNK) -> int:
@@ -516,11 +782,15 @@ def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZ
         if raw is not None:
             raw.fill_(-1)
         return out
+    if form.method == "histogram":
+        return _hist_topk_from_scores(scores, lens, page_table, out, raw)
     return _merge(scores, None, lens, page_table, out, raw, implicit=True, form=form)
 
 
 SELECT_RADIX_BITS = (1, 2)  # bits fixed per block-wide round of the K-th-key search
 SELECT_WARPS_MULS = (1, 2)
+SELECT_METHODS = ("search", "histogram")
+SELECT_WORKSPACES = ("memset", "persistent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -528,12 +798,23 @@ class SelectForm:
     """How the select programs search: ``radix_bits`` 1 = 32-step bitwise search, 2 = 16 rounds of
     4-bin histograms; ``max_chunk`` is the largest chunk one program holds (8192: 16 warps, one merge
     level fewer on long rows); ``warps_mul`` 2 doubles the warps of programs below 8192 entries (half
-    the entries per thread; not yet timed, so no plan uses it)."""
+    the entries per thread; not yet timed, so no plan uses it). ``method`` "histogram" replaces the
+    search: the logits kernel counts a per-row histogram of each key's top 11 bits, one split pass
+    sends the entries above the K-th key's bin out and keeps that bin's entries, one program per row
+    finishes from two more digit histograms (:func:`hist_select`); ``workspace`` "persistent" uses
+    one per-device workspace that the select leaves zeroed instead of a memset per call; the
+    search fields do not apply."""
     radix_bits: int = 1
     max_chunk: int = SELECT_MAX_CHUNK
     warps_mul: int = 1
+    method: str = "search"
+    workspace: str = "memset"  # histogram: "memset" (zeroed per call) | "persistent" (left zeroed)
 
     def __post_init__(self):
+        if self.workspace not in SELECT_WORKSPACES:
+            raise ValueError(f"workspace must be one of {SELECT_WORKSPACES}, got {self.workspace!r}")
+        if self.method not in SELECT_METHODS:
+            raise ValueError(f"method must be one of {SELECT_METHODS}, got {self.method!r}")
         if self.radix_bits not in SELECT_RADIX_BITS:
             raise ValueError(f"radix_bits must be one of {SELECT_RADIX_BITS}, got {self.radix_bits!r}")
         if self.max_chunk not in SELECT_CHUNKS or self.max_chunk < 2 * MAX_TOPK:
@@ -641,6 +922,20 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
     if plan.path == "fused":
         return fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw,
                                  split_pages=plan.split_pages, scaled_dot=scaled_dot, select=plan.select)
+    if plan.select.method == "histogram":
+        validate_topk_inputs(torch.empty(q.shape[0], 0, device=q.device), lens, page_table, out, INDEX_PAGE_SIZE, raw)
+        if q.shape[0] == 0:
+            return out
+        if max_seq_len == 0:
+            out.fill_(-1)
+            if raw is not None:
+                raw.fill_(-1)
+            return out
+        clean = plan.select.workspace == "persistent"
+        workspace = (persistent_hist_workspace if clean else hist_workspace)(q.shape[0], q.device)
+        logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot,
+                                  hist_workspace=workspace)
+        return hist_select(logits, lens, page_table, out, raw, workspace, clean=clean)
     logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
     return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw, select=plan.select)
 
@@ -651,8 +946,9 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
 
 _LOGITS_SIG = {
     "q_ptr": "*fp8e4nv", "kv_fp8_ptr": "*fp8e4nv", "kv_f32_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32",
-    "pt_ptr": "*i32", "out_ptr": "*fp32", "max_seq_len": "i32", "pt_width": "i32", "pages_per_split": "i32",
-    "stride_qb": "i32", "stride_wb": "i32", "stride_ptb": "i32", "stride_ob": "i32",
+    "pt_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32", "max_seq_len": "i32", "pt_width": "i32",
+    "pages_per_split": "i32", "stride_qb": "i32", "stride_wb": "i32", "stride_ptb": "i32", "stride_ob": "i32",
+    "stride_hb": "i32",
 }
 _FUSED_SIG = {
     "q_ptr": "*fp8e4nv", "kv_fp8_ptr": "*fp8e4nv", "kv_f32_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32",
@@ -663,6 +959,16 @@ _SELECT_SIG = {
     "in_val_ptr": "*fp32", "in_pos_ptr": "*i32", "lens_ptr": "*i32", "pt_ptr": "*i32", "out_val_ptr": "*fp32",
     "out_pos_ptr": "*i32", "out_raw_ptr": "*i32", "n_in": "i32", "pt_width": "i32", "stride_inb": "i32",
     "stride_outb": "i32", "stride_ptb": "i32", "stride_rawb": "i32",
+}
+_HIST_SIG = {
+    "scores_ptr": "*fp32", "lens_ptr": "*i32", "pt_ptr": "*i32", "ws_ptr": "*i32", "cand_val_ptr": "*fp32",
+    "cand_pos_ptr": "*i32", "out_ptr": "*i32", "raw_ptr": "*i32", "n_in": "i32", "pt_width": "i32",
+    "stride_sb": "i32", "stride_ptb": "i32", "stride_wsb": "i32", "stride_cb": "i32", "stride_outb": "i32",
+    "stride_rawb": "i32",
+}
+_SCORE_HIST_SIG = {
+    "scores_ptr": "*fp32", "lens_ptr": "*i32", "ws_ptr": "*i32", "n_in": "i32", "pt_width": "i32",
+    "stride_sb": "i32", "stride_wsb": "i32",
 }
 _PAGE_CONST_NAMES = ("D", "H", "PAGE", "PAGE_BYTES", "PAGE_WORDS", "SCALE_WORDS")
 
@@ -678,11 +984,28 @@ def aot_configs() -> list[AotConfig]:
     the plain fp8 dot (QMMA without .SF) must not appear."""
     configs = []
     page = _page_consts()
-    c = dict(page, USE_SCALED_DOT=True)
-    configs.append(AotConfig(
-        "indexer_logits", _logits_kernel, _sig(_LOGITS_SIG, c), c, num_warps=LOGITS_NUM_WARPS,
-        num_stages=LOGITS_NUM_STAGES, div16=("stride_qb", "stride_ob"),
-        expect_opcodes=("QMMA.SF",), forbid_opcodes=("QMMA.16832",)))
+    for name, hist_bits in (("indexer_logits", 0), ("indexer_logits_hist", HIST_DIGITS[0])):
+        c = dict(page, USE_SCALED_DOT=True, HIST_BITS=hist_bits)
+        configs.append(AotConfig(
+            name, _logits_kernel, _sig(_LOGITS_SIG, c), c, num_warps=LOGITS_NUM_WARPS,
+            num_stages=LOGITS_NUM_STAGES, div16=("stride_qb", "stride_ob", "stride_hb"),
+            expect_opcodes=("QMMA.SF",), forbid_opcodes=("QMMA.16832",)))
+    digits = _hist_digit_consts()
+    for chunk in HIST_CHUNKS:
+        c = dict(CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, B1=digits["B1"], WS_H1=WS_H1)
+        configs.append(AotConfig(
+            f"indexer_score_hist_c{chunk}", _score_hist_kernel, _sig(_SCORE_HIST_SIG, c), c,
+            num_warps=_hist_num_warps(chunk), num_stages=1, div16=("stride_sb", "stride_wsb")))
+        c = dict(digits, CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=False)
+        configs.append(AotConfig(
+            f"indexer_hist_split_c{chunk}", _hist_split_kernel, _sig(_HIST_SIG, c), c,
+            num_warps=_hist_num_warps(chunk), num_stages=1, div16=("stride_sb", "stride_wsb", "stride_cb")))
+    for clean in (False, True):
+        c = dict(digits, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=False, B3=HIST_DIGITS[2],
+                 WS_H3=WS_H3, CLEAN=clean, WS_WIDTH=WS_WIDTH)
+        configs.append(AotConfig(
+            "indexer_hist_final" + ("_clean" if clean else ""), _hist_final_kernel, _sig(_HIST_SIG, c), c,
+            num_warps=_hist_num_warps(HIST_CAP), num_stages=1, div16=("stride_sb", "stride_wsb", "stride_cb")))
     for r in FUSED_SPLIT_PAGES:
         c = dict(page, R_PAGES=r, K=INDEX_TOPK, CB=min(INDEX_TOPK, r * INDEX_PAGE_SIZE), USE_SCALED_DOT=True)
         configs.append(AotConfig(

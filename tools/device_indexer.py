@@ -33,19 +33,19 @@ UPSTREAM_FILE = "indexer_logits_torch.py"
 SHAPES = [(b, ctx) for b in (1, 16, 64) for ctx in (8192, 65536, 262144)]
 EXTRA_SHAPES = [(1, 1048576), (256, 8192)]  # the longest context and the largest batch, checked too
 ROTATIONS = 8
-# Select forms timed beside each other (run 4 also timed 16-bin radix rounds, half the warps and
-# radix-searching fused splits: all slower, removed). "r1" is the form runs 1-3 measured; the
-# ``default_plan`` row times whatever choose_plan picks per shape.
+# Select forms timed beside the shipped default (the ``default_plan`` row: whatever choose_plan picks
+# per shape). Runs 1-4 timed the bitwise/radix-4 searches with 4096/8192 chunks and fused splits
+# (fused slower everywhere, removed here). Run 5: the histogram select (``hist``: first digit
+# counted by the logits kernel, a split pass, one program per row) and the untimed double-warp
+# searches.
 SELECT_FORMS = {
-    "r1": ix.SelectForm(),
-    "r2": ix.SelectForm(radix_bits=2),
-    "r1_c8k": ix.SelectForm(max_chunk=8192),
-    "r2_c8k": ix.SelectForm(radix_bits=2, max_chunk=8192),
-    "r1_2xw": ix.SelectForm(warps_mul=2),  # run 4: the search is bound by entries per thread
+    "hist": ix.SelectForm(method="histogram"),
+    "hist_persist": ix.SelectForm(method="histogram", workspace="persistent"),  # no memset per call
+    "r1_2xw": ix.SelectForm(warps_mul=2),
     "r2_2xw": ix.SelectForm(radix_bits=2, warps_mul=2),
 }
-# Fused variants: (pages per split, select form of the merge).
-FUSED_VARIANTS = {"fused_r8": (8, "r1"), "fused_r16": (16, "r1"), "fused_r8_c8k": (8, "r1_c8k")}
+TOPK_ONLY_FORMS = ("hist",)  # top-k alone from a given logits row (the seam's unfused call)
+FUSED_VARIANTS = {}  # (pages per split, select form of the merge); none timed since run 4
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
            "logits_rel_err", "sel_violations", "exact_overlap", "note")
 
@@ -134,14 +134,21 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
     checks = {}
     out = torch.empty(batch, INDEX_TOPK, dtype=torch.int32, device=device)
     raw = torch.empty_like(out)
-    for name, form in SELECT_FORMS.items():
+    calls = {f"ours_topk_only_{name}": lambda o, r, f=SELECT_FORMS[name]: ix.topk_transform_paged(
+        logits, lens, pt, o, INDEX_PAGE_SIZE, r, select=f) for name in TOPK_ONLY_FORMS}
+    calls["default_plan"] = lambda o, r: ix.indexer_topk(q, kv, w, lens, pt, c4_len, o, r)
+    for name, form in SELECT_FORMS.items():  # the full indexer call (hist: histogram counted by the logits kernel)
+        calls[two_kernel_name(name)] = lambda o, r, f=form: ix.indexer_topk(
+            q, kv, w, lens, pt, c4_len, o, r, plan=ix.Plan("two_kernel", select=f))
+    for name, call in calls.items():
         try:
             raw.fill_(12345)
-            ix.topk_transform_paged(logits, lens, pt, out, INDEX_PAGE_SIZE, raw, select=form)
-            checks[two_kernel_name(name)] = check_selection(raw, ref, lens)
+            for _ in range(2):  # twice: a persistent workspace must be left clean by the first call
+                call(out, raw)
+            checks[name] = check_selection(raw, ref, lens)
         except Exception as exc:
             traceback.print_exc()
-            checks[two_kernel_name(name)] = (f"failed: {type(exc).__name__}", "")
+            checks[name] = (f"failed: {type(exc).__name__}", "")
     for name, (split, form) in FUSED_VARIANTS.items():
         try:
             raw.fill_(12345)
@@ -181,23 +188,29 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
 
     errors = {}
     timed("ours_logits_only", loop(lambda t: ix.paged_mqa_logits(q, kv, w, lens, t, c4_len, out=logits_buf)))
+    timed("ours_hist_workspace_zero", loop(lambda t: ix.hist_workspace(batch, device)))
+    timed("ours_logits_with_hist", loop(lambda t: ix.paged_mqa_logits(
+        q, kv, w, lens, t, c4_len, out=logits_buf, hist_workspace=ix.hist_workspace(batch, device))))
+    timed("default_plan", loop(lambda t: ix.indexer_topk(q, kv, w, lens, t, c4_len, outs)))
+    timed("ours_topk_only_default", loop(lambda t: ix.topk_transform_paged(logits_buf, lens, t, outs, INDEX_PAGE_SIZE)))
     for name, form in SELECT_FORMS.items():
-        timed(f"ours_topk_only_{name}", loop(lambda t, f=form: ix.topk_transform_paged(
-            logits_buf, lens, t, outs, INDEX_PAGE_SIZE, select=f)))
+        if name in TOPK_ONLY_FORMS:
+            timed(f"ours_topk_only_{name}", loop(lambda t, f=form: ix.topk_transform_paged(
+                logits_buf, lens, t, outs, INDEX_PAGE_SIZE, select=f)))
         timed(two_kernel_name(name), loop(lambda t, f=form: ix.indexer_topk(
             q, kv, w, lens, t, c4_len, outs, plan=ix.Plan("two_kernel", select=f))))
-    timed("default_plan", loop(lambda t: ix.indexer_topk(q, kv, w, lens, t, c4_len, outs)))
     for name, (split, form) in FUSED_VARIANTS.items():
         timed(name, loop(lambda t, s=split, f=SELECT_FORMS[form]: ix.fused_logits_topk(
             q, kv, w, lens, t, c4_len, outs, split_pages=s, select=f)))
     up_total = timings.get("upstream_logits", 0) + timings.get("upstream_topk", 0) if up_logits else None
     for variant, us in timings.items():
         row = dict(base, variant=variant, us=round(us, 2), note=note)
-        if variant.startswith(("two_kernel", "fused", "default_plan")):
+        if variant.startswith(("two_kernel", "fused", "default_plan", "ours_logits")):
             gbs = kbytes / (us * 1e-6) / 1e9
             row.update(read_GBps=round(gbs, 1), pct_copy_bw=round(100 * gbs / copy_gbs, 1) if copy_gbs else "")
-            if variant in checks:
-                row.update(sel_violations=checks[variant][0], exact_overlap=checks[variant][1])
+        if variant in checks:
+            row.update(sel_violations=checks[variant][0], exact_overlap=checks[variant][1])
+        if variant.startswith(("two_kernel", "fused", "default_plan")):
             if up_total:
                 row["vs_upstream"] = round(up_total / us, 2)
         if variant == "ours_logits_only":
@@ -205,7 +218,8 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
         result.add(**row)
     for variant, why in errors.items():
         result.add(**dict(base, variant=variant, note=f"failed: {why}"))
-    ours = {v: t for v, t in timings.items() if v.startswith(("two_kernel", "fused")) and checks.get(v, (1,))[0] == 0}
+    ours = {v: t for v, t in timings.items() if v.startswith(("two_kernel", "fused", "default_plan"))
+            and checks.get(v, (1,))[0] == 0}
     if ours:
         best = min(ours, key=ours.get)
         result.extra.setdefault("best_variant", {})[f"B={batch} ctx={ctx}"] = f"{best} {ours[best]:.1f} us"

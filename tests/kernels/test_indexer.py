@@ -211,7 +211,149 @@ def test_default_select_forms_and_fused_merge_forms_agree():
         assert_selection_matches(out, ref, l, pt, rel_tol=1e-5)
 
 
+HISTOGRAM = ix.SelectForm(method="histogram")
+
+
+def assert_histogram_selection(raw, out, scores, lens, table, k=INDEX_TOPK):
+    """The histogram select's contract: rows of at most k positions in order and -1 padded; longer
+    rows k distinct positions below the length (in no fixed order) whose scores, sorted, equal the
+    exact top-k's (so the set is exact up to which of several equal scores is taken)."""
+    width = scores.shape[1]
+    masked = scores.masked_fill(torch.arange(width)[None, :] >= lens[:, None], float("-inf"))
+    expected = ix.reference_topk_positions(masked, lens, k)
+    assert torch.equal(out, ix.positions_to_slots(raw.long(), table))
+    for b in range(scores.shape[0]):
+        n = min(max(int(lens[b]), 0), width)
+        if n <= k:
+            assert torch.equal(raw[b], expected[b].int()), f"row {b}: short rows list 0..len-1, then -1"
+            continue
+        got = raw[b].long()
+        assert len(set(got.tolist())) == k and (got >= 0).all() and (got < n).all(), f"row {b}: bad positions"
+        ours, exact = masked[b, got].sort().values, masked[b, expected[b]].sort().values
+        assert torch.equal(ours, exact), f"row {b}: {(ours != exact).sum()} scores differ from the exact top-k"
+
+
+def _tied_scores(batch, width, gen):
+    """Rows whose K-th score is shared by more entries than the candidate list holds (the row is
+    rescanned), all -inf rows, and rows with a few distinct values."""
+    scores = torch.randn(batch, width, generator=gen)
+    scores[0] = 1.5  # one value: every entry in one bin at every digit
+    scores[1] = float("-inf")
+    scores[2] = torch.randint(0, 3, (width,), generator=gen).float()  # three values, ~width/3 of each
+    scores[3, ::2] = -0.0
+    scores[3, 1::2] = 0.0
+    return scores
+
+
+@pytest.mark.parametrize("lens,width,make", [
+    ([0, 1, 511, 512, 513, 600], 600, "extreme"),
+    ([9000, 4500, 8193, 700], 9000, "extreme"),  # several split programs per row; ragged
+    ([20000, 19999, 13000, 6001], 20000, "randn"),
+    ([9000, 9000, 8999, 8000], 9000, "tied"),  # more than HIST_CAP entries at the K-th score
+    ([5000, 4097, 4500, 4200], 5000, "tied"),
+])
+def test_histogram_select_matches_reference(lens, width, make):
+    gen = torch.Generator().manual_seed(width + len(lens))
+    batch = len(lens)
+    scores = {"extreme": _extreme_scores, "tied": _tied_scores,
+              "randn": lambda b, w, g: torch.randn(b, w, generator=g)}[make](batch, width, gen)
+    pt_width = -(-width // INDEX_PAGE_SIZE)
+    table = torch.stack([torch.randperm(3 * pt_width, generator=gen)[:pt_width] for _ in range(batch)]).int()
+    l = torch.tensor(lens, dtype=torch.int32)
+    out = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
+    raw = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
+    ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw, select=HISTOGRAM)
+    assert_histogram_selection(raw, out, scores, l, table)
+
+
+def test_histogram_select_small_k_and_against_upstream():
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(3, 3000, generator=gen)
+    table = torch.stack([torch.randperm(100, generator=gen)[:47] for _ in range(3)]).int()
+    l = torch.tensor([3000, 40, 2999], dtype=torch.int32)
+    out = torch.full((3, 64), 12345, dtype=torch.int32)
+    raw = torch.full((3, 64), 12345, dtype=torch.int32)
+    ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw, select=HISTOGRAM)
+    assert_histogram_selection(raw, out, scores, l, table, k=64)
+    up = torch.full((3, INDEX_TOPK), 12345, dtype=torch.int32)
+    upstream_indexer().topk_transform_pytorch_vectorized(scores, l, table, up, INDEX_PAGE_SIZE)
+    ours = torch.full_like(up, 12345)
+    ix.topk_transform_paged(scores, l, table, ours, INDEX_PAGE_SIZE, select=HISTOGRAM)
+    assert torch.equal(ours[1], up[1])  # 40 positions: in order, -1 after
+    for b in (0, 2):  # distinct random scores: the same set
+        assert set(ours[b].tolist()) == set(up[b].tolist())
+
+
+@pytest.mark.parametrize("workspace", ["memset", "persistent"])
+@pytest.mark.parametrize("lens,max_seq_len", [
+    ([2500, 1999, 0, 300, 2560], 2560),
+    ([4100, 4160, 513, 64], 4160),  # two split programs per row
+])
+def test_histogram_plan_matches_reference_and_search(lens, max_seq_len, workspace):
+    """The full indexer call with the histogram select: the logits kernel counts the first digit.
+    The persistent workspace is left zeroed, so a second call (other inputs) is exact too."""
+    plan = ix.Plan("two_kernel", select=ix.SelectForm(method="histogram", workspace=workspace))
+    for seed in (max_seq_len + 1, max_seq_len + 2):
+        q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=seed)
+        ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+        out = torch.full((len(lens), INDEX_TOPK), 12345, dtype=torch.int32)
+        raw = torch.full_like(out, 12345)
+        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=plan)
+        assert_selection_matches(out, ref, l, pt, rel_tol=1e-5)
+        assert torch.equal(ix.positions_to_slots(raw.long(), pt), out)
+        search = torch.full_like(out, 12345)
+        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, search, plan=ix.Plan("two_kernel"))
+        # Same kernel arithmetic, distinct scores: the same set as the bitwise search.
+        assert [sorted(r) for r in out.tolist()] == [sorted(r) for r in search.tolist()]
+    if workspace == "persistent":
+        assert (ix.persistent_hist_workspace(len(lens), "cpu") == 0).all()
+
+
+def test_histogram_plan_with_equal_logits_and_edge_batches():
+    """Identical index-K rows and scales give every position the same logit: the candidate list
+    overflows and the final program rescans the row; B=0 and all-zero lengths."""
+    lens, max_seq_len = [5000, 4200], 5000
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=3)
+    flat = kv.view(kv.shape[0], -1)  # per page: 64 rows of 128 fp8 bytes, then 64 fp32 scales
+    flat[:, :INDEX_SCALE_OFFSET] = flat[0, :128].repeat(INDEX_PAGE_SIZE)
+    flat[:, INDEX_SCALE_OFFSET:] = torch.full((INDEX_PAGE_SIZE,), 0.75).view(torch.uint8)
+    plan = ix.Plan("two_kernel", select=HISTOGRAM)
+    out = torch.full((2, INDEX_TOPK), 12345, dtype=torch.int32)
+    raw = torch.full_like(out, 12345)
+    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=plan)
+    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    assert (logits[0] == logits[0, 0]).all()  # one value over the whole row
+    assert_histogram_selection(raw, out, logits, l, pt)
+    q, kv, w, l, pt = make_inputs([], 128)
+    assert ix.indexer_topk(q, kv, w, l, pt, 128, torch.empty(0, INDEX_TOPK, dtype=torch.int32), plan=plan).shape == (0, 512)
+    q, kv, w, l, pt = make_inputs([0, 0], 700)
+    out = torch.full((2, INDEX_TOPK), 12345, dtype=torch.int32)
+    ix.indexer_topk(q, kv, w, l, pt, 700, out, plan=plan)
+    assert (out == -1).all()
+    out.fill_(12345)
+    ix.indexer_topk(q, kv, w, l, pt, 0, out, plan=plan)
+    assert (out == -1).all()
+
+
+def test_logits_histogram_counts_every_live_logit():
+    lens, max_seq_len = [700, 0, 1000, 64], 1000
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=21)
+    workspace = torch.full((4, ix.WS_WIDTH), 0, dtype=torch.int32)
+    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace)
+    bits = logits.view(torch.int32)
+    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long() + 2**31  # unsigned order
+    first_digit = key >> (32 - ix.HIST_DIGITS[0])
+    for b, n in enumerate(lens):
+        expected = torch.bincount(first_digit[b, :n], minlength=1 << ix.HIST_DIGITS[0])
+        assert torch.equal(workspace[b, ix.WS_H1:ix.WS_H2].long(), expected)
+    assert (workspace[:, :ix.WS_H1] == 0).all() and (workspace[:, ix.WS_H2:] == 0).all()
+    with pytest.raises(ValueError, match="hist_workspace"):
+        ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace[:, :100])
+
+
 @pytest.mark.parametrize("kwargs,match", [
+    (dict(method="sort"), "method"),
+    (dict(method="histogram", workspace="none"), "workspace"),
     (dict(radix_bits=4), "radix_bits"),
     (dict(max_chunk=1024), "max_chunk"),
     (dict(max_chunk=16384), "max_chunk"),
