@@ -147,6 +147,7 @@ def _block_fp8_gemv_kernel(
     IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
+    PDL_LATE_TRIGGER: tl.constexpr = False,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g,
     over K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), K_UNROLL blocks per iteration.
@@ -184,7 +185,7 @@ def _block_fp8_gemv_kernel(
     kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
 
-    _pdl_launch_dependents(PDL)
+    _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
     _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K, L2_PREFETCH_BLOCKS)
     _pdl_wait(PDL)
 
@@ -247,6 +248,7 @@ def _block_fp8_gemv_kernel(
         if BLOCK_M == 2:
             acc = tl.where((rm == row0)[:, None], acc, tl.sum(acc1, axis=1)[None, :])
 
+    _pdl_launch_dependents(PDL and PDL_LATE_TRIGGER)  # after the main loop: the epilogue overlaps the next launch
     y_ptrs = y_ptr + pid_g * stride_yg + rm[:, None] * stride_ym + rn[None, :]
     y_mask = m_mask[:, None] & n_mask[None, :]
     if not IS_SPLIT:
@@ -320,6 +322,7 @@ def _block_fp8_gemv_rows_kernel(
     IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EVICT_FIRST: tl.constexpr, X_BROADCAST: tl.constexpr,
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
+    PDL_LATE_TRIGGER: tl.constexpr = False,
 ):
     """One program: rows [pid_m*ROWS, +ROWS) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over K blocks
     [pid_k*k_blocks_per_split, +k_blocks_per_split), BLOCK_K*K_UNROLL columns per iteration.
@@ -352,7 +355,7 @@ def _block_fp8_gemv_rows_kernel(
     kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
 
-    _pdl_launch_dependents(PDL)
+    _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
     _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K, L2_PREFETCH_BLOCKS)
 
     acc0 = tl.zeros((BLOCK_N,), tl.float32)
@@ -412,6 +415,7 @@ def _block_fp8_gemv_rows_kernel(
             acc7 += _row_partial(w, s_cols, x_base, row0 + 7, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
                                  kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
 
+    _pdl_launch_dependents(PDL and PDL_LATE_TRIGGER)  # after the main loop: the epilogue overlaps the next launch
     y_base = y_ptr + pid_g * stride_yg
     # partials [G, num_splits, M, N] fp32
     part_g = partial_ptr + (pid_g * num_splits).to(tl.int64) * M * N
@@ -562,6 +566,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
     JOIN: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     CHAIN: tl.constexpr = False, PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
+    PDL_LATE_TRIGGER: tl.constexpr = False,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
@@ -616,7 +621,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
 
-    _pdl_launch_dependents(PDL)
+    _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
     _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K, L2_PREFETCH_BLOCKS)
     _pdl_wait(PDL)
     freq_rows = freqs_ptr
@@ -653,6 +658,7 @@ def _block_fp8_gemv_fp8mma_kernel(
                 else:
                     q, x_scale = _split_activation_e4m3(x.to(tl.float32), is_lo)
                 acc += tl.dot(w, tl.trans(q)) * (x_scale * w_scale)[None, :]
+    _pdl_launch_dependents(PDL and PDL_LATE_TRIGGER)  # after the main loop: the epilogue overlaps the next launch
     if CHAIN:
         if JOIN:
             acc = acc * _hi_lo_column_scale(row_scale)[None, :]
@@ -716,6 +722,7 @@ class GemvConfig:
     # activation load (the rows form with prefetch issues its first weight chunk's load before the wait)
     pdl: bool = False
     pdl_l2_blocks: int = 0  # pdl: K blocks of the program's weight rows prefetched into L2 before the wait
+    pdl_late: bool = False  # pdl: launch_dependents after the main loop instead of at the program's start
 
     def __post_init__(self):
         if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M)) or (
@@ -728,9 +735,9 @@ class GemvConfig:
             raise ValueError(f"config: fp8_mma needs use_dot=True, no rows form / swap_ab, block_m in "
                              f"{FP8_MMA_BLOCK_M} and block_n >= 16; fp8_join needs fp8_mma; fp8_chain needs fp8_mma; "
                              f"got {self}")
-        if self.pdl_l2_blocks < 0 or (self.pdl_l2_blocks and not self.pdl) or (
+        if self.pdl_l2_blocks < 0 or ((self.pdl_l2_blocks or self.pdl_late) and not self.pdl) or (
                 self.pdl_l2_blocks & (self.pdl_l2_blocks - 1)):
-            raise ValueError(f"config: pdl_l2_blocks needs pdl and a power of two (or 0); got {self}")
+            raise ValueError(f"config: pdl_l2_blocks (a power of two or 0) and pdl_late need pdl; got {self}")
 
     @property
     def name(self) -> str:
@@ -742,6 +749,7 @@ class GemvConfig:
             kind = ("dotT" if self.swap_ab else "dot") if self.use_dot else "fma"
         extra = ("_pf" if self.prefetch else "") + ("_ef" if self.evict_first else "") + ("_xb" if self.x_broadcast else "")
         extra += ("_pdl" if self.pdl else "") + (f"_l2p{self.pdl_l2_blocks}" if self.pdl_l2_blocks else "")
+        extra += "_late" if self.pdl_late else ""
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -825,8 +833,33 @@ def _fp8_mma_config(m: int, n: int, k: int, groups: int) -> GemvConfig | None:
                       fp8_mma=True, fp8_join=True)
 
 
+# Programmatic dependent launch (GemvConfig.pdl), from H200 run 8 (benchmarks/fp8_gemv-h200-run8-pdl.summary.md):
+# with GEMVs back to back in one CUDA graph, PDL was faster at 1 row on every DSv4 shape (0.64-0.92x the time;
+# the FMA form with 4 K blocks prefetched into L2 before the wait, the one-shot rows forms without) and on the
+# 128-column FP8 tensor-core tile of the 32 MiB weights (wo_a, wo_b at T=1) at 2..8 rows (0.93-0.95x); it was
+# slower on the 16-row bf16 tensor-core tiles, the 64-column FP8 tile and the 16 MiB weights (up to 1.4x).
+# After a kernel that does not trigger its dependents early (a plain torch op) the PDL forms cost 0.15-0.3 us.
+PDL_FMA_L2_BLOCKS = 4
+PDL_FP8_MMA_MIN_WEIGHT_BYTES = 32 << 20
+
+
+def _with_pdl(cfg: GemvConfig, m: int, weight_bytes: int) -> GemvConfig:
+    """``cfg`` launched with PDL where run 8 measured that faster (see above), else ``cfg``."""
+    if m == 1 and not cfg.use_dot:
+        return dataclasses.replace(cfg, pdl=True, pdl_l2_blocks=0 if cfg.rows_form else PDL_FMA_L2_BLOCKS)
+    if (cfg.fp8_mma and cfg.block_n == FP8_MMA_WIDE["block_n"]
+            and weight_bytes >= PDL_FP8_MMA_MIN_WEIGHT_BYTES):
+        return dataclasses.replace(cfg, pdl=True)
+    return cfg
+
+
 def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
+    return _with_pdl(launch_form(m, n, k, groups), m, groups * n * k)
+
+
+def launch_form(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
+    """default_config without programmatic dependent launch (the launch form before H200 run 8)."""
     k_blocks = triton.cdiv(k, FP8_BLOCK)
     fp8_mma = _fp8_mma_config(m, n, k, groups)
     if fp8_mma is not None:
@@ -908,7 +941,8 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     pos = positions if inv_rope else y3
     # the interpreter has no inline PTX (the PDL instructions); the same program order runs without them
     pdl = cfg.pdl and not interpreter_enabled()
-    pdl_args = dict(PDL=pdl, L2_PREFETCH_BLOCKS=cfg.pdl_l2_blocks if pdl else 0, launch_pdl=pdl)
+    pdl_args = dict(PDL=pdl, L2_PREFETCH_BLOCKS=cfg.pdl_l2_blocks if pdl else 0, PDL_LATE_TRIGGER=cfg.pdl_late,
+                    launch_pdl=pdl)
     fr = freqs if inv_rope else y3
     if cfg.rows_form:
         _block_fp8_gemv_rows_kernel[grid](
@@ -1115,26 +1149,30 @@ def reference_upstream_fp8_activation_linear(x: torch.Tensor, weight: torch.Tens
 
 # (GemvConfig, inv_rope): every form default_config can pick (split_k only matters as 1 vs > 1 for
 # code generation) plus the fused-RoPE wo_a forms.
+_FMA_PDL = dict(pdl=True, pdl_l2_blocks=PDL_FMA_L2_BLOCKS)
 SHIPPED_FORMS = (
-    (GemvConfig(1, 32, 1, False, k_unroll=2), False),
-    (GemvConfig(1, 32, 4, False, k_unroll=2), False),
+    (GemvConfig(1, 32, 1, False, k_unroll=2, **_FMA_PDL), False),
+    (GemvConfig(1, 32, 4, False, k_unroll=2, **_FMA_PDL), False),
     (GemvConfig(16, 32, 1, True), False),
     (GemvConfig(16, 32, 4, True), False),
     (GemvConfig(32, 64, 1, True), False),
     (GemvConfig(32, 64, 4, True), False),
-    (GemvConfig(1, 32, 4, False, k_unroll=2), True),
+    (GemvConfig(1, 32, 4, False, k_unroll=2, **_FMA_PDL), True),
     (GemvConfig(16, 32, 4, True), True),
     # rows form: 2 rows (split-K off / on, fused RoPE), and the 1-row one-shot forms
     (GemvConfig(2, 32, 1, False, k_unroll=2, rows_form=True), False),
     (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True), False),
     (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True), True),
-    (GemvConfig(1, 16, 1, False, k_unroll=4, rows_form=True, prefetch=True, evict_first=True), False),
-    (GemvConfig(1, 16, 1, False, num_warps=8, k_unroll=8, rows_form=True, prefetch=True), False),
-    # FP8 tensor-core form, joined activation split: 128 columns on 8 warps (split-K off / on, fused RoPE)
-    # and 64 columns on 4 warps (split-K off / on)
+    (GemvConfig(1, 16, 1, False, k_unroll=4, rows_form=True, prefetch=True, evict_first=True, pdl=True), False),
+    (GemvConfig(1, 16, 1, False, num_warps=8, k_unroll=8, rows_form=True, prefetch=True, pdl=True), False),
+    # FP8 tensor-core form, joined activation split: 128 columns on 8 warps (split-K off / on, fused RoPE; each
+    # with and without PDL) and 64 columns on 4 warps (split-K off / on)
     (GemvConfig(8, 128, 1, True, 8, 3, fp8_mma=True, fp8_join=True), False),
     (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True), False),
     (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True), True),
+    (GemvConfig(8, 128, 1, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), False),
+    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), False),
+    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), True),
     (GemvConfig(8, 64, 1, True, 4, 3, fp8_mma=True, fp8_join=True), False),
     (GemvConfig(8, 64, 4, True, 4, 3, fp8_mma=True, fp8_join=True), False),
 )
@@ -1154,17 +1192,20 @@ _AOT_SIGNATURE = {
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_UNROLL": "constexpr",
     "IS_SPLIT": "constexpr", "USE_DOT": "constexpr", "SWAP_AB": "constexpr", "INV_ROPE": "constexpr",
     "HEAD": "constexpr", "ROPE": "constexpr", "PDL": "constexpr", "L2_PREFETCH_BLOCKS": "constexpr",
+    "PDL_LATE_TRIGGER": "constexpr",
 }
 _AOT_ROWS_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("ROWS", "BLOCK_N", "BLOCK_K", "K_UNROLL", "IS_SPLIT", "PREFETCH", "EVICT_FIRST",
-                                    "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE", "PDL", "L2_PREFETCH_BLOCKS")},
+                                    "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE", "PDL", "L2_PREFETCH_BLOCKS",
+                                    "PDL_LATE_TRIGGER")},
 }
 
 _AOT_FP8MMA_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
-                                    "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS")},
+                                    "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS",
+                                    "PDL_LATE_TRIGGER")},
 }
 
 
@@ -1185,7 +1226,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
     name = f"fp8_gemv_{cfg.name}" + ("_invrope" if rope else "")
     common = {"BLOCK_N": cfg.block_n, "BLOCK_K": FP8_BLOCK, "K_UNROLL": cfg.k_unroll, "IS_SPLIT": cfg.split_k > 1,
               "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM, "PDL": cfg.pdl,
-              "L2_PREFETCH_BLOCKS": cfg.pdl_l2_blocks}
+              "L2_PREFETCH_BLOCKS": cfg.pdl_l2_blocks, "PDL_LATE_TRIGGER": cfg.pdl_late}
     if cfg.rows_form:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_rows_kernel, signature=_AOT_ROWS_SIGNATURE,

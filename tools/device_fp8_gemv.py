@@ -50,6 +50,8 @@ CHAIN_RUN_NAME = "fp8_gemv-h200-run7-chain"  # --chain-final: chained FP8 MMAs v
 CHAIN_ROWS, CHAIN_LINEARS = (1, 2, 4, 8), ("wo_a", "wq_b", "wo_b")  # at T=1
 PDL_RUN_NAME = "fp8_gemv-h200-run8-pdl"  # --pdl-sweep: programmatic dependent launch on vs off
 PDL_MIXED_ROWS = (1, 8)  # T=1: each GEMV followed by a plain (non-PDL) torch kernel
+PDL2_RUN_NAME = "fp8_gemv-h200-run9-pdl"  # --pdl2-sweep: run 8's PDL defaults, late trigger, 2-row prefetch
+PDL2_MIXED_ROWS = (1, 2, 8)  # every T
 
 
 def prepare() -> None:
@@ -287,14 +289,56 @@ def pdl_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def pdl2_candidates(m: int, n: int, k: int, groups: int, g):
+    """--pdl2-sweep (run 9): the launch form without PDL (``launch_form``, the default before run 8) and the
+    current default (run 8's PDL rules), then PDL with launch_dependents after the main loop (``pdl_late``: the
+    current default's form, or the launch form with PDL where the default has none; on the tensor-core forms also
+    with 4 K blocks prefetched into L2), and at 2 rows the rows form with its first weight chunk prefetched, without
+    and with PDL."""
+    import dataclasses
+
+    base, cur = g.launch_form(m, n, k, groups), g.default_config(m, n, k, groups)
+    out = [("old_default", base), ("current_default", cur),
+           ("pdl_late", dataclasses.replace(cur if cur.pdl else base, pdl=True, pdl_late=True))]
+    if base.use_dot:
+        out.append(("pdl_late_l2p4", dataclasses.replace(base, pdl=True, pdl_late=True, pdl_l2_blocks=4)))
+    if base.rows_form and not base.prefetch:
+        out += [("rows_pf", dataclasses.replace(base, prefetch=True)),
+                ("rows_pf_pdl", dataclasses.replace(base, prefetch=True, pdl=True)),
+                ("rows_pf_pdl_l2p16", dataclasses.replace(base, prefetch=True, pdl=True, pdl_l2_blocks=16))]
+    return distinct_configs(out)
+
+
+def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values) -> dict:
+    """wo_a then wo_b on its output (the attention output projection, each call reading the previous one's
+    result), T=1, in one graph over distinct weight copies: both without PDL (launch_form) against both as
+    default_config picks them."""
+    groups, rank, hidden = dsv4.O_GROUPS, dsv4.O_LORA_RANK, dsv4.HIDDEN_SIZE
+    copies = 4  # 4 x 67 MB > 4x the L2
+    wo_a = make_weights(rank, hidden, groups, copies)
+    wo_b = make_weights(hidden, groups * rank, None, copies)
+    out = {}
+    for m in m_values:
+        o = torch.randn(m, groups, hidden, device="cuda").to(torch.bfloat16)
+        for label, pick in (("launch_form (no PDL)", g.launch_form), ("default_config", g.default_config)):
+            cfg_a, cfg_b = pick(m, rank, hidden, groups), pick(m, hidden, groups * rank)
+
+            def pair(i, cfg_a=cfg_a, cfg_b=cfg_b):
+                y = g.grouped_fp8_wo_a(o, *wo_a[i], config=cfg_a).reshape(m, groups * rank)
+                return g.block_fp8_linear(y, *wo_b[i], config=cfg_b)
+            out[f"M={m} {label} ({cfg_a.name} + {cfg_b.name})"] = round(
+                timed([(lambda i=i: pair(i)) for i in range(copies)]), 3)
+    return out
+
+
 def pdl_chain_check(g, torch, dev: str, smoke: bool) -> dict:
     """Exactness of PDL where it matters: a chain in which every GEMV reads the previous one's output,
     captured in one CUDA graph with every launch PDL, against the same launch forms run eagerly without PDL
     (bit-identical expected: the arithmetic is the same; a read of the activation before the previous kernel
     finished, or a store over memory it still reads, would differ). Two chains: the square shared gate/up
     weight [4096, 4096] (1 row FMA, 2 rows rows form, 4 rows FP8 tensor cores, 16 rows bf16 tensor cores)
-    and [4096, 1024] / [1024, 4096] alternating (1 row: the one-shot rows form, then split-K FMA). Three
-    replays with fresh inputs each."""
+    and [4096, 1024] / [1024, 4096] alternating (1 row: the one-shot rows form, then split-K FMA); each with 0 / 16
+    K blocks prefetched into L2 and with the late trigger. Three replays with fresh inputs each."""
     import dataclasses
 
     def weight(n, k, copies):
@@ -310,9 +354,9 @@ def pdl_chain_check(g, torch, dev: str, smoke: bool) -> dict:
     report = {}
     for name, ws in chains.items():
         for m in ((1, 2, 4, 16) if name == "square" else (1, 2)):
-            for blocks in (0, 16):
-                cfgs = [g.default_config(m, w.shape[0], w.shape[1]) for w, _ in ws]
-                pdl_cfgs = [dataclasses.replace(c, pdl=True, pdl_l2_blocks=blocks) for c in cfgs]
+            for blocks, late in ((0, False), (16, False), (4, True)):
+                cfgs = [g.launch_form(m, w.shape[0], w.shape[1]) for w, _ in ws]
+                pdl_cfgs = [dataclasses.replace(c, pdl=True, pdl_l2_blocks=blocks, pdl_late=late) for c in cfgs]
                 x_static = torch.zeros(m, ws[0][0].shape[1], device=dev, dtype=torch.bfloat16)
 
                 def chain(configs):
@@ -320,7 +364,7 @@ def pdl_chain_check(g, torch, dev: str, smoke: bool) -> dict:
                     for (w, s), c in zip(ws, configs):
                         y = g.block_fp8_linear(y, w, s, config=c)
                     return y
-                key = f"{name} M={m} l2p{blocks} ({'/'.join(sorted({c.name for c in pdl_cfgs}))})"
+                key = f"{name} M={m} l2p{blocks}{' late' if late else ''} ({'/'.join(sorted({c.name for c in pdl_cfgs}))})"
                 try:
                     chain(pdl_cfgs)  # JIT
                     graph = None
@@ -358,7 +402,7 @@ ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default")
 
 
 def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
-         q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False) -> None:
+         q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -387,6 +431,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         rows, run_name, pick, tps = (1, 3, 8) if smoke else CHAIN_ROWS, CHAIN_RUN_NAME, chain_candidates, (1,)
     if pdl_sweep:
         rows, run_name, pick = (1, 2, 3, 16) if smoke else ROWS, PDL_RUN_NAME, pdl_candidates
+    if pdl2_sweep:
+        rows, run_name, pick = (1, 2, 3, 16) if smoke else ROWS, PDL2_RUN_NAME, pdl2_candidates
+        pdl_sweep = True  # the same extras: chain exactness, plain op, mixed timings
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -468,6 +515,11 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         scales = torch.exp2(torch.randint(-10, -5, sshape, device=dev).float())  # UE8M0-like
         return [(base.clone(), scales.clone()) for _ in range(copies)]
 
+    if pdl2_sweep and not smoke:
+        res.extra["wo_a -> wo_b dependent pair, T=1 (us per pair)"] = wo_pair_timing(
+            g, torch, dsv4, timed, make_weights, (1, 2, 4, 8))
+        print(res.extra["wo_a -> wo_b dependent pair, T=1 (us per pair)"], flush=True)
+
     shapes = []
     for tp in tps:
         for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
@@ -537,7 +589,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                     sweep_log.append({"linear": name, "T": tp, "M": m, "label": label, "config": cfg.name,
                                       "launch": effective_launch(cfg, k, g).name,
                                       "us": round(us, 3), "pct_copy": pct(nbytes, us), "rel_err": float(f"{err:.3g}")})
-                    if pdl_sweep and tp == 1 and m in PDL_MIXED_ROWS and label.startswith(("old_default", "pdl")):
+                    if pdl_sweep and ((tp == 1 and m in PDL_MIXED_ROWS and label.startswith(("old_default", "pdl")))
+                                      or (pdl2_sweep and m in PDL2_MIXED_ROWS)):
                         sweep_log[-1]["mixed_us"] = round(timed([(lambda w=w, s=s, c=cfg: (run(w, s, c), plain_op()))
                                                                  for w, s in weights]), 3)
                     if is_wo_a and with_rope and label in ROPE_LABELS:
@@ -616,7 +669,14 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         res.notes.append("run 7 variants: old_default, current_default (dropped where equal to old_default), q8jc "
                          "(chained, joined split) and q8c (chained, unjoined split) on the current FP8 tile of each "
                          "shape; each variant's time and relative error is in -sweep.json; fp8_path_us not timed.")
-    if pdl_sweep:
+    if pdl2_sweep:
+        res.notes.append("run 9 variants: old_default = launch_form (no PDL, the default before run 8); current_default "
+                         "= default_config with run 8's PDL rules; pdl_late = PDL with launch_dependents after the main "
+                         "loop; rows_pf* = 2-row rows form with the first weight chunk loaded before the loop (and the "
+                         "wait), without / with PDL (l2p16: 16 K blocks prefetched into L2 before the wait). mixed_us "
+                         "(M=1/2/8, every T): each GEMV followed by a plain torch kernel, per pair. The timing graph "
+                         "calls n distinct weight copies back to back.")
+    elif pdl_sweep:
         res.notes.append("run 8 variants: old_default = the current default_config launch form with PDL off; pdl* = "
                          "the same form launched with programmatic dependent launch (l2pN: N K blocks of each "
                          "program's weight prefetched into L2 before griddepcontrol.wait); every variant's time, "
@@ -709,6 +769,8 @@ if __name__ == "__main__":
                         help="run 7: chained FP8 MMAs vs the old and current defaults, wo_a / wq_b / wo_b T=1, M 1..8")
     parser.add_argument("--pdl-sweep", action="store_true",
                         help="run 8: the defaults with programmatic dependent launch on vs off, every shape, M 1..16")
+    parser.add_argument("--pdl2-sweep", action="store_true",
+                        help="run 9: run 8's PDL defaults vs no PDL, late trigger, 2-row prefetch, wo_a->wo_b pair")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -723,4 +785,4 @@ if __name__ == "__main__":
         prepare()
     else:
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
-             args.pdl_sweep)
+             args.pdl_sweep, args.pdl2_sweep)

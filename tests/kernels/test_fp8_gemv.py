@@ -506,7 +506,12 @@ PDL_FORMS = [with_pdl(g.GemvConfig(1, 32, 3, False, k_unroll=2)),
              with_pdl(g.GemvConfig(2, 32, 2, False, k_unroll=2, rows_form=True), 0),
              with_pdl(g.GemvConfig(8, 16, 3, False, k_unroll=4, rows_form=True, prefetch=True, evict_first=True)),
              with_pdl(g.GemvConfig(16, 32, 2, True)),
-             with_pdl(q8(split=3)), with_pdl(q8(block_n=128, warps=8), 4)]
+             with_pdl(q8(split=3)), with_pdl(q8(block_n=128, warps=8), 4),
+             # launch_dependents after the main loop
+             dataclasses.replace(with_pdl(g.GemvConfig(16, 32, 2, True), 4), pdl_late=True),
+             dataclasses.replace(with_pdl(q8(split=2), 0), pdl_late=True),
+             dataclasses.replace(with_pdl(g.GemvConfig(2, 32, 3, False, k_unroll=2, rows_form=True, prefetch=True)),
+                                 pdl_late=True)]
 
 
 @pytest.mark.parametrize("cfg", PDL_FORMS, ids=lambda c: c.name)
@@ -542,10 +547,29 @@ def test_pdl_config_validation_and_name():
     cfg = with_pdl(g.GemvConfig(1, 32, 1, False, k_unroll=2))
     assert cfg.name.endswith("_pdl_l2p16")
     assert with_pdl(cfg, 0).name.endswith("_pdl")
-    for bad in (dict(pdl_l2_blocks=4), dict(pdl=True, pdl_l2_blocks=3), dict(pdl=True, pdl_l2_blocks=-2)):
+    assert dataclasses.replace(cfg, pdl_late=True).name.endswith("_pdl_l2p16_late")
+    for bad in (dict(pdl_l2_blocks=4), dict(pdl=True, pdl_l2_blocks=3), dict(pdl=True, pdl_l2_blocks=-2),
+                dict(pdl_late=True)):
         with pytest.raises(ValueError, match="pdl_l2_blocks"):
             g.GemvConfig(1, 32, 1, False, **bad)
     aot = g.aot_config(cfg)
     assert set(g.PDL_OPCODES) <= set(aot.expect_opcodes) and g.L2_PREFETCH_OPCODE in aot.expect_opcodes
     assert not set(g.PDL_OPCODES) & set(g.aot_config(dataclasses.replace(cfg, pdl=False, pdl_l2_blocks=0))
                                         .expect_opcodes)
+
+
+def test_default_config_pdl_where_measured_faster():
+    """H200 run 8 (benchmarks/fp8_gemv-h200-run8-pdl.summary.md): PDL at 1 row (the FMA form with 4 K blocks
+    prefetched into L2, the one-shot rows forms without) and on the 128-column FP8 tile of 32 MiB weights."""
+    fma = g.default_config(1, 1536, 4096)
+    assert fma.pdl and fma.pdl_l2_blocks == g.PDL_FMA_L2_BLOCKS and not fma.use_dot and not fma.rows_form
+    one_shot = g.default_config(1, 4096, 1024)
+    assert one_shot.rows_form and one_shot.pdl and one_shot.pdl_l2_blocks == 0
+    for m in (2, 4, 8):
+        wo_a = g.default_config(m, 1024, 4096, groups=8)  # T=1, 32 MiB
+        assert wo_a.fp8_mma and wo_a.block_n == 128 and wo_a.pdl and not wo_a.pdl_l2_blocks
+        assert not g.default_config(m, 1024, 4096, groups=4).pdl  # T=2, 16 MiB
+        assert not g.default_config(m, 32768, 1024).pdl  # 64-column FP8 tile
+    for m in (2, 3, 16):
+        assert not g.default_config(m, 4096, 4096).pdl
+    assert g.launch_form(1, 1536, 4096) == dataclasses.replace(fma, pdl=False, pdl_l2_blocks=0)
