@@ -6,6 +6,9 @@
     python3 tools/device_moe_mxfp4_gemv.py --smoke --out DIR  # CPU interpreter, tiny shapes: the logic
     python3 tools/device_moe_mxfp4_gemv.py --pairs [--smoke] --out $OUT
 
+Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
+variant at B = 1); ``--only`` takes comma-separated label parts.
+
 Round 4 (``--pairs``): T in (1, 4), B in (1, 8, 32, 64); per (T, B) the shipped default, then the pairs
 decode (int32 weight words -> bf16 pairs with a few integer ops per two values, bf16 MMA with the weights
 as the M side and up to 16 routed rows as N, E8M0 scale per 32-group on the MMA result, activations
@@ -78,25 +81,12 @@ PAIRS_CANDIDATES += [
     (P(32, 256, 4, mul_pairs=True, scale_bf16=True), P(64, 256, 4, mul_pairs=True, scale_bf16=True)),
     (P(64, 128, 4, mul_pairs=True, scale_bf16=True), P(128, 128, 4, mul_pairs=True, scale_bf16=True)),
 ]
-# round 5 (--round5): the E8M0 scales as int32 words of four bytes (cp.async-pipelined with the weights instead
-# of a 1-byte load each K step waits for), the scale on the int32 pair words ("wp"), at the default tiles and
-# two neighbours, beside the shipped default and the pairs default tiles
-ROUND5_CANDIDATES = [
-    (P(32, 128, 4, mul_pairs=True, scale_bf16=True), P(64, 128, 4, mul_pairs=True, scale_bf16=True)),
-    (P(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=1),
-     P(64, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=1)),
-    (P(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=2),
-     P(64, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=2)),
-    (P(16, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=2),
-     P(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=2)),
-    (P(32, 128, 4, 4, mul_pairs=True, scale_bf16=True, scale_load=2),
-     P(64, 128, 4, 4, mul_pairs=True, scale_bf16=True, scale_load=2)),
+# round 7 (benchmarks/moe_mxfp4-h200-run5c.md: both slower than the default at T = 1 / 4, B = 16 / 64): the
+# default pairs form at 8 warps on twice the rows, and at 2 stages
+PAIRS_CANDIDATES += [
+    (P(64, 128, 8, mul_pairs=True, scale_bf16=True), P(128, 128, 8, mul_pairs=True, scale_bf16=True)),
+    (P(32, 128, 4, 2, mul_pairs=True, scale_bf16=True), P(64, 128, 4, 2, mul_pairs=True, scale_bf16=True)),
 ]
-ROUND5_SMOKE_CANDIDATES = [
-    (P(16, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=1), P(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=1)),
-    (P(16, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=2), P(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_load=2)),
-]
-ROUND5_DEADLINE_S = 165  # the device limit of the round-5 run is 220 s
 PAIRS_SMOKE_CANDIDATES = [(P(16, 64, 4), P(32, 32, 4)), (P(16, 64, 4, mul_pairs=True), P(32, 32, 4, mul_pairs=True)),
                           (P(16, 64, 4, scale_bf16=True), P(32, 32, 4, scale_bf16=True))]
 PAIRS_DEADLINE_S = 140  # the device limit of the round-4 run is 200 s
@@ -121,15 +111,14 @@ def main() -> None:
     from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
 
     parser.add_argument("--pairs", action="store_true")
-    parser.add_argument("--round5", action="store_true", help="pairs scale-word forms (implies --pairs)")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
                         "launch by launch at every B (default: B = 1 only, every variant)")
-    parser.add_argument("--only", default=None, help="keep only candidates whose label contains this text")
+    parser.add_argument("--only", default=None,
+                        help="keep only candidates whose label contains one of these comma-separated texts")
     parser.add_argument("--name", default=None, help="result name (default: the round's name)")
     parser.add_argument("--batches", default=None, help="comma-separated B values (default: the round's)")
     parser.add_argument("--tps", default=None, help="comma-separated tensor-parallel sizes T (default: 1,4)")
     args = parser.parse_args()
-    args.pairs = args.pairs or args.round5
     breakdown = [b for b in args.breakdown.split(",") if b]
     if args.smoke:
         from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
@@ -137,30 +126,24 @@ def main() -> None:
         patch_bf16_dot()
         device, num_experts, hidden, tps, batches, copies, base_inter = "cpu", 8, 256, (1, 4), (1, 3), 2, 256
         candidates = PAIRS_SMOKE_CANDIDATES if args.pairs else SMOKE_CANDIDATES
-        if args.round5:
-            candidates = ROUND5_SMOKE_CANDIDATES
     else:
         device, num_experts, hidden, tps, copies, base_inter = (
             "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
         batches = (1, 8, 32, 64) if args.pairs else (1, 8, 64)
         candidates = PAIRS_CANDIDATES if args.pairs else GEMV_CANDIDATES
-        if args.round5:
-            candidates, batches = ROUND5_CANDIDATES, (1, 8, 12, 16, 32, 64, 256)
     if args.only:
-        candidates = [c for c in candidates if args.only in label(c)]
+        candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
         batches = tuple(int(b) for b in args.batches.split(","))
     if args.tps:
         tps = tuple(int(t) for t in args.tps.split(","))
-    deadline = ROUND5_DEADLINE_S if args.round5 else PAIRS_DEADLINE_S if args.pairs else DEADLINE_S
+    deadline = PAIRS_DEADLINE_S if args.pairs else DEADLINE_S
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run5" if args.round5 else "moe_mxfp4-h200-run2" if args.pairs
-                           else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, round 7: E8M0 scales as pipelined int32 words in the pairs decode, DSv4-Flash "
-               "shapes, H200" if args.round5 else"sm120 MoE decode, round 4: tensor-core pairs decode vs the defaults, DSv4-Flash shapes, H200"
+        name=args.name or ("moe_mxfp4-h200-run2" if args.pairs else "moe_mxfp4-h200-gemv3"),
+        title=("sm120 MoE decode, round 4: tensor-core pairs decode vs the defaults, DSv4-Flash shapes, H200"
                if args.pairs else
                "sm120 MoE decode, round 3: fewer instructions per weight value in the CUDA-core GEMV, DSv4-Flash shapes, H200"),
         columns=["T", "B", "variant", "us", "touched_MB", "GB/s", "%copy", "rel_err", "vs_default",
@@ -238,11 +221,6 @@ def main() -> None:
     if args.pairs:
         result.notes.append("pairs labels: gate/up / down PairsConfig as n<block_n>k<block_k>w<warps>s<num_stages>, "
                             "mul = nibble pairs placed by one multiply; 16 routed rows per MMA pass")
-    if args.round5:
-        result.notes.append("round-5 labels: h = E8M0 factor on the pair words in packed bf16; w = scales loaded as "
-                            "int32 words of 4 bytes (cp.async-pipelined); wp = those words per weight word, the "
-                            "factor multiplied onto the int32 pair words (inline PTX), pairs passed to the MMA as "
-                            "they are; *_us columns where timed: each launch alone in its own CUDA graph")
     result.notes.append("gemv labels: gate/up / down GemvConfig as n<block_n>k<block_k>w<warps>, s<K splits>, "
                         "p = register prefetch of the next K step, st<num_stages> (none: Triton's default 3), f = x_f32 "
                         "(activations as float32 in the word-pair order, multiply-placed nibble pairs); "
