@@ -40,10 +40,9 @@ ROTATIONS = 8
 # searches.
 SELECT_FORMS = {
     "hist": ix.SelectForm(method="histogram"),
-    "hist_persist": ix.SelectForm(method="histogram", workspace="persistent"),  # no memset per call
-    "r1_2xw": ix.SelectForm(warps_mul=2),
-    "r2_2xw": ix.SelectForm(radix_bits=2, warps_mul=2),
 }
+if os.environ.get("INDEXER_BENCH_2XW") == "1":  # timed in run 5a: no faster than the defaults (within 0.8 us)
+    SELECT_FORMS.update(r1_2xw=ix.SelectForm(warps_mul=2), r2_2xw=ix.SelectForm(radix_bits=2, warps_mul=2))
 TOPK_ONLY_FORMS = ("hist",)  # top-k alone from a given logits row (the seam's unfused call)
 FUSED_VARIANTS = {}  # (pages per split, select form of the merge); none timed since run 4
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -143,7 +142,7 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
     for name, call in calls.items():
         try:
             raw.fill_(12345)
-            for _ in range(2):  # twice: a persistent workspace must be left clean by the first call
+            for _ in range(2):  # twice: the workspace must be left clean by the first call
                 call(out, raw)
             checks[name] = check_selection(raw, ref, lens)
         except Exception as exc:
@@ -157,7 +156,7 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
         except Exception as exc:
             traceback.print_exc()
             checks[name] = (f"failed: {type(exc).__name__}", "")
-    del ref, logits
+    del logits
 
     def loop(call):
         def fn():
@@ -188,9 +187,9 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
 
     errors = {}
     timed("ours_logits_only", loop(lambda t: ix.paged_mqa_logits(q, kv, w, lens, t, c4_len, out=logits_buf)))
-    timed("ours_hist_workspace_zero", loop(lambda t: ix.hist_workspace(batch, device)))
     timed("ours_logits_with_hist", loop(lambda t: ix.paged_mqa_logits(
         q, kv, w, lens, t, c4_len, out=logits_buf, hist_workspace=ix.hist_workspace(batch, device))))
+    ix.hist_workspace(batch, device).zero_()  # the logits-only calls leave the reduced counters behind
     timed("default_plan", loop(lambda t: ix.indexer_topk(q, kv, w, lens, t, c4_len, outs)))
     timed("ours_topk_only_default", loop(lambda t: ix.topk_transform_paged(logits_buf, lens, t, outs, INDEX_PAGE_SIZE)))
     for name, form in SELECT_FORMS.items():
@@ -202,6 +201,14 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
     for name, (split, form) in FUSED_VARIANTS.items():
         timed(name, loop(lambda t, s=split, f=SELECT_FORMS[form]: ix.fused_logits_topk(
             q, kv, w, lens, t, c4_len, outs, split_pages=s, select=f)))
+    try:  # after hundreds of timed calls the shared workspace must still be clean
+        raw.fill_(12345)
+        calls["two_kernel_hist"](out, raw)
+        after = check_selection(raw, ref, lens)
+        note = (note + "; " if note else "") + f"hist after timing: {after[0]} violations"
+    except Exception as exc:
+        traceback.print_exc()
+        note = (note + "; " if note else "") + f"hist after timing failed: {type(exc).__name__}"
     up_total = timings.get("upstream_logits", 0) + timings.get("upstream_topk", 0) if up_logits else None
     for variant, us in timings.items():
         row = dict(base, variant=variant, us=round(us, 2), note=note)
@@ -225,7 +232,7 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
         result.extra.setdefault("best_variant", {})[f"B={batch} ctx={ctx}"] = f"{best} {ours[best]:.1f} us"
     print(f"B={batch} ctx={ctx}: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items())
           + f" | err {err:.1e} | checks {checks}", flush=True)
-    del q, kv, w, tables, logits_buf
+    del q, kv, w, tables, logits_buf, ref
     if device == "cuda":
         torch.cuda.empty_cache()
 

@@ -284,15 +284,14 @@ def test_histogram_select_small_k_and_against_upstream():
         assert set(ours[b].tolist()) == set(up[b].tolist())
 
 
-@pytest.mark.parametrize("workspace", ["memset", "persistent"])
 @pytest.mark.parametrize("lens,max_seq_len", [
     ([2500, 1999, 0, 300, 2560], 2560),
     ([4100, 4160, 513, 64], 4160),  # two split programs per row
 ])
-def test_histogram_plan_matches_reference_and_search(lens, max_seq_len, workspace):
+def test_histogram_plan_matches_reference_and_search(lens, max_seq_len):
     """The full indexer call with the histogram select: the logits kernel counts the first digit.
-    The persistent workspace is left zeroed, so a second call (other inputs) is exact too."""
-    plan = ix.Plan("two_kernel", select=ix.SelectForm(method="histogram", workspace=workspace))
+    Every call leaves the shared workspace zeroed, so a second call (other inputs) is exact too."""
+    plan = ix.Plan("two_kernel", select=HISTOGRAM)
     for seed in (max_seq_len + 1, max_seq_len + 2):
         q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=seed)
         ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
@@ -305,8 +304,7 @@ def test_histogram_plan_matches_reference_and_search(lens, max_seq_len, workspac
         ix.indexer_topk(q, kv, w, l, pt, max_seq_len, search, plan=ix.Plan("two_kernel"))
         # Same kernel arithmetic, distinct scores: the same set as the bitwise search.
         assert [sorted(r) for r in out.tolist()] == [sorted(r) for r in search.tolist()]
-    if workspace == "persistent":
-        assert (ix.persistent_hist_workspace(len(lens), "cpu") == 0).all()
+    assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
 
 
 def test_histogram_plan_with_equal_logits_and_edge_batches():
@@ -335,25 +333,31 @@ def test_histogram_plan_with_equal_logits_and_edge_batches():
     assert (out == -1).all()
 
 
-def test_logits_histogram_counts_every_live_logit():
-    lens, max_seq_len = [700, 0, 1000, 64], 1000
-    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=21)
-    workspace = torch.full((4, ix.WS_WIDTH), 0, dtype=torch.int32)
-    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace)
+@pytest.mark.parametrize("k", [512, 64])
+def test_logits_first_digit_threshold(k):
+    """The logits kernel's histogram, reduced by each row's last program: the bin of the k-th
+    largest key and the count above it, the first digit's copies zeroed again."""
+    lens, max_seq_len = [700, 0, 1000, 64, 513], 1000
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=21 + k)
+    workspace = torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32)
+    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k)
     bits = logits.view(torch.int32)
     key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long() + 2**31  # unsigned order
     first_digit = key >> (32 - ix.HIST_DIGITS[0])
     for b, n in enumerate(lens):
-        expected = torch.bincount(first_digit[b, :n], minlength=1 << ix.HIST_DIGITS[0])
-        assert torch.equal(workspace[b, ix.WS_H1:ix.WS_H2].long(), expected)
-    assert (workspace[:, :ix.WS_H1] == 0).all() and (workspace[:, ix.WS_H2:] == 0).all()
+        assert workspace[b, 2] == 0, "the last program resets the arrival count"
+        if n <= k:
+            continue
+        kth_digit = first_digit[b, :n].sort(descending=True).values[k - 1]
+        assert workspace[b, 3] == kth_digit
+        assert workspace[b, 4] == (first_digit[b, :n] > kth_digit).sum()
+    assert (workspace[:, ix.WS_H1:] == 0).all()
     with pytest.raises(ValueError, match="hist_workspace"):
         ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace[:, :100])
 
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(method="sort"), "method"),
-    (dict(method="histogram", workspace="none"), "workspace"),
     (dict(radix_bits=4), "radix_bits"),
     (dict(max_chunk=1024), "max_chunk"),
     (dict(max_chunk=16384), "max_chunk"),
