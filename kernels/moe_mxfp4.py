@@ -64,7 +64,11 @@ MMA (sm_120a: 5.3 instead of 6.4 instructions per value, 16-byte weight loads; s
 E8M0 bytes 34..160 (inf above 160; below 34, i.e. scales under 2**-93, the factor leaves the normal bf16
 range and the products lose bits -- both far outside checkpoint scales). On the H200 it is 1.2-1.9x
 faster than the previous defaults from B = 16 to 256 at T = 1 and 4 and from B = 1 to 64 at T = 2 and 8,
-and the default there (:data:`PAIRS_DEFAULT_WHERE`; ``benchmarks/moe_mxfp4-h200-run3.md``, ``run4a/b.md``).
+1.04-1.29x at B = 9..15 (T = 1 and 4) and 1-2 % at B = 8 (T = 1), and the default there
+(:data:`PAIRS_DEFAULT_WHERE`; ``benchmarks/moe_mxfp4-h200-run3.md``, ``run4a/b.md``, ``run5.md``, ``run5b.md``).
+Round 7 (``run5.md``): the E8M0 scales as cp.async-pipelined int32 words, with the factor on the pair words
+in registers or in inline PTX, were 1.3x / 3.5-4.3x slower; 8 warps on twice the rows and 2 stages 6-15 %
+slower (``run5c.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -889,13 +893,6 @@ def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_ro
 # (:func:`_pairs_position`), so the activations are stored in that order (bf16 times 2**PAIRS_ACT_SHIFT,
 # exact) by the routing launch (x) and the gate/up epilogue (SwiGLU rows); still four launches.
 PAIRS_ACT_SHIFT: tl.constexpr = tl.constexpr(32)
-# How a pairs K step loads its E8M0 scales (SCALE_LOAD; PairsConfig.scale_load): SCALE_BYTES one byte per
-# 32-group (a 1-byte load: not cp.async-pipelined, the K step waits for it); SCALE_WORDS the int32 word of
-# four scale bytes (4-byte loads, pipelined with the weights); SCALE_WORDS_ON_PAIRS the same words loaded
-# per weight word, the scale multiplied onto the int32 pair words (inline PTX on the GPU)
-SCALE_BYTES: tl.constexpr = tl.constexpr(0)
-SCALE_WORDS: tl.constexpr = tl.constexpr(1)
-SCALE_WORDS_ON_PAIRS: tl.constexpr = tl.constexpr(2)
 PAIRS_ACT_SCALE: tl.constexpr = tl.constexpr(2.0 ** 32)
 PAIRS_UNBIAS: tl.constexpr = tl.constexpr(2.0 ** (126 - 32))
 
@@ -942,64 +939,6 @@ def _pairs_tile(q, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.cons
 
 
 @triton.jit
-def _bf16_view(p):
-    """int32 bf16 pairs [...] -> bf16 [..., 2] (low half first) without moving bits: each inline-asm
-    instance takes two copies of a word and returns it as its packed pair (pack=2), so the MMA operand
-    is the pair registers themselves (the int16 split and re-pack of :func:`_pair_halves` costs PRMTs)."""
-    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [tl.join(p, p)], dtype=tl.bfloat16,
-                                     is_pure=True, pack=2)
-
-
-@triton.jit
-def _mul_bf16x2(p, factor2):
-    """Packed bf16 products of int32 pair words ``p`` and ``factor2`` (the factor in both halves)."""
-    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [p, factor2], dtype=tl.int32,
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
-def _mul_pairs_f32(p, exponent):
-    """The products of :func:`_mul_bf16x2` computed in float32 by bits (the CPU interpreter runs no PTX and
-    its bf16 arithmetic is wrong): exact, as the products are bf16 values (E8M0 bytes 34..160)."""
-    factor = (exponent << 23).to(tl.float32, bitcast=True)
-    lo = ((p << 16).to(tl.float32, bitcast=True) * factor).to(tl.int32, bitcast=True)
-    hi = ((p & HIGH_HALF_MASK).to(tl.float32, bitcast=True) * factor).to(tl.int32, bitcast=True)
-    return ((lo >> 16) & 0xFFFF) | (hi & HIGH_HALF_MASK)
-
-
-@triton.jit
-def _pairs_tile_words(q, s, k_words, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr,
-                      ON_GPU: tl.constexpr):
-    """:func:`_pairs_tile` times the E8M0 factor with everything done on the int32 pair words: ``s`` holds,
-    per weight word [ROWS, BLOCK_K/8], the int32 word of 4 scale bytes holding its 32-group's scale (byte
-    ``group % 4``; ``k_words`` [BLOCK_K/8]: each word's first k within the step), so the scales load in the
-    layout of the words and, as int32, through the same cp.async pipeline. The packed bf16 multiply runs on
-    the pair words and (ON_GPU) the pairs become the MMA operand as they are (:func:`_bf16_view`). Same
-    values as ``_scale_pairs_bf16(_pairs_tile(q), ...)``."""
-    s = s >> (((k_words // 32) % 4) * 8)[None, :]
-    exponent = tl.minimum((s.to(tl.int32) & 0xFF) + (127 - 1 - PAIRS_ACT_SHIFT), 255)
-    p0 = _pair_bits(q, 12, MUL_PAIRS)
-    p1 = _pair_bits(q, 8, MUL_PAIRS)
-    p2 = _pair_bits(q, 4, MUL_PAIRS)
-    p3 = _pair_bits(q, 0, MUL_PAIRS)
-    if ON_GPU:
-        factor2 = (exponent << 7) | (exponent << 23)
-        p0 = _mul_bf16x2(p0, factor2)
-        p1 = _mul_bf16x2(p1, factor2)
-        p2 = _mul_bf16x2(p2, factor2)
-        p3 = _mul_bf16x2(p3, factor2)
-    else:
-        p0 = _mul_pairs_f32(p0, exponent)
-        p1 = _mul_pairs_f32(p1, exponent)
-        p2 = _mul_pairs_f32(p2, exponent)
-        p3 = _mul_pairs_f32(p3, exponent)
-    pairs = tl.join(tl.join(p0, p1), tl.join(p2, p3))  # [ROWS, w, j % 2, j // 2]
-    if ON_GPU:
-        return tl.reshape(_bf16_view(pairs), [ROWS, BLOCK_K])
-    return tl.reshape(_pair_halves(pairs), [ROWS, BLOCK_K]).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
 def _scale_pairs_bf16(w, s, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BF16: tl.constexpr):
     """bf16 pair tile [ROWS, BLOCK_K] (values times 2**-126) times its E8M0 bytes [ROWS, BLOCK_K/32] as
     2**(byte - 127 + 126 - PAIRS_ACT_SHIFT) in bf16 (packed HMUL2): the dequantised value over
@@ -1021,25 +960,15 @@ def _scale_pairs_bf16(w, s, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BF1
 
 @triton.jit
 def _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr,
-                     SCALE_LOAD: tl.constexpr = 0):
+                     BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr):
     """:func:`_pairs_rows` with the E8M0 scale applied to the pair words (:func:`_scale_pairs_bf16`), so a
     whole K step is one MMA (one shared-memory round trip of the tile, no per-group FFMA). ``w_ptrs``
     [ROWS, BLOCK_K/8] words, ``s_ptrs`` [ROWS, BLOCK_K/32], ``a_ptrs`` [BLOCK_M, BLOCK_K] of step 0. Same
     result scale as :func:`_pairs_rows` (times 2**(-126 + PAIRS_ACT_SHIFT))."""
     acc = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
-    k_words = tl.arange(0, BLOCK_K // 8) * 8
     for k0 in range(0, k_len, BLOCK_K):
-        if SCALE_LOAD == SCALE_WORDS_ON_PAIRS:
-            w = _pairs_tile_words(tl.load(w_ptrs + k0 // 8), tl.load(s_ptrs + k0 // 128), k_words, ROWS, BLOCK_K,
-                                  MUL_PAIRS, SCALE_BF16 == 1)
-        else:
-            w = _pairs_tile(tl.load(w_ptrs + k0 // 8), ROWS, BLOCK_K, MUL_PAIRS)
-            if SCALE_LOAD == SCALE_WORDS:  # byte g % 4 of group g's int32 word
-                s = tl.load(s_ptrs + k0 // 128) >> ((tl.arange(0, BLOCK_K // 32) % 4) * 8)[None, :]
-            else:
-                s = tl.load(s_ptrs + k0 // 32)
-            w = _scale_pairs_bf16(w, s, ROWS, BLOCK_K, SCALE_BF16)
+        w = _pairs_tile(tl.load(w_ptrs + k0 // 8), ROWS, BLOCK_K, MUL_PAIRS)
+        w = _scale_pairs_bf16(w, tl.load(s_ptrs + k0 // 32), ROWS, BLOCK_K, SCALE_BF16)
         a = tl.load(a_ptrs + k0, mask=a_ok, other=0.0)
         acc = tl.dot(w, tl.trans(a), acc)
     return acc * (1.0 / PAIRS_UNBIAS)
@@ -1063,25 +992,15 @@ def _pairs_rows(w_ptrs, s_ptrs, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BLOCK_M
 
 
 @triton.jit
-def _pairs_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total, STEP: tl.constexpr,
-                    SCALE_LOAD: tl.constexpr = 0):
+def _pairs_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total, STEP: tl.constexpr):
     """Step-0 pointers of a pairs program that takes STEP values of K at a time: weight words [R, STEP/8]
     (int32, [E, rows_per_expert, k_total/8]; 16-byte aligned since k_total is a multiple of 32) and E8M0
-    scales ([E, rows_per_expert, k_total/32]): [R, STEP/32] bytes, or the int32 words of 4 scale bytes
-    (``scale_ptr`` int32 [E, rows_per_expert, k_total/128], k_total a multiple of 128) holding each group's
-    byte (SCALE_WORDS, [R, STEP/32]) or each weight word's group byte (SCALE_WORDS_ON_PAIRS, [R, STEP/8])."""
+    scales [R, STEP/32] ([E, rows_per_expert, k_total/32])."""
     row_words = tl.multiple_of(rows * (k_total // 8), 4)
     expert_words = tl.multiple_of(expert * rows_per_expert * (k_total // 8), 4)
-    words = tl.arange(0, STEP // 8)
-    w_ptrs = w_ptr + expert_words + row_words[:, None] + words[None, :]
-    s_row_words = expert * rows_per_expert * (k_total // 128) + rows[:, None] * (k_total // 128)
-    if SCALE_LOAD == SCALE_WORDS_ON_PAIRS:
-        s_ptrs = scale_ptr + s_row_words + (words // 16)[None, :]
-    elif SCALE_LOAD == SCALE_WORDS:
-        s_ptrs = scale_ptr + s_row_words + (tl.arange(0, STEP // 32) // 4)[None, :]
-    else:
-        s_ptrs = (scale_ptr + expert * rows_per_expert * (k_total // 32) + rows[:, None] * (k_total // 32)
-                  + tl.arange(0, STEP // 32)[None, :])
+    w_ptrs = w_ptr + expert_words + row_words[:, None] + tl.arange(0, STEP // 8)[None, :]
+    s_ptrs = (scale_ptr + expert * rows_per_expert * (k_total // 32) + rows[:, None] * (k_total // 32)
+              + tl.arange(0, STEP // 32)[None, :])
     return w_ptrs, s_ptrs
 
 
@@ -1106,7 +1025,7 @@ def _route_pairs_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
 def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                           num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr = 0, SCALE_LOAD: tl.constexpr = 0):
+                          MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr = 0):
     """Program (touched expert slot, block of BLOCK_N intermediate columns): the 2*BLOCK_N interleaved
     gate/up rows of its expert against up to BLOCK_M of its routed rows per pass, then the clamped SwiGLU,
     stored bf16 times 2**PAIRS_ACT_SHIFT in the pair order. ``x_ptr``: pair-ordered x [B, H] from
@@ -1117,7 +1036,7 @@ def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
     STEP: tl.constexpr = BLOCK_K if SCALE_BF16 else 32  # K values per load: a K step, or one group
-    w_ptrs, s_ptrs = _pairs_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden, STEP, SCALE_LOAD)
+    w_ptrs, s_ptrs = _pairs_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden, STEP)
     kg = tl.arange(0, STEP)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     for m0 in range(row_begin, row_end, BLOCK_M):
@@ -1127,7 +1046,7 @@ def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert
         a_ptrs = x_ptr + (rows // TOP_K).to(tl.int64)[:, None] * hidden + kg[None, :]
         if SCALE_BF16:
             acc = _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K,
-                                   MUL_PAIRS, SCALE_BF16, SCALE_LOAD)
+                                   MUL_PAIRS, SCALE_BF16)
         else:
             acc = _pairs_rows(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K,
                               MUL_PAIRS)
@@ -1141,7 +1060,7 @@ def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert
 def _down_pairs_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                        active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr,
-                       SCALE_BF16: tl.constexpr = 0, SCALE_LOAD: tl.constexpr = 0):
+                       SCALE_BF16: tl.constexpr = 0):
     """Program (touched expert slot, block of BLOCK_N hidden columns): the down projection of up to
     BLOCK_M routed rows per pass (pair-ordered SwiGLU rows from the gate/up launch), times the routing
     weight, into fp32 ``y [B*top_k, H]``; ``w2_ptr``: int32 words [E, H, I/8]."""
@@ -1151,7 +1070,7 @@ def _down_pairs_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_r
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     STEP: tl.constexpr = BLOCK_K if SCALE_BF16 else 32  # K values per load: a K step, or one group
-    w_ptrs, s_ptrs = _pairs_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter, STEP, SCALE_LOAD)
+    w_ptrs, s_ptrs = _pairs_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter, STEP)
     kg = tl.arange(0, STEP)
     for m0 in range(row_begin, row_end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
@@ -1160,7 +1079,7 @@ def _down_pairs_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_r
         a_ptrs = act_ptr + rows[:, None] * inter + kg[None, :]
         if SCALE_BF16:
             acc = _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M, BLOCK_K,
-                                   MUL_PAIRS, SCALE_BF16, SCALE_LOAD)
+                                   MUL_PAIRS, SCALE_BF16)
         else:
             acc = _pairs_rows(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M, BLOCK_K, MUL_PAIRS)
         weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
@@ -1242,26 +1161,31 @@ SPLIT_NIBBLES_MIN_INTER = 2048  # decode at I = 2048: split_bf16 12-18 % faster 
 # beat the tl.dot decode on the H200 (benchmarks/moe_mxfp4-h200-gemv.md, tiles of gemv_configs):
 # I = 2048 (T=1) at B = 1 and 8 (62.7 vs 84.0 us, 368 vs 466 us), I = 512 (T=4) at B = 1, 8, 64 (29.3 vs
 # 47.3, 115 vs 211, 750 vs 809 us). It was slower at I = 2048, B = 64 (2681 vs 1979 us) and at B = 256
-# (3.7x / 2.6x slower: one weight pass per routed row); T = 2 and T = 8 are not measured.
+# (3.7x / 2.6x slower: one weight pass per routed row); T = 2 and T = 8 are not measured. The pairs decode
+# (PAIRS_DEFAULT_WHERE, checked first) has since taken I = 2048 from B = 8 and I = 512 from B = 9.
 GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 8 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, TOP_K, 64 * TOP_K))
 
 
 # Where the tensor-core pairs decode is the default (same form, scale_bf16 tiles of :func:`pairs_configs`),
-# from two H200 runs of pairs n32k128w4s3mulh / n64k128w4s3mulh beside the defaults of the time
-# (benchmarks/moe_mxfp4-h200-run3.md, run4a.md, run4b.md; every point reference-checked):
-# I = 2048 (T=1): faster at B = 16 / 32 / 64 / 128 / 256 (641.6 vs 817.1, 1066 vs 1372, 1543 vs 1973,
-#   1950 vs 2559, 2054 vs 2667 us against tl.dot split_bf16); B = 8 370.6 vs 374.4 us (noise) and B = 1
-#   slower, so B <= 8 keep the GEMV;
-# I = 512 (T=4): faster at B = 16 / 32 / 64 / 128 / 256 (185.9 vs 217.3, 305 vs 412, 428 vs 672,
-#   537 vs 1005, 590 vs 1071 us); B = 1 and 8 slower than the GEMV;
+# from H200 runs of pairs n32k128w4s3mulh / n64k128w4s3mulh beside the defaults of the time
+# (benchmarks/moe_mxfp4-h200-run3.md, run4a.md, run4b.md, run5.md, run5b.md; every point reference-checked):
+# I = 2048 (T=1): faster at B = 9 / 10 / 11 / 12 / 13 / 14 / 15 (382.9 vs 482.3, 451.2 vs 574.6, 495.8 vs
+#   636.4, 497.4 vs 634.9, 578.5 vs 734.4, 565.5 vs 728.4, 613.1 vs 786.7 us against tl.dot split_bf16) and
+#   B = 16 / 32 / 64 / 128 / 256 (641.6 vs 817.1, 1066 vs 1372, 1543 vs 1973, 1950 vs 2559, 2054 vs 2667 us);
+#   B = 8 by 1-2 % in three runs against the GEMV (370.6 vs 374.4, 367.8 vs 374.8, 367.5 vs 374.6 us);
+#   B = 1 slower (65.0 vs 63.8 us), so B <= 7 keep the GEMV (B = 2..7 not measured);
+# I = 512 (T=4): faster at B = 9 / 10 / 11 / 12 / 13 / 14 / 15 (120.2 vs 132.5, 137.2 vs 143.1, 137.3 vs
+#   156.7, 150.3 vs 168.7, 153.0 vs 182.3, 176.5 vs 191.4, 186.8 vs 202.6 us against the GEMV) and B = 16 /
+#   32 / 64 / 128 / 256 (185.9 vs 217.3, 305 vs 412, 428 vs 672, 537 vs 1005, 590 vs 1071 us); B = 1 and 8
+#   slower than the GEMV (B = 8: 120.1 vs 118.0 us);
 # I = 1024 (T=2) and I = 256 (T=8): faster at every measured B = 1 / 8 / 16 / 32 / 64 (T=2: 47.3 vs 64.0,
 #   193.7 vs 291.4, 354.8 vs 542.6, 582.1 vs 902.1, 766.7 vs 1189.9 us; T=8: 32.9 vs 36.7, 68.9 vs 111.9,
 #   121.0 vs 192.5, 180.9 vs 304.7, 259.1 vs 461.2 us against dot_scaled / regs).
-# Unmeasured: B = 9..15 at T = 1 and 4 and B > 64 at T = 2 and 8 keep the earlier choice; B = 17..255
-# between measured wins take the pairs form. (inter, min routed rows, max routed rows):
-PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K, 256 * TOP_K),
+# Unmeasured: B > 64 at T = 2 and 8 keep the earlier choice; B = 17..255 between measured wins take the
+# pairs form. (inter, min routed rows, max routed rows):
+PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 8 * TOP_K, 256 * TOP_K),
                        (MOE_INTERMEDIATE_SIZE // 2, TOP_K, 64 * TOP_K),
-                       (MOE_INTERMEDIATE_SIZE // 4, 16 * TOP_K, 256 * TOP_K),
+                       (MOE_INTERMEDIATE_SIZE // 4, 9 * TOP_K, 256 * TOP_K),
                        (MOE_INTERMEDIATE_SIZE // 8, TOP_K, 64 * TOP_K))
 
 
@@ -1749,10 +1673,7 @@ class PairsConfig:
     of 32: one MMA + scale FFMA per 32-group), ``block_m`` routed rows per pass (the MMA's N side, >= 16),
     ``mul_pairs``: nibble pairs placed by a multiply (3 instead of 4 integer instructions per pair);
     ``scale_bf16``: the E8M0 scale multiplies the pair words in packed bf16 (one MMA per K step instead
-    of one per 32-group plus an FFMA; exact for E8M0 bytes 34..160, inf above 160); ``scale_load`` (with
-    ``scale_bf16``; K and block_k multiples of 128): 0 the E8M0 bytes per 32-group, 1 (``SCALE_WORDS``) the
-    int32 words of four scale bytes, pipelined with the weights, 2 (``SCALE_WORDS_ON_PAIRS``) those words per
-    weight word and the scale multiplied onto the int32 pair words, which become the MMA operand as they are."""
+    of one per 32-group plus an FFMA; exact for E8M0 bytes 34..160, inf above 160; not yet measured)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1760,12 +1681,11 @@ class PairsConfig:
     block_m: int = 16
     mul_pairs: bool = False
     scale_bf16: bool = False
-    scale_load: int = 0
 
     def label(self) -> str:
         return (f"n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
                 + (f"m{self.block_m}" if self.block_m != 16 else "") + ("mul" if self.mul_pairs else "")
-                + ("h" if self.scale_bf16 else "") + ("", "w", "wp")[self.scale_load])
+                + ("h" if self.scale_bf16 else ""))
 
     def scale_bf16_constexpr(self) -> int:
         """SCALE_BF16 of the launch: 1 (packed bf16 multiply) or, under the CPU interpreter, 2 (the same
@@ -1776,12 +1696,6 @@ class PairsConfig:
 
 
 PAIRS_X_BLOCK = 1024  # activations one program of the pairs routing launch reorders
-
-
-def _pairs_scales(scale: torch.Tensor, cfg: PairsConfig) -> torch.Tensor:
-    """The E8M0 scales as the pairs kernels read them: bytes, or (scale_load) int32 words of four."""
-    raw = scale_bytes(scale)
-    return raw.view(torch.int32) if cfg.scale_load else raw
 
 
 def pairs_configs(num_rows: int, inter: int) -> tuple[PairsConfig, PairsConfig]:
@@ -1814,10 +1728,6 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
             or inter % dn_k or min(gu_cfg.block_m, dn_cfg.block_m, 2 * gu_cfg.block_n, dn_cfg.block_n) < 16):
         raise ValueError(f"pairs tiles {configs!r} do not fit H={hidden}, I={inter} (block_k a multiple of 32 "
                          f"dividing K, block_n dividing the outputs, MMA sides >= 16)")
-    for cfg, k_step in ((gu_cfg, gu_k), (dn_cfg, dn_k)):
-        if cfg.scale_load not in (0, 1, 2) or (cfg.scale_load and (not cfg.scale_bf16 or k_step % 128)):
-            raise ValueError(f"pairs scale_load {cfg.scale_load} needs scale_bf16 and K steps that are multiples "
-                             f"of 128 (int32 words of 4 scale bytes), got {cfg!r} at H={hidden}, I={inter}")
     device = x.device
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()
@@ -1838,18 +1748,17 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
 
     def gate_up():
         _gate_up_pairs_kernel[(slots, inter // gu_cfg.block_n)](
-            x_pairs, w13.view(torch.int32), _pairs_scales(w13_scale, gu_cfg), sorted_rows, expert_start,
-            active_experts, num_active, act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m,
+            x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts,
+            num_active, act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m,
             BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs,
-            SCALE_BF16=gu_cfg.scale_bf16_constexpr(), SCALE_LOAD=gu_cfg.scale_load, num_warps=gu_cfg.num_warps,
-            num_stages=gu_cfg.num_stages)
+            SCALE_BF16=gu_cfg.scale_bf16_constexpr(), num_warps=gu_cfg.num_warps, num_stages=gu_cfg.num_stages)
 
     def down():
         _down_pairs_kernel[(slots, hidden // dn_cfg.block_n)](
-            act, w2.view(torch.int32), _pairs_scales(w2_scale, dn_cfg), weights, sorted_rows, expert_start,
-            active_experts, num_active, y, hidden, inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
-            MUL_PAIRS=dn_cfg.mul_pairs, SCALE_BF16=dn_cfg.scale_bf16_constexpr(), SCALE_LOAD=dn_cfg.scale_load,
-            num_warps=dn_cfg.num_warps, num_stages=dn_cfg.num_stages)
+            act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
+            num_active, y, hidden, inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
+            MUL_PAIRS=dn_cfg.mul_pairs, SCALE_BF16=dn_cfg.scale_bf16_constexpr(), num_warps=dn_cfg.num_warps,
+            num_stages=dn_cfg.num_stages)
 
     def topk_sum():
         _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
