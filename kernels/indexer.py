@@ -719,6 +719,11 @@ def hist_workspace(batch: int, device) -> torch.Tensor:
         raise ValueError(f"batch must be <= {INDEX_MAX_BATCH} for the histogram select, got {batch}")
     ws = _WORKSPACES.get(device)
     if ws is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Allocated inside a capture it would live in the graph's pool and be zeroed only by
+            # replays; SGLang runs every captured batch eagerly first, which allocates it here.
+            raise RuntimeError("the histogram-select workspace must be created by an eager call before "
+                               "CUDA graph capture (call hist_workspace(batch, device) once)")
         ws = _WORKSPACES[device] = torch.zeros(INDEX_MAX_BATCH, WS_WIDTH, dtype=torch.int32, device=device)
     return ws[:batch]
 
@@ -865,11 +870,19 @@ class Plan:
     path: str  # "fused" | "two_kernel"
     split_pages: int = 0  # fused: pages per split program
     select: SelectForm = SelectForm()
+    # The search form for a logits row computed elsewhere (topk_transform_paged without a select):
+    # a histogram select needs the logits kernel's histogram, and counting it in a pass of its own
+    # measured slower than the search (H200 run 5b). None: ``select``.
+    unfused_select: SelectForm | None = None
+
+    @property
+    def scores_select(self) -> SelectForm:
+        return self.unfused_select or self.select
 
 
 def _select_form(batch, width, select):
     if select is None:
-        return choose_plan(batch, width).select
+        return choose_plan(batch, width).scores_select
     if not isinstance(select, SelectForm):
         raise ValueError(f"select must be a SelectForm, got {type(select).__name__}")
     return select
@@ -892,16 +905,33 @@ def _select_form(batch, width, select):
 # chunks (one merge level fewer) win with many rows of 16K-64K positions. Batch limits sit between
 # the measured batches (1, 16, 64); larger batches take the B=64 choice; 1M context (B=1 measured)
 # keeps the bitwise 4096 form.
+#
+# Histogram select, H200 run 5b (benchmarks/indexer-h200-run5b.md, logits + top-512, us):
+#
+#   B   context  default  histogram    B   context  default  histogram
+#   1   8K       13.20    27.32        16  256K     82.30    95.43
+#   16  8K       14.92    30.17        64  8K       19.66    38.20
+#   1   64K      27.33    31.05        64  64K      72.97    84.88
+#   16  64K      37.99    44.07        64  256K     256.9    247.4  <- 3.7 % faster
+#   1   256K     40.24    39.40        1   1M       56.22    81.31
+#   256 8K       35.63    72.84
+#
+# It wins clearly only at B=64 x 256K (many long rows), so B > 32 with 16K-64K positions takes it
+# (the seam then defers the logits to the top-k call, whose logits kernel counts the histogram);
+# B=1 x 256K (0.8 us, 2 %) keeps the search. A logits row from elsewhere keeps the 8192-chunk
+# search there (histogram counted in a pass of its own: 135.1 vs 97.8 us top-k alone).
 _BITWISE = SelectForm()
 _RADIX4 = SelectForm(radix_bits=2)
 _CHUNK8K = SelectForm(max_chunk=8192)
+_HISTOGRAM = SelectForm(method="histogram")
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (32, 2048, Plan("two_kernel", select=_RADIX4)),
     (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE)),
     (32, 16384, Plan("two_kernel", select=_BITWISE)),
     (INDEX_MAX_BATCH, 16384, Plan("two_kernel", select=_CHUNK8K)),
     (4, 65536, Plan("two_kernel", select=_BITWISE)),
-    (INDEX_MAX_BATCH, 65536, Plan("two_kernel", select=_CHUNK8K)),
+    (32, 65536, Plan("two_kernel", select=_CHUNK8K)),
+    (INDEX_MAX_BATCH, 65536, Plan("two_kernel", select=_HISTOGRAM, unfused_select=_CHUNK8K)),
     (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel", select=_BITWISE)),
 )
 
@@ -918,6 +948,8 @@ def fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=No
     """Top-k slot ids straight from q and the index-K cache; only per-split candidates hit memory."""
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
     form = _select_form(q.shape[0], max_seq_len, select)
+    if form.method != "search":
+        raise ValueError("select must be a search form for the fused path (its merge has no histogram)")
     if split_pages not in FUSED_SPLIT_PAGES:
         raise ValueError(f"split_pages must be one of {FUSED_SPLIT_PAGES}, got {split_pages}")
     batch = q.shape[0]
@@ -1021,7 +1053,8 @@ def aot_configs() -> list[AotConfig]:
     configs = []
     page = _page_consts()
     hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_REPLICAS, K=INDEX_TOPK, WS_H1=WS_H1)
-    for name, extra in (("indexer_logits", {}), ("indexer_logits_hist", hist)):
+    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0)  # the kernel's defaults: no histogram code
+    for name, extra in (("indexer_logits", no_hist), ("indexer_logits_hist", hist)):
         c = dict(page, USE_SCALED_DOT=True, **extra)
         configs.append(AotConfig(
             name, _logits_kernel, _sig(_LOGITS_SIG, c), c, num_warps=LOGITS_NUM_WARPS,

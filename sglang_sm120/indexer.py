@@ -9,9 +9,10 @@ Hooks (SGLang 0.5.23, ``srt/layers/attention/dsv4/indexer.py:855-998``):
   name too) AROUND: our chunked select + merge;
 * ``C4IndexerBackendMixin.forward_c4_indexer`` AROUND: marks the call as one whose logits go
   straight into ``topk_transform_paged`` (default top-k backend, FP8 indexer). Inside it, for shapes
-  where :func:`~sglang_sm120.kernels.indexer.choose_plan` picks the fused path, the logits hook
-  returns a zero-byte placeholder and the top-k hook runs the fused kernel, so the full logits
-  row is never written.
+  where :func:`~sglang_sm120.kernels.indexer.choose_plan` picks the fused path or the histogram
+  select, the logits hook returns a zero-byte placeholder and the top-k hook runs that plan (the
+  fused kernel never writes the logits row; the histogram select needs the logits kernel to count
+  its first histogram).
 
 Anything not covered (FP4 indexer, other head/page sizes, s_q > 1, k > 1024, a CPU tensor outside
 the interpreter, ...) goes to SGLang's own function, with one log line per reason.
@@ -54,7 +55,7 @@ class _Deferred:
 
     placeholder: torch.Tensor
     args: tuple
-    split_pages: int
+    plan: object  # kernels.indexer.Plan the top-k call runs
 
 
 _pending: _Deferred | None = None
@@ -119,16 +120,17 @@ def _path_override() -> str:
     return value if value in ("fused", "two_kernel") else "auto"
 
 
-def _fused_split(batch: int, max_seq_len: int) -> int:
-    """Pages per fused split when the fused path applies to this shape, else 0."""
+def _deferred_plan(batch: int, max_seq_len: int):
+    """The plan whose logits are better produced by the top-k call itself (the fused path, or the
+    histogram select whose first histogram the logits kernel counts), else None."""
     ix = _kernels()
     override = _path_override()
     if override == "two_kernel":
-        return 0
+        return None
     plan = ix.choose_plan(batch, max_seq_len)
     if override == "fused":
-        return plan.split_pages if plan.path == "fused" else ix.FUSED_SPLIT_PAGES[1]
-    return plan.split_pages if plan.path == "fused" else 0
+        return plan if plan.path == "fused" else ix.Plan("fused", ix.FUSED_SPLIT_PAGES[1])
+    return plan if plan.path == "fused" or plan.select.method == "histogram" else None
 
 
 def logits_hook(original, q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep_gemm_metadata, max_seq_len,
@@ -143,13 +145,18 @@ def logits_hook(original, q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep
         seq_lens = seq_lens[:, 0]
     max_seq_len = int(max_seq_len)
     args = (q_fp8, kvcache_fp8, weight, seq_lens, page_table, max_seq_len)
-    split = _fused_split(q_fp8.shape[0], max_seq_len) if _fusable.get() else 0
-    if split:
-        # Zero bytes: the scores are produced (as candidates only) by the top-k call that follows.
+    plan = _deferred_plan(q_fp8.shape[0], max_seq_len) if _fusable.get() else None
+    if plan is not None:
+        # Zero bytes: the scores are produced by the top-k call that follows (fused: as candidates
+        # only; histogram select: the logits kernel with its histogram, then the select).
         placeholder = torch.full((1, 1), float("-inf"), device=q_fp8.device).expand(q_fp8.shape[0], max_seq_len)
-        _pending = _Deferred(placeholder, args, split)
-        _log_once("fused", "fused logits+top-k path in use (first shape B=%d, len=%d, %d pages/split)",
-                  q_fp8.shape[0], max_seq_len, split)
+        _pending = _Deferred(placeholder, args, plan)
+        if plan.path == "fused":
+            _log_once("fused", "fused logits+top-k path in use (first shape B=%d, len=%d, %d pages/split)",
+                      q_fp8.shape[0], max_seq_len, plan.split_pages)
+        else:
+            _log_once("histogram", "logits kernel with histogram select in use (first shape B=%d, len=%d)",
+                      q_fp8.shape[0], max_seq_len)
         return placeholder
     _log_once("two_kernel", "Triton logits kernel in use (first shape B=%d, len=%d)", q_fp8.shape[0], max_seq_len)
     return _kernels().paged_mqa_logits(*args)
@@ -165,7 +172,7 @@ def topk_hook(original, scores, seq_lens, page_tables, out_page_indices, page_si
         shape_only = torch.empty(out_page_indices.shape[0], 0, device=scores.device)
         why = topk_uncovered(shape_only, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
         if why is None:
-            ix.fused_logits_topk(*deferred.args, out_page_indices, out_raw_indices, split_pages=deferred.split_pages)
+            ix.indexer_topk(*deferred.args, out_page_indices, out_raw_indices, plan=deferred.plan)
             return None
         # The top-k call is not ours after all: materialise the logits for SGLang's top-k.
         _log_once(f"topk:{why}", "SGLang's top-k kept for this call: %s", why)

@@ -368,6 +368,15 @@ def test_bad_select_form_raises(kwargs, match):
         ix.SelectForm(**kwargs)
 
 
+def test_plan_histogram_bucket_and_fused_rejects_histogram():
+    plan = ix.choose_plan(64, 65536)
+    assert plan.select.method == "histogram" and plan.scores_select.method == "search"
+    assert ix.choose_plan(16, 65536).select.method == "search"
+    q, kv, w, l, pt = make_inputs([100], 128)
+    with pytest.raises(ValueError, match="search form"):
+        ix.fused_logits_topk(q, kv, w, l, pt, 128, torch.empty(1, 512, dtype=torch.int32), select=HISTOGRAM)
+
+
 def test_select_argument_must_be_a_select_form():
     scores, l, pt = torch.randn(2, 128), torch.tensor([5, 6], dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match="select must be a SelectForm"):

@@ -145,9 +145,22 @@ MTP_VERIFY_ROWS = """
 """
 
 
+# The histogram select defers the logits like the fused path (its logits kernel counts the
+# histogram); the plan table picks it only at B > 32 with long rows, so this shape forces it.
+HISTOGRAM_PLAN = """
+    default_choose_plan = ix.choose_plan
+    ix.choose_plan = lambda batch, n: ix.Plan("two_kernel", select=ix.SelectForm(method="histogram"),
+                                              unfused_select=ix.SelectForm())
+"""
+RESTORE_PLAN = """
+    ix.choose_plan = default_choose_plan
+"""
+
 FORCED = ("import os\nresults = {}\n" + textwrap.dedent(ROUTING)
           + "".join(f"os.environ['SGLANG_SM120_INDEXER_PATH'] = '{path}'\n" + textwrap.dedent(FUSED_CALL_SEQUENCE)
                     for path in ("fused", "two_kernel"))
+          + "os.environ['SGLANG_SM120_INDEXER_PATH'] = 'auto'\n" + textwrap.dedent(HISTOGRAM_PLAN)
+          + textwrap.dedent(FUSED_CALL_SEQUENCE) + textwrap.dedent(RESTORE_PLAN)
           + textwrap.dedent(PATCH_ROUTE) + textwrap.dedent(MTP_VERIFY_ROWS)
           + "print(json.dumps(results))\n")
 
@@ -174,6 +187,13 @@ def test_two_kernel_path_through_the_same_sequence(forced):
     out = forced["two_kernel"]
     assert out["logits_bytes"] == 2 * 1536 * 4
     assert out["same_as_two_kernel"] and out["raw_consistent"] and out["short_row_in_order"]
+
+
+def test_histogram_plan_defers_the_logits_to_the_topk_call(forced):
+    out = forced["auto"]
+    assert out["logits_bytes"] == 4  # the placeholder: the top-k call runs the logits kernel with its histogram
+    assert out["same_as_two_kernel"] and out["raw_consistent"] and out["short_row_in_order"]
+    assert "logits kernel with histogram select in use" in forced["_stderr"]
 
 
 def test_patch_entry_point_routes_like_the_hooks(forced):
