@@ -10,8 +10,10 @@ and ``topk_transform_paged``):
   length.
 * top-k: ``out[b, j]`` = ``page_table[b, i // 64] * 64 + i % 64`` for the ``K`` (512) selected
   positions ``i``, ``-1`` past ``min(length, K)``. Rows of at most ``K`` positions list them in order
-  (as upstream does); longer rows list the selection in ascending position order (upstream's order is
-  unspecified). Among equal scores at the threshold the lowest positions win.
+  (as upstream does); longer rows list the selection in ascending position order with the search
+  forms, in no fixed order with the histogram select (slots are claimed with atomics; upstream's
+  order is unspecified). Among equal scores at the threshold the search forms take the lowest
+  positions; the histogram select takes any of them (the selected scores are the same).
 
 Two paths, both graph-capturable (grids and scratch depend on shapes only):
 
@@ -28,7 +30,10 @@ conversions), so the plain fp8 dot (``QGMMA``) is used there. :func:`use_scaled_
 
 Selection: scores map to order-preserving int32 keys; a 32-step bitwise search (or 16 radix-4
 rounds) finds the K-th largest key of a block held in registers, and cumulative sums compact the
-winners. :class:`SelectForm` (search, largest chunk, warps) is chosen per shape in :data:`PLAN_TABLE`.
+winners. The histogram select (:func:`hist_select`) instead counts the keys' top 11 bits per row
+inside the logits kernel, sends everything above the K-th key's bin out in one split pass and
+finishes each row from two more digit histograms. :class:`SelectForm` (search or histogram,
+largest chunk, warps) is chosen per shape in :data:`PLAN_TABLE`.
 """
 
 from __future__ import annotations
@@ -901,8 +906,9 @@ def _select_form(batch, width, select):
 #   16  64K      37.97         47.17             43.33           16  256K     91.04         82.61
 #   1   1M       55.74         74.50             68.08           64  256K     273.2         255.0
 #
-# Radix-4 wins only where one program holds the whole row (2048 entries) at B <= 16; 8192-entry
-# chunks (one merge level fewer) win with many rows of 16K-64K positions. Batch limits sit between
+# Radix-4 won (run 4) only where one program holds the whole row (2048 entries) at B <= 16; the
+# double-warp bitwise search beats it there (run 5a, below). 8192-entry chunks (one merge level
+# fewer) win with many rows of 16K-64K positions. Batch limits sit between
 # the measured batches (1, 16, 64); larger batches take the B=64 choice; 1M context (B=1 measured)
 # keeps the bitwise 4096 form.
 #
@@ -920,14 +926,25 @@ def _select_form(batch, width, select):
 # (the seam then defers the logits to the top-k call, whose logits kernel counts the histogram);
 # B=1 x 256K (0.8 us, 2 %) keeps the search. A logits row from elsewhere keeps the 8192-chunk
 # search there (histogram counted in a pass of its own: 135.1 vs 97.8 us top-k alone).
+#
+# Twice the warps per select program (bitwise search, H200 run 5a, benchmarks/indexer-h200-run5a.md;
+# the defaults measured within 0.2 % of themselves across runs 5a/5b):
+#
+#   B   context  default           2x warps     B   context  default          2x warps
+#   1   8K       13.22 (radix-4)   12.94        1   64K      27.24 (bitwise)  27.43
+#   16  8K       14.93 (radix-4)   14.71        16  64K      38.23 (bitwise)  37.62
+#   64  8K       19.66 (bitwise)   18.94        64  64K      74.29 (8192)     79.75
+#   256 8K       35.59 (bitwise)   35.38        (256K, 1M: slower by 2-12 %)
+#
+# so 8K context and B=16 x 64K take it.
 _BITWISE = SelectForm()
-_RADIX4 = SelectForm(radix_bits=2)
+_BITWISE_2XW = SelectForm(warps_mul=2)
 _CHUNK8K = SelectForm(max_chunk=8192)
 _HISTOGRAM = SelectForm(method="histogram")
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
-    (32, 2048, Plan("two_kernel", select=_RADIX4)),
-    (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE)),
-    (32, 16384, Plan("two_kernel", select=_BITWISE)),
+    (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE_2XW)),
+    (4, 16384, Plan("two_kernel", select=_BITWISE)),
+    (32, 16384, Plan("two_kernel", select=_BITWISE_2XW)),
     (INDEX_MAX_BATCH, 16384, Plan("two_kernel", select=_CHUNK8K)),
     (4, 65536, Plan("two_kernel", select=_BITWISE)),
     (32, 65536, Plan("two_kernel", select=_CHUNK8K)),
