@@ -928,7 +928,7 @@ def _select_form(batch, width, select):
 # search there (histogram counted in a pass of its own: 135.1 vs 97.8 us top-k alone).
 #
 # Twice the warps per select program (bitwise search, H200 run 5a, benchmarks/indexer-h200-run5a.md;
-# the defaults measured within 0.2 % of themselves across runs 5a/5b):
+# the old defaults moved by at most 0.2 % at 8K and 0.6 % at B=16 x 64K between runs 5a and 5b):
 #
 #   B   context  default           2x warps     B   context  default          2x warps
 #   1   8K       13.22 (radix-4)   12.94        1   64K      27.24 (bitwise)  27.43
