@@ -14,7 +14,10 @@ the 1-row FMA form and the 16/32-row tensor-core form of ``_block_fp8_gemv_kerne
 form ``_block_fp8_gemv_rows_kernel`` (1, 2, 4 or 8 rows share each dequantised weight chunk on CUDA
 cores), used at 2 rows and, one-shot (a program's whole K in flight), at 1 row for short K; and the FP8
 tensor-core form ``_block_fp8_gemv_fp8mma_kernel`` (the e4m3 weight fed to e4m3 MMAs as loaded, each bf16
-activation row split exactly into two e4m3 terms in registers), used at 2..8 rows on large weights.
+activation row split exactly into two e4m3 terms in registers), used at 2..8 rows on large weights. Most
+default forms launch with programmatic dependent launch (``GemvConfig.pdl``): a program starts while the
+previous kernel drains, reads only the (constant) weight before ``griddepcontrol.wait``, and so assumes the
+weight is not written by the kernel just before it in the stream (see ``_with_pdl``).
 
 Layout (what SGLang hands over):
 
@@ -833,29 +836,55 @@ def _fp8_mma_config(m: int, n: int, k: int, groups: int) -> GemvConfig | None:
                       fp8_mma=True, fp8_join=True)
 
 
-# Programmatic dependent launch (GemvConfig.pdl), from H200 run 8 (benchmarks/fp8_gemv-h200-run8-pdl.summary.md):
-# with GEMVs back to back in one CUDA graph, PDL was faster at 1 row on every DSv4 shape (0.64-0.92x the time;
-# the FMA form with 4 K blocks prefetched into L2 before the wait, the one-shot rows forms without) and on the
-# 128-column FP8 tensor-core tile of the 32 MiB weights (wo_a, wo_b at T=1) at 2..8 rows (0.93-0.95x); it was
-# slower on the 16-row bf16 tensor-core tiles, the 64-column FP8 tile and the 16 MiB weights (up to 1.4x).
-# After a kernel that does not trigger its dependents early (a plain torch op) the PDL forms cost 0.15-0.3 us.
+# Programmatic dependent launch (GemvConfig.pdl), from H200 runs 8 and 9 (benchmarks/fp8_gemv-h200-run9-pdl.summary.md),
+# GEMVs back to back in one CUDA graph (each the previous one's dependent), against the same form without PDL:
+# * 1 row: launch_dependents at the program's start ("early"); the FMA form with 4 K blocks prefetched into L2
+#   before the wait (0.70-0.92x the time), the one-shot rows forms without (0.64-0.80x);
+# * 2 rows, rows form: on weights of at most 4 MiB the first weight chunk loaded before the wait, early trigger,
+#   16 K blocks into L2 (0.80-0.91x); above, launch_dependents after the main loop ("late", 0.93-0.98x);
+# * the 128-column FP8 tensor-core tile on weights of at least 32 MiB (wo_a, wo_b at T=1, 2..8 rows): early
+#   (0.93-0.94x);
+# * the 16-row bf16 tensor-core tile on weights of at most 4 MiB (3..16 rows): late, 4 K blocks into L2 (0.83-0.93x).
+# Early triggers on the bf16 and 64-column FP8 tiles were up to 1.4x slower (run 8: the next kernels' waiting
+# programs fill the SMs). After a kernel that never triggers its dependents (a plain torch op, run 9's mixed_us)
+# every PDL form costs time: +0.08-0.49 us at 1 row, +0.13-0.28 us on the FP8 tile, +0.20-0.29 us (late) and
+# +0.48-0.99 us (prefetching) at 2 rows, +0.23-0.56 us on the bf16 tile; the forms kept are those whose
+# back-to-back gain is about as large or larger (all but shared_down T=8 at 2 rows: -0.53 against +0.99 us). Left out although faster back to back, because the mixed cost
+# was larger than the gain: the bf16 tile late with L2 prefetch from 4 to 16 MiB (0.97-0.98x, +0.6-1.0 us mixed),
+# late alone on wq_b's K = 1024 tiles at T=1/2 (0.97-0.98x, +0.2-0.25 us). USE_PDL = False makes default_config
+# return launch_form.
+USE_PDL = True
 PDL_FMA_L2_BLOCKS = 4
 PDL_FP8_MMA_MIN_WEIGHT_BYTES = 32 << 20
+PDL_TWO_ROW_PREFETCH_MAX_WEIGHT_BYTES = 4 << 20
+PDL_TWO_ROW_PREFETCH_L2_BLOCKS = 16
+PDL_DOT_MAX_WEIGHT_BYTES = 4 << 20
+PDL_DOT_L2_BLOCKS = 4
+PDL_MAX_ROWS = 16
 
 
 def _with_pdl(cfg: GemvConfig, m: int, weight_bytes: int) -> GemvConfig:
-    """``cfg`` launched with PDL where run 8 measured that faster (see above), else ``cfg``."""
+    """``cfg`` launched with PDL where runs 8 and 9 measured that faster (see above), else ``cfg``."""
+    replace = dataclasses.replace
     if m == 1 and not cfg.use_dot:
-        return dataclasses.replace(cfg, pdl=True, pdl_l2_blocks=0 if cfg.rows_form else PDL_FMA_L2_BLOCKS)
-    if (cfg.fp8_mma and cfg.block_n == FP8_MMA_WIDE["block_n"]
-            and weight_bytes >= PDL_FP8_MMA_MIN_WEIGHT_BYTES):
-        return dataclasses.replace(cfg, pdl=True)
+        return replace(cfg, pdl=True, pdl_l2_blocks=0 if cfg.rows_form else PDL_FMA_L2_BLOCKS)
+    if m == 2 and cfg.rows_form:
+        if weight_bytes <= PDL_TWO_ROW_PREFETCH_MAX_WEIGHT_BYTES:
+            return replace(cfg, prefetch=True, pdl=True, pdl_l2_blocks=PDL_TWO_ROW_PREFETCH_L2_BLOCKS)
+        return replace(cfg, pdl=True, pdl_late=True)
+    if not cfg.use_dot or m > PDL_MAX_ROWS:
+        return cfg
+    if cfg.fp8_mma and cfg.block_n == FP8_MMA_WIDE["block_n"]:
+        return replace(cfg, pdl=True) if weight_bytes >= PDL_FP8_MMA_MIN_WEIGHT_BYTES else cfg
+    if not cfg.fp8_mma and weight_bytes <= PDL_DOT_MAX_WEIGHT_BYTES:
+        return replace(cfg, pdl=True, pdl_late=True, pdl_l2_blocks=PDL_DOT_L2_BLOCKS)
     return cfg
 
 
 def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
-    return _with_pdl(launch_form(m, n, k, groups), m, groups * n * k)
+    form = launch_form(m, n, k, groups)
+    return _with_pdl(form, m, groups * n * k) if USE_PDL else form
 
 
 def launch_form(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
@@ -1150,32 +1179,56 @@ def reference_upstream_fp8_activation_linear(x: torch.Tensor, weight: torch.Tens
 # (GemvConfig, inv_rope): every form default_config can pick (split_k only matters as 1 vs > 1 for
 # code generation) plus the fused-RoPE wo_a forms.
 _FMA_PDL = dict(pdl=True, pdl_l2_blocks=PDL_FMA_L2_BLOCKS)
-SHIPPED_FORMS = (
-    (GemvConfig(1, 32, 1, False, k_unroll=2, **_FMA_PDL), False),
-    (GemvConfig(1, 32, 4, False, k_unroll=2, **_FMA_PDL), False),
+_LATE = dict(pdl=True, pdl_late=True)
+_TWO_ROW_PF = dict(pdl=True, pdl_l2_blocks=PDL_TWO_ROW_PREFETCH_L2_BLOCKS)
+_DOT_LATE_L2 = dict(pdl=True, pdl_late=True, pdl_l2_blocks=PDL_DOT_L2_BLOCKS)
+_LAUNCH_FORMS = (  # launch_form's choices (default_config with USE_PDL = False, and where no PDL rule applies)
+    (GemvConfig(1, 32, 1, False, k_unroll=2), False),
+    (GemvConfig(1, 32, 4, False, k_unroll=2), False),
     (GemvConfig(16, 32, 1, True), False),
     (GemvConfig(16, 32, 4, True), False),
     (GemvConfig(32, 64, 1, True), False),
     (GemvConfig(32, 64, 4, True), False),
-    (GemvConfig(1, 32, 4, False, k_unroll=2, **_FMA_PDL), True),
+    (GemvConfig(1, 32, 4, False, k_unroll=2), True),
     (GemvConfig(16, 32, 4, True), True),
     # rows form: 2 rows (split-K off / on, fused RoPE), and the 1-row one-shot forms
     (GemvConfig(2, 32, 1, False, k_unroll=2, rows_form=True), False),
     (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True), False),
     (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True), True),
-    (GemvConfig(1, 16, 1, False, k_unroll=4, rows_form=True, prefetch=True, evict_first=True, pdl=True), False),
-    (GemvConfig(1, 16, 1, False, num_warps=8, k_unroll=8, rows_form=True, prefetch=True, pdl=True), False),
-    # FP8 tensor-core form, joined activation split: 128 columns on 8 warps (split-K off / on, fused RoPE; each
-    # with and without PDL) and 64 columns on 4 warps (split-K off / on)
+    (GemvConfig(1, 16, 1, False, k_unroll=4, rows_form=True, prefetch=True, evict_first=True), False),
+    (GemvConfig(1, 16, 1, False, num_warps=8, k_unroll=8, rows_form=True, prefetch=True), False),
+    # FP8 tensor-core form, joined activation split: 128 columns on 8 warps (split-K off / on, fused RoPE)
+    # and 64 columns on 4 warps (split-K off / on)
     (GemvConfig(8, 128, 1, True, 8, 3, fp8_mma=True, fp8_join=True), False),
     (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True), False),
     (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True), True),
-    (GemvConfig(8, 128, 1, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), False),
-    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), False),
-    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), True),
     (GemvConfig(8, 64, 1, True, 4, 3, fp8_mma=True, fp8_join=True), False),
     (GemvConfig(8, 64, 4, True, 4, 3, fp8_mma=True, fp8_join=True), False),
 )
+_PDL_FORMS = (  # the PDL forms _with_pdl picks (runs 8/9)
+    # 1 row: FMA form (4 L2 blocks; split-K off / on, fused RoPE), one-shot rows forms
+    (GemvConfig(1, 32, 1, False, k_unroll=2, **_FMA_PDL), False),
+    (GemvConfig(1, 32, 4, False, k_unroll=2, **_FMA_PDL), False),
+    (GemvConfig(1, 32, 4, False, k_unroll=2, **_FMA_PDL), True),
+    (GemvConfig(1, 16, 1, False, k_unroll=4, rows_form=True, prefetch=True, evict_first=True, pdl=True), False),
+    (GemvConfig(1, 16, 1, False, num_warps=8, k_unroll=8, rows_form=True, prefetch=True, pdl=True), False),
+    # 2 rows: late trigger; first chunk prefetched with 16 L2 blocks (split-K off / on, fused RoPE)
+    (GemvConfig(2, 32, 1, False, k_unroll=2, rows_form=True, **_LATE), False),
+    (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True, **_LATE), False),
+    (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True, **_LATE), True),
+    (GemvConfig(2, 32, 1, False, k_unroll=2, rows_form=True, prefetch=True, **_TWO_ROW_PF), False),
+    (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True, prefetch=True, **_TWO_ROW_PF), False),
+    (GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True, prefetch=True, **_TWO_ROW_PF), True),
+    # 16-row bf16 tiles: late with 4 L2 blocks (split-K off / on, fused RoPE)
+    (GemvConfig(16, 32, 1, True, **_DOT_LATE_L2), False),
+    (GemvConfig(16, 32, 4, True, **_DOT_LATE_L2), False),
+    (GemvConfig(16, 32, 4, True, **_DOT_LATE_L2), True),
+    # 128-column FP8 tile: early (split-K off / on, fused RoPE)
+    (GemvConfig(8, 128, 1, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), False),
+    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), False),
+    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), True),
+)
+SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS
 
 
 def aot_configs() -> list[AotConfig]:

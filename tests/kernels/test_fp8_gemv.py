@@ -558,18 +558,31 @@ def test_pdl_config_validation_and_name():
                                         .expect_opcodes)
 
 
-def test_default_config_pdl_where_measured_faster():
-    """H200 run 8 (benchmarks/fp8_gemv-h200-run8-pdl.summary.md): PDL at 1 row (the FMA form with 4 K blocks
-    prefetched into L2, the one-shot rows forms without) and on the 128-column FP8 tile of 32 MiB weights."""
+def test_default_config_pdl_where_measured_faster(monkeypatch):
+    """H200 runs 8/9 (benchmarks/fp8_gemv-h200-run9-pdl.summary.md): PDL at 1 row (the FMA form with 4 K blocks
+    prefetched into L2, the one-shot rows forms without), on the 128-column FP8 tile of 32 MiB weights, late at 2
+    rows (prefetching below 4 MiB), late on the smaller tensor-core tiles; USE_PDL = False turns it off."""
     fma = g.default_config(1, 1536, 4096)
     assert fma.pdl and fma.pdl_l2_blocks == g.PDL_FMA_L2_BLOCKS and not fma.use_dot and not fma.rows_form
     one_shot = g.default_config(1, 4096, 1024)
     assert one_shot.rows_form and one_shot.pdl and one_shot.pdl_l2_blocks == 0
     for m in (2, 4, 8):
         wo_a = g.default_config(m, 1024, 4096, groups=8)  # T=1, 32 MiB
-        assert wo_a.fp8_mma and wo_a.block_n == 128 and wo_a.pdl and not wo_a.pdl_l2_blocks
-        assert not g.default_config(m, 1024, 4096, groups=4).pdl  # T=2, 16 MiB
+        assert wo_a.fp8_mma and wo_a.block_n == 128 and wo_a.pdl and not wo_a.pdl_late and not wo_a.pdl_l2_blocks
         assert not g.default_config(m, 32768, 1024).pdl  # 64-column FP8 tile
-    for m in (2, 3, 16):
-        assert not g.default_config(m, 4096, 4096).pdl
+    for m in (4, 8):
+        assert not g.default_config(m, 1024, 4096, groups=4).pdl  # T=2, 16 MiB FP8 tile
+    two_rows = g.default_config(2, 4096, 4096)  # 16 MiB
+    assert two_rows.rows_form and two_rows.pdl_late and not two_rows.prefetch
+    small = g.default_config(2, 4096, 1024)  # 4 MiB
+    assert small.prefetch and small.pdl and not small.pdl_late and small.pdl_l2_blocks == 16
+    for m in (3, 8, 16):
+        dot = g.default_config(m, 4096, 1024)  # 4 MiB: late, L2 prefetch
+        assert dot.use_dot and dot.pdl_late and dot.pdl_l2_blocks == g.PDL_DOT_L2_BLOCKS
+        assert not g.default_config(m, 1536, 4096).pdl  # wqkv_a, 6 MiB
+        assert not g.default_config(m, 16384, 1024).pdl  # wq_b T=2, 16 MiB
+    assert not g.default_config(16, 4096, 8192).pdl  # wo_b T=1, 16 rows
+    assert not g.default_config(17, 1024, 1024).pdl  # 32-row tiles: not measured
     assert g.launch_form(1, 1536, 4096) == dataclasses.replace(fma, pdl=False, pdl_l2_blocks=0)
+    monkeypatch.setattr(g, "USE_PDL", False)
+    assert g.default_config(1, 1536, 4096) == g.launch_form(1, 1536, 4096)

@@ -108,8 +108,10 @@ def test_default_config_picks_rows_forms_where_measured():
     the one-shot rows form for K of 4..8 blocks and few column tiles; 3..16 rows stay on tensor cores;
     larger-K single rows stay on the FMA form."""
     for n, k in [(1536, 4096), (16384, 1024), (4096, 4096), (4096, 256)]:
-        cfg = g.default_config(2, n, k)
+        cfg = g.launch_form(2, n, k)
         assert cfg.rows_form and cfg.block_m == 2 and not cfg.prefetch
+        # with PDL (run 9): the first weight chunk is loaded before the wait on weights of at most 4 MiB
+        assert g.default_config(2, n, k).prefetch == (n * k <= g.PDL_TWO_ROW_PREFETCH_MAX_WEIGHT_BYTES)
     assert g.default_config(2, 32768, 1024).fp8_mma
     one_shot = g.default_config(1, 4096, 1024)
     assert one_shot.rows_form and one_shot.k_unroll == 8 and one_shot.split_k == 1 and one_shot.num_warps == 8
@@ -122,7 +124,8 @@ def test_default_config_picks_rows_forms_where_measured():
 
 def test_every_default_form_has_an_aot_config():
     """Each launch form default_config picks for DSv4's seven linears (T = 1, 2, 4, 8; 1..16 rows; the
-    split-K variant as compiled) is in SHIPPED_FORMS, so the AOT registry checks what runs."""
+    split-K variant as compiled), with PDL and without (launch_form, USE_PDL = False), is in SHIPPED_FORMS, so
+    the AOT registry checks what runs."""
     import dataclasses
 
     from sglang_sm120.kernels import dsv4
@@ -133,8 +136,8 @@ def test_every_default_form_has_an_aot_config():
             groups = dsv4.O_GROUPS // tp if name == "wo_a" else 1
             n = dsv4.O_LORA_RANK if name == "wo_a" else n
             for m in range(1, 17):
-                cfg = g.default_config(m, n, k, groups)
-                form = dataclasses.replace(cfg, split_k=1 if cfg.split_k == 1 else 4)
-                assert (form, False) in shipped, (name, tp, m, cfg.name)
-                if name == "wo_a" and cfg.split_k > 1:
-                    assert (form, True) in shipped, (name, tp, m, cfg.name)  # fused inverse RoPE variant
+                for cfg in (g.default_config(m, n, k, groups), g.launch_form(m, n, k, groups)):  # PDL on / off
+                    form = dataclasses.replace(cfg, split_k=1 if cfg.split_k == 1 else 4)
+                    assert (form, False) in shipped, (name, tp, m, cfg.name)
+                    if name == "wo_a" and cfg.split_k > 1:
+                        assert (form, True) in shipped, (name, tp, m, cfg.name)  # fused inverse RoPE variant
