@@ -690,6 +690,7 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
     if hist_workspace is not None:
         _check("hist_workspace", hist_workspace, (q.shape[0], WS_WIDTH), torch.int32, q.device)
+    _ensure_hist_workspace(q.device)
     batch = q.shape[0]
     if out is None:
         out = torch.empty(batch, max_seq_len, dtype=torch.float32, device=q.device)
@@ -711,6 +712,14 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
 
 
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
+
+
+def _ensure_hist_workspace(device) -> None:
+    """Create the histogram workspace on the first eager call of any indexer entry point, whatever
+    that shape's plan, so that a shape first met inside a CUDA graph capture finds it."""
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        hist_workspace(0, device)
 
 
 def hist_workspace(batch: int, device) -> torch.Tensor:
@@ -827,6 +836,7 @@ def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZ
     length) as cache slot ids in ``out`` (-1 padded); optionally the raw positions in ``raw``.
     ``select`` (a :class:`SelectForm`) defaults to :func:`choose_plan`'s for the shape."""
     validate_topk_inputs(scores, lens, page_table, out, page_size, raw)
+    _ensure_hist_workspace(scores.device)
     form = _select_form(scores.shape[0], scores.shape[1], select)
     if scores.shape[0] == 0:
         return out
@@ -1005,6 +1015,7 @@ def fused_num_warps(split_pages: int) -> int:
 def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *, plan=None, scaled_dot=None):
     """Logits plus top-k by the plan for this shape (:data:`PLAN_TABLE`); returns ``out``."""
     plan = plan or choose_plan(q.shape[0], max_seq_len)
+    _ensure_hist_workspace(q.device)
     if plan.path == "fused":
         return fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw,
                                  split_pages=plan.split_pages, scaled_dot=scaled_dot, select=plan.select)
