@@ -276,7 +276,7 @@ def pdl_candidates(m: int, n: int, k: int, groups: int, g):
     import dataclasses
 
     cur = g.default_config(m, n, k, groups)
-    base = dataclasses.replace(cur, pdl=False, pdl_l2_blocks=0)
+    base = g.launch_form(m, n, k, groups)  # the default before run 8 (no PDL)
 
     def pdl(cfg, blocks=0, **kw):
         return dataclasses.replace(cfg, pdl=True, pdl_l2_blocks=blocks, **kw)
