@@ -685,45 +685,31 @@ def _gemv_group_sums(q, x_pairs_ptr, X_F32: tl.constexpr):
     w3, w7 = _e2m1_pair(q, 0, X_F32)
     acc = tl.fma(w3, x3, acc)
     acc = tl.fma(w7, x7, acc)
-    return tl.sum(acc, len(acc.shape) - 1)
+    return tl.sum(acc, 2)
 
 
 @triton.jit
 def _gemv_rows(w_ptrs, s_ptrs, x0_ptrs, x1_ptrs, k_len, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-               TWO_ROWS: tl.constexpr, PREFETCH: tl.constexpr, X_F32: tl.constexpr, RING: tl.constexpr = 0,
-               SCALE_WORDS: tl.constexpr = False):
+               TWO_ROWS: tl.constexpr, PREFETCH: tl.constexpr, X_F32: tl.constexpr):
     """Stream one [R, K] weight block (``w_ptrs`` [R, G, 4] int32 words, ``s_ptrs`` [R, G] E8M0 bytes)
     and dot it with one or (TWO_ROWS) two activation rows, dequantising each tile once: float32 [R] each.
     PREFETCH: the next K step's words and scales are loaded before this step's arithmetic (twice the
     bytes in flight per thread); the last step re-reads the first tile (cached) instead of masking,
-    which keeps the loads 16 bytes wide. RING > 1: the K loop is a ``tl.range`` of that many stages, so
-    Triton streams the weight words through a shared-memory ring by cp.async (RING - 1 steps in flight
-    per program beside the one being used). SCALE_WORDS: ``w_ptrs`` [R, G/4, 4, 4] and ``s_ptrs`` [R, G/4]
-    int32 words of four E8M0 bytes (one 4-byte load per four groups, which cp.async can carry; byte loads
-    stay synchronous), the group sums [R, G/4, 4] meeting byte j of their word."""
-    if SCALE_WORDS:
-        acc0 = tl.zeros([ROWS, BLOCK_K // 128, 4], dtype=tl.float32)
-        acc1 = tl.zeros([ROWS, BLOCK_K // 128, 4], dtype=tl.float32)
-        scale_shifts = (8 * tl.arange(0, 4))[None, None, :]
-    else:
-        acc0 = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
-        acc1 = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
-    S_STEP: tl.constexpr = 128 if SCALE_WORDS else 32  # K values per scale pointer step
+    which keeps the loads 16 bytes wide."""
+    acc0 = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
+    acc1 = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
     if PREFETCH:
         q = tl.load(w_ptrs)
         s = tl.load(s_ptrs)
-    for k0 in tl.range(0, k_len, BLOCK_K, num_stages=RING if RING > 1 else None):
+    for k0 in range(0, k_len, BLOCK_K):
         if PREFETCH:
             k_next = (k0 + BLOCK_K) % k_len
             q_next = tl.load(w_ptrs + k_next // 8)
-            s_next = tl.load(s_ptrs + k_next // S_STEP)
+            s_next = tl.load(s_ptrs + k_next // 32)
         else:
             q = tl.load(w_ptrs + k0 // 8)
-            s = tl.load(s_ptrs + k0 // S_STEP)
-        if SCALE_WORDS:
-            factor = _e8m0_to_f32(s[:, :, None] >> scale_shifts)
-        else:
-            factor = _e8m0_to_f32(s)
+            s = tl.load(s_ptrs + k0 // 32)
+        factor = _e8m0_to_f32(s)
         x_step = k0 if X_F32 else k0 // 2  # floats or bf16 pairs
         acc0 += (_gemv_group_sums(q, x0_ptrs + x_step, X_F32) * GEMV_GROUP_UNBIAS) * factor
         if TWO_ROWS:
@@ -731,56 +717,32 @@ def _gemv_rows(w_ptrs, s_ptrs, x0_ptrs, x1_ptrs, k_len, ROWS: tl.constexpr, BLOC
         if PREFETCH:
             q = q_next
             s = s_next
-    if SCALE_WORDS:
-        out0, out1 = tl.sum(tl.sum(acc0, 2), 1), tl.sum(tl.sum(acc1, 2), 1)
-    else:
-        out0, out1 = tl.sum(acc0, 1), tl.sum(acc1, 1)
-    return out0, out1
+    return tl.sum(acc0, 1), tl.sum(acc1, 1)
 
 
 @triton.jit
-def _gemv_tile_offsets(ROWS: tl.constexpr, BLOCK_K: tl.constexpr, X_F32: tl.constexpr,
-                       SCALE_WORDS: tl.constexpr = False):
-    """[1, G, 4] word offsets within a row block's K step, [1, G, 4] activation offsets of each
-    word's first k (bf16 pairs, or X_F32 floats in the word-pair order), [G] group index (G = BLOCK_K / 32).
-    SCALE_WORDS: the same offsets as [1, G/4, 4, 4] (groups in fours, one scale word each) and the
-    [G/4] scale-word index."""
-    if SCALE_WORDS:
-        g = tl.arange(0, BLOCK_K // 128)  # scale word
-        group = g[:, None] * 4 + tl.arange(0, 4)[None, :]
-        word = (group[:, :, None] * 4 + tl.arange(0, 4)[None, None, :])[None, :, :, :]
-        if X_F32:
-            x_offs = (group[:, :, None] * 32 + tl.arange(0, 4)[None, None, :])[None, :, :, :]
-        else:
-            x_offs = 4 * word
+def _gemv_tile_offsets(ROWS: tl.constexpr, BLOCK_K: tl.constexpr, X_F32: tl.constexpr):
+    """[ROWS, G, 4] word offsets within a row block's K step, [1, G, 4] activation offsets of each
+    word's first k (bf16 pairs, or X_F32 floats in the word-pair order), [G] group index (G = BLOCK_K / 32)."""
+    g = tl.arange(0, BLOCK_K // 32)
+    word = g[:, None] * 4 + tl.arange(0, 4)[None, :]
+    if X_F32:
+        x_offs = g[:, None] * 32 + tl.arange(0, 4)[None, :]
     else:
-        g = tl.arange(0, BLOCK_K // 32)
-        word = (g[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, :]
-        if X_F32:
-            x_offs = (g[:, None] * 32 + tl.arange(0, 4)[None, :])[None, :, :]
-        else:
-            x_offs = 4 * word
-    return word, x_offs, g
+        x_offs = 4 * word
+    return word[None, :, :], x_offs[None, :, :], g
 
 
 @triton.jit
-def _gemv_weight_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total, k_begin, words, g,
-                          SCALE_WORDS: tl.constexpr = False):
+def _gemv_weight_pointers(w_ptr, scale_ptr, expert, rows, rows_per_expert, k_total, k_begin, words, g):
     """Pointers of a GEMV program's weight words [R, G, 4] (int32, [E, rows_per_expert, k_total/8]) and
     E8M0 scales [R, G] ([E, rows_per_expert, k_total/32]) at the start of its K range ``k_begin``.
     k_total and k_begin are multiples of 32 (validated), so every row's words start 16-byte aligned and
-    the word loads can be 16 bytes wide. SCALE_WORDS: ``words`` is [1, G/4, 4, 4], ``g`` the scale-word
-    index and the scales int32 words ([E, rows_per_expert, k_total/128]; k_total and k_begin multiples
-    of 128, validated)."""
+    the word loads can be 16 bytes wide."""
     w_row_words = tl.multiple_of(rows * (k_total // 8) + k_begin // 8, 4)
-    if SCALE_WORDS:
-        w_ptrs = w_ptr + expert * rows_per_expert * (k_total // 8) + w_row_words[:, None, None, None] + words
-        s_ptrs = (scale_ptr.to(tl.pointer_type(tl.int32)) + (expert * rows_per_expert + rows[:, None]) * (k_total // 128)
-                  + k_begin // 128 + g[None, :])
-    else:
-        w_ptrs = w_ptr + expert * rows_per_expert * (k_total // 8) + w_row_words[:, None, None] + words
-        s_ptrs = (scale_ptr + expert * rows_per_expert * (k_total // 32) + rows[:, None] * (k_total // 32)
-                  + k_begin // 32 + g[None, :])
+    w_ptrs = w_ptr + expert * rows_per_expert * (k_total // 8) + w_row_words[:, None, None] + words
+    s_ptrs = (scale_ptr + expert * rows_per_expert * (k_total // 32) + rows[:, None] * (k_total // 32)
+              + k_begin // 32 + g[None, :])
     return w_ptrs, s_ptrs
 
 
@@ -827,8 +789,7 @@ def _route_x_f32_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
 def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                          num_active_ptr, act_ptr, partial_ptr, ticket_ptr, num_rows, hidden, inter, swiglu_limit,
                          TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr,
-                         SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, X_F32: tl.constexpr = False,
-                         RING: tl.constexpr = 0, SCALE_WORDS: tl.constexpr = False):
+                         SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, X_F32: tl.constexpr = False):
     """Program (touched expert slot, block of BLOCK_N intermediate columns, K split): the 2*BLOCK_N
     interleaved gate/up rows of its expert against each routed row of that expert (two at a time with
     TWO_ROWS), then the clamped SwiGLU. ``x_ptr``: the bf16 activations as int32 pairs [B, H/2];
@@ -842,12 +803,12 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_rows = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
-    words, pairs, g = _gemv_tile_offsets(2 * BLOCK_N, BLOCK_K, X_F32, SCALE_WORDS)
+    words, pairs, g = _gemv_tile_offsets(2 * BLOCK_N, BLOCK_K, X_F32)
     x_row_len = hidden if X_F32 else hidden // 2
     k_len = hidden // SPLIT_K  # the host checks BLOCK_K divides it
     k_begin = tl.program_id(2) * k_len
     w_ptrs, s_ptrs = _gemv_weight_pointers(w13_ptr, w13_scale_ptr, expert, w_rows, 2 * inter, hidden, k_begin,
-                                           words, g, SCALE_WORDS)
+                                           words, g)
     pairs += k_begin if X_F32 else k_begin // 2
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     step = 2 if TWO_ROWS else 1
@@ -857,8 +818,7 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
         row1 = tl.load(sorted_rows_ptr + m + 1, mask=has_second, other=row0)
         x0 = x_ptr + (row0 // TOP_K).to(tl.int64) * x_row_len + pairs
         x1 = x_ptr + (row1 // TOP_K).to(tl.int64) * x_row_len + pairs
-        out0, out1 = _gemv_rows(w_ptrs, s_ptrs, x0, x1, k_len, 2 * BLOCK_N, BLOCK_K, TWO_ROWS, PREFETCH, X_F32,
-                                RING, SCALE_WORDS)
+        out0, out1 = _gemv_rows(w_ptrs, s_ptrs, x0, x1, k_len, 2 * BLOCK_N, BLOCK_K, TWO_ROWS, PREFETCH, X_F32)
         if SPLIT_K == 1:
             gate, up = tl.split(tl.reshape(out0, [BLOCK_N, 2]))
             _store_act(act_ptr, row0, cols, gate, up, swiglu_limit, inter, cols >= 0, X_F32)
@@ -889,8 +849,7 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
 def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                       active_experts_ptr, num_active_ptr, y_ptr, num_rows, hidden, inter, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, TWO_ROWS: tl.constexpr, SPLIT_K: tl.constexpr,
-                      PREFETCH: tl.constexpr, X_F32: tl.constexpr = False, RING: tl.constexpr = 0,
-                      SCALE_WORDS: tl.constexpr = False):
+                      PREFETCH: tl.constexpr, X_F32: tl.constexpr = False):
     """Program (touched expert slot, block of BLOCK_N hidden columns, K split): the down projection of
     each routed row of its expert over K range ``split``, times its routing weight, into fp32
     ``y [SPLIT_K, B*top_k, H]`` (the top-k sum adds the splits). ``act_ptr``: the bf16 SwiGLU rows as
@@ -901,12 +860,11 @@ def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_ro
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    words, pairs, g = _gemv_tile_offsets(BLOCK_N, BLOCK_K, X_F32, SCALE_WORDS)
+    words, pairs, g = _gemv_tile_offsets(BLOCK_N, BLOCK_K, X_F32)
     act_row_len = inter if X_F32 else inter // 2
     k_len = inter // SPLIT_K  # the host checks BLOCK_K divides it
     k_begin = tl.program_id(2) * k_len
-    w_ptrs, s_ptrs = _gemv_weight_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter, k_begin, words, g,
-                                           SCALE_WORDS)
+    w_ptrs, s_ptrs = _gemv_weight_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter, k_begin, words, g)
     pairs += k_begin if X_F32 else k_begin // 2
     y_split = y_ptr + tl.program_id(2).to(tl.int64) * num_rows * hidden + n
     step = 2 if TWO_ROWS else 1
@@ -916,7 +874,7 @@ def _down_gemv_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_ro
         row1 = tl.load(sorted_rows_ptr + m + 1, mask=has_second, other=row0).to(tl.int64)
         out0, out1 = _gemv_rows(w_ptrs, s_ptrs, act_ptr + row0 * act_row_len + pairs,
                                 act_ptr + row1 * act_row_len + pairs, k_len, BLOCK_N, BLOCK_K, TWO_ROWS, PREFETCH,
-                                X_F32, RING, SCALE_WORDS)
+                                X_F32)
         tl.store(y_split + row0 * hidden, out0 * tl.load(topk_weights_ptr + row0).to(tl.float32))
         if TWO_ROWS:
             tl.store(y_split + row1 * hidden, out1 * tl.load(topk_weights_ptr + row1).to(tl.float32),
@@ -1285,11 +1243,7 @@ class GemvConfig:
     launch's Triton pipelining depth (None: Triton's default, as the round-1 run launched); ``x_f32``
     (both configs of a forward alike): the activations reach both GEMVs as float32 in the word-pair
     order, converted once per row (x by the routing launch, the SwiGLU rows by the gate/up epilogue)
-    instead of per thread in the inner loop (round 3: fewer instructions per weight value); ``ring``
-    (> 1): the K loop as a ``tl.range`` of that many stages, the weight words and activations streamed
-    through a shared-memory ring by cp.async; ``scale_words``: the E8M0 scales loaded as int32 words of
-    four groups (block_k and K multiples of 128), which cp.async can carry where byte loads stay
-    synchronous (round 8)."""
+    instead of per thread in the inner loop (round 3: fewer instructions per weight value)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1298,16 +1252,12 @@ class GemvConfig:
     prefetch: bool = False
     num_stages: int | None = None
     x_f32: bool = False
-    ring: int = 0
-    scale_words: bool = False
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
         tag += "x2" if self.two_rows else ""
         tag += f"s{self.split_k}" if self.split_k > 1 else ""
         tag += "p" if self.prefetch else ""
-        tag += f"r{self.ring}" if self.ring > 1 else ""
-        tag += "sw" if self.scale_words else ""
         return tag + (f"st{self.num_stages}" if self.num_stages is not None else "")
 
     def launch_options(self) -> dict:
@@ -1324,6 +1274,9 @@ GEMV_SMALL_TILES_WHERE = ((MOE_INTERMEDIATE_SIZE // 4, TOP_K),)  # (per-rank I, 
 # B = 1, 1.5 % at B = 8; more registers, fewer resident warps) and at I = 512, B = 8 / 64 it was within
 # 0.4 / 1.5 %, so only here.
 GEMV_X_F32_WHERE = GEMV_SMALL_TILES_WHERE
+# Round 8 (benchmarks/moe_mxfp4-h200-run6-summary.md, code in commit c48aa5d): the K loop as a tl.range of
+# 2-4 stages (Triton then streams weights *and* activation words through a cp.async shared-memory ring)
+# was 0.45-0.73x, the E8M0 scales as int32 words 0.82-0.98x, both 0.30-0.53x at T = 1 / 4, B = 1..16.
 
 
 def gemv_configs(num_rows: int, inter: int) -> tuple[GemvConfig, GemvConfig]:
@@ -1646,8 +1599,6 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     if (inter % gu_cfg.block_n or hidden % dn_cfg.block_n or gu_k % 32 or dn_k % 32 or gu_cfg.split_k < 1
             or dn_cfg.split_k < 1 or hidden % (gu_k * gu_cfg.split_k) or inter % (dn_k * dn_cfg.split_k)):
         raise ValueError(f"GEMV tiles {configs!r} do not divide H={hidden}, I={inter} (K splits x block_k)")
-    if (gu_cfg.scale_words and (gu_k % 128 or hidden % 128)) or (dn_cfg.scale_words and (dn_k % 128 or inter % 128)):
-        raise ValueError(f"GEMV scale_words needs block_k and K multiples of 128 (H={hidden}, I={inter}), got {configs!r}")
     if gu_cfg.x_f32 != dn_cfg.x_f32:
         raise ValueError(f"GEMV configs must agree on x_f32 (one activation layout per forward), got {configs!r}")
     x_f32 = gu_cfg.x_f32
@@ -1680,16 +1631,14 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             x_in, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start,
             active_experts, num_active, act, partial, tickets, num_rows, hidden, inter, float(swiglu_limit),
             TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, TWO_ROWS=gu_cfg.two_rows, SPLIT_K=gu_cfg.split_k,
-            PREFETCH=gu_cfg.prefetch, X_F32=x_f32, RING=gu_cfg.ring,
-            SCALE_WORDS=gu_cfg.scale_words, **gu_cfg.launch_options())
+            PREFETCH=gu_cfg.prefetch, X_F32=x_f32, **gu_cfg.launch_options())
 
     def down():
         _down_gemv_kernel[(slots, hidden // dn_cfg.block_n, dn_cfg.split_k)](
             act if x_f32 else act.view(torch.int32), w2.view(torch.int32), scale_bytes(w2_scale), weights,
             sorted_rows, expert_start, active_experts, num_active, y, num_rows, hidden, inter,
             BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, TWO_ROWS=dn_cfg.two_rows, SPLIT_K=dn_cfg.split_k,
-            PREFETCH=dn_cfg.prefetch, X_F32=x_f32, RING=dn_cfg.ring,
-            SCALE_WORDS=dn_cfg.scale_words, **dn_cfg.launch_options())
+            PREFETCH=dn_cfg.prefetch, X_F32=x_f32, **dn_cfg.launch_options())
 
     def topk_sum():
         _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
@@ -1883,8 +1832,7 @@ def _gate_up_gemv_sig(x_f32=False):
             "num_active_ptr": "*i32", "act_ptr": "*fp32" if x_f32 else "*bf16",
             "partial_ptr": "*fp32", "ticket_ptr": "*i32", "num_rows": "i32", "hidden": "i32", "inter": "i32",
             "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-            "TWO_ROWS": "constexpr", "SPLIT_K": "constexpr", "PREFETCH": "constexpr", "X_F32": "constexpr",
-            "RING": "constexpr", "SCALE_WORDS": "constexpr"}
+            "TWO_ROWS": "constexpr", "SPLIT_K": "constexpr", "PREFETCH": "constexpr", "X_F32": "constexpr"}
 
 
 def _down_gemv_sig(x_f32=False):
@@ -1892,8 +1840,7 @@ def _down_gemv_sig(x_f32=False):
             "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
             "num_active_ptr": "*i32", "y_ptr": "*fp32", "num_rows": "i32", "hidden": "i32", "inter": "i32",
             "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "TWO_ROWS": "constexpr", "SPLIT_K": "constexpr",
-            "PREFETCH": "constexpr", "X_F32": "constexpr",
-            "RING": "constexpr", "SCALE_WORDS": "constexpr"}
+            "PREFETCH": "constexpr", "X_F32": "constexpr"}
 
 
 def _gate_up_pairs_sig():
@@ -2005,8 +1952,7 @@ def aot_configs() -> list[AotConfig]:
                     continue
                 seen.add((kind, GEMV, cfg))
                 constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": block_k, "TWO_ROWS": cfg.two_rows,
-                              "SPLIT_K": cfg.split_k, "PREFETCH": cfg.prefetch, "X_F32": cfg.x_f32,
-                              "RING": cfg.ring, "SCALE_WORDS": cfg.scale_words}
+                              "SPLIT_K": cfg.split_k, "PREFETCH": cfg.prefetch, "X_F32": cfg.x_f32}
                 if kind == "gate_up":
                     constexprs["TOP_K"] = TOP_K
                 shipped = (gu_form, dn_form) in ((gu, dn), (gu_more, dn_more)) or gu_form.x_f32

@@ -6,11 +6,9 @@
     python3 tools/device_moe_mxfp4_gemv.py --smoke --out DIR  # CPU interpreter, tiny shapes: the logic
     python3 tools/device_moe_mxfp4_gemv.py --pairs [--smoke] --out $OUT
 
-Round 8 (``--ring``): the GEMV's K loop as a ``tl.range`` of 2-4 stages (weights and activations through a
-shared-memory ring by cp.async; ``GemvConfig(ring=)``) and the E8M0 scales as int32 words of four bytes
-(``scale_words``: one 4-byte load per row and four groups, which cp.async can carry; the byte loads are
-synchronous ``LDG.E.U8`` in the loop), alone and together, beside the shipped default at T = 1 / 4,
-B = 1, 2, 4, 8, 16 (the GEMV's range and the pairs decode's first points).
+Round 8 (commit c48aa5d, ``--ring``; benchmarks/moe_mxfp4-h200-run6-summary.md): the GEMV's K loop as a
+``tl.range`` of 2-4 stages (cp.async ring) and the E8M0 scales as int32 words were slower at every T = 1 / 4,
+B = 1..16 (0.30-0.98x); their candidates were removed with the kernel options.
 
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
@@ -96,22 +94,6 @@ PAIRS_CANDIDATES += [
 PAIRS_SMOKE_CANDIDATES = [(P(16, 64, 4), P(32, 32, 4)), (P(16, 64, 4, mul_pairs=True), P(32, 32, 4, mul_pairs=True)),
                           (P(16, 64, 4, scale_bf16=True), P(32, 32, 4, scale_bf16=True))]
 PAIRS_DEADLINE_S = 140  # the device limit of the round-4 run is 200 s
-# round 8 (--ring): cp.async ring of the K loop (r<stages>) and scale words (sw); at T = 4 the down launch's
-# K (512) is one 512-step, so the T=4-minded tiles step K by 128 there
-RING_CANDIDATES = [
-    (G(8, 512, 4, ring=3), G(16, 512, 4, ring=3)),
-    (G(8, 512, 4, scale_words=True), G(16, 512, 4, scale_words=True)),
-    (G(8, 512, 4, ring=3, scale_words=True), G(16, 512, 4, ring=3, scale_words=True)),
-    (G(8, 512, 4, ring=4, scale_words=True), G(16, 512, 4, ring=4, scale_words=True)),
-    (G(8, 256, 4, ring=4, scale_words=True), G(16, 256, 4, ring=4, scale_words=True)),
-    (G(16, 512, 4, ring=3, scale_words=True), G(32, 512, 4, ring=3, scale_words=True)),
-    (G(8, 512, 4, ring=3, scale_words=True), G(32, 128, 4, ring=4, scale_words=True)),
-    (G(4, 512, 4, ring=3, scale_words=True, x_f32=True), G(32, 128, 4, ring=4, scale_words=True, x_f32=True)),
-]
-RING_SMOKE_CANDIDATES = [(G(8, 128, 4, ring=3, scale_words=True), G(16, 128, 4, ring=3, scale_words=True)),
-                         (G(4, 128, 4, ring=2, scale_words=True, x_f32=True),
-                          G(8, 128, 4, ring=2, scale_words=True, x_f32=True))]
-RING_DEADLINE_S = 120  # the device limit of the round-8 run is 180 s (one case with compiles takes up to ~30 s)
 
 
 def label(cfgs) -> str:
@@ -133,7 +115,6 @@ def main() -> None:
     from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
 
     parser.add_argument("--pairs", action="store_true")
-    parser.add_argument("--ring", action="store_true", help="round 8: cp.async ring / scale-word GEMV candidates")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
                         "launch by launch at every B (default: B = 1 only, every variant)")
     parser.add_argument("--only", default=None,
@@ -149,30 +130,24 @@ def main() -> None:
         patch_bf16_dot()
         device, num_experts, hidden, tps, batches, copies, base_inter = "cpu", 8, 256, (1, 4), (1, 3), 2, 256
         candidates = PAIRS_SMOKE_CANDIDATES if args.pairs else SMOKE_CANDIDATES
-        candidates = RING_SMOKE_CANDIDATES if args.ring else candidates
     else:
         device, num_experts, hidden, tps, copies, base_inter = (
             "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
         batches = (1, 8, 32, 64) if args.pairs else (1, 8, 64)
         candidates = PAIRS_CANDIDATES if args.pairs else GEMV_CANDIDATES
-        if args.ring:
-            batches, candidates = (1, 2, 4, 8, 16), RING_CANDIDATES
     if args.only:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
         batches = tuple(int(b) for b in args.batches.split(","))
     if args.tps:
         tps = tuple(int(t) for t in args.tps.split(","))
-    deadline = PAIRS_DEADLINE_S if args.pairs else (RING_DEADLINE_S if args.ring else DEADLINE_S)
+    deadline = PAIRS_DEADLINE_S if args.pairs else DEADLINE_S
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run2" if args.pairs else
-                           "moe_mxfp4-h200-run6" if args.ring else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, round 8: CUDA-core GEMV with a cp.async ring and E8M0 scale words, DSv4-Flash shapes, H200"
-               if args.ring else
-               "sm120 MoE decode, round 4: tensor-core pairs decode vs the defaults, DSv4-Flash shapes, H200"
+        name=args.name or ("moe_mxfp4-h200-run2" if args.pairs else "moe_mxfp4-h200-gemv3"),
+        title=("sm120 MoE decode, round 4: tensor-core pairs decode vs the defaults, DSv4-Flash shapes, H200"
                if args.pairs else
                "sm120 MoE decode, round 3: fewer instructions per weight value in the CUDA-core GEMV, DSv4-Flash shapes, H200"),
         columns=["T", "B", "variant", "us", "touched_MB", "GB/s", "%copy", "rel_err", "vs_default",
@@ -206,17 +181,9 @@ def main() -> None:
         else:
             old = f"tl.dot {up}, split {moe.default_split_k(rows, inter)} (default)"
         form = moe.PAIRS if args.pairs else moe.GEMV
-        if args.ring:  # the pairs default at B >= 8 is timed as the default; the GEMV as it ships beside it
-            gemv_default = moe.gemv_configs(rows, inter)
-            if up != moe.GEMV and gemv_default not in candidates:
-                candidates_here = [gemv_default] + candidates
-            else:
-                candidates_here = candidates
-        else:
-            candidates_here = candidates
         variants = [(old, {"upcast": up} if up in (moe.GEMV, moe.PAIRS) else {})]
         default_tiles = {moe.GEMV: moe.gemv_configs, moe.PAIRS: moe.pairs_configs}.get(up)
-        variants += [(label(c), {"upcast": form, "configs": c}) for c in candidates_here
+        variants += [(label(c), {"upcast": form, "configs": c}) for c in candidates
                      if default_tiles is None or c != default_tiles(rows, inter)]
         times = {}
         for name, kw in variants:
@@ -260,8 +227,7 @@ def main() -> None:
                             "mul = nibble pairs placed by one multiply; 16 routed rows per MMA pass")
     result.notes.append("gemv labels: gate/up / down GemvConfig as n<block_n>k<block_k>w<warps>, s<K splits>, "
                         "p = register prefetch of the next K step, st<num_stages> (none: Triton's default 3), f = x_f32 "
-                        "(activations as float32 in the word-pair order, multiply-placed nibble pairs), r<stages> = "
-                        "K loop as tl.range of that many stages (cp.async ring), sw = E8M0 scales as int32 words; "
+                        "(activations as float32 in the word-pair order, multiply-placed nibble pairs); "
                         "*_us columns: each launch alone in its own CUDA graph (B = 1 only)")
     result.extra["wall seconds"] = round(time.time() - t_start, 1)
     paths = result.write(args.out)

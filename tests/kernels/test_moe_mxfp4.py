@@ -467,60 +467,6 @@ def test_gemv_forms_clamp_and_poisoned_scratch(form):
         assert int(moe._tickets(x.device, 1).count_nonzero()) == 0
 
 
-# the cp.async ring of the K loop and the E8M0 scales as int32 words (K steps and K multiples of 128)
-GEMV_RING_FORMS = {
-    "ring3": {"ring": 3},
-    "scale_words": {"scale_words": True},
-    "ring3_scale_words": {"ring": 3, "scale_words": True},
-    "ring2_scale_words_x_f32_two_rows": {"ring": 2, "scale_words": True, "x_f32": True, "two_rows": True},
-}
-
-
-# B = 64 (30 s each under the interpreter) for the two forms that combine everything
-RING_CASES = [(form, batch, pattern) for form in sorted(GEMV_RING_FORMS)
-              for batch, pattern in ((0, "random"), (1, "random"), (3, "duplicate"), (64, "skewed"))
-              if batch < 64 or "scale_words_" in form or form.endswith("scale_words") and "ring" in form]
-
-
-@pytest.mark.parametrize("form,batch,pattern", RING_CASES)
-def test_gemv_ring_and_scale_words(form, batch, pattern):
-    """The ring and scale-word GEMV forms against the reference with the clamp active and every scratch
-    tensor NaN-poisoned; the scale words are checked on random E8M0 bytes, so a wrong byte order within
-    a word shows."""
-    inter = 128
-    experts = make_experts(inter, seed=batch + 7)
-    weights, ids = make_routing(batch, pattern)
-    x = make_x(batch, scale=4.0)
-    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
-    if batch:
-        assert rel(moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0), ref) > 0.1
-    opts = GEMV_RING_FORMS[form]
-    # several column blocks per expert; at B = 64 whole-expert blocks (the interpreter's time grows with
-    # programs x routed rows)
-    cfgs = ((moe.GemvConfig(16, 256, 4, **opts), moe.GemvConfig(64, 128, 4, **opts)) if batch < 64 else
-            (moe.GemvConfig(inter, 256, 4, **opts), moe.GemvConfig(HIDDEN, 128, 4, **opts)))
-    real_empty = torch.empty
-
-    def poisoned_empty(*args, **kw):
-        t = real_empty(*args, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = poisoned_empty
-    try:
-        out = run(x, experts, weights, ids, upcast="gemv", configs=cfgs)
-    finally:
-        torch.empty = real_empty
-    assert torch.isfinite(out).all() and rel(out, ref) < 2e-2
-
-
-def test_gemv_scale_words_need_k_steps_of_128():
-    experts = make_experts(64)
-    weights, ids = make_routing(1, "random")
-    with pytest.raises(ValueError, match="scale_words"):
-        run(make_x(1), experts, weights, ids, upcast="gemv",
-            configs=(moe.GemvConfig(16, 256, 4, scale_words=True), moe.GemvConfig(64, 64, 4, scale_words=True)))
-
-
 def test_gemv_launches_alone_and_repeated_give_the_forward():
     """gemv_launches: the four launches in order are the forward; run again (routing re-run into the
     same buffers), they give it again -- what the device tool's per-launch timing relies on."""
