@@ -52,6 +52,9 @@ ENV_MAX_ROWS = "SGLANG_SM120_DENSE_MAX_ROWS"
 # beats upstream's quant-kernel + FP8 GEMM shape at one row on every linear and is within -12 %..+7 %
 # of it per layer at 2..16 rows (with 15x lower error); at 32 rows it is 20-40 % slower.
 DEFAULT_MAX_ROWS = 16
+ENV_PDL = "SGLANG_SM120_DENSE_PDL"
+# programmatic dependent launch of the GEMV (kernels.fp8_gemv.USE_PDL): on by default where the H200 measured it
+# faster (benchmarks/fp8_gemv-h200-run9-pdl.summary.md); "0" turns it off, e.g. to rule it out when debugging
 # attributes the seam puts on an FP8 wo_a weight Parameter
 SCALE_ATTR = "sm120_wo_a_scale"
 FP8 = torch.float8_e4m3fn
@@ -85,6 +88,24 @@ def max_rows() -> int:
     except ValueError:
         _log_once("bad-env", "%s=%r is not an integer; using %d", ENV_MAX_ROWS, raw, DEFAULT_MAX_ROWS)
         return DEFAULT_MAX_ROWS
+
+
+def pdl_enabled() -> bool:
+    raw = os.environ.get(ENV_PDL, "").strip().lower()
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    _log_once("bad-pdl-env", "%s=%r is not 0 or 1; programmatic dependent launch stays on", ENV_PDL, raw)
+    return True
+
+
+def _apply_pdl_setting() -> None:
+    """Called where the seam first routes work to the GEMV (model build), before any kernel runs."""
+    enabled = pdl_enabled()
+    _kernels().USE_PDL = enabled
+    if not enabled:
+        _log_once("pdl-off", "programmatic dependent launch of the FP8 GEMV turned off by %s", ENV_PDL)
 
 
 def _upstream_fp8_wo_a_opted_in() -> bool:
@@ -126,6 +147,7 @@ def adopt_fp8_wo_a(layer) -> bool:
     if (not getattr(layer, "wo_a_fp8", False) or not active() or _upstream_fp8_wo_a_opted_in()
             or weight is None or weight.dtype != FP8 or not hasattr(wo_a, "weight_scale_inv")):
         return False
+    _apply_pdl_setting()
     setattr(weight, SCALE_ATTR, wo_a.weight_scale_inv)  # the Parameter: post_load_weights replaces its .data
     _adopted.add(weight)
     layer.wo_a_fp8 = False
@@ -219,6 +241,7 @@ def dispatch_hook(original, *args, **kwargs):
     block = kwargs.get("weight_block_size", args[0] if args else None)
     if not active() or list(block or []) != BLOCK or not _wraps_safely(linear):
         return linear
+    _apply_pdl_setting()
     _log_once("linear", "block-FP8 linears with 1..%d bf16 rows run the Triton GEMV; more rows stay on %s",
               max_rows(), getattr(linear, "__name__", linear))
     return SmallRowFp8Linear(linear, max_rows())

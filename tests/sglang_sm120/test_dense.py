@@ -167,6 +167,22 @@ def test_max_rows_env(monkeypatch):
     assert dense.max_rows() == dense.DEFAULT_MAX_ROWS
 
 
+@pytest.mark.parametrize("value, expected", [(None, True), ("1", True), ("0", False), ("off", False),
+                                             ("maybe", True)])
+def test_pdl_env_reaches_the_gemv_defaults(seam, monkeypatch, value, expected):
+    monkeypatch.setattr(fp8_gemv, "USE_PDL", not expected)  # the build below must set it either way
+    if value is None:
+        monkeypatch.delenv(dense.ENV_PDL, raising=False)
+    else:
+        monkeypatch.setenv(dense.ENV_PDL, value)
+    seam({"SGLANG_SM120_FORCE": "1"})
+    build_linear(256, 512)
+    assert fp8_gemv.USE_PDL is expected
+    m, n, k = 1, 1536, 4096  # one row: every default there is launched with PDL when it is on
+    assert fp8_gemv.default_config(m, n, k).pdl is expected
+    assert (fp8_gemv.default_config(m, n, k) == fp8_gemv.launch_form(m, n, k)) is not expected
+
+
 def test_memory_saved_per_layer_at_full_shapes():
     from sglang_sm120.kernels.dsv4 import FP8_BLOCK, dense_linear_shapes
 
