@@ -672,6 +672,14 @@ def _gemv_group_sums(q, x_pairs_ptr, X_F32: tl.constexpr):
         x2, x3 = _bf16_pair(tl.load(x_pairs_ptr + 1))
         x4, x5 = _bf16_pair(tl.load(x_pairs_ptr + 2))
         x6, x7 = _bf16_pair(tl.load(x_pairs_ptr + 3))
+    return _gemv_group_dot(q, x0, x1, x2, x3, x4, x5, x6, x7, X_F32)
+
+
+@triton.jit
+def _gemv_group_dot(q, x0, x1, x2, x3, x4, x5, x6, x7, X_F32: tl.constexpr):
+    """``q`` [R, G, 4] weight words against the activations ``x<j>`` [1, G, 4] of nibble j of each word
+    (float32 times 2**GEMV_ACT_SHIFT) -> [R, G] per-group partial dots (unscaled); X_F32: the nibble
+    pairs placed by one multiply (:func:`_e2m1_pair`)."""
     # one multiply, then a chain of fused multiply-adds
     w0, w4 = _e2m1_pair(q, 12, X_F32)
     acc = w0 * x0
@@ -718,6 +726,33 @@ def _gemv_rows(w_ptrs, s_ptrs, x0_ptrs, x1_ptrs, k_len, ROWS: tl.constexpr, BLOC
             q = q_next
             s = s_next
     return tl.sum(acc0, 1), tl.sum(acc1, 1)
+
+
+@triton.jit
+def _gemv_rows_tma(w_desc, s_desc, x_desc, w_row, x_row, k_begin, k_len, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+                   RING: tl.constexpr):
+    """:func:`_gemv_rows` (one activation row) with every operand of a K step fetched by TMA: the weight
+    words [ROWS, BLOCK_K/8] int32 from row ``w_row`` of ``w_desc``, their E8M0 bytes [ROWS, BLOCK_K/32] from
+    ``s_desc``, the activation's bf16 pairs [1, BLOCK_K/2] from row ``x_row`` of ``x_desc``. The K loop
+    is a ``tl.range`` of RING stages, so RING - 1 steps are in flight per program, each a few TMA copies
+    that one thread issues (no per-thread 4-byte copies of the broadcast activations)."""
+    acc = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
+    w_row = w_row.to(tl.int32)  # descriptor coordinates are 32-bit
+    x_row = x_row.to(tl.int32)
+    for k0 in tl.range(k_begin, k_begin + k_len, BLOCK_K, num_stages=RING):
+        q = tl.reshape(w_desc.load([w_row, k0 // 8]), [ROWS, BLOCK_K // 32, 4])
+        s = s_desc.load([w_row, k0 // 32])
+        # the 4 bf16 pairs of each weight word: [1, G, 4 words, 4 pairs] -> pair j as [1, G, 4]
+        xw = tl.reshape(x_desc.load([x_row, k0 // 2]), [1, BLOCK_K // 32, 4, 2, 2])
+        x_even, x_odd = tl.split(xw)  # pairs 0, 2 / 1, 3
+        p0, p2 = tl.split(x_even)
+        p1, p3 = tl.split(x_odd)
+        x0, x1 = _bf16_pair(p0)
+        x2, x3 = _bf16_pair(p1)
+        x4, x5 = _bf16_pair(p2)
+        x6, x7 = _bf16_pair(p3)
+        acc += (_gemv_group_dot(q, x0, x1, x2, x3, x4, x5, x6, x7, False) * GEMV_GROUP_UNBIAS) * _e8m0_to_f32(s)
+    return tl.sum(acc, 1)
 
 
 @triton.jit
@@ -843,6 +878,46 @@ def _gate_up_gemv_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_
                 gate, up = tl.split(tl.reshape(acc, [BLOCK_N, 2]))
                 _store_act(act_ptr, row, cols, gate, up, swiglu_limit, inter, cols >= 0, X_F32)
             tl.store(ticket_at, 0)  # left zeroed for the next launch (and graph replay)
+
+
+@triton.jit
+def _gate_up_gemv_tma_kernel(x_desc, w13_desc, w13_scale_desc, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                             num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr):
+    """:func:`_gate_up_gemv_kernel` (one routed row per pass, no K split) with the operands fetched by TMA
+    (:func:`_gemv_rows_tma`): ``x_desc`` over the bf16 activations as int32 pairs [B, H/2], ``w13_desc``
+    over the repacked words [E*2I, H/8], ``w13_scale_desc`` over the E8M0 bytes [E*2I, H/32]."""
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+    w_row = expert * (2 * inter) + tl.program_id(1) * (2 * BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    for m in range(row_begin, row_end):
+        row = tl.load(sorted_rows_ptr + m)
+        out = _gemv_rows_tma(w13_desc, w13_scale_desc, x_desc, w_row, row // TOP_K, 0, hidden, 2 * BLOCK_N, BLOCK_K,
+                             RING)
+        gate, up = tl.split(tl.reshape(out, [BLOCK_N, 2]))
+        _store_act(act_ptr, row, cols, gate, up, swiglu_limit, inter, cols >= 0, False)
+
+
+@triton.jit
+def _down_gemv_tma_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
+                          active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, RING: tl.constexpr):
+    """:func:`_down_gemv_kernel` (one routed row per pass, no K split) with the operands fetched by TMA:
+    ``act_desc`` over the bf16 SwiGLU rows as int32 pairs [B*top_k, I/2], ``w2_desc`` over the words
+    [E*H, I/8], ``w2_scale_desc`` over the E8M0 bytes [E*H, I/32]."""
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+    w_row = expert * hidden + tl.program_id(1) * BLOCK_N
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    for m in range(row_begin, row_end):
+        row = tl.load(sorted_rows_ptr + m)
+        out = _gemv_rows_tma(w2_desc, w2_scale_desc, act_desc, w_row, row, 0, inter, BLOCK_N, BLOCK_K, RING)
+        tl.store(y_ptr + row.to(tl.int64) * hidden + n, out * tl.load(topk_weights_ptr + row).to(tl.float32))
 
 
 @triton.jit
@@ -1243,7 +1318,10 @@ class GemvConfig:
     launch's Triton pipelining depth (None: Triton's default, as the round-1 run launched); ``x_f32``
     (both configs of a forward alike): the activations reach both GEMVs as float32 in the word-pair
     order, converted once per row (x by the routing launch, the SwiGLU rows by the gate/up epilogue)
-    instead of per thread in the inner loop (round 3: fewer instructions per weight value)."""
+    instead of per thread in the inner loop (round 3: fewer instructions per weight value); ``tma_ring``
+    (> 0, both configs of a forward alike): weights, scales and activations of each K step fetched by
+    TMA through a ring of that many stages (:func:`_gemv_rows_tma`; one routed row per pass, no K
+    split, block_k >= 512 so a row's scale bytes of a step are the 16 bytes TMA needs)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1252,9 +1330,11 @@ class GemvConfig:
     prefetch: bool = False
     num_stages: int | None = None
     x_f32: bool = False
+    tma_ring: int = 0
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
+        tag += f"tma{self.tma_ring}" if self.tma_ring else ""
         tag += "x2" if self.two_rows else ""
         tag += f"s{self.split_k}" if self.split_k > 1 else ""
         tag += "p" if self.prefetch else ""
@@ -1602,6 +1682,11 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     if gu_cfg.x_f32 != dn_cfg.x_f32:
         raise ValueError(f"GEMV configs must agree on x_f32 (one activation layout per forward), got {configs!r}")
     x_f32 = gu_cfg.x_f32
+    tma_ring = gu_cfg.tma_ring
+    if tma_ring and (dn_cfg.tma_ring != tma_ring or x_f32 or gu_k < 512 or dn_k < 512
+                     or any(c.two_rows or c.prefetch or c.split_k > 1 for c in (gu_cfg, dn_cfg))):
+        raise ValueError(f"GEMV tma_ring needs both configs alike, block_k >= 512 (K >= 512), one row per pass, "
+                         f"no K split, no prefetch, no x_f32; got {configs!r} at H={hidden}, I={inter}")
     device = x.device
     route_kernel = num_rows <= ROUTE_TRITON_MAX_ROWS
     if x_f32:
@@ -1626,7 +1711,26 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     else:
         partial, tickets = y, num_active  # unused
 
+    if tma_ring:  # host-side descriptors: kernel parameters, so a captured graph replays them as they are
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        w13_desc = TensorDescriptor.from_tensor(w13.view(torch.int32).view(-1, hidden // 8),
+                                                [2 * gu_cfg.block_n, gu_k // 8])
+        w13_s_desc = TensorDescriptor.from_tensor(scale_bytes(w13_scale).view(-1, hidden // 32),
+                                                  [2 * gu_cfg.block_n, gu_k // 32])
+        x_desc = TensorDescriptor.from_tensor(x.view(torch.int32), [1, gu_k // 2])
+        w2_desc = TensorDescriptor.from_tensor(w2.view(torch.int32).view(-1, inter // 8), [dn_cfg.block_n, dn_k // 8])
+        w2_s_desc = TensorDescriptor.from_tensor(scale_bytes(w2_scale).view(-1, inter // 32),
+                                                 [dn_cfg.block_n, dn_k // 32])
+        act_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2])
+
     def gate_up():
+        if tma_ring:
+            _gate_up_gemv_tma_kernel[gu_grid](
+                x_desc, w13_desc, w13_s_desc, sorted_rows, expert_start, active_experts, num_active, act, hidden,
+                inter, float(swiglu_limit), TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, RING=tma_ring,
+                **gu_cfg.launch_options())
+            return
         _gate_up_gemv_kernel[gu_grid](
             x_in, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start,
             active_experts, num_active, act, partial, tickets, num_rows, hidden, inter, float(swiglu_limit),
@@ -1634,6 +1738,11 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             PREFETCH=gu_cfg.prefetch, X_F32=x_f32, **gu_cfg.launch_options())
 
     def down():
+        if tma_ring:
+            _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
+                act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
+                hidden, inter, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=tma_ring, **dn_cfg.launch_options())
+            return
         _down_gemv_kernel[(slots, hidden // dn_cfg.block_n, dn_cfg.split_k)](
             act if x_f32 else act.view(torch.int32), w2.view(torch.int32), scale_bytes(w2_scale), weights,
             sorted_rows, expert_start, active_experts, num_active, y, num_rows, hidden, inter,
@@ -1843,6 +1952,22 @@ def _down_gemv_sig(x_f32=False):
             "PREFETCH": "constexpr", "X_F32": "constexpr"}
 
 
+def _gemv_tma_sig(kind, rows, block_k):
+    """Signature of the TMA GEMV kernels: descriptors typed by their block (weights [rows, block_k/8] int32,
+    scales [rows, block_k/32] bytes, one activation row's [1, block_k/2] bf16 pairs)."""
+    descs = {"w": f"tensordesc<i32[{rows}, {block_k // 8}]>", "s": f"tensordesc<u8[{rows}, {block_k // 32}]>",
+             "x": f"tensordesc<i32[1, {block_k // 2}]>"}
+    routing = {"sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
+               "num_active_ptr": "*i32"}
+    if kind == "gate_up":
+        return {"x_desc": descs["x"], "w13_desc": descs["w"], "w13_scale_desc": descs["s"], **routing,
+                "act_ptr": "*bf16", "hidden": "i32", "inter": "i32", "swiglu_limit": "fp32", "TOP_K": "constexpr",
+                "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr"}
+    return {"act_desc": descs["x"], "w2_desc": descs["w"], "w2_scale_desc": descs["s"], "topk_weights_ptr": "*fp32",
+            **routing, "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_N": "constexpr",
+            "BLOCK_K": "constexpr", "RING": "constexpr"}
+
+
 def _gate_up_pairs_sig():
     return {"x_ptr": "*bf16", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32",
             "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "act_ptr": "*bf16",
@@ -1865,6 +1990,8 @@ PAIRS_AOT_EXTRA = ((PairsConfig(32, 128, 4), PairsConfig(64, 128, 4)),
 # GEMV forms compiled beside the defaults (selectable through ``configs``, measured slower on the H200 in
 # round 2 but kept compiling): a K split of both launches and the register prefetch
 GEMV_AOT_EXTRA = (GemvConfig(8, 512, 4, split_k=2), GemvConfig(8, 512, 4, prefetch=True))
+# the TMA GEMV at the default tiles, three stages (selectable through ``configs``; not measured yet)
+GEMV_TMA_AOT = (GemvConfig(8, 512, 4, tma_ring=3), GemvConfig(16, 512, 4, tma_ring=3))
 
 
 def aot_configs() -> list[AotConfig]:
@@ -1961,6 +2088,18 @@ def aot_configs() -> list[AotConfig]:
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages or 1, div16=("hidden", "inter"),
                     forbid_opcodes=TENSOR_CORE_OPCODES,
                     note="CUDA-core GEMV decode" + ("" if shipped else " (selectable, not a default)")))
+    # TMA GEMV (T = 1 and 4: K >= 512 on both launches; the same kernels at both)
+    for kind, kernel, cfg in (("gate_up", _gate_up_gemv_tma_kernel, GEMV_TMA_AOT[0]),
+                              ("down", _down_gemv_tma_kernel, GEMV_TMA_AOT[1])):
+        rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
+        constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring}
+        if kind == "gate_up":
+            constexprs["TOP_K"] = TOP_K
+        configs.append(AotConfig(
+            name=f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}", kernel=kernel,
+            signature=_gemv_tma_sig(kind, rows, cfg.block_k), constexprs=constexprs, num_warps=cfg.num_warps,
+            num_stages=cfg.tma_ring, div16=("hidden", "inter"), expect_opcodes=("UTMALDG",),
+            forbid_opcodes=TENSOR_CORE_OPCODES, note="CUDA-core GEMV decode, operands by TMA (selectable, not a default)"))
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp

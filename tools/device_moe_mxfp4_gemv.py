@@ -10,6 +10,11 @@ Round 8 (commit c48aa5d, ``--ring``; benchmarks/moe_mxfp4-h200-run6-summary.md):
 ``tl.range`` of 2-4 stages (cp.async ring) and the E8M0 scales as int32 words were slower at every T = 1 / 4,
 B = 1..16 (0.30-0.98x); their candidates were removed with the kernel options.
 
+Round 8b (``--tma``, not run yet): the GEMV with weights, scales and activations of each K step fetched by
+TMA descriptors through a ring of 2-4 stages (``GemvConfig(tma_ring=)``; one thread issues each copy, so no
+per-thread 4-byte copies of the activations as in the cp.async ring), beside the shipped default and the
+GEMV default tiles at T = 1 / 4, B = 1, 2, 4, 8, 16.
+
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
 
@@ -94,6 +99,15 @@ PAIRS_CANDIDATES += [
 PAIRS_SMOKE_CANDIDATES = [(P(16, 64, 4), P(32, 32, 4)), (P(16, 64, 4, mul_pairs=True), P(32, 32, 4, mul_pairs=True)),
                           (P(16, 64, 4, scale_bf16=True), P(32, 32, 4, scale_bf16=True))]
 PAIRS_DEADLINE_S = 140  # the device limit of the round-4 run is 200 s
+# round 8b (--tma): the TMA GEMV at 2-4 stages and three tiles (T=4: the down launch's K of 512 is one step)
+TMA_CANDIDATES = [
+    (G(8, 512, 4, tma_ring=2), G(16, 512, 4, tma_ring=2)),
+    (G(8, 512, 4, tma_ring=3), G(16, 512, 4, tma_ring=3)),
+    (G(8, 512, 4, tma_ring=4), G(16, 512, 4, tma_ring=4)),
+    (G(16, 512, 4, tma_ring=3), G(32, 512, 4, tma_ring=3)),
+    (G(4, 512, 4, tma_ring=3), G(8, 512, 4, tma_ring=3)),
+]
+TMA_DEADLINE_S = 120  # for a 180 s device limit (one case with compiles takes up to ~30 s)
 
 
 def label(cfgs) -> str:
@@ -115,6 +129,7 @@ def main() -> None:
     from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
 
     parser.add_argument("--pairs", action="store_true")
+    parser.add_argument("--tma", action="store_true", help="round 8b: TMA GEMV candidates (device only: K >= 512)")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
                         "launch by launch at every B (default: B = 1 only, every variant)")
     parser.add_argument("--only", default=None,
@@ -130,24 +145,32 @@ def main() -> None:
         patch_bf16_dot()
         device, num_experts, hidden, tps, batches, copies, base_inter = "cpu", 8, 256, (1, 4), (1, 3), 2, 256
         candidates = PAIRS_SMOKE_CANDIDATES if args.pairs else SMOKE_CANDIDATES
+        if args.tma:  # TMA needs K >= 512
+            hidden, base_inter, tps, batches = 512, 512, (1,), (1,)
+            candidates = [(G(128, 512, 4, tma_ring=2), G(256, 512, 4, tma_ring=2))]
     else:
         device, num_experts, hidden, tps, copies, base_inter = (
             "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
         batches = (1, 8, 32, 64) if args.pairs else (1, 8, 64)
         candidates = PAIRS_CANDIDATES if args.pairs else GEMV_CANDIDATES
+        if args.tma:
+            batches, candidates = (1, 2, 4, 8, 16), TMA_CANDIDATES
     if args.only:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
         batches = tuple(int(b) for b in args.batches.split(","))
     if args.tps:
         tps = tuple(int(t) for t in args.tps.split(","))
-    deadline = PAIRS_DEADLINE_S if args.pairs else DEADLINE_S
+    deadline = PAIRS_DEADLINE_S if args.pairs else (TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run2" if args.pairs else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, round 4: tensor-core pairs decode vs the defaults, DSv4-Flash shapes, H200"
+        name=args.name or ("moe_mxfp4-h200-run2" if args.pairs else
+                           "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
+        title=("sm120 MoE decode, round 8b: CUDA-core GEMV with its operands fetched by TMA, DSv4-Flash shapes, H200"
+               if args.tma else
+               "sm120 MoE decode, round 4: tensor-core pairs decode vs the defaults, DSv4-Flash shapes, H200"
                if args.pairs else
                "sm120 MoE decode, round 3: fewer instructions per weight value in the CUDA-core GEMV, DSv4-Flash shapes, H200"),
         columns=["T", "B", "variant", "us", "touched_MB", "GB/s", "%copy", "rel_err", "vs_default",
@@ -183,6 +206,9 @@ def main() -> None:
         form = moe.PAIRS if args.pairs else moe.GEMV
         variants = [(old, {"upcast": up} if up in (moe.GEMV, moe.PAIRS) else {})]
         default_tiles = {moe.GEMV: moe.gemv_configs, moe.PAIRS: moe.pairs_configs}.get(up)
+        gemv_default = moe.gemv_configs(rows, inter)
+        if args.tma and up != moe.GEMV:  # the pairs default from B = 8 / 9: the GEMV default tiles as well
+            variants.append((label(gemv_default), {"upcast": moe.GEMV, "configs": gemv_default}))
         variants += [(label(c), {"upcast": form, "configs": c}) for c in candidates
                      if default_tiles is None or c != default_tiles(rows, inter)]
         times = {}
@@ -227,7 +253,8 @@ def main() -> None:
                             "mul = nibble pairs placed by one multiply; 16 routed rows per MMA pass")
     result.notes.append("gemv labels: gate/up / down GemvConfig as n<block_n>k<block_k>w<warps>, s<K splits>, "
                         "p = register prefetch of the next K step, st<num_stages> (none: Triton's default 3), f = x_f32 "
-                        "(activations as float32 in the word-pair order, multiply-placed nibble pairs); "
+                        "(activations as float32 in the word-pair order, multiply-placed nibble pairs), tma<stages> = "
+                        "weights, scales and activations by TMA through a ring of that many stages; "
                         "*_us columns: each launch alone in its own CUDA graph (B = 1 only)")
     result.extra["wall seconds"] = round(time.time() - t_start, 1)
     paths = result.write(args.out)

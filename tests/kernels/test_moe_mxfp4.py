@@ -467,6 +467,62 @@ def test_gemv_forms_clamp_and_poisoned_scratch(form):
         assert int(moe._tickets(x.device, 1).count_nonzero()) == 0
 
 
+# TMA GEMV (tma_ring): K steps of 512 (a row's scale bytes of a step are TMA's 16-byte minimum), so H = I = 512
+TMA_HIDDEN = 512
+
+
+@pytest.mark.parametrize("ring,batch,pattern", [(ring, batch, pattern) for ring in (1, 3)
+                                                for batch, pattern in ((0, "random"), (1, "random"), (3, "duplicate"),
+                                                                       (64, "skewed"))
+                                                if batch < 64 or ring == 3])  # B = 64: ~60 s under the interpreter
+def test_gemv_tma_ring(ring, batch, pattern):
+    """Weights, scales and activations fetched by TMA descriptors (one and three stages) against the
+    reference with the clamp active and every scratch tensor NaN-poisoned; bit-identical to the plain
+    GEMV at the same tiles (the same products in the same order)."""
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=batch + 11)
+    weights, ids = make_routing(batch, pattern)
+    x = make_x(batch, hidden=TMA_HIDDEN, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    if batch:
+        assert rel(moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0), ref) > 0.1
+    # two column blocks per expert; at B = 64 whole-expert blocks (interpreter time grows with programs x rows)
+    gu_n, dn_n = (inter // 2, TMA_HIDDEN // 2) if batch < 64 else (inter, TMA_HIDDEN)
+    cfgs = (moe.GemvConfig(gu_n, 512, 4, tma_ring=ring), moe.GemvConfig(dn_n, 512, 4, tma_ring=ring))
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kw):
+        t = real_empty(*args, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = poisoned_empty
+    try:
+        out = run(x, experts, weights, ids, upcast="gemv", configs=cfgs)
+    finally:
+        torch.empty = real_empty
+    assert torch.isfinite(out).all() and rel(out, ref) < 2e-2
+    plain = run(x, experts, weights, ids, upcast="gemv",
+                configs=(moe.GemvConfig(gu_n, 512, 4), moe.GemvConfig(dn_n, 512, 4)))
+    assert torch.equal(out, plain)
+
+
+@pytest.mark.parametrize("bad", ["block_k", "two_rows", "split_k", "x_f32", "mixed"])
+def test_gemv_tma_ring_arguments(bad):
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    gu = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2)
+    dn = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2)
+    if bad == "block_k":
+        gu["block_k"] = dn["block_k"] = 256
+    elif bad == "mixed":
+        dn["tma_ring"] = 0
+    else:
+        gu[bad] = dn[bad] = 2 if bad == "split_k" else True
+    with pytest.raises(ValueError, match="tma_ring"):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
+            configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
+
+
 def test_gemv_launches_alone_and_repeated_give_the_forward():
     """gemv_launches: the four launches in order are the forward; run again (routing re-run into the
     same buffers), they give it again -- what the device tool's per-launch timing relies on."""
