@@ -505,21 +505,6 @@ def _split_scaled_joined(v):
 
 
 @triton.jit
-def _split_activation_stacked(x):
-    """_split_activation_joined with the same column order, built without a join: the scaled rows are
-    broadcast to [2, BM, BLOCK_K] (hi on the first copy, lo on the second) and the two leading axes merged,
-    so K stays the innermost axis of every thread's elements (twice the split arithmetic, one load)."""
-    BM: tl.constexpr = x.shape[0]
-    BK: tl.constexpr = x.shape[1]
-    s = _pow2_activation_scale(x)
-    v = tl.broadcast_to((x * (1.0 / s)[:, None])[None, :, :], (2, BM, BK))
-    hi = _to_e4m3(v).to(tl.float32)
-    is_lo = (tl.arange(0, 2) == 1)[:, None, None]
-    q = tl.where(is_lo, _round_to_e4m3_grid((v - hi) * _LO_FACTOR), hi)
-    return tl.reshape(q, (2 * BM, BK)).to(tl.float8e4nv), _hi_lo_column_scale(s)
-
-
-@triton.jit
 def _hi_lo_column_scale(s):
     """Per-row scale ``s [BM]`` -> the [2*BM] MMA column scales of the joined split: s (hi), s / 16 (lo)."""
     BM: tl.constexpr = s.shape[0]
@@ -584,7 +569,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
     JOIN: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     CHAIN: tl.constexpr = False, PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
-    PDL_LATE_TRIGGER: tl.constexpr = False, WIDE: tl.constexpr = False, STACK: tl.constexpr = False,
+    PDL_LATE_TRIGGER: tl.constexpr = False,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
@@ -608,18 +593,8 @@ def _block_fp8_gemv_fp8mma_kernel(
     largest |x'| rather than the block's; otherwise x * w_scale adds one fp32 rounding and hi + lo keeps
     8 significant bits of it. With JOIN the joined hi/lo operand reaches the MMA through shared memory
     byte by byte on sm_120a (STS.U8 / LDS.U8); without JOIN (each row loaded for both its columns) the
-    operand keeps the load's K-contiguous layout and moves by ldmatrix (LDSM), at twice the split work.
-
-    WIDE (joined, not chained): each iteration loads K_UNROLL 128-wide blocks as ONE [BLOCK_N, K_UNROLL*128]
-    weight tile and one [BLOCK_M, K_UNROLL*128] activation tile, folds each block's weight scale into the fp32
-    activation (x' = x * w_scale[kb]: exact for power-of-two scales, one fp32 rounding otherwise), splits x'
-    with one power-of-two scale per row and tile (hi + lo keep 8 significant bits of every element down to
-    S * 2^-13, as in the chained form but per tile, with no pre-pass) and issues one MMA over the whole tile.
-    With k_blocks_per_split == K_UNROLL a program is a single iteration: its whole weight slice is requested
-    at once, and the activation split is one dependent chain instead of one per 128-block."""
+    operand keeps the load's K-contiguous layout and moves by ldmatrix (LDSM), at twice the split work."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
-    tl.static_assert(not WIDE or (JOIN and not CHAIN))
-    tl.static_assert(not STACK or (JOIN and not CHAIN))
     TWO_M: tl.constexpr = 2 * BLOCK_M
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -661,49 +636,31 @@ def _block_fp8_gemv_fp8mma_kernel(
         row_scale = _chain_row_scale(x_rows, x_valid, s_row, kb_begin, kb_end, k_stop, INV_ROPE, BLOCK_K)
         inv_row_scale = 1.0 / row_scale  # exact: a power of two
     acc = tl.zeros((BLOCK_N, TWO_M), tl.float32)
-    if WIDE:
-        WIDTH: tl.constexpr = BLOCK_K * K_UNROLL
-        rkw = tl.arange(0, WIDTH)
-        for kb0 in range(kb_begin, kb_end, K_UNROLL):
-            k = kb0 * BLOCK_K + rkw
-            k_mask = k < k_stop  # past the split: zero weight, activation and scale
+    for kb0 in range(kb_begin, kb_end, K_UNROLL):
+        for u in tl.static_range(K_UNROLL):
+            kb = kb0 + u
+            k = kb * BLOCK_K + rk
+            k_mask = k < k_stop  # past the split: zero weight and activation, zero scale
             w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            x = _load_activation(x_rows, freq_rows, k[None, :], x_valid[:, None] & k_mask[None, :], kb0 * BLOCK_K,
-                                 INV_ROPE, HEAD, ROPE, WIDTH)
-            w_scale = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
-            if STACK:
-                q, x_scale = _split_activation_stacked(x.to(tl.float32) * w_scale[None, :])
+            x = _load_activation(x_rows, freq_rows, k[None, :], x_valid[:, None] & k_mask[None, :], kb * BLOCK_K,
+                                 INV_ROPE, HEAD, ROPE, BLOCK_K)
+            w_scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
+            if CHAIN:
+                v = x.to(tl.float32) * (w_scale * inv_row_scale)[:, None]
+                # the pre-pass bound holds up to fp32 rounding of amax * w_scale / 448: clamp to e4m3's range
+                v = tl.minimum(tl.maximum(v, -_E4M3_MAX), _E4M3_MAX)
+                if JOIN:
+                    acc = tl.dot(w, tl.trans(_split_scaled_joined(v)), acc)
+                else:  # each row loaded for its hi and its lo column: the operand keeps the load's layout
+                    hi = _to_e4m3(v).to(tl.float32)
+                    q = _to_e4m3(tl.where(is_lo[:, None], (v - hi) * _LO_FACTOR, v))
+                    acc = tl.dot(w, tl.trans(q), acc)
             else:
-                q, x_scale = _split_activation_joined(x.to(tl.float32) * w_scale[None, :])
-            acc += tl.dot(w, tl.trans(q)) * x_scale[None, :]
-    else:
-        for kb0 in range(kb_begin, kb_end, K_UNROLL):
-            for u in tl.static_range(K_UNROLL):
-                kb = kb0 + u
-                k = kb * BLOCK_K + rk
-                k_mask = k < k_stop  # past the split: zero weight and activation, zero scale
-                w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                x = _load_activation(x_rows, freq_rows, k[None, :], x_valid[:, None] & k_mask[None, :], kb * BLOCK_K,
-                                     INV_ROPE, HEAD, ROPE, BLOCK_K)
-                w_scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
-                if CHAIN:
-                    v = x.to(tl.float32) * (w_scale * inv_row_scale)[:, None]
-                    # the pre-pass bound holds up to fp32 rounding of amax * w_scale / 448: clamp to e4m3's range
-                    v = tl.minimum(tl.maximum(v, -_E4M3_MAX), _E4M3_MAX)
-                    if JOIN:
-                        acc = tl.dot(w, tl.trans(_split_scaled_joined(v)), acc)
-                    else:  # each row loaded for its hi and its lo column: the operand keeps the load's layout
-                        hi = _to_e4m3(v).to(tl.float32)
-                        q = _to_e4m3(tl.where(is_lo[:, None], (v - hi) * _LO_FACTOR, v))
-                        acc = tl.dot(w, tl.trans(q), acc)
+                if JOIN:
+                    q, x_scale = _split_activation_joined(x.to(tl.float32))
                 else:
-                    if STACK:
-                        q, x_scale = _split_activation_stacked(x.to(tl.float32))
-                    elif JOIN:
-                        q, x_scale = _split_activation_joined(x.to(tl.float32))
-                    else:
-                        q, x_scale = _split_activation_e4m3(x.to(tl.float32), is_lo)
-                    acc += tl.dot(w, tl.trans(q)) * (x_scale * w_scale)[None, :]
+                    q, x_scale = _split_activation_e4m3(x.to(tl.float32), is_lo)
+                acc += tl.dot(w, tl.trans(q)) * (x_scale * w_scale)[None, :]
     _pdl_launch_dependents(PDL and PDL_LATE_TRIGGER)  # after the main loop: the epilogue overlaps the next launch
     if CHAIN:
         if JOIN:
@@ -763,11 +720,6 @@ class GemvConfig:
     # fp8_mma: chained MMAs (acc = dot(w, q^T, acc)), the weight scale folded into the activation, one
     # power-of-two activation scale per row and K split (pre-pass); joined or not; candidate, no default uses it
     fp8_chain: bool = False
-    # fp8_mma, joined, not chained: k_unroll 128-wide blocks as one weight tile and one MMA, the weight scales folded
-    # into the activation, one power-of-two activation scale per row and tile (see the kernel's WIDE)
-    fp8_wide: bool = False
-    # fp8_join, not chained: the hi / lo operand built by a broadcast over a leading axis instead of a join
-    fp8_stack: bool = False
     # programmatic dependent launch (any form): launched with the programmatic-serialisation attribute, each
     # program lets the next kernel launch at once and waits for the previous one only before its first
     # activation load (the rows form with prefetch issues its first weight chunk's load before the wait)
@@ -782,13 +734,10 @@ class GemvConfig:
                              f"evict_first and x_broadcast need the rows form; got {self}")
         if (self.fp8_mma and (not self.use_dot or self.rows_form or self.swap_ab
                               or self.block_m not in FP8_MMA_BLOCK_M or self.block_n < 16)) or (
-                self.fp8_join and not self.fp8_mma) or (self.fp8_chain and not self.fp8_mma) or (
-                self.fp8_wide and (not self.fp8_join or self.fp8_chain)) or (
-                self.fp8_stack and (not self.fp8_join or self.fp8_chain)):
+                self.fp8_join and not self.fp8_mma) or (self.fp8_chain and not self.fp8_mma):
             raise ValueError(f"config: fp8_mma needs use_dot=True, no rows form / swap_ab, block_m in "
                              f"{FP8_MMA_BLOCK_M} and block_n >= 16; fp8_join needs fp8_mma; fp8_chain needs fp8_mma; "
-                             f"fp8_wide needs fp8_join without fp8_chain; fp8_stack needs fp8_join without "
-                             f"fp8_chain; got {self}")
+                             f"got {self}")
         if self.pdl_l2_blocks < 0 or ((self.pdl_l2_blocks or self.pdl_late) and not self.pdl) or (
                 self.pdl_l2_blocks & (self.pdl_l2_blocks - 1)):
             raise ValueError(f"config: pdl_l2_blocks (a power of two or 0) and pdl_late need pdl; got {self}")
@@ -799,7 +748,6 @@ class GemvConfig:
             kind = "rows"
         elif self.fp8_mma:
             kind = ("q8j" if self.fp8_join else "q8") + ("c" if self.fp8_chain else "")
-            kind += ("w" if self.fp8_wide else "") + ("s" if self.fp8_stack else "")
         else:
             kind = ("dotT" if self.swap_ab else "dot") if self.use_dot else "fma"
         extra = ("_pf" if self.prefetch else "") + ("_ef" if self.evict_first else "") + ("_xb" if self.x_broadcast else "")
@@ -843,6 +791,9 @@ FP8_MMA_MAX_ROWS = 8
 FP8_MMA_MIN_WEIGHT_BYTES = 16 << 20  # 3..8 rows
 FP8_MMA_TWO_ROW_MIN_WEIGHT_BYTES = 32 << 20  # 2 rows
 FP8_MMA_WIDE_MIN_K = 4096  # K from which the 128-column 8-warp tile runs; below it, 32 MiB and 64 columns
+# H200 run 10 (benchmarks/fp8_gemv-h200-run10-wide.summary.md), wo_a / wo_b at T=1 with PDL: 2 / 4 stages (1.04x /
+# 1.28x the time), half the K split (1.10x), the hi/lo operand built by a broadcast instead of a join (1.19x) and
+# wide-K tiles (several 128-blocks per MMA, 1.18-2.0x) all lost to this tile; that code is in commit 08ba7e9.
 FP8_MMA_WIDE = dict(block_n=128, num_warps=8, num_stages=3)
 FP8_MMA_NARROW = dict(block_n=64, num_warps=4, num_stages=3)
 # Programs wanted per SM for full memory bandwidth; split-K raises small-N launches to this.
@@ -1052,8 +1003,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             fr.stride(0) if inv_rope else 0,
             per_split, split,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
-            JOIN=cfg.fp8_join, IS_SPLIT=split > 1, CHAIN=cfg.fp8_chain, WIDE=cfg.fp8_wide,
-            STACK=cfg.fp8_stack,
+            JOIN=cfg.fp8_join, IS_SPLIT=split > 1, CHAIN=cfg.fp8_chain,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args,
         )
@@ -1311,7 +1261,7 @@ _AOT_FP8MMA_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
                                     "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS",
-                                    "PDL_LATE_TRIGGER", "WIDE", "STACK")},
+                                    "PDL_LATE_TRIGGER")},
 }
 
 
@@ -1347,8 +1297,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
     if cfg.fp8_mma:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_fp8mma_kernel, signature=_AOT_FP8MMA_SIGNATURE,
-            constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, "WIDE": cfg.fp8_wide,
-                        "STACK": cfg.fp8_stack, **common},
+            constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),

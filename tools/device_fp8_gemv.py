@@ -52,8 +52,6 @@ PDL_RUN_NAME = "fp8_gemv-h200-run8-pdl"  # --pdl-sweep: programmatic dependent l
 PDL_MIXED_ROWS = (1, 8)  # T=1: each GEMV followed by a plain (non-PDL) torch kernel
 PDL2_RUN_NAME = "fp8_gemv-h200-run9-pdl"  # --pdl2-sweep: run 8's PDL defaults, late trigger, 2-row prefetch
 PDL2_MIXED_ROWS = (1, 2, 8)  # every T
-WIDE_RUN_NAME = "fp8_gemv-h200-run10-wide"  # --wide-sweep: wide-K FP8 tiles, stacked split, grid/stages at T=1
-WIDE_ROWS, WIDE_LINEARS = (1, 2, 4, 8), ("wo_a", "wo_b")  # at T=1
 
 
 def prepare() -> None:
@@ -311,45 +309,6 @@ def pdl2_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
-def wide_candidates(m: int, n: int, k: int, groups: int, g):
-    """--wide-sweep (run 10), each with PDL (early, as the 128-column FP8 tile ships): the current default; the
-    128-column FP8 tile with 2 / 4 stages and half the K split; its activation operand built stacked (fp8_stack:
-    a broadcast over a leading axis instead of a join); the wide-K form (fp8_wide: u 128-blocks as one weight
-    tile and one MMA, weight scales folded into the activation, one activation scale per row and tile) with u = 4
-    or 2 blocks per program in one iteration (1 stage) or u = 2 twice (2 stages), stacked or not, and on a
-    64-column 4-warp tile; at 1 row also the FMA default with 8 L2 blocks and with twice the K split."""
-    import dataclasses
-
-    k_blocks = math.ceil(k / g.FP8_BLOCK)
-    cur = g.default_config(m, n, k, groups)
-    tile = g._fp8_mma_config(max(m, 2), n, k, groups)
-    if tile is None:  # not a large weight (--smoke): the 64-column tile and its split
-        tile = q8_config(m, n, k, groups, g, join=True)
-    tile = dataclasses.replace(tile, pdl=True)
-
-    def per_program(blocks, **kw):
-        return dataclasses.replace(tile, split_k=max(1, k_blocks // blocks), **kw)
-
-    def wide(u, blocks, stages, **kw):
-        return per_program(blocks, k_unroll=u, num_stages=stages, fp8_wide=True, **kw)
-    out = [("old_default", cur)]  # default_config, unchanged during the run
-    if m == 1:
-        out += [("fma_l2p8", dataclasses.replace(cur, pdl_l2_blocks=8)),
-                ("fma_split2x", dataclasses.replace(cur, split_k=cur.split_k * 2))]
-    out += [("q8j_st2", dataclasses.replace(tile, num_stages=2)),
-            ("q8j_st4", dataclasses.replace(tile, num_stages=4)),
-            ("q8j_half_split", dataclasses.replace(tile, split_k=max(1, tile.split_k // 2))),
-            ("q8js", dataclasses.replace(tile, fp8_stack=True)),
-            ("q8jw_u4_st1", wide(4, 4, 1)),
-            ("q8jws_u4_st1", wide(4, 4, 1, fp8_stack=True)),
-            ("q8jw_u2_st1", wide(2, 2, 1)),
-            ("q8jw_u2x2_st2", wide(2, 4, 2)),
-            ("q8jws_u2x2_st2", wide(2, 4, 2, fp8_stack=True)),
-            ("q8jw_n64_u4_st1", dataclasses.replace(wide(4, 4, 1), block_n=64, num_warps=4,
-                                                    split_k=max(1, k_blocks // 4)))]
-    return distinct_configs(out)
-
-
 def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values) -> dict:
     """wo_a then wo_b on its output (the attention output projection, each call reading the previous one's
     result), T=1, in one graph over distinct weight copies: both without PDL (launch_form) against both as
@@ -443,8 +402,7 @@ ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default")
 
 
 def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
-         q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False,
-         wide_sweep: bool = False) -> None:
+         q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -454,14 +412,14 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "100" if wide_sweep else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
     if dot_sweep:
         rows, run_name, pick = (3, 16) if smoke else (4, 8, 16), DOT_RUN_NAME, dot_candidates
     tps = (2,) if smoke else TPS
-    with_rope = not (xb_sweep or q8_sweep or q8j_sweep or chain_final or pdl_sweep or wide_sweep)  # runs 5, 6: no fused-RoPE timing (the dense seam does not use it)
+    with_rope = not (xb_sweep or q8_sweep or q8j_sweep or chain_final or pdl_sweep)  # runs 5, 6: no fused-RoPE timing (the dense seam does not use it)
     if xb_sweep:
         rows, run_name, pick = (1, 2, 3, 8) if smoke else XB_ROWS, XB_RUN_NAME, xb_candidates
         tps = (2,) if smoke else XB_TPS
@@ -473,8 +431,6 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         rows, run_name, pick, tps = (1, 3, 8) if smoke else CHAIN_ROWS, CHAIN_RUN_NAME, chain_candidates, (1,)
     if pdl_sweep:
         rows, run_name, pick = (1, 2, 3, 16) if smoke else ROWS, PDL_RUN_NAME, pdl_candidates
-    if wide_sweep:
-        rows, run_name, pick, tps = (1, 3, 8) if smoke else WIDE_ROWS, WIDE_RUN_NAME, wide_candidates, (1,)
     if pdl2_sweep:
         rows, run_name, pick = (1, 2, 3, 16) if smoke else ROWS, PDL2_RUN_NAME, pdl2_candidates
         pdl_sweep = True  # the same extras: chain exactness, plain op, mixed timings
@@ -518,8 +474,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                + ("tensor-core form variants" if dot_sweep else "x_broadcast rows form" if xb_sweep
                   else "FP8 tensor-core form (split bf16 activation)" if q8_sweep or q8j_sweep
                   else "chained FP8 tensor-core form" if chain_final
-                  else "programmatic dependent launch (PDL)" if pdl_sweep
-                  else "wide-K and stacked FP8 tensor-core forms, grid and stages (PDL)" if wide_sweep else "rows form")
+                  else "programmatic dependent launch (PDL)" if pdl_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
                  "best_pct_copy", "cur_us", "cur_form", "cur_pct_copy", "bf16_us", "fp8_path_us", "einsum_us",
@@ -570,7 +525,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
             if name in ("wqkv_a", "indexer_wq_b") and tp != tps[0]:
                 continue  # replicated: the same at every T
-            if (chain_final and name not in CHAIN_LINEARS) or (wide_sweep and name not in WIDE_LINEARS):
+            if chain_final and name not in CHAIN_LINEARS:
                 continue
             if smoke:
                 n, k = min(n, 256), min(k, 512)
@@ -816,8 +771,6 @@ if __name__ == "__main__":
                         help="run 8: the defaults with programmatic dependent launch on vs off, every shape, M 1..16")
     parser.add_argument("--pdl2-sweep", action="store_true",
                         help="run 9: run 8's PDL defaults vs no PDL, late trigger, 2-row prefetch, wo_a->wo_b pair")
-    parser.add_argument("--wide-sweep", action="store_true",
-                        help="run 10: wide-K / stacked FP8 tiles, stages and K split vs the defaults, wo_a / wo_b T=1")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -832,4 +785,4 @@ if __name__ == "__main__":
         prepare()
     else:
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
-             args.pdl_sweep, args.pdl2_sweep, args.wide_sweep)
+             args.pdl_sweep, args.pdl2_sweep)

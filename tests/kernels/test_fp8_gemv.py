@@ -272,15 +272,8 @@ def test_bad_inputs_raise_value_errors():
 # --- FP8 tensor-core form (activation split into two e4m3 terms) -------------------------------
 
 
-def q8(block_m=8, block_n=64, split=1, join=True, unroll=1, warps=4, stack=False):
-    return g.GemvConfig(block_m, block_n, split, True, warps, 3, unroll, fp8_mma=True, fp8_join=join,
-                        fp8_stack=stack)
-
-
-def q8w(unroll=4, block_m=8, block_n=64, split=1, warps=4, stages=1, stack=False):
-    """The wide-K FP8 tensor-core form: ``unroll`` 128-blocks as one weight tile and one MMA."""
-    return g.GemvConfig(block_m, block_n, split, True, warps, stages, unroll, fp8_mma=True, fp8_join=True,
-                        fp8_wide=True, fp8_stack=stack)
+def q8(block_m=8, block_n=64, split=1, join=True, unroll=1, warps=4):
+    return g.GemvConfig(block_m, block_n, split, True, warps, 3, unroll, fp8_mma=True, fp8_join=join)
 
 
 Q8_FORMS = [q8(), q8(split=3), q8(block_n=32, split=2, unroll=2), q8(16, split=4), q8(join=False, split=2),
@@ -305,19 +298,17 @@ def test_fp8_mma_forms_match_reference(cfg, m):
         assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
 
 
-@pytest.mark.parametrize("form", ["q8j", "q8jc_split2", "q8js", "q8jw_u4", "q8jws_u2_split2"])
+@pytest.mark.parametrize("form", ["q8j", "q8jc_split2"])
 def test_fp8_mma_zero_rows_and_huge_values(form):
     """A zero activation row (amax 0) gives zeros, not NaN; values near bf16's top are split without
-    overflow (the FP8 tensor-core form, its chained variant with K splits, the stacked split and the wide-K
-    form)."""
+    overflow (the FP8 tensor-core form and its chained variant with K splits)."""
     gen = torch.Generator().manual_seed(21)
     w, s = random_weight(128, 512, gen=gen)
     x = torch.randn(3, 512, generator=gen)
     x[0] = 0.0
     x[2, :128] *= 1e30
     x = x.to(torch.bfloat16).to(DEVICE)
-    config = {"q8j": q8(), "q8jc_split2": q8c(split=2), "q8js": q8(stack=True), "q8jw_u4": q8w(4),
-              "q8jws_u2_split2": q8w(2, split=2, stack=True)}[form]
+    config = q8() if form == "q8j" else q8c(split=2)
     y = g.block_fp8_linear(x, w, s, out=poisoned((3, 128)), config=config)
     ref = g.reference_block_fp8_linear(x, w, s)
     assert torch.equal(y[0].float(), torch.zeros(128))
@@ -397,92 +388,6 @@ def test_wo_a_fp8_mma_with_rope_and_strided_o(cfg):
     y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE,
                            out=poisoned((b, groups, r)), config=cfg)
     assert rel_err(y, g.reference_grouped_wo_a(o, w, s, pos, freqs, HEAD, ROPE)) < OUTPUT_TOL
-
-
-# --- stacked split and wide-K FP8 tensor-core forms ----------------------------------------------
-
-
-@pytest.mark.parametrize("cfg", [q8(split=3), q8(16, 128, 2, warps=8), q8(block_n=32, split=2, unroll=2)],
-                         ids=lambda c: c.name)
-def test_fp8_stacked_split_equals_joined(cfg):
-    """The stacked split builds the same e4m3 operand and column scales as the join (only the register layout
-    on the way to the MMA differs), so the outputs are identical."""
-    gen = torch.Generator().manual_seed(41 + cfg.split_k)
-    n, k, m = 200, 1000, 7
-    w, s = random_weight(n, k, gen=gen)
-    x = torch.randn(m, k, generator=gen)
-    x[:, ::37] *= 50
-    x = x.to(torch.bfloat16).to(DEVICE)
-    y = g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=dataclasses.replace(cfg, fp8_stack=True))
-    assert torch.equal(y, g.block_fp8_linear(x, w, s, config=cfg))
-    assert rel_err(y, g.reference_block_fp8_linear(x, w, s)) < OUTPUT_TOL
-
-
-Q8W_FORMS = [q8w(4), q8w(2, split=3), q8w(2, split=2, stages=2, stack=True), q8w(4, 8, 128, 2, warps=8, stack=True),
-             q8w(4, 16, split=2), q8w(8)]
-
-
-@pytest.mark.parametrize("cfg", Q8W_FORMS, ids=lambda c: c.name)
-@pytest.mark.parametrize("m", [1, 5, 8, 11])
-def test_fp8_wide_forms_match_reference(cfg, m):
-    """Arbitrary (not power-of-two) block scales, outlier channels, N ragged against the tile and K against
-    the 128-blocks and the wide tile, split-K on and off (one and several iterations per program): bf16 output
-    rounding, as close to the reference as the per-block form."""
-    gen = torch.Generator().manual_seed(53 * m + cfg.k_unroll + cfg.split_k)
-    n, k = 200, 1000
-    w, s = random_weight(n, k, gen=gen)
-    x = torch.randn(m, k, generator=gen)
-    x[:, ::37] *= 50
-    x = x.to(torch.bfloat16).to(DEVICE)
-    ref = g.reference_block_fp8_linear(x, w, s)
-    per_block = g.block_fp8_linear(x, w, s, config=q8(cfg.block_m, cfg.block_n, cfg.split_k))
-    for _ in range(2):  # the second call checks the split-K counters were left at zero
-        y = g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=cfg)
-        assert torch.isfinite(y).all()
-        assert rel_err(y, ref) < OUTPUT_TOL, cfg.name
-        assert rel_err(y, ref) <= rel_err(per_block, ref) * 1.25 + 1e-4
-    if cfg.split_k > 1:
-        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
-
-
-def test_fp8_wide_power_of_two_scales_match_per_block_closely():
-    """With power-of-two (UE8M0) weight scales x * w_scale / S is exact, so the wide form multiplies the same
-    bf16 activation as the per-block form: they differ only in fp32 summation order and output rounding."""
-    gen = torch.Generator().manual_seed(6)
-    w, s = random_weight(256, 1024, gen=gen, pow2=True)
-    x = torch.randn(8, 1024, generator=gen).to(torch.bfloat16).to(DEVICE)
-    ref = g.reference_block_fp8_linear(x, w, s)
-    y = g.block_fp8_linear(x, w, s, config=q8w(4, split=2))
-    y0 = g.block_fp8_linear(x, w, s, config=q8(split=2))
-    assert rel_err(y, ref) < OUTPUT_TOL
-    assert (y.float() - y0.float()).abs().max() <= 2 * 2.0 ** -8 * ref.abs().max()
-
-
-@pytest.mark.parametrize("stack", [False, True])
-@pytest.mark.parametrize("rope", [False, True])
-def test_wo_a_fp8_wide(rope, stack):
-    """Grouped wo_a on the wide form, strided o, with and without the fused inverse RoPE (a 512-wide tile
-    holds a whole head: its last 64 dims are rotated)."""
-    gen = torch.Generator().manual_seed(14)
-    b, groups, r, d = 3, 2, 128, 512
-    w, s = random_weight(r, d, groups=groups, gen=gen)
-    heads = torch.randn(b, groups * d + 64, generator=gen).to(torch.bfloat16).to(DEVICE)
-    o = heads[:, :groups * d].view(b, groups, d)
-    pos, freqs = (rope_inputs(b, gen)[:2]) if rope else (None, None)
-    kw = dict(head_dim=HEAD, rope_dim=ROPE) if rope else {}
-    for cfg in (q8w(4, split=1, stack=stack), q8w(2, split=2, stack=stack)):
-        y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, out=poisoned((b, groups, r)), config=cfg, **kw)
-        assert rel_err(y, g.reference_grouped_wo_a(o, w, s, pos, freqs, **kw)) < OUTPUT_TOL, cfg.name
-
-
-def test_fp8_wide_and_stack_bad_configs():
-    with pytest.raises(ValueError, match="fp8_wide needs fp8_join"):
-        g.GemvConfig(8, 64, 1, True, k_unroll=4, fp8_mma=True, fp8_wide=True)
-    with pytest.raises(ValueError, match="fp8_wide needs fp8_join"):
-        g.GemvConfig(8, 64, 1, True, k_unroll=4, fp8_mma=True, fp8_join=True, fp8_chain=True, fp8_wide=True)
-    with pytest.raises(ValueError, match="fp8_stack needs fp8_join"):
-        g.GemvConfig(8, 64, 1, True, fp8_mma=True, fp8_stack=True)
-    assert q8w(4, stack=True).name.startswith("q8jws_") and q8(stack=True).name.startswith("q8js_")
 
 
 # --- chained FP8 tensor-core form (weight scale folded into the activation, one scale per split) ----
