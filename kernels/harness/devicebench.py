@@ -169,7 +169,9 @@ class BenchResult:
         return "\n".join(lines) + "\n"
 
     def write(self, out_dir: str | None = None) -> tuple[str, str]:
-        out_dir = out_dir or os.environ.get("OUT") or "benchmarks"
+        # a run without a GPU (a device script's --smoke) must not land among the committed device results
+        default_dir = "benchmarks" if _cuda_available() else "bench-results"
+        out_dir = out_dir or os.environ.get("OUT") or default_dir
         os.makedirs(out_dir, exist_ok=True)
         json_path = os.path.join(out_dir, f"{self.name}.json")
         md_path = os.path.join(out_dir, f"{self.name}.md")
@@ -178,6 +180,12 @@ class BenchResult:
         with open(md_path, "w") as f:
             f.write(self.markdown())
         return json_path, md_path
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _fmt(value) -> str:

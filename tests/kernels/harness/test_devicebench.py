@@ -31,6 +31,15 @@ def test_result_files_carry_environment_and_rows(tmp_path):
     assert "copy bandwidth GB/s: 4245" in md and "timed in CUDA graphs" in md
 
 
+def test_result_without_gpu_never_defaults_to_benchmarks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    json_path, md_path = BenchResult("demo", "Demo", columns=("B",)).write()
+    assert json_path == "bench-results/demo.json" and md_path == "bench-results/demo.md"
+    assert not (tmp_path / "benchmarks").exists()
+
+
 def test_undeclared_column_is_rejected():
     with pytest.raises(KeyError, match="not declared"):
         BenchResult("demo", "Demo", columns=("B",)).add(B=1, extra=2)
