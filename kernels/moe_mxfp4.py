@@ -46,7 +46,11 @@ partials + ticket; down partial outputs that the top-k sum adds, still four laun
 the gate/up epilogue writes the SwiGLU rows so, and the nibble pairs are placed by one multiply -- 4.3
 instead of 5.7 sm_120a SASS instructions per weight value (gate/up n8k512w4) -- still four launches; on
 the H200 1.05x at I = 512, B = 1 (the default there, :data:`GEMV_X_F32_WHERE`) but slower at I = 2048
-(at best 4 % at B = 1; ``benchmarks/moe_mxfp4-h200-gemv3.md``).
+(at best 4 % at B = 1; ``benchmarks/moe_mxfp4-h200-gemv3.md``). ``tma_ring`` (round 8b): each K step's
+weight words, scale bytes and activation words arrive by TMA (host ``TensorDescriptor``s) through a ring of
+shared-memory stages (``_gate_up_gemv_tma_kernel`` / ``_down_gemv_tma_kernel``, one routed row per pass, K
+steps of 512); with 3 stages 1.09-1.29x faster on the H200 at T = 1 / 4, B = 1..16 / 1..8 and the GEMV default
+there (:data:`GEMV_TMA_WHERE`, ``benchmarks/moe_mxfp4-h200-run7-tma-summary.md``).
 
 Tensor-core pairs decode (``upcast="pairs"``, round 4, :data:`PAIRS_DEFAULT_WHERE`): launches 1-3 become
 ``_route_pairs_kernel`` (routing + x as bf16 times 2**32 in the *pair order*), ``_gate_up_pairs_kernel`` and
@@ -1237,8 +1241,9 @@ SPLIT_NIBBLES_MIN_INTER = 2048  # decode at I = 2048: split_bf16 12-18 % faster 
 # I = 2048 (T=1) at B = 1 and 8 (62.7 vs 84.0 us, 368 vs 466 us), I = 512 (T=4) at B = 1, 8, 64 (29.3 vs
 # 47.3, 115 vs 211, 750 vs 809 us). It was slower at I = 2048, B = 64 (2681 vs 1979 us) and at B = 256
 # (3.7x / 2.6x slower: one weight pass per routed row); T = 2 and T = 8 are not measured. The pairs decode
-# (PAIRS_DEFAULT_WHERE, checked first) has since taken I = 2048 from B = 8 and I = 512 from B = 9.
-GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 8 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, TOP_K, 64 * TOP_K))
+# (PAIRS_DEFAULT_WHERE, checked first) has since taken I = 512 from B = 9. At I = 2048 the TMA form of the
+# GEMV (GEMV_TMA_WHERE) beat the pairs decode at B = 8 and 16 (round 8b), so the GEMV runs there up to B = 16.
+GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 16 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, TOP_K, 64 * TOP_K))
 
 
 # Where the tensor-core pairs decode is the default (same form, scale_bf16 tiles of :func:`pairs_configs`),
@@ -1248,7 +1253,8 @@ GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 8 * TOP_K), (MOE_INTERMEDIA
 #   636.4, 497.4 vs 634.9, 578.5 vs 734.4, 565.5 vs 728.4, 613.1 vs 786.7 us against tl.dot split_bf16) and
 #   B = 16 / 32 / 64 / 128 / 256 (641.6 vs 817.1, 1066 vs 1372, 1543 vs 1973, 1950 vs 2559, 2054 vs 2667 us);
 #   B = 8 by 1-2 % in three runs against the GEMV (370.6 vs 374.4, 367.8 vs 374.8, 367.5 vs 374.6 us);
-#   B = 1 slower (65.0 vs 63.8 us), so B <= 7 keep the GEMV (B = 2..7 not measured);
+#   B = 1 slower (65.0 vs 63.8 us); since round 8b the TMA GEMV is faster up to B = 16 (GEMV_TMA_WHERE), so
+#   the pairs decode starts at B = 17 there;
 # I = 512 (T=4): faster at B = 9 / 10 / 11 / 12 / 13 / 14 / 15 (120.2 vs 132.5, 137.2 vs 143.1, 137.3 vs
 #   156.7, 150.3 vs 168.7, 153.0 vs 182.3, 176.5 vs 191.4, 186.8 vs 202.6 us against the GEMV) and B = 16 /
 #   32 / 64 / 128 / 256 (185.9 vs 217.3, 305 vs 412, 428 vs 672, 537 vs 1005, 590 vs 1071 us); B = 1 and 8
@@ -1258,7 +1264,7 @@ GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 8 * TOP_K), (MOE_INTERMEDIA
 #   121.0 vs 192.5, 180.9 vs 304.7, 259.1 vs 461.2 us against dot_scaled / regs).
 # Unmeasured: B > 64 at T = 2 and 8 keep the earlier choice; B = 17..255 between measured wins take the
 # pairs form. (inter, min routed rows, max routed rows):
-PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 8 * TOP_K, 256 * TOP_K),
+PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K + 1, 256 * TOP_K),
                        (MOE_INTERMEDIATE_SIZE // 2, TOP_K, 64 * TOP_K),
                        (MOE_INTERMEDIATE_SIZE // 4, 9 * TOP_K, 256 * TOP_K),
                        (MOE_INTERMEDIATE_SIZE // 8, TOP_K, 64 * TOP_K))
@@ -1359,13 +1365,41 @@ GEMV_X_F32_WHERE = GEMV_SMALL_TILES_WHERE
 # was 0.45-0.73x, the E8M0 scales as int32 words 0.82-0.98x, both 0.30-0.53x at T = 1 / 4, B = 1..16.
 
 
-def gemv_configs(num_rows: int, inter: int) -> tuple[GemvConfig, GemvConfig]:
-    """(gate/up, down) GEMV tiles: the fastest of the H200 runs at every measured (T, B) (gate/up 8
-    columns = 16 weight rows, down 16 rows, K steps of 512, 4 warps, one routed row per pass; the
-    two-row passes were 8-40 % slower even at B = 64, benchmarks/moe_mxfp4-h200-gemv.md), halved N
-    tiles where :data:`GEMV_SMALL_TILES_WHERE` says (benchmarks/moe_mxfp4-h200-gemv2.md; register
-    prefetch, K splits, longer K steps and num_stages 1 were slower or equal everywhere else), in the
-    ``x_f32`` form where :data:`GEMV_X_F32_WHERE` says (benchmarks/moe_mxfp4-h200-gemv3.md)."""
+# Round 8b (benchmarks/moe_mxfp4-h200-run7-tma.md, H200 2026-12-01, every point reference-checked): the GEMV
+# with weights, scales and activations fetched by TMA through a 3-stage shared-memory ring (gate/up 8 columns,
+# down 16 rows, K steps of 512) beside the defaults of the time: I = 2048 (T=1) B = 1 / 2 / 4 / 8 / 16 in
+# 49.6 / 85.2 / 164.0 / 304.3 / 588.8 us against 64.0 / 108.3 / 203.9 (GEMV) / 370.1 / 642.0 (pairs)
+# (1.09-1.29x); I = 512 (T=4) B = 1 / 2 / 4 / 8 in 22.9 / 33.1 / 60.5 / 99.1 us against 26.9 / 40.4 / 72.9 /
+# 118.3 (GEMV; 1.17-1.22x), B = 16 184.6 against the pairs decode's 184.2 us (equal: the pairs form stays).
+# 2 and 4 stages and 16-column gate/up tiles were slower or equal, 4-column tiles 0.64-0.86x. B = 3, 5..7 and
+# 9..15 lie between measured wins. (per-rank I, most routed rows):
+GEMV_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K))
+GEMV_TMA_RING = 3
+GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
+
+
+def gemv_tma_usable(*tensors: torch.Tensor) -> bool:
+    """Whether the TMA GEMV can run on these operands: a GPU with TMA (or the CPU interpreter) and
+    16-byte aligned base addresses (a TMA descriptor's requirement; the row strides of DSv4's shapes are)."""
+    if any(t.data_ptr() % 16 for t in tensors):
+        return False
+    device = tensors[0].device
+    if device.type != "cuda":
+        return interpreter_enabled()
+    return torch.cuda.get_device_capability(device)[0] >= GEMV_TMA_MIN_CAPABILITY
+
+
+def gemv_configs(num_rows: int, inter: int, tma: bool = True) -> tuple[GemvConfig, GemvConfig]:
+    """(gate/up, down) GEMV tiles: the fastest of the H200 runs at every measured (T, B). Where
+    :data:`GEMV_TMA_WHERE` says (and ``tma``: the operands allow it, :func:`gemv_tma_usable`) the TMA
+    ring form; else gate/up 8 columns = 16 weight rows, down 16 rows, K steps of 512, 4 warps, one
+    routed row per pass (the two-row passes were 8-40 % slower even at B = 64,
+    benchmarks/moe_mxfp4-h200-gemv.md), halved N tiles where :data:`GEMV_SMALL_TILES_WHERE` says
+    (benchmarks/moe_mxfp4-h200-gemv2.md; register prefetch, K splits, longer K steps and num_stages 1
+    were slower or equal everywhere else), in the ``x_f32`` form where :data:`GEMV_X_F32_WHERE` says
+    (benchmarks/moe_mxfp4-h200-gemv3.md)."""
+    if tma and any(inter == i and num_rows <= rows for i, rows in GEMV_TMA_WHERE):
+        return GemvConfig(8, 512, 4, tma_ring=GEMV_TMA_RING), GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING)
     if any(inter == i and num_rows <= rows for i, rows in GEMV_SMALL_TILES_WHERE):
         x_f32 = any(inter == i and num_rows <= rows for i, rows in GEMV_X_F32_WHERE)
         return GemvConfig(4, 512, 4, x_f32=x_f32), GemvConfig(8, min(512, inter), 4, x_f32=x_f32)
@@ -1672,7 +1706,8 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     num_rows = batch * top_k
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()
-    gu_cfg, dn_cfg = configs if configs else gemv_configs(num_rows, inter)
+    gu_cfg, dn_cfg = configs if configs else gemv_configs(
+        num_rows, inter, tma=gemv_tma_usable(x, w13, w13_scale, w2, w2_scale))
     if not (isinstance(gu_cfg, GemvConfig) and isinstance(dn_cfg, GemvConfig)):
         raise ValueError(f"configs for upcast='gemv' must be two GemvConfig, got {configs!r}")
     gu_k, dn_k = min(gu_cfg.block_k, hidden // gu_cfg.split_k), min(dn_cfg.block_k, inter // dn_cfg.split_k)
@@ -1990,8 +2025,8 @@ PAIRS_AOT_EXTRA = ((PairsConfig(32, 128, 4), PairsConfig(64, 128, 4)),
 # GEMV forms compiled beside the defaults (selectable through ``configs``, measured slower on the H200 in
 # round 2 but kept compiling): a K split of both launches and the register prefetch
 GEMV_AOT_EXTRA = (GemvConfig(8, 512, 4, split_k=2), GemvConfig(8, 512, 4, prefetch=True))
-# the TMA GEMV at the default tiles, three stages (selectable through ``configs``; not measured yet)
-GEMV_TMA_AOT = (GemvConfig(8, 512, 4, tma_ring=3), GemvConfig(16, 512, 4, tma_ring=3))
+# the TMA GEMV as gemv_configs ships it (the default where GEMV_TMA_WHERE says)
+GEMV_TMA_AOT = (GemvConfig(8, 512, 4, tma_ring=GEMV_TMA_RING), GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING))
 
 
 def aot_configs() -> list[AotConfig]:
@@ -2059,8 +2094,8 @@ def aot_configs() -> list[AotConfig]:
     # stream in 16-byte loads (tests/kernels/test_moe_mxfp4_aot.py asserts those)
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
-        gu, dn = gemv_configs(TOP_K, inter)
-        gu_more, dn_more = gemv_configs(TOP_K + 1, inter)
+        gu, dn = gemv_configs(TOP_K, inter, tma=False)  # the plain kernels (TMA forms below)
+        gu_more, dn_more = gemv_configs(TOP_K + 1, inter, tma=False)
         forms = [(gu, dn), (gu_more, dn_more),
                  (dataclasses.replace(gu_more, two_rows=True), dataclasses.replace(dn_more, two_rows=True))]
         forms += [(extra, extra) for extra in GEMV_AOT_EXTRA]
@@ -2099,7 +2134,7 @@ def aot_configs() -> list[AotConfig]:
             name=f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}", kernel=kernel,
             signature=_gemv_tma_sig(kind, rows, cfg.block_k), constexprs=constexprs, num_warps=cfg.num_warps,
             num_stages=cfg.tma_ring, div16=("hidden", "inter"), expect_opcodes=("UTMALDG",),
-            forbid_opcodes=TENSOR_CORE_OPCODES, note="CUDA-core GEMV decode, operands by TMA (selectable, not a default)"))
+            forbid_opcodes=TENSOR_CORE_OPCODES, note="CUDA-core GEMV decode, operands by TMA (the default at T=1 B<=16, T=4 B<=8)"))
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp

@@ -634,13 +634,67 @@ def test_gemv_default_dispatch_and_tensor_core_arguments(monkeypatch):
         run(x, experts, weights, ids, upcast="gemv", configs=(moe.GemvConfig(48, 256, 4), moe.GemvConfig(16, 32, 4)))
 
 
-def test_gemv_small_tiles_only_where_measured():
-    """Round 2: halved N tiles at I = 512, one routed row per expert; the round-1 tiles elsewhere."""
+def test_gemv_tiles_only_where_measured():
+    """Round 8b: the TMA ring at T=1 up to B=16 and T=4 up to B=8; without TMA (or elsewhere) round 2's
+    halved N tiles at I = 512 with one routed row per expert, round 1's tiles otherwise."""
     full_i = 2048
-    assert moe.gemv_configs(TOP_K, full_i // 4) == (moe.GemvConfig(4, 512, 4, x_f32=True),
-                                                     moe.GemvConfig(8, 512, 4, x_f32=True))  # round 3
-    assert moe.gemv_configs(TOP_K + 1, full_i // 4) == (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
-    assert moe.gemv_configs(TOP_K, full_i) == (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
+    tma = (moe.GemvConfig(8, 512, 4, tma_ring=3), moe.GemvConfig(16, 512, 4, tma_ring=3))
+    plain = (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
+    for rows in (TOP_K, 8 * TOP_K, 16 * TOP_K):
+        assert moe.gemv_configs(rows, full_i) == tma
+    for rows in (TOP_K, 8 * TOP_K):
+        assert moe.gemv_configs(rows, full_i // 4) == tma
+    assert moe.gemv_configs(8 * TOP_K + 1, full_i // 4) == plain
+    for tp in (2, 8):  # not measured with TMA (and K = 256 < 512 at T=8)
+        assert not moe.gemv_configs(TOP_K, full_i // tp)[0].tma_ring
+    assert moe.gemv_configs(TOP_K, full_i // 4, tma=False) == (moe.GemvConfig(4, 512, 4, x_f32=True),
+                                                                moe.GemvConfig(8, 512, 4, x_f32=True))  # round 3
+    assert moe.gemv_configs(TOP_K + 1, full_i // 4, tma=False) == plain
+    assert moe.gemv_configs(TOP_K, full_i, tma=False) == plain
+    # the decode form per batch: the GEMV wherever its TMA form won, the pairs decode above
+    assert moe.default_upcast(16 * TOP_K, full_i) == "gemv" and moe.default_upcast(16 * TOP_K + 1, full_i) == "pairs"
+    assert moe.default_upcast(8 * TOP_K, full_i // 4) == "gemv" and moe.default_upcast(9 * TOP_K, full_i // 4) == "pairs"
+
+
+def test_gemv_tma_needs_16_byte_aligned_operands():
+    base = torch.zeros(64, dtype=torch.uint8, device=DEVICE)
+    assert moe.gemv_tma_usable(base[:32], base[16:48])  # on the CPU only under the interpreter, as here
+    assert not moe.gemv_tma_usable(base[:32], base[8:40])
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_gemv_default_takes_tma_where_listed(monkeypatch, aligned):
+    """The default forward runs the TMA kernels where GEMV_TMA_WHERE lists the shape and the operands
+    allow TMA, the plain GEMV kernels otherwise; both match the reference."""
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=5)
+    weights, ids = make_routing(1, "random")
+    x = make_x(1, hidden=TMA_HIDDEN, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    monkeypatch.setattr(moe, "GEMV_TMA_WHERE", ((inter, TOP_K),))
+    monkeypatch.setattr(moe, "GEMV_DEFAULT_WHERE", ((inter, TOP_K, TOP_K),))
+    monkeypatch.setattr(moe, "PAIRS_DEFAULT_WHERE", ())
+    if not aligned:
+        monkeypatch.setattr(moe, "gemv_tma_usable", lambda *tensors: False)
+    launched = []
+    for name in ("_gate_up_gemv_tma_kernel", "_down_gemv_tma_kernel", "_gate_up_gemv_kernel", "_down_gemv_kernel"):
+        kernel = getattr(moe, name)
+        monkeypatch.setattr(moe, name, _LaunchSpy(kernel, name, launched))
+    out = run(x, experts, weights, ids)
+    assert rel(out, ref) < 2e-2
+    tma = ["_gate_up_gemv_tma_kernel", "_down_gemv_tma_kernel"]
+    assert launched == (tma if aligned else ["_gate_up_gemv_kernel", "_down_gemv_kernel"])
+
+
+class _LaunchSpy:
+    """Stands in for a Triton kernel: records the name of each launch, then launches the kernel."""
+
+    def __init__(self, kernel, name, launched):
+        self.kernel, self.name, self.launched = kernel, name, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(self.name)
+        return self.kernel[grid]
 
 
 def test_gemv_aot_configs_forbid_tensor_cores():
@@ -648,7 +702,7 @@ def test_gemv_aot_configs_forbid_tensor_cores():
     # default tiles (one row per pass) and their two-row form at every per-rank I
     assert {c.constexprs["TWO_ROWS"] for c in gemv} == {False, True}
     for tp in SUPPORTED_TP:
-        gu, dn = moe.gemv_configs(TOP_K, 2048 // tp)
+        gu, dn = moe.gemv_configs(TOP_K, 2048 // tp, tma=False)
         assert any(c.kernel is moe._gate_up_gemv_kernel and c.constexprs["BLOCK_N"] == gu.block_n for c in gemv)
         assert any(c.kernel is moe._down_gemv_kernel and c.constexprs["BLOCK_N"] == dn.block_n for c in gemv)
         assert any(c.kernel is moe._down_gemv_kernel and c.constexprs["BLOCK_K"] == min(dn.block_k, 2048 // tp)
@@ -656,7 +710,7 @@ def test_gemv_aot_configs_forbid_tensor_cores():
     assert all("HMMA" in c.forbid_opcodes and "QMMA" in c.forbid_opcodes and not c.expect_opcodes for c in gemv)
     # the x_f32 default (T=4, B=1) compiles with float32 activation pointers, beside its routing launch
     x_f32 = [c for c in gemv if c.constexprs["X_F32"]]
-    gu, dn = moe.gemv_configs(TOP_K, 2048 // 4)
+    gu, dn = moe.gemv_configs(TOP_K, 2048 // 4, tma=False)
     assert gu.x_f32 and dn.x_f32
     assert any(c.kernel is moe._gate_up_gemv_kernel and c.constexprs["BLOCK_N"] == gu.block_n
                and c.signature["x_ptr"] == c.signature["act_ptr"] == "*fp32" for c in x_f32)
