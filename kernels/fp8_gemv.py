@@ -804,6 +804,16 @@ MIN_K_BLOCKS_PER_SPLIT = 4
 DEFAULT_SM_COUNT = 132
 
 
+PDL_MIN_CAPABILITY = 9  # griddepcontrol (programmatic dependent launch): sm_90 and sm_12x
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can be launched with programmatic dependent launch."""
+    if device.type != "cuda" or interpreter_enabled():
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= PDL_MIN_CAPABILITY
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device_index: int | None = None) -> int:
     if torch.cuda.is_available():
@@ -971,8 +981,9 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         partial = counters = y3  # unused
     inv_rope = positions is not None
     pos = positions if inv_rope else y3
-    # the interpreter has no inline PTX (the PDL instructions); the same program order runs without them
-    pdl = cfg.pdl and not interpreter_enabled()
+    # the interpreter has no inline PTX (the PDL instructions), and GPUs before sm_90 have no griddepcontrol:
+    # the same program order runs without them
+    pdl = cfg.pdl and pdl_supported(x3.device)
     pdl_args = dict(PDL=pdl, L2_PREFETCH_BLOCKS=cfg.pdl_l2_blocks if pdl else 0, PDL_LATE_TRIGGER=cfg.pdl_late,
                     launch_pdl=pdl)
     fr = freqs if inv_rope else y3

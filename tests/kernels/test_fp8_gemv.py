@@ -543,6 +543,14 @@ def test_wo_a_pdl_with_rope(cfg):
     assert rel_err(y, g.reference_grouped_wo_a(o, w, s, pos, freqs, HEAD, ROPE)) < OUTPUT_TOL
 
 
+@pytest.mark.parametrize("capability, expected", [((8, 0), False), ((9, 0), True), ((12, 0), True)])
+def test_pdl_only_on_gpus_with_griddepcontrol(monkeypatch, capability, expected):
+    assert not g.pdl_supported(torch.device("cpu"))
+    monkeypatch.setattr(g, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert g.pdl_supported(torch.device("cuda", 0)) is expected
+
+
 def test_pdl_config_validation_and_name():
     cfg = with_pdl(g.GemvConfig(1, 32, 1, False, k_unroll=2))
     assert cfg.name.endswith("_pdl_l2p16")
