@@ -50,7 +50,8 @@ the H200 1.05x at I = 512, B = 1 (the default there, :data:`GEMV_X_F32_WHERE`) b
 weight words, scale bytes and activation words arrive by TMA (host ``TensorDescriptor``s) through a ring of
 shared-memory stages (``_gate_up_gemv_tma_kernel`` / ``_down_gemv_tma_kernel``, one routed row per pass, K
 steps of 512); with 3 stages 1.09-1.29x faster on the H200 at T = 1 / 4, B = 1..16 / 1..8 and the GEMV default
-there (:data:`GEMV_TMA_WHERE`, ``benchmarks/moe_mxfp4-h200-run7-tma-summary.md``).
+there, and at T = 2, B = 1..16 (1.13-1.49x over the pairs decode) (:data:`GEMV_TMA_WHERE`,
+``benchmarks/moe_mxfp4-h200-run7-tma-summary.md``, ``-run8-tma-t2.md``).
 
 Tensor-core pairs decode (``upcast="pairs"``, round 4, :data:`PAIRS_DEFAULT_WHERE`): launches 1-3 become
 ``_route_pairs_kernel`` (routing + x as bf16 times 2**32 in the *pair order*), ``_gate_up_pairs_kernel`` and
@@ -1242,8 +1243,10 @@ SPLIT_NIBBLES_MIN_INTER = 2048  # decode at I = 2048: split_bf16 12-18 % faster 
 # 47.3, 115 vs 211, 750 vs 809 us). It was slower at I = 2048, B = 64 (2681 vs 1979 us) and at B = 256
 # (3.7x / 2.6x slower: one weight pass per routed row); T = 2 and T = 8 are not measured. The pairs decode
 # (PAIRS_DEFAULT_WHERE, checked first) has since taken I = 512 from B = 9. At I = 2048 the TMA form of the
-# GEMV (GEMV_TMA_WHERE) beat the pairs decode at B = 8 and 16 (round 8b), so the GEMV runs there up to B = 16.
-GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 16 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, TOP_K, 64 * TOP_K))
+# GEMV (GEMV_TMA_WHERE) beat the pairs decode at B = 8 and 16 (round 8b), and at I = 1024 (T=2) at B = 1..16
+# (run 8), so the GEMV runs there up to B = 16.
+GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 16 * TOP_K), (MOE_INTERMEDIATE_SIZE // 2, TOP_K, 16 * TOP_K),
+                      (MOE_INTERMEDIATE_SIZE // 4, TOP_K, 64 * TOP_K))
 
 
 # Where the tensor-core pairs decode is the default (same form, scale_bf16 tiles of :func:`pairs_configs`),
@@ -1261,11 +1264,12 @@ GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 16 * TOP_K), (MOE_INTERMEDI
 #   slower than the GEMV (B = 8: 120.1 vs 118.0 us);
 # I = 1024 (T=2) and I = 256 (T=8): faster at every measured B = 1 / 8 / 16 / 32 / 64 (T=2: 47.3 vs 64.0,
 #   193.7 vs 291.4, 354.8 vs 542.6, 582.1 vs 902.1, 766.7 vs 1189.9 us; T=8: 32.9 vs 36.7, 68.9 vs 111.9,
-#   121.0 vs 192.5, 180.9 vs 304.7, 259.1 vs 461.2 us against dot_scaled / regs).
+#   121.0 vs 192.5, 180.9 vs 304.7, 259.1 vs 461.2 us against dot_scaled / regs); at T=2 the TMA GEMV has since
+#   beaten it at B = 1..16 (run 8), so there the pairs decode starts at B = 17.
 # Unmeasured: B > 64 at T = 2 and 8 keep the earlier choice; B = 17..255 between measured wins take the
 # pairs form. (inter, min routed rows, max routed rows):
 PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K + 1, 256 * TOP_K),
-                       (MOE_INTERMEDIATE_SIZE // 2, TOP_K, 64 * TOP_K),
+                       (MOE_INTERMEDIATE_SIZE // 2, 16 * TOP_K + 1, 64 * TOP_K),
                        (MOE_INTERMEDIATE_SIZE // 4, 9 * TOP_K, 256 * TOP_K),
                        (MOE_INTERMEDIATE_SIZE // 8, TOP_K, 64 * TOP_K))
 
@@ -1371,9 +1375,13 @@ GEMV_X_F32_WHERE = GEMV_SMALL_TILES_WHERE
 # 49.6 / 85.2 / 164.0 / 304.3 / 588.8 us against 64.0 / 108.3 / 203.9 (GEMV) / 370.1 / 642.0 (pairs)
 # (1.09-1.29x); I = 512 (T=4) B = 1 / 2 / 4 / 8 in 22.9 / 33.1 / 60.5 / 99.1 us against 26.9 / 40.4 / 72.9 /
 # 118.3 (GEMV; 1.17-1.22x), B = 16 184.6 against the pairs decode's 184.2 us (equal: the pairs form stays).
-# 2 and 4 stages and 16-column gate/up tiles were slower or equal, 4-column tiles 0.64-0.86x. B = 3, 5..7 and
-# 9..15 lie between measured wins. (per-rank I, most routed rows):
-GEMV_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K))
+# 2 and 4 stages and 16-column gate/up tiles were slower or equal, 4-column tiles 0.64-0.86x. Run 8
+# (benchmarks/moe_mxfp4-h200-run8-tma-t2.md): I = 1024 (T=2) B = 1 / 2 / 4 / 8 / 16 in 31.85 / 51.05 / 88.1 / 169.3 /
+# 316.4 us against the pairs decode's 47.54 / 66.67 / 116.6 / 193.2 / 357.4 (1.13-1.49x), slower at B = 32 (614.9 vs
+# 580.0). B = 3, 5..7 and 9..15 lie between measured wins. T = 8 (I = 256) cannot run it (K steps of 512).
+# (per-rank I, most routed rows):
+GEMV_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K), (MOE_INTERMEDIATE_SIZE // 2, 16 * TOP_K),
+                  (MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K))
 GEMV_TMA_RING = 3
 GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
 
@@ -2123,7 +2131,7 @@ def aot_configs() -> list[AotConfig]:
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages or 1, div16=("hidden", "inter"),
                     forbid_opcodes=TENSOR_CORE_OPCODES,
                     note="CUDA-core GEMV decode" + ("" if shipped else " (selectable, not a default)")))
-    # TMA GEMV (T = 1 and 4: K >= 512 on both launches; the same kernels at both)
+    # TMA GEMV (T = 1, 2 and 4: K >= 512 on both launches; the same kernels at each)
     for kind, kernel, cfg in (("gate_up", _gate_up_gemv_tma_kernel, GEMV_TMA_AOT[0]),
                               ("down", _down_gemv_tma_kernel, GEMV_TMA_AOT[1])):
         rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
@@ -2134,7 +2142,7 @@ def aot_configs() -> list[AotConfig]:
             name=f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}", kernel=kernel,
             signature=_gemv_tma_sig(kind, rows, cfg.block_k), constexprs=constexprs, num_warps=cfg.num_warps,
             num_stages=cfg.tma_ring, div16=("hidden", "inter"), expect_opcodes=("UTMALDG",),
-            forbid_opcodes=TENSOR_CORE_OPCODES, note="CUDA-core GEMV decode, operands by TMA (the default at T=1 B<=16, T=4 B<=8)"))
+            forbid_opcodes=TENSOR_CORE_OPCODES, note="CUDA-core GEMV decode, operands by TMA (the default at T=1/2 B<=16, T=4 B<=8)"))
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp

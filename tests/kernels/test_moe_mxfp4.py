@@ -635,18 +635,17 @@ def test_gemv_default_dispatch_and_tensor_core_arguments(monkeypatch):
 
 
 def test_gemv_tiles_only_where_measured():
-    """Round 8b: the TMA ring at T=1 up to B=16 and T=4 up to B=8; without TMA (or elsewhere) round 2's
+    """Round 8b / run 8: the TMA ring at T=1/2 up to B=16 and T=4 up to B=8; without TMA (or elsewhere) round 2's
     halved N tiles at I = 512 with one routed row per expert, round 1's tiles otherwise."""
     full_i = 2048
     tma = (moe.GemvConfig(8, 512, 4, tma_ring=3), moe.GemvConfig(16, 512, 4, tma_ring=3))
     plain = (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
     for rows in (TOP_K, 8 * TOP_K, 16 * TOP_K):
-        assert moe.gemv_configs(rows, full_i) == tma
+        assert moe.gemv_configs(rows, full_i) == tma and moe.gemv_configs(rows, full_i // 2) == tma
     for rows in (TOP_K, 8 * TOP_K):
         assert moe.gemv_configs(rows, full_i // 4) == tma
     assert moe.gemv_configs(8 * TOP_K + 1, full_i // 4) == plain
-    for tp in (2, 8):  # not measured with TMA (and K = 256 < 512 at T=8)
-        assert not moe.gemv_configs(TOP_K, full_i // tp)[0].tma_ring
+    assert not moe.gemv_configs(TOP_K, full_i // 8)[0].tma_ring  # K = 256 < 512 at T=8
     assert moe.gemv_configs(TOP_K, full_i // 4, tma=False) == (moe.GemvConfig(4, 512, 4, x_f32=True),
                                                                 moe.GemvConfig(8, 512, 4, x_f32=True))  # round 3
     assert moe.gemv_configs(TOP_K + 1, full_i // 4, tma=False) == plain
@@ -654,6 +653,9 @@ def test_gemv_tiles_only_where_measured():
     # the decode form per batch: the GEMV wherever its TMA form won, the pairs decode above
     assert moe.default_upcast(16 * TOP_K, full_i) == "gemv" and moe.default_upcast(16 * TOP_K + 1, full_i) == "pairs"
     assert moe.default_upcast(8 * TOP_K, full_i // 4) == "gemv" and moe.default_upcast(9 * TOP_K, full_i // 4) == "pairs"
+    for inter in (full_i, full_i // 2):
+        assert moe.default_upcast(16 * TOP_K, inter) == "gemv" and moe.default_upcast(16 * TOP_K + 1, inter) == "pairs"
+    assert moe.default_upcast(TOP_K, full_i // 8) == "pairs"
 
 
 def test_gemv_tma_needs_16_byte_aligned_operands():
