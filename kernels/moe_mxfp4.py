@@ -1378,7 +1378,10 @@ GEMV_X_F32_WHERE = GEMV_SMALL_TILES_WHERE
 # 2 and 4 stages and 16-column gate/up tiles were slower or equal, 4-column tiles 0.64-0.86x. Run 8
 # (benchmarks/moe_mxfp4-h200-run8-tma-t2.md): I = 1024 (T=2) B = 1 / 2 / 4 / 8 / 16 in 31.85 / 51.05 / 88.1 / 169.3 /
 # 316.4 us against the pairs decode's 47.54 / 66.67 / 116.6 / 193.2 / 357.4 (1.13-1.49x), slower at B = 32 (614.9 vs
-# 580.0). B = 3, 5..7 and 9..15 lie between measured wins. T = 8 (I = 256) cannot run it (K steps of 512).
+# 580.0). Run 9 (benchmarks/moe_mxfp4-h200-run9-between.md), the TMA GEMV default against the pairs decode in between:
+# T=1 B = 3 / 6 / 10 / 12 / 14 119.3 / 224.8 / 373.7 / 447.1 / 514.2 vs 168.5 / 306.8 / 448.9 / 499.2 / 561.3 us,
+# T=2 75.8 / 132.2 / 204.6 / 241.9 / 281.5 vs 100.9 / 147.7 / 245.3 / 278.8 / 305.4 us, T=4 B = 3 / 6 43.5 / 81.8 vs
+# 63.4 / 83.5 us. T = 8 (I = 256) cannot run it (K steps of 512).
 # (per-rank I, most routed rows):
 GEMV_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K), (MOE_INTERMEDIATE_SIZE // 2, 16 * TOP_K),
                   (MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K))
