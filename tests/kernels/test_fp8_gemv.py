@@ -280,6 +280,18 @@ Q8_FORMS = [q8(), q8(split=3), q8(block_n=32, split=2, unroll=2), q8(16, split=4
             q8(16, 128, 1, join=False, warps=8)]
 
 
+def check_linear_twice(x, w, s, cfg):
+    """block_fp8_linear at ``cfg`` into a poisoned output matches the reference, twice: the second call
+    checks the split-K counters were left at zero."""
+    ref = g.reference_block_fp8_linear(x, w, s)
+    for _ in range(2):
+        y = g.block_fp8_linear(x, w, s, out=poisoned((x.shape[0], w.shape[0])), config=cfg)
+        assert torch.isfinite(y).all()
+        assert rel_err(y, ref) < OUTPUT_TOL, cfg.name
+    if cfg.split_k > 1:
+        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+
+
 @pytest.mark.parametrize("cfg", Q8_FORMS, ids=lambda c: c.name)
 @pytest.mark.parametrize("m", [1, 5, 11])
 def test_fp8_mma_forms_match_reference(cfg, m):
@@ -289,13 +301,7 @@ def test_fp8_mma_forms_match_reference(cfg, m):
     x = torch.randn(m, k, generator=gen)
     x[:, ::37] *= 50  # outlier channels: each 128-group gets its own activation scale
     x = x.to(torch.bfloat16).to(DEVICE)
-    ref = g.reference_block_fp8_linear(x, w, s)
-    for _ in range(2):  # the second call checks the split-K counters were left at zero
-        y = g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=cfg)
-        assert torch.isfinite(y).all()
-        assert rel_err(y, ref) < OUTPUT_TOL, cfg.name
-    if cfg.split_k > 1:
-        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+    check_linear_twice(x, w, s, cfg)
 
 
 @pytest.mark.parametrize("form", ["q8j", "q8jc_split2"])
@@ -521,13 +527,7 @@ def test_pdl_forms_match_reference(cfg, m):
     n, k = 200, 1000  # ragged N and K: the L2 prefetch addresses clamp to the tile's last row / the split's block
     w, s = random_weight(n, k, gen=gen)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
-    ref = g.reference_block_fp8_linear(x, w, s)
-    for _ in range(2):  # the second call checks the split-K counters were left at zero
-        y = g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=cfg)
-        assert torch.isfinite(y).all()
-        assert rel_err(y, ref) < OUTPUT_TOL, cfg.name
-    if cfg.split_k > 1:
-        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+    check_linear_twice(x, w, s, cfg)
 
 
 @pytest.mark.parametrize("cfg", [with_pdl(g.GemvConfig(1, 32, 4, False, k_unroll=2)), with_pdl(q8(split=2), 4)],

@@ -5,6 +5,8 @@ Reduced shapes: 8 experts, H=256, per-rank I = 256/T for T in (1, 2, 4, 8) (the 
 around 2**0; the activations are large enough that the SwiGLU clamp (limit 10) is active.
 """
 
+import contextlib
+
 import pytest
 import torch
 import triton
@@ -19,6 +21,23 @@ NUM_EXPERTS = 8
 HIDDEN = 256
 INTERS = [256 // tp for tp in SUPPORTED_TP]
 TOP_K = 6
+
+
+@contextlib.contextmanager
+def poisoned_scratch():
+    """Inside: torch.empty fills floating-point tensors with NaN, so every scratch buffer a forward
+    allocates (atomic outputs, split-K partials) must be written by the kernels, not be zero by luck."""
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kw):
+        t = real_empty(*args, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = poisoned_empty
+    try:
+        yield
+    finally:
+        torch.empty = real_empty
 
 
 def make_experts(inter, num_experts=NUM_EXPERTS, hidden=HIDDEN, seed=0):
@@ -376,20 +395,11 @@ def test_split_k_clamp_tickets_and_scratch():
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
     unclamped = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
     assert rel(unclamped, ref) > 0.1
-    real_empty = torch.empty
-
-    def poisoned_empty(*args, **kw):  # the atomic output must be zeroed by the kernel, not by luck
-        t = real_empty(*args, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = poisoned_empty
-    try:
+    with poisoned_scratch():
         for split_k in [(4, 2), (2, 1), (1, 2), "auto"]:
             kw = {"split_k": split_k, "configs": SPLIT_TILES}
             assert rel(run(x, experts, weights, ids, **kw), ref) < 2e-2, split_k
             assert rel(run(x, experts, weights, ids, swiglu_limit=0.0, **kw), unclamped) < 2e-2, split_k
-    finally:
-        torch.empty = real_empty
     assert all(int(t.abs().sum()) == 0 for t in moe._TICKETS.values())  # tickets left zeroed
 
 
@@ -449,20 +459,11 @@ def test_gemv_forms_clamp_and_poisoned_scratch(form):
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
     unclamped = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
     assert rel(unclamped, ref) > 0.1
-    real_empty = torch.empty
-
-    def poisoned_empty(*args, **kw):
-        t = real_empty(*args, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
     gu_k, opts = GEMV_FORMS[form]
     cfgs = (moe.GemvConfig(inter, gu_k, 4, **opts), moe.GemvConfig(HIDDEN, 32, 2, **opts))
-    torch.empty = poisoned_empty
-    try:
+    with poisoned_scratch():
         assert rel(run(x, experts, weights, ids, upcast="gemv", configs=cfgs), ref) < 2e-2
         assert rel(run(x, experts, weights, ids, upcast="gemv", configs=cfgs, swiglu_limit=0.0), unclamped) < 2e-2
-    finally:
-        torch.empty = real_empty
     if opts.get("split_k", 1) > 1:  # the last split of every (slot, n block) put its ticket back
         assert int(moe._tickets(x.device, 1).count_nonzero()) == 0
 
@@ -489,17 +490,8 @@ def test_gemv_tma_ring(ring, batch, pattern):
     # two column blocks per expert; at B = 64 whole-expert blocks (interpreter time grows with programs x rows)
     gu_n, dn_n = (inter // 2, TMA_HIDDEN // 2) if batch < 64 else (inter, TMA_HIDDEN)
     cfgs = (moe.GemvConfig(gu_n, 512, 4, tma_ring=ring), moe.GemvConfig(dn_n, 512, 4, tma_ring=ring))
-    real_empty = torch.empty
-
-    def poisoned_empty(*args, **kw):
-        t = real_empty(*args, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = poisoned_empty
-    try:
+    with poisoned_scratch():
         out = run(x, experts, weights, ids, upcast="gemv", configs=cfgs)
-    finally:
-        torch.empty = real_empty
     assert torch.isfinite(out).all() and rel(out, ref) < 2e-2
     plain = run(x, experts, weights, ids, upcast="gemv",
                 configs=(moe.GemvConfig(gu_n, 512, 4), moe.GemvConfig(dn_n, 512, 4)))
@@ -762,18 +754,9 @@ def test_pairs_routing_patterns_clamp_and_poisoned_scratch(pattern):
     x = make_x(5, scale=4.0)
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
     unclamped = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
-    real_empty = torch.empty
-
-    def poisoned_empty(*args, **kw):
-        t = real_empty(*args, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    torch.empty = poisoned_empty
-    try:
+    with poisoned_scratch():
         out = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter, block_m=32))
         out_unclamped = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter), swiglu_limit=0.0)
-    finally:
-        torch.empty = real_empty
     if pattern == "all_invalid":
         assert torch.equal(out, torch.zeros_like(out))
         return
