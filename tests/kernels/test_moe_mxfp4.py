@@ -361,23 +361,23 @@ def test_split_nibble_dequant_is_bit_exact(upcast):
 
 
 def test_default_upcast_follows_the_h200_numbers():
-    """Where the H200 measured them faster: the pairs decode at B = 8..256 (I = 2048), B = 9..256 (I = 512)
-    and B = 1..64 (I = 1024, 256), the CUDA-core GEMV below (B <= 7 at I = 2048, B <= 8 at I = 512);
-    split_bf16 for the rest of the decode at I = 2048; the earlier choices elsewhere."""
+    """Where the H200 measured them faster: the (TMA) CUDA-core GEMV at B <= 16 (I = 2048, 1024) and
+    B <= 8 (I = 512), the pairs decode above it up to B = 256 (I = 2048, 512) / 64 (I = 1024) and at
+    B = 1..64 for I = 256; split_bf16 for the rest of the decode at I = 2048; the earlier choices elsewhere."""
     full_i = 2048
-    assert moe.default_upcast(TOP_K, full_i) == moe.default_upcast(7 * TOP_K, full_i) == "gemv"
-    assert moe.default_upcast(8 * TOP_K - 1, full_i) == "gemv"
-    assert moe.default_upcast(3 * TOP_K, full_i) == "gemv"
+    for inter in (full_i, full_i // 2):
+        assert all(moe.default_upcast(b * TOP_K, inter) == "gemv" for b in (1, 3, 7, 8, 12, 16))
+        assert moe.default_upcast(16 * TOP_K + 1, inter) == "pairs"
     assert moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(257 * TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "dot_scaled"  # prefill
     assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(8 * TOP_K, full_i // 4) == "gemv"
     assert moe.default_upcast(9 * TOP_K - 1, full_i // 4) == "gemv"
-    assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (8, 9, 12, 15, 16, 32, 64, 128, 256))
+    assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (17, 32, 64, 128, 256))
     assert all(moe.default_upcast(b * TOP_K, full_i // 4) == "pairs" for b in (9, 12, 15, 16, 32, 64, 128, 256))
-    for inter in (full_i // 2, full_i // 8):
-        assert all(moe.default_upcast(b * TOP_K, inter) == "pairs" for b in (1, 8, 16, 32, 64))
+    assert all(moe.default_upcast(b * TOP_K, full_i // 2) == "pairs" for b in (17, 32, 64))
+    assert all(moe.default_upcast(b * TOP_K, full_i // 8) == "pairs" for b in (1, 8, 16, 32, 64))
     assert moe.default_upcast(65 * TOP_K, full_i // 2) == "dot_scaled"  # T=2 beyond B=64: not measured
     assert moe.default_upcast(65 * TOP_K, full_i // 8) == "regs"  # T=8 beyond B=64: not measured
     assert moe.default_upcast(257 * TOP_K, full_i // 4) == "regs"
