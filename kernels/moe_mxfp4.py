@@ -1039,6 +1039,40 @@ def _scale_pairs_bf16(w, s, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BF1
 
 
 @triton.jit
+def _scale_pair_words(p, factor, EMULATE: tl.constexpr):
+    """int32 bf16 pair words ``p`` times ``factor`` (int32: the same bf16 power of two in both halves),
+    one PTX ``mul.rn.bf16x2`` per word, so the words go on to the MMA operand without being split into
+    bf16 values first (no half swaps around a packed multiply). The products are exact while normal
+    (E8M0 bytes 34..160, as :func:`_scale_pairs_bf16`). EMULATE: the same products in float32 by bits
+    (the CPU interpreter runs no inline PTX)."""
+    if EMULATE:
+        f = (factor << 16).to(tl.float32, bitcast=True)
+        lo = ((p << 16).to(tl.float32, bitcast=True) * f).to(tl.int32, bitcast=True)
+        hi = ((p & HIGH_HALF_MASK).to(tl.float32, bitcast=True) * f).to(tl.int32, bitcast=True)
+        return ((lo >> 16) & 0xFFFF) | (hi & HIGH_HALF_MASK)
+    else:
+        return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [p, factor], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _pairs_tile_scaled(q, s, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr,
+                       EMULATE: tl.constexpr):
+    """:func:`_pairs_tile` with the E8M0 bytes ``s`` [ROWS, BLOCK_K/32] applied to
+    the int32 pair words (:func:`_scale_pair_words`): bf16 [ROWS, BLOCK_K] in the pair order, the
+    dequantised values over 2**PAIRS_ACT_SHIFT."""
+    exponent = tl.minimum((s.to(tl.int32) & 0xFF) + (127 - 1 - PAIRS_ACT_SHIFT), 255)
+    factor = tl.reshape((exponent << 7) * 0x10001, [ROWS, BLOCK_K // 32, 1])  # one per 32-group, both halves
+    q3 = tl.reshape(q, [ROWS, BLOCK_K // 32, 4])
+    first = tl.join(_scale_pair_words(_pair_bits(q3, 12, MUL_PAIRS), factor, EMULATE),
+                    _scale_pair_words(_pair_bits(q3, 8, MUL_PAIRS), factor, EMULATE))
+    second = tl.join(_scale_pair_words(_pair_bits(q3, 4, MUL_PAIRS), factor, EMULATE),
+                     _scale_pair_words(_pair_bits(q3, 0, MUL_PAIRS), factor, EMULATE))
+    both = _pair_halves(tl.join(first, second))
+    return tl.reshape(both, [ROWS, BLOCK_K]).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr):
     """:func:`_pairs_rows` with the E8M0 scale applied to the pair words (:func:`_scale_pairs_bf16`), so a
@@ -1047,8 +1081,12 @@ def _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BL
     result scale as :func:`_pairs_rows` (times 2**(-126 + PAIRS_ACT_SHIFT))."""
     acc = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
     for k0 in range(0, k_len, BLOCK_K):
-        w = _pairs_tile(tl.load(w_ptrs + k0 // 8), ROWS, BLOCK_K, MUL_PAIRS)
-        w = _scale_pairs_bf16(w, tl.load(s_ptrs + k0 // 32), ROWS, BLOCK_K, SCALE_BF16)
+        if SCALE_BF16 >= 3:  # the scale on the int32 pair words (3: PTX, 4: emulated)
+            w = _pairs_tile_scaled(tl.load(w_ptrs + k0 // 8), tl.load(s_ptrs + k0 // 32), ROWS, BLOCK_K,
+                                   MUL_PAIRS, SCALE_BF16 == 4)
+        else:
+            w = _pairs_tile(tl.load(w_ptrs + k0 // 8), ROWS, BLOCK_K, MUL_PAIRS)
+            w = _scale_pairs_bf16(w, tl.load(s_ptrs + k0 // 32), ROWS, BLOCK_K, SCALE_BF16)
         a = tl.load(a_ptrs + k0, mask=a_ok, other=0.0)
         acc = tl.dot(w, tl.trans(a), acc)
     return acc * (1.0 / PAIRS_UNBIAS)
@@ -1831,7 +1869,10 @@ class PairsConfig:
     of 32: one MMA + scale FFMA per 32-group), ``block_m`` routed rows per pass (the MMA's N side, >= 16),
     ``mul_pairs``: nibble pairs placed by a multiply (3 instead of 4 integer instructions per pair);
     ``scale_bf16``: the E8M0 scale multiplies the pair words in packed bf16 (one MMA per K step instead
-    of one per 32-group plus an FFMA; exact for E8M0 bytes 34..160, inf above 160; not yet measured)."""
+    of one per 32-group plus an FFMA; exact for E8M0 bytes 34..160, inf above 160); ``scale_on_words`` (round 9,
+    one MMA per K step as ``scale_bf16``): the same factor multiplied onto the int32 pair words by PTX
+    ``mul.rn.bf16x2`` before they are split into bf16 values (:func:`_pairs_tile_scaled`: no half swaps around
+    the packed multiply, one scale byte per thread and group instead of a shared-memory shuffle of the scales)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1839,15 +1880,19 @@ class PairsConfig:
     block_m: int = 16
     mul_pairs: bool = False
     scale_bf16: bool = False
+    scale_on_words: bool = False
 
     def label(self) -> str:
         return (f"n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
                 + (f"m{self.block_m}" if self.block_m != 16 else "") + ("mul" if self.mul_pairs else "")
-                + ("h" if self.scale_bf16 else ""))
+                + ("h" if self.scale_bf16 else "") + ("wd" if self.scale_on_words else ""))
 
     def scale_bf16_constexpr(self) -> int:
         """SCALE_BF16 of the launch: 1 (packed bf16 multiply) or, under the CPU interpreter, 2 (the same
-        exact products in float32 by bits); 0 without ``scale_bf16``."""
+        exact products in float32 by bits); with ``scale_on_words`` 3 (PTX on the pair words) or, under the
+        interpreter (no inline PTX), 4 (the same products by bits); 0 without either."""
+        if self.scale_on_words:
+            return 4 if interpreter_enabled() else 3
         if not self.scale_bf16:
             return 0
         return 2 if interpreter_enabled() else 1
@@ -2030,7 +2075,9 @@ def _down_pairs_sig():
 
 # pairs tiles compiled beside pairs_configs (the device run's candidates)
 PAIRS_AOT_EXTRA = ((PairsConfig(32, 128, 4), PairsConfig(64, 128, 4)),
-                   (PairsConfig(32, 128, 4, mul_pairs=True), PairsConfig(64, 128, 4, mul_pairs=True)))
+                   (PairsConfig(32, 128, 4, mul_pairs=True), PairsConfig(64, 128, 4, mul_pairs=True)),
+                   (PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True),
+                    PairsConfig(64, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True)))
 
 
 # GEMV forms compiled beside the defaults (selectable through ``configs``, measured slower on the H200 in
@@ -2149,6 +2196,8 @@ def aot_configs() -> list[AotConfig]:
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
+        shipped_pairs = [dataclasses.replace(c, block_k=min(c.block_k, k))
+                         for c, k in zip(pairs_configs(TOP_K, inter), (HIDDEN_SIZE, inter))]
         for gu_cfg, dn_cfg in (pairs_configs(TOP_K, inter),) + PAIRS_AOT_EXTRA:
             for kind, kernel, sig, cfg, k_len in (("gate_up", _gate_up_pairs_kernel, _gate_up_pairs_sig(), gu_cfg,
                                                    HIDDEN_SIZE),
@@ -2161,15 +2210,15 @@ def aot_configs() -> list[AotConfig]:
                     continue
                 seen.add((kind, PAIRS, cfg))
                 constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": block_k,
-                              "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": int(cfg.scale_bf16)}
+                              "MUL_PAIRS": cfg.mul_pairs,
+                              "SCALE_BF16": 3 if cfg.scale_on_words else int(cfg.scale_bf16)}
                 if kind == "gate_up":
                     constexprs["TOP_K"] = TOP_K
                 configs.append(AotConfig(
                     name=f"moe_mxfp4_{kind}_pairs_{cfg.label()}",
                     kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",),
-                    note="tensor-core pairs decode" + ("" if cfg.mul_pairs and cfg.scale_bf16
-                                                          else " (selectable, not a default)")))
+                    note="tensor-core pairs decode" + ("" if cfg in shipped_pairs else " (selectable, not a default)")))
     configs.append(AotConfig(
         name="moe_mxfp4_route_pairs", kernel=_route_pairs_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",

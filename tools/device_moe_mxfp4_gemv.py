@@ -108,6 +108,35 @@ TMA_CANDIDATES = [
     (G(4, 512, 4, tma_ring=3), G(8, 512, 4, tma_ring=3)),
 ]
 TMA_DEADLINE_S = 120  # for a 180 s device limit (one case with compiles takes up to ~30 s)
+# round 9 (--words): the pairs decode with the E8M0 factor multiplied onto the int32 pair words by PTX
+# mul.rn.bf16x2 (PairsConfig(scale_on_words=True): no half-swap PRMTs around the packed multiply; sm_120a K loop
+# 312 vs 338 SASS instructions, sm_90a 317 vs 358) at the default tiles, 2 / 4 stages and half / double tiles,
+# beside the shipped default (and the pairs default tiles where the TMA GEMV is the default: T=1 B=16)
+WORDS_CANDIDATES = [
+    (P(32, 128, 4, mul_pairs=True, scale_bf16=True), P(64, 128, 4, mul_pairs=True, scale_bf16=True)),
+    (P(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True),
+     P(64, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True)),
+    (P(32, 128, 4, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True),
+     P(64, 128, 4, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True)),
+    (P(32, 128, 4, 2, mul_pairs=True, scale_bf16=True, scale_on_words=True),
+     P(64, 128, 4, 2, mul_pairs=True, scale_bf16=True, scale_on_words=True)),
+    (P(16, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True),
+     P(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True)),
+    (P(64, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True),
+     P(128, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True)),
+]
+# and (brief item 3, B = 1 / 8) the TMA GEMV with K steps of 1024 (twice the bytes in flight per program) at 2 / 3
+# stages and 4 / 8 warps, and 8 warps on twice the rows at K steps of 512, beside the TMA GEMV default
+WORDS_GEMV_CANDIDATES = [
+    (G(8, 1024, 4, tma_ring=3), G(16, 1024, 4, tma_ring=3)),
+    (G(8, 1024, 4, tma_ring=2), G(16, 1024, 4, tma_ring=2)),
+    (G(8, 1024, 8, tma_ring=3), G(16, 1024, 8, tma_ring=3)),
+    (G(16, 512, 8, tma_ring=3), G(32, 512, 8, tma_ring=3)),
+]
+WORDS_GEMV_MAX_BATCH = 8
+WORDS_SMOKE_CANDIDATES = [(P(16, 64, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True),
+                           P(32, 32, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True))]
+WORDS_DEADLINE_S = 165  # for a 220 s device limit
 
 
 def label(cfgs) -> str:
@@ -130,6 +159,7 @@ def main() -> None:
 
     parser.add_argument("--pairs", action="store_true")
     parser.add_argument("--tma", action="store_true", help="round 8b: TMA GEMV candidates (device only: K >= 512)")
+    parser.add_argument("--words", action="store_true", help="round 9: pairs decode with the scale on the pair words")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
                         "launch by launch at every B (default: B = 1 only, every variant)")
     parser.add_argument("--only", default=None,
@@ -139,12 +169,16 @@ def main() -> None:
     parser.add_argument("--tps", default=None, help="comma-separated tensor-parallel sizes T (default: 1,4)")
     args = parser.parse_args()
     breakdown = [b for b in args.breakdown.split(",") if b]
+    gemv_max_batch = WORDS_GEMV_MAX_BATCH
     if args.smoke:
         from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
 
         patch_bf16_dot()
         device, num_experts, hidden, tps, batches, copies, base_inter = "cpu", 8, 256, (1, 4), (1, 3), 2, 256
         candidates = PAIRS_SMOKE_CANDIDATES if args.pairs else SMOKE_CANDIDATES
+        if args.words:
+            candidates, batches = WORDS_SMOKE_CANDIDATES, (3, 16)
+            gemv_max_batch = 3  # the smoke's pairs candidates run at B = 16 only
         if args.tma:  # TMA needs K >= 512
             hidden, base_inter, tps, batches = 512, 512, (1,), (1,)
             candidates = [(G(128, 512, 4, tma_ring=2), G(256, 512, 4, tma_ring=2))]
@@ -155,20 +189,27 @@ def main() -> None:
         candidates = PAIRS_CANDIDATES if args.pairs else GEMV_CANDIDATES
         if args.tma:
             batches, candidates = (1, 2, 4, 8, 16), TMA_CANDIDATES
+        if args.words:
+            batches, candidates = (1, 8, 16, 32, 64, 256), WORDS_CANDIDATES + WORDS_GEMV_CANDIDATES
     if args.only:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
         batches = tuple(int(b) for b in args.batches.split(","))
     if args.tps:
         tps = tuple(int(t) for t in args.tps.split(","))
-    deadline = PAIRS_DEADLINE_S if args.pairs else (TMA_DEADLINE_S if args.tma else DEADLINE_S)
+    if args.words:
+        args.pairs = True  # the pairs form, labels and notes
+    deadline = (WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
+                else TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, round 8b: CUDA-core GEMV with its operands fetched by TMA, DSv4-Flash shapes, H200"
+        title=("sm120 MoE decode, round 9: pairs decode with the E8M0 scale on the int32 pair words, DSv4-Flash shapes, H200"
+               if args.words else
+               "sm120 MoE decode, round 8b: CUDA-core GEMV with its operands fetched by TMA, DSv4-Flash shapes, H200"
                if args.tma else
                "sm120 MoE decode, round 4: tensor-core pairs decode vs the defaults, DSv4-Flash shapes, H200"
                if args.pairs else
@@ -209,8 +250,14 @@ def main() -> None:
         gemv_default = moe.gemv_configs(rows, inter)
         if args.tma and up != moe.GEMV:  # the pairs default from B = 8 / 9: the GEMV default tiles as well
             variants.append((label(gemv_default), {"upcast": moe.GEMV, "configs": gemv_default}))
-        variants += [(label(c), {"upcast": form, "configs": c}) for c in candidates
-                     if default_tiles is None or c != default_tiles(rows, inter)]
+        if args.words:  # pairs candidates from B = 16, GEMV candidates up to B = 8
+            candidates_here = [c for c in candidates
+                               if isinstance(c[0], moe.PairsConfig) == (batch > gemv_max_batch)]
+        else:
+            candidates_here = candidates
+        variants += [(label(c), {"upcast": moe.PAIRS if isinstance(c[0], moe.PairsConfig) else moe.GEMV,
+                                 "configs": c})
+                     for c in candidates_here if default_tiles is None or c != default_tiles(rows, inter)]
         times = {}
         for name, kw in variants:
             def per_layer(layer, kw=kw):
@@ -250,7 +297,9 @@ def main() -> None:
                         f"{copies} layer copies; CUDA graphs of 12 calls, median of 15 replays")
     if args.pairs:
         result.notes.append("pairs labels: gate/up / down PairsConfig as n<block_n>k<block_k>w<warps>s<num_stages>, "
-                            "mul = nibble pairs placed by one multiply; 16 routed rows per MMA pass")
+                            "mul = nibble pairs placed by one multiply, h = E8M0 factor on the pair values in packed "
+                            "bf16, wd = the factor on the int32 pair words by PTX mul.rn.bf16x2 (round 9); "
+                            "16 routed rows per MMA pass")
     result.notes.append("gemv labels: gate/up / down GemvConfig as n<block_n>k<block_k>w<warps>, s<K splits>, "
                         "p = register prefetch of the next K step, st<num_stages> (none: Triton's default 3), f = x_f32 "
                         "(activations as float32 in the word-pair order, multiply-placed nibble pairs), tma<stages> = "

@@ -718,15 +718,17 @@ def test_gemv_aot_configs_forbid_tensor_cores():
 PAIRS_TILES = (moe.PairsConfig(16, 64, 4), moe.PairsConfig(32, 64, 4))
 
 
-def pairs_tiles(inter, mul_pairs=False, block_m=16, scale_bf16=False):
+def pairs_tiles(inter, mul_pairs=False, block_m=16, scale_bf16=False, scale_on_words=False):
     return tuple(moe.PairsConfig(min(c.block_n, inter) if i == 0 else c.block_n, c.block_k, c.num_warps,
-                                 mul_pairs=mul_pairs, block_m=block_m, scale_bf16=scale_bf16)
+                                 mul_pairs=mul_pairs, block_m=block_m, scale_bf16=scale_bf16,
+                                 scale_on_words=scale_on_words)
                  for i, c in enumerate(PAIRS_TILES))
 
 
-# (mul_pairs, scale_bf16): shift- or multiply-placed pairs, scale per group on the MMA result or on the
-# pair words in bf16 (one MMA per K step)
-PAIRS_FORMS = {"shift_pairs": (False, False), "mul_pairs": (True, False), "scale_bf16": (True, True)}
+# (mul_pairs, scale_bf16, scale_on_words): shift- or multiply-placed pairs, scale per group on the MMA result,
+# on the pair values in bf16 (one MMA per K step) or on the int32 pair words before the split (round 9)
+PAIRS_FORMS = {"shift_pairs": (False, False, False), "mul_pairs": (True, False, False),
+               "scale_bf16": (True, True, False), "scale_words": (True, True, True)}
 
 
 @pytest.mark.parametrize("form", sorted(PAIRS_FORMS))
@@ -737,15 +739,17 @@ def test_pairs_forward_matches_reference(batch, inter, form):
     experts = make_experts(inter)
     weights, ids = make_routing(batch, "random")
     x = make_x(batch)
-    mul_pairs, scale_bf16 = PAIRS_FORMS[form]
-    out = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter, mul_pairs, scale_bf16=scale_bf16))
+    mul_pairs, scale_bf16, on_words = PAIRS_FORMS[form]
+    out = run(x, experts, weights, ids, upcast="pairs",
+              configs=pairs_tiles(inter, mul_pairs, scale_bf16=scale_bf16, scale_on_words=on_words))
     assert out.shape == (batch, HIDDEN) and out.dtype == torch.bfloat16
     if batch:
         assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
 
 
+@pytest.mark.parametrize("on_words", [False, True], ids=["default_forms", "scale_words"])
 @pytest.mark.parametrize("pattern", ["skewed", "duplicate", "invalid", "all_invalid"])
-def test_pairs_routing_patterns_clamp_and_poisoned_scratch(pattern):
+def test_pairs_routing_patterns_clamp_and_poisoned_scratch(pattern, on_words):
     """Skewed and duplicate experts, invalid ids, the clamp on and off, every scratch tensor NaN-poisoned
     (each activation and output row the launches read must be written first)."""
     inter = 32
@@ -754,9 +758,11 @@ def test_pairs_routing_patterns_clamp_and_poisoned_scratch(pattern):
     x = make_x(5, scale=4.0)
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
     unclamped = moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0)
+    words = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True} if on_words else {}
     with poisoned_scratch():
-        out = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter, block_m=32))
-        out_unclamped = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter), swiglu_limit=0.0)
+        out = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter, block_m=32, **words))
+        out_unclamped = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter, **words),
+                            swiglu_limit=0.0)
     if pattern == "all_invalid":
         assert torch.equal(out, torch.zeros_like(out))
         return
@@ -770,12 +776,27 @@ def test_pairs_dequantise_every_code_under_extreme_scales(form):
     2**-127) under E8M0 bytes from 2**-127 up to 2**20: the pair bits and the per-group scale on the MMA
     result (or, scale_bf16, on the pair words: exact from byte 34 up, the groups below add under 2**-93
     of the rest) give the reference's products."""
-    mul_pairs, scale_bf16 = PAIRS_FORMS[form]
+    mul_pairs, scale_bf16, on_words = PAIRS_FORMS[form]
     experts, x, weights, ids, ref = extreme_scale_case()
+    form_kw = {"mul_pairs": mul_pairs, "scale_bf16": scale_bf16, "scale_on_words": on_words}
     out = run(x, experts, weights, ids, upcast="pairs", swiglu_limit=0.0,
-              configs=(moe.PairsConfig(32, 256, 4, mul_pairs=mul_pairs, scale_bf16=scale_bf16),
-                       moe.PairsConfig(32, 32, 4, mul_pairs=mul_pairs, scale_bf16=scale_bf16)))
+              configs=(moe.PairsConfig(32, 256, 4, **form_kw), moe.PairsConfig(32, 32, 4, **form_kw)))
     assert torch.isfinite(ref).all() and torch.isfinite(out).all() and rel(out, ref) < 2e-2
+
+
+@pytest.mark.parametrize("batch", [1, 3, 64])
+def test_pairs_scale_on_words_is_bit_identical_to_scale_bf16(batch):
+    """The round-9 form (scale on the int32 pair words, emulated by bits under the interpreter) gives
+    exactly the scale_bf16 form's output: same products, same MMA operand, same order."""
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(batch, "skewed")
+    x = make_x(batch, scale=4.0)
+    base = run(x, experts, weights, ids, upcast="pairs", configs=pairs_tiles(inter, True, scale_bf16=True))
+    words = run(x, experts, weights, ids, upcast="pairs",
+                configs=pairs_tiles(inter, True, scale_bf16=True, scale_on_words=True))
+    assert torch.equal(words, base)
+    assert moe.PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True).label().endswith("hwd")
 
 
 def test_pairs_layout_launches_and_validation():
