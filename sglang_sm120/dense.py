@@ -15,6 +15,18 @@ Hooks (SGLang 0.5.23):
   build), and records the scale parameter on the weight.
 * ``_apply_wo_a_bf16_matmul`` (:502-604) AROUND: an FP8 ``wo_a`` goes to
   :func:`~sglang_sm120.kernels.fp8_gemv.grouped_fp8_wo_a`; a bf16 one to upstream.
+* ``MQALayer.__init__`` AROUND: for such a layer, sets ``use_fused_wo_a`` (upstream sets it only for
+  V4.1 with a bf16 ``wo_a`` on sm_100, :1533-1542) where its local group count has a measured win in
+  ``FUSED_ROPE_WHERE``, so that ``forward`` (:2933-2976) skips its standalone
+  ``fused_rope_inplace(o[..., -64:], inverse=True)`` at 1..32 rows and calls ``fused_rope_wo_a_bf16``
+  instead. Not where wo_b may consume FlashInfer-swizzled MXFP8 (``use_flashinfer_mxfp8_wo_b``, decided
+  after load; its backend ``mxfp8_dense_backend`` is known at build): the fused branch would then ask for
+  that output format (logged once). Over 32 rows upstream keeps the separate RoPE and the hook above.
+* ``fused_rope_wo_a_bf16`` (``kernels/ops/attention/dsv4/wo_a.py``, imported into deepseek_v4) AROUND:
+  for an adopted FP8 ``wo_a``, ``grouped_fp8_wo_a(o, w, scale, positions=, freqs=)`` (the inverse RoPE
+  applied to the activation in registers, one launch) at the (groups, rows) of ``FUSED_ROPE_WHERE``, else
+  upstream's ``fused_rope_inplace`` then the kernel without RoPE (the launches of the unfused branch);
+  returns ``(y [T, G*R],)`` as upstream's does. A bf16 ``wo_a`` goes to upstream's function.
 * ``srt/layers/quantization/fp8_utils.py: dispatch_w8a8_block_fp8_linear`` (:704-750) AROUND: the
   block-FP8 linear ``Fp8LinearMethod`` keeps (CUTLASS on sm_120) is wrapped so that calls with a
   bf16 activation of 1..``SGLANG_SM120_DENSE_MAX_ROWS`` rows (default 16) and 128x128 fp32 scales
@@ -43,9 +55,11 @@ logger = logging.getLogger("sglang_sm120")
 DSV4 = "sglang.srt.models.deepseek_v4"
 WO_A_ENABLED = f"{DSV4}.wo_a_fp8_gemm_enabled"
 MQA_INIT = f"{DSV4}.MqaAttentionBase.__init__"
+MQA_LAYER_INIT = f"{DSV4}.MQALayer.__init__"
 WO_A_MATMUL = f"{DSV4}._apply_wo_a_bf16_matmul"
+FUSED_ROPE_WO_A = f"{DSV4}.fused_rope_wo_a_bf16"
 FP8_DISPATCH = "sglang.srt.layers.quantization.fp8_utils.dispatch_w8a8_block_fp8_linear"
-TARGETS = (WO_A_ENABLED, MQA_INIT, WO_A_MATMUL, FP8_DISPATCH)
+TARGETS = (WO_A_ENABLED, MQA_INIT, MQA_LAYER_INIT, WO_A_MATMUL, FUSED_ROPE_WO_A, FP8_DISPATCH)
 
 ENV_MAX_ROWS = "SGLANG_SM120_DENSE_MAX_ROWS"
 # Rows up to which the block-FP8 linear runs our GEMV. On the H200 (benchmarks/fp8_gemv-h200.md) ours
@@ -55,8 +69,17 @@ DEFAULT_MAX_ROWS = 16
 ENV_PDL = "SGLANG_SM120_DENSE_PDL"
 # programmatic dependent launch of the GEMV (kernels.fp8_gemv.USE_PDL): on by default where the H200 measured it
 # faster (benchmarks/fp8_gemv-h200-run9-pdl.summary.md); "0" turns it off, e.g. to rule it out when debugging
+
+# (local wo_a groups, rows) where the H200 measured grouped_fp8_wo_a with the inverse RoPE fused faster than
+# a standalone RoPE launch followed by the kernel without it (benchmarks/wo_a_rope-h200.summary.md, runs 1 and 2:
+# e.g. G=2 M=1 7.46 vs 8.82 us, G=1 M=1 4.71 vs 7.47 us; slower at every M for G=8 and from M=4 on for
+# G=1/2). Elsewhere the fused branch still runs upstream's own RoPE launch, then the kernel without RoPE.
+FUSED_ROPE_WHERE = frozenset({(1, 1), (1, 2), (2, 1), (2, 2), (4, 2)})
+FUSED_ROPE_GROUPS = frozenset(g for g, _rows in FUSED_ROPE_WHERE)
+
 # attributes the seam puts on an FP8 wo_a weight Parameter
 SCALE_ATTR = "sm120_wo_a_scale"
+ROPE_DIMS_ATTR = "sm120_wo_a_rope_dims"  # (head_dim, rope_dim) of the layer, for the fused inverse RoPE
 FP8 = torch.float8_e4m3fn
 BLOCK = [128, 128]
 
@@ -164,10 +187,8 @@ def mqa_init_hook(original, self, *args, **kwargs):
 
 def wo_a_scale(wo_a: torch.Tensor) -> torch.Tensor:
     """The ``[G, R/128, D/128]`` fp32 scales of an FP8 ``wo_a`` view ``[G, R, D]`` of the layer's weight."""
-    base = wo_a if wo_a._base is None else wo_a._base
-    param = getattr(base, SCALE_ATTR, None)
-    if param is None:  # e.g. a view of weight.data: find the adopted weight with the same memory
-        param = next((getattr(w, SCALE_ATTR) for w in _adopted if w.data_ptr() == wo_a.data_ptr()), None)
+    adopted = _adopted_param(wo_a)  # e.g. a view of weight.data: the adopted weight with the same memory
+    param = None if adopted is None else getattr(adopted, SCALE_ATTR)
     if param is None:
         raise RuntimeError("sglang-sm120 dense: FP8 wo_a without recorded block scales (was the layer built "
                            "with the dense seam active?)")
@@ -178,6 +199,77 @@ def wo_a_scale(wo_a: torch.Tensor) -> torch.Tensor:
 def wo_a_fp8_matmul(o: torch.Tensor, wo_a: torch.Tensor) -> torch.Tensor:
     """``o [T, G, D] bf16 x wo_a [G, R, D] e4m3 -> [T, G, R] bf16`` on the grouped FP8 kernel."""
     return _kernels().grouped_fp8_wo_a(o, wo_a, wo_a_scale(wo_a))
+
+
+def _adopted_param(wo_a: torch.Tensor):
+    """The adopted FP8 wo_a weight Parameter ``wo_a`` is a view of, or None."""
+    base = wo_a if wo_a._base is None else wo_a._base
+    if getattr(base, SCALE_ATTR, None) is not None:
+        return base
+    return next((w for w in _adopted if w.data_ptr() == wo_a.data_ptr()), None)
+
+
+def enable_fused_rope_wo_a(layer) -> bool:
+    """After ``MQALayer.__init__``: let ``forward`` take upstream's fused inverse-RoPE + wo_a branch
+    (``fused_rope_wo_a_bf16``, routed to :func:`fused_rope_wo_a_hook`) for a layer whose FP8 ``wo_a``
+    the seam adopted, where the group count has a measured win (``FUSED_ROPE_WHERE``) and the result
+    can be exact: not when wo_b may take FlashInfer-swizzled MXFP8 (``use_flashinfer_mxfp8_wo_b``; the
+    fused branch would then ask for that format, which the grouped kernel does not produce)."""
+    if not getattr(layer, "sm120_fp8_wo_a", False) or not active():
+        return False
+    import sglang.srt.models.deepseek_v4 as dsv4
+
+    if dsv4._is_hip or dsv4._is_npu:  # their inverse RoPE runs elsewhere (attention kernel, NPU branch)
+        return False
+    if layer.n_local_groups not in FUSED_ROPE_GROUPS:
+        return False
+    # use_flashinfer_mxfp8_wo_b is a cached property decided after wo_b loads; its backend is known now
+    backend = getattr(getattr(layer.wo_b, "quant_method", None), "mxfp8_dense_backend", None)
+    if backend is not None and backend == dsv4.Mxfp8DenseGemmBackend.FLASHINFER_CUTEDSL:
+        _log_once("rope-mxfp8", "inverse RoPE stays a separate launch before wo_a: wo_b may consume FlashInfer "
+                  "MXFP8 (%s), which the fused branch would have to produce", backend)
+        return False
+    weight = layer.wo_a.weight
+    setattr(weight, ROPE_DIMS_ATTR, (layer.head_dim, layer.qk_rope_head_dim))
+    layer.use_fused_wo_a = True
+    _log_once("rope", "inverse RoPE folded into the FP8 wo_a kernel at (groups, rows) %s; other rows keep "
+              "upstream's RoPE launch", sorted(FUSED_ROPE_WHERE))
+    return True
+
+
+def mqa_layer_init_hook(original, self, *args, **kwargs):
+    original(self, *args, **kwargs)
+    enable_fused_rope_wo_a(self)
+
+
+def fused_rope_wo_a_hook(original, x, weight, freqs_cis, positions, *args, **kwargs):
+    """Upstream's ``fused_rope_wo_a_bf16(x [T, G, D], weight [G, R, D], freqs [P, rope] fp32, positions)``
+    -> ``(y [T, G*R],)``, for an adopted FP8 ``wo_a``: the inverse RoPE fused into the grouped FP8 kernel
+    where that measured faster, else upstream's in-place ``fused_rope_inplace`` then the kernel without
+    it (what the unfused branch runs). Anything else goes to upstream's function."""
+    if weight.dtype != FP8 or not active():
+        return original(x, weight, freqs_cis, positions, *args, **kwargs)
+    rope_dims = getattr(_adopted_param(weight), ROPE_DIMS_ATTR, None)
+    if rope_dims is None:  # only enable_fused_rope_wo_a sends an FP8 wo_a down this branch
+        raise RuntimeError("sglang-sm120 dense: FP8 wo_a on the fused inverse-RoPE branch of a layer the seam "
+                           "did not enable it for")
+    out_mxfp8 = kwargs.get("out_mxfp8", args[0] if args else True)
+    if out_mxfp8:  # enable_fused_rope_wo_a keeps such layers off this branch
+        raise NotImplementedError("sglang-sm120 dense: fused inverse RoPE + FP8 wo_a with MXFP8 output")
+    head_dim, rope_dim = rope_dims
+    rows, groups = x.shape[0], weight.shape[0]
+    scale = wo_a_scale(weight)
+    if (groups, rows) in FUSED_ROPE_WHERE:
+        y = _kernels().grouped_fp8_wo_a(x, weight, scale, positions=positions, freqs=freqs_cis, head_dim=head_dim,
+                                        rope_dim=rope_dim)
+    else:
+        import sglang.srt.models.deepseek_v4 as dsv4
+
+        heads = x.view(rows, -1, head_dim)  # upstream's o [T, H, head_dim], rotated in place as it does
+        dsv4.fused_rope_inplace(heads[..., -rope_dim:], None, torch.view_as_complex(freqs_cis.view(
+            freqs_cis.shape[0], -1, 2)), positions=positions, inverse=True)
+        y = _kernels().grouped_fp8_wo_a(x, weight, scale)
+    return (y.view(rows, -1),)
 
 
 def wo_a_matmul_hook(original, o, wo_a, *args, **kwargs):
@@ -254,7 +346,9 @@ def install() -> None:
     install_hooks([
         (WO_A_ENABLED, wo_a_fp8_gemm_enabled_hook, "AROUND"),
         (MQA_INIT, mqa_init_hook, "AROUND"),
+        (MQA_LAYER_INIT, mqa_layer_init_hook, "AROUND"),
         (WO_A_MATMUL, wo_a_matmul_hook, "AROUND"),
+        (FUSED_ROPE_WO_A, fused_rope_wo_a_hook, "AROUND"),
         (FP8_DISPATCH, dispatch_hook, "AROUND"),
     ])
 

@@ -5,6 +5,11 @@ Triton interpreter:
   ``SGLANG_OPT_FP8_WO_A_GEMM=0`` emulated), SGLang's own ``MqaAttentionBase`` allocates ``wo_a`` in
   FP8 with block scales (no bf16 copy), SGLang's weight loader and ``_setup_fp8_wo_a_scales`` fill
   it, and SGLang's ``_apply_wo_a_bf16_matmul`` reaches the grouped FP8 kernel;
+* SGLang's ``MQALayer``, built with the seam and run through its own ``forward`` (q/kv preparation,
+  the attention backend and wo_b stubbed; ``fused_rope_inplace``, a CUDA JIT kernel, replaced by a
+  counting CPU version), takes the fused inverse-RoPE branch: no RoPE launch where the RoPE is folded
+  into the FP8 kernel, one where it is not (other rows, > 32 rows, kill switch); every output against
+  the float32 reference with the same positions and freqs;
 * SGLang's ``Fp8LinearMethod`` (through a ``ReplicatedLinear``) sends 1..16-row bf16 activations to
   the GEMV and larger row counts to upstream's linear;
 * in a fresh process, the plugin's ``register()`` with the kill switch leaves every target as
@@ -28,6 +33,7 @@ from sglang_sm120.seams import SeamState
 from ..kernels.test_fp8_gemv import random_weight, rel_err
 
 GROUPS, RANK, HEADS, HEAD_DIM = 2, 128, 4, 256  # reduced DSv4 attention: D = HEADS*HEAD_DIM/GROUPS = 512
+ROPE_DIM = 32
 
 
 @pytest.fixture
@@ -112,6 +118,184 @@ def test_bf16_wo_a_and_inactive_seam_stay_upstream(seam):
     assert not dsv4.wo_a_fp8_gemm_enabled(fp8_config())  # upstream's answer on sm_120
     layer = build_attention(fp8_config())
     assert layer.wo_a.weight.dtype == torch.bfloat16  # upstream dequantises wo_a at load
+
+
+# --- inverse RoPE folded into wo_a: SGLang's MQALayer, built and run through its forward ---------------
+
+
+def build_mqa_layer(quant_config, monkeypatch):
+    """SGLang's ``MQALayer`` at the reduced shapes (SWA layer, no compressor). Its q/k RoPE module
+    (``get_rope_wrapper``) is not used by the branch under test and needs a GPU kernel to build."""
+    import sglang.srt.models.deepseek_v4 as dsv4
+
+    monkeypatch.setattr(dsv4, "get_rope_wrapper", lambda **kwargs: None)
+    cfg = SimpleNamespace(hidden_size=256, num_attention_heads=HEADS, head_dim=HEAD_DIM, qk_rope_head_dim=ROPE_DIM,
+                          q_lora_rank=128, o_groups=GROUPS, o_lora_rank=RANK, num_key_value_heads=1,
+                          compress_ratios=[0, 0], num_hidden_layers=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                          q_head_norm=True, model_type="deepseek_v4", rope_theta=10000, rope_scaling={},
+                          compress_rope_theta=40000, window_size=128)
+    ctx, par = parallel_overrides()
+    with ctx, par:
+        return dsv4.MQALayer(cfg, 0, quant_config, "model.layers.0.self_attn")
+
+
+def load_fp8_wo_a(layer, seed=0):
+    """The checkpoint's FP8 wo_a through SGLang's weight loaders and post-load scale layout."""
+    import sglang.srt.models.deepseek_v4 as dsv4
+
+    d = HEADS * HEAD_DIM // GROUPS
+    w, s = random_weight(RANK, d, groups=GROUPS, gen=torch.Generator().manual_seed(seed))
+    layer.wo_a.weight.weight_loader(layer.wo_a.weight, w.reshape(GROUPS * RANK, d))
+    layer.wo_a.weight_scale_inv.weight_loader(layer.wo_a.weight_scale_inv, s.reshape(GROUPS * RANK // 128, d // 128))
+    model = SimpleNamespace(model=SimpleNamespace(layers=[SimpleNamespace(self_attn=layer)], start_layer=0,
+                                                  end_layer=1))
+    dsv4.DeepseekV4ForCausalLM._setup_fp8_wo_a_scales(model, is_nextn=False)
+    return w, s
+
+
+def torch_fused_rope_inplace(calls):
+    """A CPU ``fused_rope_inplace`` (upstream's is a CUDA JIT kernel) with upstream's semantics:
+    ``q *= freqs_cis[positions]`` (conjugated when inverse) on interleaved (re, im) pairs, in fp32,
+    written back in q's dtype; each call is recorded."""
+    def fused_rope_inplace(q, k, freqs_cis, positions, inverse=False):
+        calls.append((tuple(q.shape), inverse))
+        f = freqs_cis[positions.long()]
+        f = f.conj() if inverse else f
+        rotated = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2).contiguous()) * f[:, None, :]
+        q.copy_(torch.view_as_real(rotated).flatten(-2).to(q.dtype))
+    return fused_rope_inplace
+
+
+def run_forward_tail(layer, attention_out, positions, monkeypatch):
+    """``MQALayer.forward`` with the parts before the attention output (q/kv preparation, the attention
+    backend) and wo_b stubbed: returns what reaches wo_b and the inverse-RoPE launches it made. The
+    branch under test (inverse RoPE, fused or not, then wo_a) is SGLang's code as installed."""
+    import sglang.srt.models.deepseek_v4 as dsv4
+
+    rope_calls, backend_calls = [], []
+    monkeypatch.setattr(dsv4, "fused_rope_inplace", torch_fused_rope_inplace(rope_calls))
+    backend = SimpleNamespace(forward=lambda **kw: backend_calls.append(kw) or attention_out.clone())
+    monkeypatch.setattr(dsv4, "get_attn_backend", lambda: backend)
+    rows = attention_out.shape[0]
+    monkeypatch.setattr(layer, "_forward_prepare", lambda *a, **k: (torch.zeros(rows, HEADS, HEAD_DIM), None),
+                        raising=False)
+    monkeypatch.setattr(layer, "_project_wo_b", lambda o, defer_all_reduce=False: o, raising=False)
+    mode = SimpleNamespace(is_decode=lambda: True, is_target_verify=lambda: False, is_extend=lambda: False,
+                           is_extend_without_speculative=lambda: False, is_decode_or_idle=lambda: True,
+                           is_extend_or_draft_extend_or_mixed=lambda: False)
+    with torch.inference_mode():
+        out = layer.forward(torch.zeros(rows, 256, dtype=torch.bfloat16), positions,
+                            SimpleNamespace(forward_mode=mode))
+    assert len(backend_calls) == 1
+    return out, rope_calls
+
+
+def attention_output(rows, seed):
+    gen = torch.Generator().manual_seed(seed)
+    o = torch.randn(rows, HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+    return o, torch.randint(0, 4096, (rows,), generator=gen)
+
+
+def freqs_of(layer):
+    return torch.view_as_real(layer.freqs_cis).flatten(1)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 32, 33])
+def test_inverse_rope_folded_into_fp8_wo_a(seam, monkeypatch, rows):
+    """GROUPS=2: up to 2 rows the RoPE is inside the FP8 kernel (no RoPE launch); 3..32 rows take the fused
+    branch with upstream's RoPE launch inside the hook; over 32 rows upstream's separate RoPE + our wo_a.
+    Every output against the float32 reference with the same positions and freqs."""
+    import sglang.srt.models.deepseek_v4 as dsv4
+
+    seam({"SGLANG_SM120_FORCE": "1"})
+    layer = build_mqa_layer(fp8_config(), monkeypatch)
+    assert layer.sm120_fp8_wo_a and layer.use_fused_wo_a is True
+    w, s = load_fp8_wo_a(layer)
+    fused_calls, matmul_calls = [], []
+    real_fused, real_matmul = fp8_gemv.grouped_fp8_wo_a, dsv4._apply_wo_a_bf16_matmul
+    monkeypatch.setattr(fp8_gemv, "grouped_fp8_wo_a",
+                        lambda *a, **k: fused_calls.append("positions" in k) or real_fused(*a, **k))
+    monkeypatch.setattr(dsv4, "_apply_wo_a_bf16_matmul", lambda *a, **k: matmul_calls.append(1) or real_matmul(*a, **k))
+    o, positions = attention_output(rows, seed=rows)
+    y, rope_calls = run_forward_tail(layer, o, positions, monkeypatch)
+
+    d = HEADS * HEAD_DIM // GROUPS
+    ref = fp8_gemv.reference_grouped_wo_a(o.view(rows, GROUPS, d), w, s, positions, freqs_of(layer), HEAD_DIM,
+                                          ROPE_DIM)
+    assert y.dtype == torch.bfloat16 and y.reshape(rows, GROUPS, RANK).shape == ref.shape
+    assert rel_err(y.reshape(rows, GROUPS, RANK), ref) < 6e-3
+    fused_in_kernel = (GROUPS, rows) in dense.FUSED_ROPE_WHERE
+    assert fused_calls == [fused_in_kernel]  # one wo_a launch, with the RoPE folded in or not
+    assert len(rope_calls) == (0 if fused_in_kernel else 1) and all(inv for _shape, inv in rope_calls)
+    assert len(matmul_calls) == (1 if rows > dsv4._FUSED_WO_A_MAX_TOKENS else 0)
+    if rope_calls:
+        assert rope_calls[0][0] == (rows, HEADS, ROPE_DIM)  # upstream's o[..., -64:] of every head
+
+
+def test_fused_and_separate_rope_paths_agree(seam, monkeypatch):
+    """At the same rows the folded RoPE and upstream's RoPE launch + our wo_a agree within bf16 rounding."""
+    seam({"SGLANG_SM120_FORCE": "1"})
+    layer = build_mqa_layer(fp8_config(), monkeypatch)
+    w, s = load_fp8_wo_a(layer, seed=3)
+    o, positions = attention_output(2, seed=4)
+    fused, rope_calls = run_forward_tail(layer, o, positions, monkeypatch)
+    assert not rope_calls
+    monkeypatch.setattr(dense, "FUSED_ROPE_WHERE", frozenset())
+    separate, rope_calls = run_forward_tail(layer, o, positions, monkeypatch)
+    assert len(rope_calls) == 1
+    assert rel_err(fused.float(), separate.float()) < 6e-3
+
+
+def test_fused_rope_not_enabled_where_unmeasured_or_inexact(seam, monkeypatch):
+    import sglang.srt.models.deepseek_v4 as dsv4
+
+    seam({"SGLANG_SM120_FORCE": "1"})
+    monkeypatch.setattr(dense, "FUSED_ROPE_GROUPS", frozenset({8}))  # e.g. G=8 (T=1): the fused form lost
+    layer = build_mqa_layer(fp8_config(), monkeypatch)
+    assert layer.sm120_fp8_wo_a and layer.use_fused_wo_a is False
+    w, s = load_fp8_wo_a(layer, seed=5)
+    o, positions = attention_output(1, seed=6)
+    y, rope_calls = run_forward_tail(layer, o, positions, monkeypatch)  # upstream's RoPE launch, then our wo_a
+    assert len(rope_calls) == 1
+    ref = fp8_gemv.reference_grouped_wo_a(o.view(1, GROUPS, -1), w, s, positions, freqs_of(layer), HEAD_DIM, ROPE_DIM)
+    assert rel_err(y.reshape(ref.shape), ref) < 6e-3
+
+    # wo_b that may consume FlashInfer MXFP8: the fused branch would ask wo_a for that format
+    monkeypatch.setattr(dense, "FUSED_ROPE_GROUPS", frozenset({GROUPS}))
+    layer.wo_b.quant_method.mxfp8_dense_backend = dsv4.Mxfp8DenseGemmBackend.FLASHINFER_CUTEDSL
+    assert dense.enable_fused_rope_wo_a(layer) is False and layer.use_fused_wo_a is False
+    layer.wo_b.quant_method.mxfp8_dense_backend = None
+    assert dense.enable_fused_rope_wo_a(layer) is True and layer.use_fused_wo_a is True
+    view = layer.wo_a.weight.view(GROUPS, RANK, -1)
+    with pytest.raises(NotImplementedError, match="MXFP8"):
+        dsv4.fused_rope_wo_a_bf16(o.view(1, GROUPS, -1), view, freqs_of(layer), positions, out_mxfp8=True)
+
+
+def test_kill_switch_keeps_upstreams_separate_rope(seam, monkeypatch):
+    import sglang.srt.models.deepseek_v4 as dsv4
+
+    seam({"SGLANG_SM120_FORCE": "1", "SGLANG_SM120_DISABLE": "dense"})
+    layer = build_mqa_layer(fp8_config(), monkeypatch)
+    assert layer.wo_a.weight.dtype == torch.bfloat16 and layer.use_fused_wo_a is False
+    assert not getattr(layer, "sm120_fp8_wo_a", False)
+    w = torch.randn(GROUPS * RANK, HEADS * HEAD_DIM // GROUPS, generator=torch.Generator().manual_seed(7))
+    layer.wo_a.weight.data.copy_(w.to(torch.bfloat16))
+    o, positions = attention_output(2, seed=8)
+    y, rope_calls = run_forward_tail(layer, o, positions, monkeypatch)
+    assert len(rope_calls) == 1  # upstream's separate inverse RoPE, then its bf16 einsum
+    rotated = o.clone()
+    torch_fused_rope_inplace([])(rotated[..., -ROPE_DIM:], None, layer.freqs_cis, positions, inverse=True)
+    expected = torch.einsum("tgd,grd->tgr", rotated.view(2, GROUPS, -1), layer.wo_a.weight.view(GROUPS, RANK, -1))
+    assert torch.equal(y, expected)
+    # upstream's fused function itself is what the module name points to, unwrapped or passing through
+    bf16_w = layer.wo_a.weight.view(GROUPS, RANK, -1)
+    seen = []
+    monkeypatch.setattr(dense, "_kernels", lambda: seen.append(1))
+    try:
+        dsv4.fused_rope_wo_a_bf16(o.view(2, GROUPS, -1), bf16_w, freqs_of(layer), positions, out_mxfp8=False)
+    except Exception:  # upstream's CUDA JIT kernel cannot run here; the point is that ours was not reached
+        pass
+    assert not seen
 
 
 def build_linear(n, k):
@@ -207,7 +391,8 @@ print(json.dumps({
     "upstream_fp8_wo_a_gemm": dsv4._FP8_WO_A_GEMM,
     "keeps_fp8": dsv4.wo_a_fp8_gemm_enabled(qc),
     "wrapped": [hasattr(f, "__wrapped__") for f in (dsv4.wo_a_fp8_gemm_enabled, dsv4._apply_wo_a_bf16_matmul,
-                dsv4.MqaAttentionBase.__init__, fu.dispatch_w8a8_block_fp8_linear)],
+                dsv4.MqaAttentionBase.__init__, dsv4.MQALayer.__init__, dsv4.fused_rope_wo_a_bf16,
+                fu.dispatch_w8a8_block_fp8_linear)],
 }))
 """
 
@@ -225,6 +410,6 @@ def test_plugin_register_in_fresh_process(disable):
     assert got["upstream_fp8_wo_a_gemm"] is False
     if disable:
         assert got == {"state": "disabled by env", "upstream_fp8_wo_a_gemm": False, "keeps_fp8": False,
-                       "wrapped": [False] * 4}
+                       "wrapped": [False] * 6}
     else:
-        assert got == {"state": "active", "upstream_fp8_wo_a_gemm": False, "keeps_fp8": True, "wrapped": [True] * 4}
+        assert got == {"state": "active", "upstream_fp8_wo_a_gemm": False, "keeps_fp8": True, "wrapped": [True] * 6}
