@@ -160,6 +160,8 @@ def main() -> None:
     parser.add_argument("--pairs", action="store_true")
     parser.add_argument("--tma", action="store_true", help="round 8b: TMA GEMV candidates (device only: K >= 512)")
     parser.add_argument("--words", action="store_true", help="round 9: pairs decode with the scale on the pair words")
+    parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
+                        help="--words: GEMV candidates up to this B, pairs candidates above it")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
                         "launch by launch at every B (default: B = 1 only, every variant)")
     parser.add_argument("--only", default=None,
@@ -169,7 +171,7 @@ def main() -> None:
     parser.add_argument("--tps", default=None, help="comma-separated tensor-parallel sizes T (default: 1,4)")
     args = parser.parse_args()
     breakdown = [b for b in args.breakdown.split(",") if b]
-    gemv_max_batch = WORDS_GEMV_MAX_BATCH
+    gemv_max_batch = args.gemv_max_batch
     if args.smoke:
         from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
 
