@@ -136,9 +136,23 @@ def _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K: tl.
                                   is_pure=False, pack=1)
 
 
+@triton.jit
+def _weight_tile(w_desc, w_tile_ptrs, mask, pid_g, n0, k0, W_TMA: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr):
+    """FP8 weight tile [BN, BK] at rows n0.., columns k0.. of group pid_g. W_TMA: one TMA copy through the
+    host-built 3-D descriptor ``w_desc`` over [G, N, K] (box [1, BN, BK]); rows past N and columns past K
+    arrive as zeros, so no mask is needed (a program's K range never ends inside the weight except at K).
+    Otherwise a masked 16-byte-per-thread load of ``w_tile_ptrs``."""
+    if W_TMA:
+        w = tl.reshape(w_desc.load([pid_g, n0, k0]), (BN, BK))
+    else:
+        w = tl.load(w_tile_ptrs, mask=mask, other=0.0)
+    return w
+
+
 @triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
 def _block_fp8_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc,
     M, N, K,
     stride_xm, stride_xg,
     stride_wg, stride_wn,
@@ -150,7 +164,7 @@ def _block_fp8_gemv_kernel(
     IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
-    PDL_LATE_TRIGGER: tl.constexpr = False,
+    PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g,
     over K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), K_UNROLL blocks per iteration.
@@ -202,10 +216,11 @@ def _block_fp8_gemv_kernel(
             acc_t = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for kb in range(kb_begin, kb_end, K_UNROLL):
+        for kb in tl.range(kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
             k = kb * BLOCK_K + rk
             k_mask = k < k_stop
-            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            w = _weight_tile(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
+                             pid_n * BLOCK_N, kb * BLOCK_K, W_TMA, BLOCK_N, BLOCK_KI)
             x = _load_activation(x_rows, freq_rows, k[None, :], m_mask[:, None] & k_mask[None, :],
                                  kb * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_KI)
             if K_UNROLL == 1:
@@ -235,10 +250,11 @@ def _block_fp8_gemv_kernel(
                 freq1 = freqs_ptr + pos1.to(tl.int64) * stride_freq
         acc0 = tl.zeros((BLOCK_N, BLOCK_KI), tl.float32)
         acc1 = tl.zeros((BLOCK_N, BLOCK_KI), tl.float32)
-        for kb in range(kb_begin, kb_end, K_UNROLL):
+        for kb in tl.range(kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
             k = kb * BLOCK_K + rk
             k_mask = k < k_stop
-            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+            w = _weight_tile(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
+                             pid_n * BLOCK_N, kb * BLOCK_K, W_TMA, BLOCK_N, BLOCK_KI).to(tl.float32)
             s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
             x0 = _load_activation(x_base + row0 * stride_xm, freq0, k, k_mask, kb * BLOCK_K, INV_ROPE, HEAD,
                                   ROPE, BLOCK_KI)
@@ -266,9 +282,13 @@ def _block_fp8_gemv_kernel(
 
 
 @triton.jit
-def _load_weight(ptrs, mask, EVICT_FIRST: tl.constexpr):
-    """FP8 weight tile; EVICT_FIRST marks it first out of L2 (each byte is read once per call)."""
-    if EVICT_FIRST:
+def _load_weight(w_desc, ptrs, mask, pid_g, n0, k0, EVICT_FIRST: tl.constexpr, W_TMA: tl.constexpr,
+                 BN: tl.constexpr, BK: tl.constexpr):
+    """FP8 weight tile [BN, BK]; EVICT_FIRST marks it first out of L2 (each byte is read once per call);
+    W_TMA fetches it by TMA instead (_weight_tile)."""
+    if W_TMA:
+        w = _weight_tile(w_desc, ptrs, mask, pid_g, n0, k0, W_TMA, BN, BK)
+    elif EVICT_FIRST:
         w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
     else:
         w = tl.load(ptrs, mask=mask, other=0.0)
@@ -313,7 +333,7 @@ def _store_row(acc, row, M, y_row_ptr, part_row_ptr, rn, n_mask, IS_SPLIT: tl.co
 # Rows form: up to 8 rows share each dequantised weight tile in registers (CUDA-core FMAs).
 @triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
 def _block_fp8_gemv_rows_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc,
     M, N, K,
     stride_xm, stride_xg,
     stride_wg, stride_wn,
@@ -325,7 +345,7 @@ def _block_fp8_gemv_rows_kernel(
     IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, EVICT_FIRST: tl.constexpr, X_BROADCAST: tl.constexpr,
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
-    PDL_LATE_TRIGGER: tl.constexpr = False,
+    PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
 ):
     """One program: rows [pid_m*ROWS, +ROWS) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over K blocks
     [pid_k*k_blocks_per_split, +k_blocks_per_split), BLOCK_K*K_UNROLL columns per iteration.
@@ -371,18 +391,21 @@ def _block_fp8_gemv_rows_kernel(
     acc7 = tl.zeros((BLOCK_N,), tl.float32)
     if PREFETCH:
         k_next = kb_begin * BLOCK_K + rk
-        w_next = _load_weight(w_rows + k_next[None, :], n_mask[:, None] & (k_next < k_stop)[None, :], EVICT_FIRST)
+        w_next = _load_weight(w_desc, w_rows + k_next[None, :], n_mask[:, None] & (k_next < k_stop)[None, :], pid_g,
+                              pid_n * BLOCK_N, kb_begin * BLOCK_K, EVICT_FIRST, W_TMA, BLOCK_N, BLOCK_KI)
     _pdl_wait(PDL)  # after the first weight chunk's load is issued (PREFETCH): it is in flight while waiting
-    for kb in range(kb_begin, kb_end, K_UNROLL):
+    for kb in tl.range(kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
         k = kb * BLOCK_K + rk
         k_mask = k < k_stop
         if PREFETCH:
             w_raw = w_next
             k_next = k + BLOCK_KI
-            w_next = _load_weight(w_rows + k_next[None, :], n_mask[:, None] & (k_next < k_stop)[None, :],
-                                  EVICT_FIRST)
+            w_next = _load_weight(w_desc, w_rows + k_next[None, :], n_mask[:, None] & (k_next < k_stop)[None, :],
+                                  pid_g, pid_n * BLOCK_N, kb * BLOCK_K + BLOCK_KI, EVICT_FIRST, W_TMA, BLOCK_N,
+                                  BLOCK_KI)
         else:
-            w_raw = _load_weight(w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], EVICT_FIRST)
+            w_raw = _load_weight(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
+                                 pid_n * BLOCK_N, kb * BLOCK_K, EVICT_FIRST, W_TMA, BLOCK_N, BLOCK_KI)
         w = w_raw.to(tl.float32)
         s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
         if X_BROADCAST:
@@ -558,7 +581,7 @@ def _split_activation_e4m3(x, is_lo):
 
 @triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
 def _block_fp8_gemv_fp8mma_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc,
     M, N, K,
     stride_xm, stride_xg,
     stride_wg, stride_wn,
@@ -569,7 +592,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
     JOIN: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     CHAIN: tl.constexpr = False, PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
-    PDL_LATE_TRIGGER: tl.constexpr = False,
+    PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
@@ -636,12 +659,13 @@ def _block_fp8_gemv_fp8mma_kernel(
         row_scale = _chain_row_scale(x_rows, x_valid, s_row, kb_begin, kb_end, k_stop, INV_ROPE, BLOCK_K)
         inv_row_scale = 1.0 / row_scale  # exact: a power of two
     acc = tl.zeros((BLOCK_N, TWO_M), tl.float32)
-    for kb0 in range(kb_begin, kb_end, K_UNROLL):
+    for kb0 in tl.range(kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
         for u in tl.static_range(K_UNROLL):
             kb = kb0 + u
             k = kb * BLOCK_K + rk
             k_mask = k < k_stop  # past the split: zero weight and activation, zero scale
-            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            w = _weight_tile(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
+                             pid_n * BLOCK_N, kb * BLOCK_K, W_TMA, BLOCK_N, BLOCK_K)
             x = _load_activation(x_rows, freq_rows, k[None, :], x_valid[:, None] & k_mask[None, :], kb * BLOCK_K,
                                  INV_ROPE, HEAD, ROPE, BLOCK_K)
             w_scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
@@ -726,6 +750,10 @@ class GemvConfig:
     pdl: bool = False
     pdl_l2_blocks: int = 0  # pdl: K blocks of the program's weight rows prefetched into L2 before the wait
     pdl_late: bool = False  # pdl: launch_dependents after the main loop instead of at the program's start
+    # weight tiles fetched by TMA (a host-built descriptor over [G, N, K], box [1, block_n, tile K]) instead of
+    # per-thread 16-byte loads / cp.async; the kernel's K loop pipelines the copies through num_stages
+    # shared-memory buffers. Where a descriptor cannot be made (weight_tma_usable) the plain load runs.
+    w_tma: bool = False
 
     def __post_init__(self):
         if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M)) or (
@@ -741,6 +769,14 @@ class GemvConfig:
         if self.pdl_l2_blocks < 0 or ((self.pdl_l2_blocks or self.pdl_late) and not self.pdl) or (
                 self.pdl_l2_blocks & (self.pdl_l2_blocks - 1)):
             raise ValueError(f"config: pdl_l2_blocks (a power of two or 0) and pdl_late need pdl; got {self}")
+        if self.w_tma and self.weight_tile_k > TMA_MAX_BOX:
+            raise ValueError(f"config: w_tma needs a weight tile of at most {TMA_MAX_BOX} K columns (a TMA box "
+                             f"dimension), got {self.weight_tile_k} ({self})")
+
+    @property
+    def weight_tile_k(self) -> int:
+        """K columns of one weight tile load (the FP8 tensor-core form loads one 128-block at a time)."""
+        return FP8_BLOCK if self.fp8_mma else FP8_BLOCK * self.k_unroll
 
     @property
     def name(self) -> str:
@@ -752,7 +788,7 @@ class GemvConfig:
             kind = ("dotT" if self.swap_ab else "dot") if self.use_dot else "fma"
         extra = ("_pf" if self.prefetch else "") + ("_ef" if self.evict_first else "") + ("_xb" if self.x_broadcast else "")
         extra += ("_pdl" if self.pdl else "") + (f"_l2p{self.pdl_l2_blocks}" if self.pdl_l2_blocks else "")
-        extra += "_late" if self.pdl_late else ""
+        extra += ("_late" if self.pdl_late else "") + ("_tma" if self.w_tma else "")
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -802,9 +838,30 @@ PROGRAMS_PER_SM = 4
 MIN_K_BLOCKS_PER_SPLIT = 4
 # SM count assumed when no GPU is visible (interpreter, AOT): the H200's.
 DEFAULT_SM_COUNT = 132
+# TMA (GemvConfig.w_tma): a box dimension is at most 256 elements; sm_90 and sm_12x have the copy engine.
+TMA_MAX_BOX = 256
+TMA_MIN_CAPABILITY = 9
 
 
 PDL_MIN_CAPABILITY = 9  # griddepcontrol (programmatic dependent launch): sm_90 and sm_12x
+
+
+def weight_tma_usable(w3: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can be made over the weight ``w3 [G, N, K]`` (e4m3): a GPU with TMA (or the
+    CPU interpreter), a 16-byte aligned base, contiguous K and 16-byte multiples as the other strides."""
+    if w3.data_ptr() % 16 or w3.stride(-1) != 1 or any(st % 16 for st in w3.stride()[:-1]):
+        return False
+    if w3.device.type != "cuda":
+        return interpreter_enabled()
+    return torch.cuda.get_device_capability(w3.device)[0] >= TMA_MIN_CAPABILITY
+
+
+def _weight_descriptor(w3: torch.Tensor, cfg: GemvConfig):
+    """Host-side TMA descriptor over ``w3 [G, N, K]``, box [1, block_n, tile K]: a plain kernel parameter
+    (the launcher encodes the tensor map from it; no device work, so graph capture records it as is)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(w3, [1, cfg.block_n, cfg.weight_tile_k])
 
 
 def pdl_supported(device: torch.device) -> bool:
@@ -984,12 +1041,16 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     # the interpreter has no inline PTX (the PDL instructions), and GPUs before sm_90 have no griddepcontrol:
     # the same program order runs without them
     pdl = cfg.pdl and pdl_supported(x3.device)
-    pdl_args = dict(PDL=pdl, L2_PREFETCH_BLOCKS=cfg.pdl_l2_blocks if pdl else 0, PDL_LATE_TRIGGER=cfg.pdl_late,
-                    launch_pdl=pdl)
+    launch_args = dict(PDL=pdl, L2_PREFETCH_BLOCKS=cfg.pdl_l2_blocks if pdl else 0, PDL_LATE_TRIGGER=cfg.pdl_late,
+                       launch_pdl=pdl)
     fr = freqs if inv_rope else y3
+    w_tma = cfg.w_tma and weight_tma_usable(w3)  # otherwise the same form with plain weight loads
+    w_desc = _weight_descriptor(w3, cfg) if w_tma else w3
+    # W_TMA: 0 (plain loads) or the number of shared-memory buffers the K loop pipelines the TMA copies through
+    launch_args["W_TMA"] = cfg.num_stages if w_tma else 0
     if cfg.rows_form:
         _block_fp8_gemv_rows_kernel[grid](
-            x3, w3, s3, y3, partial, counters, pos, fr,
+            x3, w3, s3, y3, partial, counters, pos, fr, w_desc,
             m, n, k,
             x3.stride(0), x3.stride(1),
             w3.stride(0), w3.stride(1),
@@ -1000,12 +1061,12 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, EVICT_FIRST=cfg.evict_first, X_BROADCAST=cfg.x_broadcast,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args,
         )
         return
     if cfg.fp8_mma:
         _block_fp8_gemv_fp8mma_kernel[grid](
-            x3, w3, s3, y3, partial, counters, pos, fr,
+            x3, w3, s3, y3, partial, counters, pos, fr, w_desc,
             m, n, k,
             x3.stride(0), x3.stride(1),
             w3.stride(0), w3.stride(1),
@@ -1016,11 +1077,11 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             JOIN=cfg.fp8_join, IS_SPLIT=split > 1, CHAIN=cfg.fp8_chain,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args,
         )
         return
     _block_fp8_gemv_kernel[grid](
-        x3, w3, s3, y3, partial, counters, pos, fr,
+        x3, w3, s3, y3, partial, counters, pos, fr, w_desc,
         m, n, k,
         x3.stride(0), x3.stride(1),
         w3.stride(0), w3.stride(1),
@@ -1031,7 +1092,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
         IS_SPLIT=split > 1, USE_DOT=cfg.use_dot, SWAP_AB=cfg.swap_ab,
         INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args,
     )
 
 
@@ -1251,7 +1312,7 @@ def aot_configs() -> list[AotConfig]:
 
 _AOT_SIGNATURE = {
     "x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "partial_ptr": "*fp32",
-    "counter_ptr": "*i32", "pos_ptr": "*i64", "freqs_ptr": "*fp32",
+    "counter_ptr": "*i32", "pos_ptr": "*i64", "freqs_ptr": "*fp32", "w_desc": "*fp8e4nv",
     "M": "i32", "N": "i32", "K": "i32",
     "stride_xm": "i32", "stride_xg": "i32", "stride_wg": "i32", "stride_wn": "i32",
     "stride_sg": "i32", "stride_sn": "i32", "stride_ym": "i32", "stride_yg": "i32",
@@ -1259,20 +1320,20 @@ _AOT_SIGNATURE = {
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_UNROLL": "constexpr",
     "IS_SPLIT": "constexpr", "USE_DOT": "constexpr", "SWAP_AB": "constexpr", "INV_ROPE": "constexpr",
     "HEAD": "constexpr", "ROPE": "constexpr", "PDL": "constexpr", "L2_PREFETCH_BLOCKS": "constexpr",
-    "PDL_LATE_TRIGGER": "constexpr",
+    "PDL_LATE_TRIGGER": "constexpr", "W_TMA": "constexpr",
 }
 _AOT_ROWS_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("ROWS", "BLOCK_N", "BLOCK_K", "K_UNROLL", "IS_SPLIT", "PREFETCH", "EVICT_FIRST",
                                     "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE", "PDL", "L2_PREFETCH_BLOCKS",
-                                    "PDL_LATE_TRIGGER")},
+                                    "PDL_LATE_TRIGGER", "W_TMA")},
 }
 
 _AOT_FP8MMA_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
                                     "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS",
-                                    "PDL_LATE_TRIGGER")},
+                                    "PDL_LATE_TRIGGER", "W_TMA")},
 }
 
 
@@ -1282,18 +1343,29 @@ PDL_OPCODES = ("PREEXIT", "ACQBULK")
 L2_PREFETCH_OPCODE = "CCTL.E.PF2"
 
 
+# SASS of a TMA tensor copy (cp.async.bulk.tensor) on sm_120a / sm_121a
+TMA_LOAD_OPCODE = "UTMALDG"
+
+
 def aot_config(cfg: GemvConfig, rope: bool = False) -> AotConfig:
     """The AotConfig of one launch form (split_k only matters as 1 vs > 1)."""
-    cfg_aot = _aot_config_of_form(cfg, rope)
+    cfg_aot = _aot_config_of_form(dataclasses.replace(cfg, w_tma=False), rope)
     pdl_opcodes = (PDL_OPCODES if cfg.pdl else ()) + ((L2_PREFETCH_OPCODE,) if cfg.pdl_l2_blocks else ())
-    return dataclasses.replace(cfg_aot, expect_opcodes=(*cfg_aot.expect_opcodes, *pdl_opcodes))
+    expect = (*cfg_aot.expect_opcodes, *pdl_opcodes)
+    if cfg.w_tma:  # the weight by TMA copies instead of the plain form's 16-byte loads / cp.async
+        expect = (*(op for op in expect if not op.startswith(("LDG.", "LDGSTS."))), TMA_LOAD_OPCODE)
+        cfg_aot = dataclasses.replace(
+            cfg_aot, name=cfg_aot.name.replace(cfg.name.removesuffix("_tma"), cfg.name, 1),
+            signature={**cfg_aot.signature, "w_desc": f"tensordesc<fp8e4nv[1, {cfg.block_n}, {cfg.weight_tile_k}]>"},
+            constexprs={**cfg_aot.constexprs, "W_TMA": cfg.num_stages})
+    return dataclasses.replace(cfg_aot, expect_opcodes=expect)
 
 
 def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
     name = f"fp8_gemv_{cfg.name}" + ("_invrope" if rope else "")
     common = {"BLOCK_N": cfg.block_n, "BLOCK_K": FP8_BLOCK, "K_UNROLL": cfg.k_unroll, "IS_SPLIT": cfg.split_k > 1,
               "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM, "PDL": cfg.pdl,
-              "L2_PREFETCH_BLOCKS": cfg.pdl_l2_blocks, "PDL_LATE_TRIGGER": cfg.pdl_late}
+              "L2_PREFETCH_BLOCKS": cfg.pdl_l2_blocks, "PDL_LATE_TRIGGER": cfg.pdl_late, "W_TMA": 0}
     if cfg.rows_form:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_rows_kernel, signature=_AOT_ROWS_SIGNATURE,

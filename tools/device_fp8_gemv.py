@@ -52,6 +52,9 @@ PDL_RUN_NAME = "fp8_gemv-h200-run8-pdl"  # --pdl-sweep: programmatic dependent l
 PDL_MIXED_ROWS = (1, 8)  # T=1: each GEMV followed by a plain (non-PDL) torch kernel
 PDL2_RUN_NAME = "fp8_gemv-h200-run9-pdl"  # --pdl2-sweep: run 8's PDL defaults, late trigger, 2-row prefetch
 PDL2_MIXED_ROWS = (1, 2, 8)  # every T
+TMA_RUN_NAME = "fp8_gemv-h200-run11-tma"  # --tma-sweep: the weight stream by TMA beside the defaults, T=1
+TMA_ROWS = {"wo_a": (1, 2, 4, 8), "wq_b": (1, 2, 4, 8), "wo_b": (1, 2, 4, 8), "shared_down": (1, 2, 8),
+            "wqkv_a": (1, 2, 8)}
 
 
 def prepare() -> None:
@@ -309,7 +312,29 @@ def pdl2_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
-def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values) -> dict:
+def tma_candidates(m: int, n: int, k: int, groups: int, g):
+    """--tma-sweep (run 11): the current default (PDL as shipped) first, then the same form with its weight tiles
+    fetched by TMA (GemvConfig.w_tma: host descriptor, the K loop pipelining the copies through num_stages
+    shared-memory buffers) with 3 (the form's own), 2 and 4 stages; on PDL forms with L2 prefetch also without the
+    prefetch (TMA copies may make it redundant); on the 1-row FMA form also 64-column tiles and twice the K split.
+    Forms whose weight tile is wider than a TMA box (the one-shot rows forms) have no TMA variant."""
+    import dataclasses
+
+    cur = g.default_config(m, n, k, groups)
+    out = [("old_default", cur)]
+    if cur.weight_tile_k <= g.TMA_MAX_BOX:
+        tma = dataclasses.replace(cur, w_tma=True)
+        out += [("tma", tma), ("tma_st2", dataclasses.replace(tma, num_stages=2)),
+                ("tma_st4", dataclasses.replace(tma, num_stages=4))]
+        if tma.pdl_l2_blocks:
+            out.append(("tma_nol2", dataclasses.replace(tma, pdl_l2_blocks=0)))
+        if m == 1 and not cur.use_dot and not cur.rows_form:  # FMA form: larger copies / more programs
+            out += [("tma_n64", dataclasses.replace(tma, block_n=64)),
+                    ("tma_split2x", dataclasses.replace(tma, split_k=2 * tma.split_k))]
+    return distinct_configs(out)
+
+
+def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values, with_tma: bool = False) -> dict:
     """wo_a then wo_b on its output (the attention output projection, each call reading the previous one's
     result), T=1, in one graph over distinct weight copies: both without PDL (launch_form) against both as
     default_config picks them."""
@@ -318,9 +343,17 @@ def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values) -> dict:
     wo_a = make_weights(rank, hidden, groups, copies)
     wo_b = make_weights(hidden, groups * rank, None, copies)
     out = {}
+    picks = [("launch_form (no PDL)", g.launch_form), ("default_config", g.default_config)]
+    if with_tma:
+        import dataclasses
+
+        def tma_pick(*args):
+            cfg = g.default_config(*args)
+            return dataclasses.replace(cfg, w_tma=True) if cfg.weight_tile_k <= g.TMA_MAX_BOX else cfg
+        picks = picks[1:] + [("default_config + TMA weights", tma_pick)]
     for m in m_values:
         o = torch.randn(m, groups, hidden, device="cuda").to(torch.bfloat16)
-        for label, pick in (("launch_form (no PDL)", g.launch_form), ("default_config", g.default_config)):
+        for label, pick in picks:
             cfg_a, cfg_b = pick(m, rank, hidden, groups), pick(m, hidden, groups * rank)
 
             def pair(i, cfg_a=cfg_a, cfg_b=cfg_b):
@@ -331,7 +364,7 @@ def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values) -> dict:
     return out
 
 
-def pdl_chain_check(g, torch, dev: str, smoke: bool) -> dict:
+def pdl_chain_check(g, torch, dev: str, smoke: bool, tma: bool = False) -> dict:
     """Exactness of PDL where it matters: a chain in which every GEMV reads the previous one's output,
     captured in one CUDA graph with every launch PDL, against the same launch forms run eagerly without PDL
     (bit-identical expected: the arithmetic is the same; a read of the activation before the previous kernel
@@ -357,6 +390,8 @@ def pdl_chain_check(g, torch, dev: str, smoke: bool) -> dict:
             for blocks, late in ((0, False), (16, False), (4, True)):
                 cfgs = [g.launch_form(m, w.shape[0], w.shape[1]) for w, _ in ws]
                 pdl_cfgs = [dataclasses.replace(c, pdl=True, pdl_l2_blocks=blocks, pdl_late=late) for c in cfgs]
+                if tma:  # the graph's launches with their weights by TMA where the form allows (the eager side without)
+                    pdl_cfgs = [dataclasses.replace(c, w_tma=c.weight_tile_k <= g.TMA_MAX_BOX) for c in pdl_cfgs]
                 x_static = torch.zeros(m, ws[0][0].shape[1], device=dev, dtype=torch.bfloat16)
 
                 def chain(configs):
@@ -398,11 +433,12 @@ def pdl_chain_check(g, torch, dev: str, smoke: bool) -> dict:
     return report
 
 
-ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default")
+ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default", "tma")
 
 
 def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
-         q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False) -> None:
+         q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False,
+         tma_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -412,7 +448,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "110" if tma_sweep else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
@@ -434,6 +470,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     if pdl2_sweep:
         rows, run_name, pick = (1, 2, 3, 16) if smoke else ROWS, PDL2_RUN_NAME, pdl2_candidates
         pdl_sweep = True  # the same extras: chain exactness, plain op, mixed timings
+    if tma_sweep:
+        rows, run_name, pick, tps = (1, 2, 3, 8), TMA_RUN_NAME, tma_candidates, (1,)
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -474,7 +512,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                + ("tensor-core form variants" if dot_sweep else "x_broadcast rows form" if xb_sweep
                   else "FP8 tensor-core form (split bf16 activation)" if q8_sweep or q8j_sweep
                   else "chained FP8 tensor-core form" if chain_final
-                  else "programmatic dependent launch (PDL)" if pdl_sweep else "rows form")
+                  else "programmatic dependent launch (PDL)" if pdl_sweep
+                  else "weight tiles by TMA (PDL as shipped)" if tma_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
                  "best_pct_copy", "cur_us", "cur_form", "cur_pct_copy", "bf16_us", "fp8_path_us", "einsum_us",
@@ -515,6 +554,17 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         scales = torch.exp2(torch.randint(-10, -5, sshape, device=dev).float())  # UE8M0-like
         return [(base.clone(), scales.clone()) for _ in range(copies)]
 
+    if tma_sweep:
+        from triton.backends.nvidia.compiler import CUDAOptions
+
+        res.extra["triton launch_pdl option"] = "launch_pdl" in CUDAOptions.__dataclass_fields__
+        res.extra["PDL chain exactness, weights by TMA (graph with PDL + TMA vs eager without either)"] = \
+            pdl_chain_check(g, torch, dev, smoke, tma=True)
+        _sync(torch)
+        if not smoke:
+            res.extra["wo_a -> wo_b dependent pair, T=1 (us per pair)"] = wo_pair_timing(
+                g, torch, dsv4, timed, make_weights, (1, 2, 4, 8), with_tma=True)
+            print(res.extra["wo_a -> wo_b dependent pair, T=1 (us per pair)"], flush=True)
     if pdl2_sweep and not smoke:
         res.extra["wo_a -> wo_b dependent pair, T=1 (us per pair)"] = wo_pair_timing(
             g, torch, dsv4, timed, make_weights, (1, 2, 4, 8))
@@ -525,7 +575,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
             if name in ("wqkv_a", "indexer_wq_b") and tp != tps[0]:
                 continue  # replicated: the same at every T
-            if chain_final and name not in CHAIN_LINEARS:
+            if (chain_final and name not in CHAIN_LINEARS) or (tma_sweep and name not in TMA_ROWS):
                 continue
             if smoke:
                 n, k = min(n, 256), min(k, 512)
@@ -533,6 +583,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
 
     if chain_final:  # the wo_a target first, in case the time budget cuts the run short
         shapes.sort(key=lambda shape: CHAIN_LINEARS.index(shape[0]))
+    if tma_sweep:  # likewise: wo_a, the other 32 MiB weights, then the small ones
+        shapes.sort(key=lambda shape: list(TMA_ROWS).index(shape[0]))
     for name, tp, n, k in shapes:
         if time.time() - t_start > budget_s:
             res.notes.append(f"stopped before {name} T={tp}: time budget {budget_s:.0f} s reached")
@@ -550,6 +602,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         for m in rows:
             if time.time() - t_start > budget_s:
                 break
+            if tma_sweep and m not in TMA_ROWS[name]:
+                continue
             point = f"{name} T={tp} M={m}"
             try:
                 if is_wo_a:
@@ -669,6 +723,12 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         res.notes.append("run 7 variants: old_default, current_default (dropped where equal to old_default), q8jc "
                          "(chained, joined split) and q8c (chained, unjoined split) on the current FP8 tile of each "
                          "shape; each variant's time and relative error is in -sweep.json; fp8_path_us not timed.")
+    if tma_sweep:
+        res.notes.append("run 11 variants: old_default = default_config as shipped (PDL rules of run 9); tma = the same "
+                         "form with its weight tiles fetched by TMA (host descriptor over [G, N, K], the K loop "
+                         "pipelining the copies through num_stages shared-memory buffers), tma_st2 / tma_st4 with 2 / 4 "
+                         "stages, tma_nol2 without the L2 prefetch before the PDL wait. The timing graph calls n "
+                         "distinct weight copies back to back (each GEMV the previous one's PDL dependent).")
     if pdl2_sweep:
         res.notes.append("run 9 variants: old_default = launch_form (no PDL, the default before run 8); current_default "
                          "= default_config with run 8's PDL rules; pdl_late = PDL with launch_dependents after the main "
@@ -771,6 +831,9 @@ if __name__ == "__main__":
                         help="run 8: the defaults with programmatic dependent launch on vs off, every shape, M 1..16")
     parser.add_argument("--pdl2-sweep", action="store_true",
                         help="run 9: run 8's PDL defaults vs no PDL, late trigger, 2-row prefetch, wo_a->wo_b pair")
+    parser.add_argument("--tma-sweep", action="store_true",
+                        help="run 11: the defaults with their weight tiles by TMA (2/3/4 stages), T=1 wo_a/wq_b/wo_b "
+                             "M 1..8, shared_down/wqkv_a M 1/2/8, PDL+TMA chain exactness, wo_a->wo_b pair")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -785,4 +848,4 @@ if __name__ == "__main__":
         prepare()
     else:
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
-             args.pdl_sweep, args.pdl2_sweep)
+             args.pdl_sweep, args.pdl2_sweep, args.tma_sweep)

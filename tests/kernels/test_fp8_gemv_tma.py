@@ -1,0 +1,137 @@
+"""The block-FP8 GEMV with its weight tiles fetched by TMA (``GemvConfig(w_tma=True)``), under the CPU
+interpreter at reduced shapes: every launch form against the float32 reference and bit for bit against the
+same form with plain weight loads, the grouped wo_a kernel, and the plain fallback where no descriptor can be
+made. On the GPU the device script (``--tma-sweep``) checks the TMA forms at full shapes and inside a CUDA graph
+of PDL launches."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import fp8_gemv as g
+
+from .test_fp8_gemv import HEAD, OUTPUT_TOL, ROPE, poisoned, random_weight, rel_err, rope_inputs
+
+
+def tma(cfg, **kw):
+    return dataclasses.replace(cfg, w_tma=True, **kw)
+
+
+def q8(block_n=64, split=1, warps=4, **kw):
+    return g.GemvConfig(8, block_n, split, True, warps, 3, fp8_mma=True, fp8_join=True, **kw)
+
+
+TMA_FORMS = [
+    tma(g.GemvConfig(1, 32, 1, False, k_unroll=2)),  # 1-row FMA form
+    tma(g.GemvConfig(1, 32, 3, False, k_unroll=2, pdl=True, pdl_l2_blocks=4)),  # as shipped at 1 row, split-K
+    tma(g.GemvConfig(1, 32, 2, False, k_unroll=2), num_stages=4),
+    tma(g.GemvConfig(16, 32, 2, True, pdl=True, pdl_late=True, pdl_l2_blocks=4)),  # 16-row bf16 tensor cores
+    tma(g.GemvConfig(2, 32, 1, False, k_unroll=2, rows_form=True)),  # rows form
+    tma(g.GemvConfig(2, 32, 3, False, k_unroll=2, rows_form=True, prefetch=True, pdl=True, pdl_l2_blocks=16)),
+    tma(g.GemvConfig(4, 32, 2, False, k_unroll=1, rows_form=True, evict_first=True)),
+    tma(q8()),  # FP8 tensor cores, 64 columns
+    tma(q8(128, 3, 8, pdl=True)),  # as shipped on wo_a / wo_b at 2..8 rows, split-K
+    tma(q8(split=2), num_stages=2),
+]
+
+# N ragged against every tile; K ragged against the 128-wide scale blocks but a multiple of 16 (a TMA stride)
+N, K = 200, 1040
+
+
+@pytest.mark.parametrize("cfg", TMA_FORMS, ids=lambda c: c.name)
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_tma_forms_match_reference_and_non_tma_form(cfg, m):
+    if cfg.rows_form and m > cfg.block_m and cfg.block_m == 1:
+        m = 3
+    gen = torch.Generator().manual_seed(31 * m + cfg.block_n + cfg.split_k)
+    w, s = random_weight(N, K, gen=gen)
+    x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
+    assert g.weight_tma_usable(w.unsqueeze(0))
+    ref = g.reference_block_fp8_linear(x, w, s)
+    plain = g.block_fp8_linear(x, w, s, config=dataclasses.replace(cfg, w_tma=False))
+    for _ in range(2):  # the second call checks the split-K counters were left at zero
+        y = g.block_fp8_linear(x, w, s, out=poisoned((m, N)), config=cfg)
+        assert torch.isfinite(y).all()
+        assert rel_err(y, ref) < OUTPUT_TOL, cfg.name
+        assert torch.equal(y, plain), cfg.name  # the same tiles, the same arithmetic
+    if cfg.split_k > 1:
+        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+
+
+@pytest.mark.parametrize("cfg", [tma(g.GemvConfig(1, 32, 4, False, k_unroll=2, pdl=True, pdl_l2_blocks=4)),
+                                 tma(q8(128, 4, 8, pdl=True)),
+                                 tma(g.GemvConfig(2, 32, 4, False, k_unroll=2, rows_form=True, pdl=True,
+                                                  pdl_late=True))], ids=lambda c: c.name)
+@pytest.mark.parametrize("rope", [False, True])
+def test_wo_a_tma_forms(cfg, rope):
+    """Groups of a ragged row count (R = 160 against 128-column tiles): the 3-D descriptor zero-fills the rows
+    past R instead of reading the next group's; a strided ``o`` (a slice of a wider buffer)."""
+    gen = torch.Generator().manual_seed(37 + rope)
+    b, groups, r, d = 3, 2, 160, 512
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    o = torch.randn(b, groups, d + 64, generator=gen).to(torch.bfloat16)[..., :d]
+    kwargs = {}
+    if rope:
+        pos, freqs, _ = rope_inputs(b, gen)
+        kwargs = dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    y = g.grouped_fp8_wo_a(o, w, s, out=poisoned((b, groups, r)), config=cfg, **kwargs)
+    ref = g.reference_grouped_wo_a(o, w, s, kwargs.get("positions"), kwargs.get("freqs"), HEAD, ROPE)
+    assert torch.isfinite(y).all() and rel_err(y, ref) < OUTPUT_TOL
+
+
+def _no_descriptor(*args):
+    raise AssertionError("a TMA descriptor was built where none can be used")
+
+
+@pytest.mark.parametrize("case", ["misaligned_base", "k_stride_not_16_bytes"])
+def test_fallback_where_no_descriptor_can_be_made(monkeypatch, case):
+    gen = torch.Generator().manual_seed(41)
+    if case == "misaligned_base":  # the weight starts 8 bytes into its storage
+        n, k = 96, 512
+        w_full, s = random_weight(n, k + 8, gen=gen)
+        w = w_full.flatten()[8:8 + n * k].view(n, k)
+        s = s[:, :k // 128].contiguous()
+    else:  # K = 1000: row stride 1000 bytes
+        n, k = 96, 1000
+        w, s = random_weight(n, k, gen=gen)
+    assert not g.weight_tma_usable(w.unsqueeze(0))
+    monkeypatch.setattr(g, "_weight_descriptor", _no_descriptor)
+    x = torch.randn(2, k, generator=gen).to(torch.bfloat16)
+    for cfg in (tma(g.GemvConfig(1, 32, 2, False, k_unroll=2)), tma(q8(split=2))):
+        y = g.block_fp8_linear(x, w, s, out=poisoned((2, n)), config=cfg)
+        assert rel_err(y, g.reference_block_fp8_linear(x, w, s)) < OUTPUT_TOL
+
+
+@pytest.mark.parametrize("capability, expected", [((8, 0), False), ((9, 0), True), ((12, 0), True)])
+def test_tma_only_on_gpus_with_the_copy_engine(monkeypatch, capability, expected):
+    w = torch.zeros(1, 128, 256, dtype=g.FP8_DTYPE)
+    assert g.weight_tma_usable(w) is g.interpreter_enabled()  # on the CPU: only under the interpreter
+
+    class FakeCuda:  # a 16-byte aligned tensor on a "cuda" device of the given capability
+        device = torch.device("cuda", 0)
+
+        def __init__(self):
+            self.stride = w.stride
+
+        def data_ptr(self):
+            return 4096
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert g.weight_tma_usable(FakeCuda()) is expected
+
+
+def test_tma_config_validation_name_and_aot():
+    cfg = tma(g.GemvConfig(1, 32, 1, False, k_unroll=2, pdl=True, pdl_l2_blocks=4))
+    assert cfg.name.endswith("_pdl_l2p4_tma") and cfg.weight_tile_k == 256
+    assert tma(q8(128)).weight_tile_k == 128  # one 128-block per load, whatever the unroll
+    with pytest.raises(ValueError, match="w_tma"):  # the one-shot rows form's 1024-wide tile: wider than a box
+        tma(g.GemvConfig(1, 16, 1, False, num_warps=8, k_unroll=8, rows_form=True, prefetch=True))
+    aot = g.aot_config(cfg)
+    assert aot.name.endswith("_tma") and aot.constexprs["W_TMA"] == cfg.num_stages
+    assert aot.signature["w_desc"] == "tensordesc<fp8e4nv[1, 32, 256]>"
+    assert g.TMA_LOAD_OPCODE in aot.expect_opcodes and "LDG.E.128" not in aot.expect_opcodes
+    assert set(g.PDL_OPCODES) <= set(aot.expect_opcodes)
+    plain = g.aot_config(dataclasses.replace(cfg, w_tma=False))
+    assert plain.constexprs["W_TMA"] == 0 and plain.signature["w_desc"] == "*fp8e4nv"
+    assert "LDG.E.128" in plain.expect_opcodes and g.TMA_LOAD_OPCODE not in plain.expect_opcodes
