@@ -37,13 +37,17 @@ ROTATIONS = 8
 # per shape). Runs 1-4 timed the bitwise/radix-4 searches with 4096/8192 chunks and fused splits
 # (fused slower everywhere, removed here). Run 5: the histogram select (``hist``: first digit
 # counted by the logits kernel, a split pass, one program per row) and the untimed double-warp
-# searches.
+# searches. Run 6: the ways the logits kernel counts the first digit (ix.HIST_COUNTS): ``hist`` the
+# shipped interleaved copies, ``hist_copy_major8`` eight copies a whole histogram apart,
+# ``hist_aggregated1/8`` a per-program tl.histogram then one atomic per non-empty bin.
 SELECT_FORMS = {
-    "hist": ix.SelectForm(method="histogram"),
+    "hist" if count == ix.HIST_COUNT_DEFAULT else f"hist_{count}": ix.SelectForm(method="histogram", hist_count=count)
+    for count in ix.HIST_COUNTS
 }
+HIST_FORMS = tuple(name for name, form in SELECT_FORMS.items() if form.method == "histogram")
 if os.environ.get("INDEXER_BENCH_2XW") == "1":  # timed in run 5a: no faster than the defaults (within 0.8 us)
     SELECT_FORMS.update(r1_2xw=ix.SelectForm(warps_mul=2), r2_2xw=ix.SelectForm(radix_bits=2, warps_mul=2))
-TOPK_ONLY_FORMS = ("hist",)  # top-k alone from a given logits row (the seam's unfused call)
+TOPK_ONLY_FORMS = ["hist"]  # top-k alone from a given logits row (the seam's unfused call); --no-topk-only drops it
 FUSED_VARIANTS = {}  # (pages per split, select form of the merge); none timed since run 4
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
            "logits_rel_err", "sel_violations", "exact_overlap", "note")
@@ -187,8 +191,9 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
 
     errors = {}
     timed("ours_logits_only", loop(lambda t: ix.paged_mqa_logits(q, kv, w, lens, t, c4_len, out=logits_buf)))
-    timed("ours_logits_with_hist", loop(lambda t: ix.paged_mqa_logits(
-        q, kv, w, lens, t, c4_len, out=logits_buf, hist_workspace=ix.hist_workspace(batch, device))))
+    for name in HIST_FORMS:  # the logits kernel counting the histogram, each way
+        timed("ours_logits_with_hist" + name[len("hist"):], loop(lambda t, c=SELECT_FORMS[name].hist_count: ix.paged_mqa_logits(
+            q, kv, w, lens, t, c4_len, out=logits_buf, hist_workspace=ix.hist_workspace(batch, device), hist_count=c)))
     ix.hist_workspace(batch, device).zero_()  # the logits-only calls leave the reduced counters behind
     timed("default_plan", loop(lambda t: ix.indexer_topk(q, kv, w, lens, t, c4_len, outs)))
     timed("ours_topk_only_default", loop(lambda t: ix.topk_transform_paged(logits_buf, lens, t, outs, INDEX_PAGE_SIZE)))
@@ -201,14 +206,16 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
     for name, (split, form) in FUSED_VARIANTS.items():
         timed(name, loop(lambda t, s=split, f=SELECT_FORMS[form]: ix.fused_logits_topk(
             q, kv, w, lens, t, c4_len, outs, split_pages=s, select=f)))
-    try:  # after hundreds of timed calls the shared workspace must still be clean
-        raw.fill_(12345)
-        calls["two_kernel_hist"](out, raw)
-        after = check_selection(raw, ref, lens)
-        note = (note + "; " if note else "") + f"hist after timing: {after[0]} violations"
-    except Exception as exc:
-        traceback.print_exc()
-        note = (note + "; " if note else "") + f"hist after timing failed: {type(exc).__name__}"
+    after = {}
+    for name in HIST_FORMS:  # after hundreds of timed calls the shared workspace must still be clean
+        try:
+            raw.fill_(12345)
+            calls[two_kernel_name(name)](out, raw)
+            after[name] = check_selection(raw, ref, lens)[0]
+        except Exception as exc:
+            traceback.print_exc()
+            after[name] = f"failed: {type(exc).__name__}"
+    note = (note + "; " if note else "") + f"hist forms after timing, violations: {after}"
     up_total = timings.get("upstream_logits", 0) + timings.get("upstream_topk", 0) if up_logits else None
     for variant, us in timings.items():
         row = dict(base, variant=variant, us=round(us, 2), note=note)
@@ -254,8 +261,13 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--name", default="indexer-h200-run5", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--name", default="indexer-h200-run6", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")
+    parser.add_argument("--skip-upstream", action="store_true", help="time only ours (upstream timed in runs 1-5)")
+    parser.add_argument("--no-topk-only", action="store_true", help="skip the top-k-alone timings")
     args = parser.parse_args()
+    if args.no_topk_only:
+        TOPK_ONLY_FORMS[:] = []
     if args.prepare:
         prepare()
         return
@@ -265,6 +277,8 @@ def main() -> None:
     result = BenchResult(args.name, "Lightning indexer: logits + top-512 (ours vs upstream torch path)", COLUMNS)
     up_logits = None
     try:
+        if args.skip_upstream:
+            raise RuntimeError("skipped (--skip-upstream)")
         import upstream
 
         up_logits = upstream.load(UPSTREAM_FILE).fp8_paged_mqa_logits_torch_sm120
@@ -282,6 +296,9 @@ def main() -> None:
     timeit = timer(args.smoke, rotations)
     shapes = [(1, 2560), (2, 4400)] if args.smoke else SHAPES
     extra = [] if args.smoke else EXTRA_SHAPES
+    if args.shapes:
+        shapes = [tuple(int(x) for x in item.split("x")) for item in args.shapes.split(",")]
+        extra = []
     for i, (batch, ctx) in enumerate(shapes + extra):
         try:
             run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=i >= len(shapes),
