@@ -55,6 +55,12 @@ PDL2_MIXED_ROWS = (1, 2, 8)  # every T
 TMA_RUN_NAME = "fp8_gemv-h200-run11-tma"  # --tma-sweep: the weight stream by TMA beside the defaults, T=1
 TMA_ROWS = {"wo_a": (1, 2, 4, 8), "wq_b": (1, 2, 4, 8), "wo_b": (1, 2, 4, 8), "shared_down": (1, 2, 8),
             "wqkv_a": (1, 2, 8)}
+# --tma2-sweep (run 11b): run 11's leads -- 64-column FMA tiles by TMA at 1 row, the FP8 tile by TMA with the fused
+# inverse RoPE on wo_a at every T -- and the M=4 points run 11 missed; (linear, T) -> rows
+TMA2_RUN_NAME = "fp8_gemv-h200-run11b-tma"
+TMA2_POINTS = {("wo_a", 1): (1, 2, 3, 4, 8), ("wo_a", 2): (1, 2, 4, 8), ("wo_a", 4): (1, 2, 4, 8),
+               ("wo_a", 8): (1, 2, 4, 8), ("wo_b", 1): (1, 4), ("wq_b", 1): (1, 4), ("shared_gate_up", 1): (1,),
+               ("shared_down", 1): (1,), ("wqkv_a", 1): (1,)}
 
 
 def prepare() -> None:
@@ -334,6 +340,29 @@ def tma_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def tma2_candidates(m: int, n: int, k: int, groups: int, g):
+    """--tma2-sweep (run 11b): the current default first; on the 1-row FMA form the 64-column tile with plain loads
+    (the same K split), by TMA with 3 / 2 / 4 stages and without the L2 prefetch, and a 128-column TMA tile with 2
+    stages; on every other form the same form by TMA (3 stages)."""
+    import dataclasses
+
+    cur = g.default_config(m, n, k, groups)
+    out = [("old_default", cur)]
+    if cur.weight_tile_k > g.TMA_MAX_BOX:
+        return out
+    tma = dataclasses.replace(cur, w_tma=True)
+    if m == 1 and not cur.use_dot and not cur.rows_form:
+        n64 = dataclasses.replace(tma, block_n=64)
+        out += [("fma_n64", dataclasses.replace(cur, block_n=64)), ("tma_n64", n64),
+                ("tma_n64_st2", dataclasses.replace(n64, num_stages=2)),
+                ("tma_n64_st4", dataclasses.replace(n64, num_stages=4)),
+                ("tma_n64_nol2", dataclasses.replace(n64, pdl_l2_blocks=0)),
+                ("tma_n128_st2", dataclasses.replace(tma, block_n=128, num_stages=2))]
+    else:
+        out.append(("tma", tma))
+    return distinct_configs(out)
+
+
 def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values, with_tma: bool = False) -> dict:
     """wo_a then wo_b on its output (the attention output projection, each call reading the previous one's
     result), T=1, in one graph over distinct weight copies: both without PDL (launch_form) against both as
@@ -433,12 +462,12 @@ def pdl_chain_check(g, torch, dev: str, smoke: bool, tma: bool = False) -> dict:
     return report
 
 
-ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default", "tma")
+ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default", "tma", "fma_n64", "tma_n64")
 
 
 def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
          q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False,
-         tma_sweep: bool = False) -> None:
+         tma_sweep: bool = False, tma2_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -448,7 +477,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "110" if tma_sweep else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "110" if tma_sweep or tma2_sweep else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
@@ -471,7 +500,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         rows, run_name, pick = (1, 2, 3, 16) if smoke else ROWS, PDL2_RUN_NAME, pdl2_candidates
         pdl_sweep = True  # the same extras: chain exactness, plain op, mixed timings
     if tma_sweep:
-        rows, run_name, pick, tps = (1, 2, 3, 8), TMA_RUN_NAME, tma_candidates, (1,)
+        rows, run_name, pick, tps = (1, 2, 4, 8), TMA_RUN_NAME, tma_candidates, (1,)
+    if tma2_sweep:
+        rows, run_name, pick, tps = (1, 2, 3, 4, 8), TMA2_RUN_NAME, tma2_candidates, TPS
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -513,7 +544,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                   else "FP8 tensor-core form (split bf16 activation)" if q8_sweep or q8j_sweep
                   else "chained FP8 tensor-core form" if chain_final
                   else "programmatic dependent launch (PDL)" if pdl_sweep
-                  else "weight tiles by TMA (PDL as shipped)" if tma_sweep else "rows form")
+                  else "weight tiles by TMA (PDL as shipped)" if tma_sweep or tma2_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
                  "best_pct_copy", "cur_us", "cur_form", "cur_pct_copy", "bf16_us", "fp8_path_us", "einsum_us",
@@ -575,7 +606,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
             if name in ("wqkv_a", "indexer_wq_b") and tp != tps[0]:
                 continue  # replicated: the same at every T
-            if (chain_final and name not in CHAIN_LINEARS) or (tma_sweep and name not in TMA_ROWS):
+            if ((chain_final and name not in CHAIN_LINEARS) or (tma_sweep and name not in TMA_ROWS)
+                    or (tma2_sweep and (name, tp) not in TMA2_POINTS)):
                 continue
             if smoke:
                 n, k = min(n, 256), min(k, 512)
@@ -585,6 +617,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         shapes.sort(key=lambda shape: CHAIN_LINEARS.index(shape[0]))
     if tma_sweep:  # likewise: wo_a, the other 32 MiB weights, then the small ones
         shapes.sort(key=lambda shape: list(TMA_ROWS).index(shape[0]))
+    if tma2_sweep:
+        shapes.sort(key=lambda shape: list(TMA2_POINTS).index(shape[:2]))
     for name, tp, n, k in shapes:
         if time.time() - t_start > budget_s:
             res.notes.append(f"stopped before {name} T={tp}: time budget {budget_s:.0f} s reached")
@@ -602,7 +636,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         for m in rows:
             if time.time() - t_start > budget_s:
                 break
-            if tma_sweep and m not in TMA_ROWS[name]:
+            if (tma_sweep and m not in TMA_ROWS[name]) or (tma2_sweep and m not in TMA2_POINTS[name, tp]):
                 continue
             point = f"{name} T={tp} M={m}"
             try:
@@ -723,6 +757,11 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         res.notes.append("run 7 variants: old_default, current_default (dropped where equal to old_default), q8jc "
                          "(chained, joined split) and q8c (chained, unjoined split) on the current FP8 tile of each "
                          "shape; each variant's time and relative error is in -sweep.json; fp8_path_us not timed.")
+    if tma2_sweep:
+        res.notes.append("run 11b variants: old_default = default_config as shipped; fma_n64 = the 1-row FMA form on "
+                         "64-column tiles with plain loads (the default's K split); tma_n64* = that tile by TMA with "
+                         "3 / 2 / 4 stages and without the L2 prefetch; tma_n128_st2 = 128 columns by TMA, 2 stages; "
+                         "tma = the default form by TMA. wo_a rope_us: the fused inverse RoPE.")
     if tma_sweep:
         res.notes.append("run 11 variants: old_default = default_config as shipped (PDL rules of run 9); tma = the same "
                          "form with its weight tiles fetched by TMA (host descriptor over [G, N, K], the K loop "
@@ -834,6 +873,8 @@ if __name__ == "__main__":
     parser.add_argument("--tma-sweep", action="store_true",
                         help="run 11: the defaults with their weight tiles by TMA (2/3/4 stages), T=1 wo_a/wq_b/wo_b "
                              "M 1..8, shared_down/wqkv_a M 1/2/8, PDL+TMA chain exactness, wo_a->wo_b pair")
+    parser.add_argument("--tma2-sweep", action="store_true",
+                        help="run 11b: 64-column 1-row TMA tiles, the FP8 tile by TMA with fused RoPE on wo_a at every T")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -848,4 +889,4 @@ if __name__ == "__main__":
         prepare()
     else:
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
-             args.pdl_sweep, args.pdl2_sweep, args.tma_sweep)
+             args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep)
