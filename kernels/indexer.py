@@ -72,23 +72,18 @@ LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this 
 LOGITS_NUM_WARPS, LOGITS_NUM_STAGES = 4, 3
 # Histogram select: the order-preserving key in three digits (11 + 11 + 10 bits). Workspace row
 # (int32; zero between calls: each call leaves it zeroed): counters, the second and third digits'
-# histograms, then room for HIST_REPLICAS copies of the first digit's histogram. How the logits
-# kernel counts into them is the :class:`SelectForm`'s ``hist_count`` (HIST_COUNTS): one relaxed
-# atomic per logit into interleaved copies (bin * R + position % R; H200 run 5: one copy cost
-# 53 us at B=1 x 1M, eight barely helped: they share a sector), the same into copy-major copies
-# (copy * 2048 + bin: each copy its own lines), or per-program aggregation (``tl.histogram`` of
-# every page summed in registers, then one atomic per non-empty bin, into 1 or 8 copy-major
-# copies by program), so that a hot bin gets one update per program instead of one per logit.
+# histograms, then the first digit's histogram in R copies (the :class:`SelectForm`'s
+# ``hist_copies``, HIST_COPIES). The logits kernel counts each logit with one relaxed atomic into
+# copy ``position % R`` of its bin; the logits fill only a few dozen bins, so updates to one
+# address serialise at L2. The copies lie copy-major (copy * 2048 + bin: each copy its own cache
+# lines and L2 slices). H200 run 6 (benchmarks/indexer-h200-run6.md): copy-major 8 copies beat the
+# earlier interleaved ones (bin * 8 + copy, one 32-byte sector per bin) at all 7 long-context shapes
+# (B=64 x 256K 232.8 vs 262.0 us, B=1 x 1M 65.7 vs 81.4); summing each program's bins first with
+# ``tl.histogram`` (2048 bins) and adding only the non-empty ones was 2-18x slower.
 HIST_DIGITS = (11, 11, 10)
-HIST_REPLICAS = 8
-# name: (aggregate per program, copy-major layout, copies)
-HIST_COUNTS = {
-    "interleaved8": (False, False, HIST_REPLICAS),
-    "copy_major8": (False, True, HIST_REPLICAS),
-    "aggregated1": (True, True, 1),
-    "aggregated8": (True, True, HIST_REPLICAS),
-}
-HIST_COUNT_DEFAULT = "interleaved8"
+HIST_COPIES = (8, 16, 32)
+HIST_COPIES_DEFAULT = 8
+HIST_MAX_COPIES = max(HIST_COPIES)
 WS_ABOVE = tl.constexpr(0)  # entries the split pass sent out
 WS_TIE = tl.constexpr(1)  # entries in the first digit's threshold bin
 WS_DONE = tl.constexpr(2)  # counting programs finished (the last one reduces the first digit)
@@ -98,7 +93,7 @@ HIST_REDUCE_BLOCK = tl.constexpr(256)  # first-digit bins the reducing program s
 WS_H2 = 16
 WS_H3 = WS_H2 + (1 << HIST_DIGITS[1])
 WS_H1 = WS_H3 + (1 << HIST_DIGITS[2])  # the counters and H2/H3 lie below: the final program zeroes them
-WS_WIDTH = WS_H1 + (1 << HIST_DIGITS[0]) * HIST_REPLICAS
+WS_WIDTH = WS_H1 + (1 << HIST_DIGITS[0]) * HIST_MAX_COPIES
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
 HIST_CHUNKS = (1024, 2048, 4096)  # entries per split-pass program
 
@@ -159,13 +154,10 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
                    max_seq_len, pt_width, pages_per_split, stride_qb, stride_wb, stride_ptb, stride_ob, stride_wsb,
                    D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                    PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr,
-                   HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0,
-                   COPY_MAJOR: tl.constexpr = False, AGGREGATE: tl.constexpr = False):
+                   HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0):
     """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row.
     HIST_BITS > 0 also counts each live logit into its row's first-digit histogram in the
-    workspace ``ws_ptr`` (see :func:`_count_first_digit`); the row's last program reduces it.
-    AGGREGATE sums the pages' bins in registers (``tl.histogram``) and adds only the non-empty
-    bins, once per program, to copy ``split % R``."""
+    workspace ``ws_ptr`` (see :func:`_count_first_digit`); the row's last program reduces it."""
     b = tl.program_id(0)
     split = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -176,9 +168,6 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
     p_begin = split * pages_per_split
     p_end = tl.minimum(p_begin + pages_per_split, tl.cdiv(max_seq_len, PAGE))
     p_live = tl.minimum(p_end, tl.cdiv(length, PAGE))
-    NBINS: tl.constexpr = 1 << HIST_BITS
-    counts = tl.zeros((NBINS,), tl.int32)  # AGGREGATE: this program's first-digit histogram
-    dropped = tl.full((), 0, tl.int32)  # positions past the length, counted into bin 0 above
     for p in range(p_begin, p_live):
         page = tl.load(pt_ptr + b64 * stride_ptb + p)
         vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
@@ -186,24 +175,12 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.where(pos < length, vals, float("-inf")), mask=pos < max_seq_len)
         if HIST_BITS > 0:
-            if AGGREGATE:
-                # No mask argument (not in every Triton): dead positions go to bin 0, subtracted at the end.
-                live = pos < length
-                counts += tl.histogram(tl.where(live, _key_bits(_order_key(vals), 0, HIST_BITS), 0), NBINS)
-                dropped += tl.sum((live == 0).to(tl.int32), axis=0)
-            else:
-                _count_first_digit(ws_ptr + b64 * stride_wsb, vals, pos, pos < length, HIST_BITS, R, WS_H1,
-                                   COPY_MAJOR)
+            _count_first_digit(ws_ptr + b64 * stride_wsb, vals, pos, pos < length, HIST_BITS, R, WS_H1)
     for p in range(tl.maximum(p_live, p_begin), p_end):
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.full((PAGE,), float("-inf"), tl.float32), mask=pos < max_seq_len)
     if HIST_BITS > 0:
-        if AGGREGATE:
-            bins = tl.arange(0, NBINS)
-            counts -= tl.where(bins == 0, dropped, 0)
-            copy_row = ws_ptr + b64 * stride_wsb + WS_H1 + (split % R) * NBINS
-            tl.atomic_add(copy_row + bins, counts, mask=counts != 0, sem="relaxed")
-        _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1, COPY_MAJOR)
+        _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1)
 
 
 @triton.jit
@@ -221,26 +198,17 @@ def _key_bits(key_u, skip: tl.constexpr, n: tl.constexpr):
 
 
 @triton.jit
-def _count_first_digit(ws_row, vals, pos, valid, B1: tl.constexpr, R: tl.constexpr, WS_H1: tl.constexpr,
-                       COPY_MAJOR: tl.constexpr = False):
-    """Count each valid value into copy ``pos % R`` of its first-digit bin (relaxed atomics)."""
+def _count_first_digit(ws_row, vals, pos, valid, B1: tl.constexpr, R: tl.constexpr, WS_H1: tl.constexpr):
+    """Count each valid value into copy ``pos % R`` of its first-digit bin (relaxed atomics; the
+    copies lie copy-major, a whole histogram apart)."""
     bins = _key_bits(_order_key(vals), 0, B1)
-    tl.atomic_add(ws_row + WS_H1 + _hist_word(bins, pos % R, B1, R, COPY_MAJOR), tl.full(vals.shape, 1, tl.int32),
-                  mask=valid, sem="relaxed")
-
-
-@triton.jit
-def _hist_word(bins, copy, B1: tl.constexpr, R: tl.constexpr, COPY_MAJOR: tl.constexpr):
-    """Word of (bin, copy) in the first digit's copies: copy-major or interleaved."""
-    if COPY_MAJOR:
-        return copy * (1 << B1) + bins
-    else:
-        return bins * R + copy
+    tl.atomic_add(ws_row + WS_H1 + (pos % R) * (1 << B1) + bins, tl.full(vals.shape, 1, tl.int32), mask=valid,
+                  sem="relaxed")
 
 
 @triton.jit
 def _finish_first_digit(ws_row, length, K: tl.constexpr, B1: tl.constexpr, R: tl.constexpr,
-                        WS_H1: tl.constexpr, COPY_MAJOR: tl.constexpr = False):
+                        WS_H1: tl.constexpr):
     """Called by every counting program of a row at its end; the last one to finish sums the R
     copies of the first-digit histogram (zeroing them for the next call), and stores the bin of
     the K-th largest key and how many keys lie above that bin."""
@@ -255,7 +223,7 @@ def _finish_first_digit(ws_row, length, K: tl.constexpr, B1: tl.constexpr, R: tl
         above = tl.full((), 0, tl.int32)
         for i in tl.static_range((1 << B1) // BLOCK):
             base = ((1 << B1) // BLOCK - 1 - i) * BLOCK  # from the top block down
-            ptrs = ws_row + WS_H1 + _hist_word((base + bins)[:, None], copies[None, :], B1, R, COPY_MAJOR)
+            ptrs = ws_row + WS_H1 + copies[None, :] * (1 << B1) + (base + bins)[:, None]
             hist = tl.sum(tl.load(ptrs, cache_modifier=".cg"), axis=1)
             tl.store(ptrs, tl.zeros((BLOCK, R), tl.int32))
             at_or_above = running + tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
@@ -724,14 +692,14 @@ def logits_pages_per_split(batch: int, max_seq_len: int) -> int:
 
 
 def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_dot=None, out=None,
-                     hist_workspace=None, hist_k=INDEX_TOPK, hist_count=HIST_COUNT_DEFAULT):
+                     hist_workspace=None, hist_k=INDEX_TOPK, hist_copies=HIST_COPIES_DEFAULT):
     """FP8 paged MQA logits ``[B, max_seq_len]`` fp32 (``-inf`` past each length). With
-    ``hist_workspace`` (:func:`hist_workspace`) it also counts the first-digit histogram (in the
-    way ``hist_count`` names, :data:`HIST_COUNTS`) and stores the bin of each row's ``hist_k``-th
+    ``hist_workspace`` (:func:`hist_workspace`) it also counts the first-digit histogram (in
+    ``hist_copies`` copies, :data:`HIST_COPIES`) and stores the bin of each row's ``hist_k``-th
     largest logit, where :func:`hist_select` starts."""
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
-    if hist_count not in HIST_COUNTS:
-        raise ValueError(f"hist_count must be one of {tuple(HIST_COUNTS)}, got {hist_count!r}")
+    if hist_copies not in HIST_COPIES:
+        raise ValueError(f"hist_copies must be one of {HIST_COPIES}, got {hist_copies!r}")
     if hist_workspace is not None:
         _check("hist_workspace", hist_workspace, (q.shape[0], WS_WIDTH), torch.int32, q.device)
     _ensure_hist_workspace(q.device)
@@ -747,17 +715,12 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     pps = logits_pages_per_split(batch, max_seq_len)
     splits = -(-_cdiv(max_seq_len, INDEX_PAGE_SIZE) // pps)
     ws = hist_workspace if hist_workspace is not None else out
-    hist = _hist_count_consts(hist_count, hist_k) if hist_workspace is not None else {}
+    hist = dict(HIST_BITS=HIST_DIGITS[0], R=hist_copies, K=hist_k, WS_H1=WS_H1) if hist_workspace is not None else {}
     _logits_kernel[(batch, splits)](
         q, kv_fp8, kv_f32, weights, lens, page_table, out, ws, max_seq_len, page_table.shape[1], pps,
         q.stride(0), weights.stride(0), page_table.stride(0), out.stride(0), ws.stride(0), **_page_consts(),
         USE_SCALED_DOT=scaled, **hist, num_warps=LOGITS_NUM_WARPS, num_stages=LOGITS_NUM_STAGES)
     return out
-
-
-def _hist_count_consts(hist_count: str, k: int) -> dict:
-    aggregate, copy_major, copies = HIST_COUNTS[hist_count]
-    return dict(HIST_BITS=HIST_DIGITS[0], R=copies, K=k, WS_H1=WS_H1, COPY_MAJOR=copy_major, AGGREGATE=aggregate)
 
 
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
@@ -833,7 +796,7 @@ def _hist_topk_from_scores(scores, lens, page_table, out, raw):
     chunk = hist_chunk(scores.shape[1])
     _score_hist_kernel[(scores.shape[0], _cdiv(scores.shape[1], chunk))](
         scores, lens, workspace, scores.shape[1], page_table.shape[1], scores.stride(0), workspace.stride(0),
-        CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=out.shape[1], B1=HIST_DIGITS[0], R=HIST_REPLICAS, WS_H1=WS_H1,
+        CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=out.shape[1], B1=HIST_DIGITS[0], R=HIST_COPIES_DEFAULT, WS_H1=WS_H1,
         num_warps=_hist_num_warps(chunk), num_stages=1)
     return hist_select(scores, lens, page_table, out, raw, workspace)
 
@@ -917,13 +880,13 @@ class SelectForm:
     max_chunk: int = SELECT_MAX_CHUNK
     warps_mul: int = 1
     method: str = "search"
-    hist_count: str = HIST_COUNT_DEFAULT  # histogram method: how the logits kernel counts (HIST_COUNTS)
+    hist_copies: int = HIST_COPIES_DEFAULT  # histogram method: copies of the first digit's histogram
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
             raise ValueError(f"method must be one of {SELECT_METHODS}, got {self.method!r}")
-        if self.hist_count not in HIST_COUNTS:
-            raise ValueError(f"hist_count must be one of {tuple(HIST_COUNTS)}, got {self.hist_count!r}")
+        if self.hist_copies not in HIST_COPIES:
+            raise ValueError(f"hist_copies must be one of {HIST_COPIES}, got {self.hist_copies!r}")
         if self.radix_bits not in SELECT_RADIX_BITS:
             raise ValueError(f"radix_bits must be one of {SELECT_RADIX_BITS}, got {self.radix_bits!r}")
         if self.max_chunk not in SELECT_CHUNKS or self.max_chunk < 2 * MAX_TOPK:
@@ -1082,7 +1045,7 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
             return out
         workspace = hist_workspace(q.shape[0], q.device)
         logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot,
-                                  hist_workspace=workspace, hist_k=out.shape[1], hist_count=plan.select.hist_count)
+                                  hist_workspace=workspace, hist_k=out.shape[1], hist_copies=plan.select.hist_copies)
         return hist_select(logits, lens, page_table, out, raw, workspace)
     logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
     return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw, select=plan.select)
@@ -1132,11 +1095,11 @@ def aot_configs() -> list[AotConfig]:
     the plain fp8 dot (QMMA without .SF) must not appear."""
     configs = []
     page = _page_consts()
-    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0, COPY_MAJOR=False, AGGREGATE=False)  # the defaults: no histogram
+    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0)  # the kernel's defaults: no histogram code
     logits_variants = [("indexer_logits", no_hist)]
-    for count in HIST_COUNTS:
-        suffix = "" if count == HIST_COUNT_DEFAULT else f"_{count}"
-        logits_variants.append((f"indexer_logits_hist{suffix}", _hist_count_consts(count, INDEX_TOPK)))
+    for copies in HIST_COPIES:
+        hist = dict(HIST_BITS=HIST_DIGITS[0], R=copies, K=INDEX_TOPK, WS_H1=WS_H1)
+        logits_variants.append((f"indexer_logits_hist{copies}", hist))
     for name, extra in logits_variants:
         c = dict(page, USE_SCALED_DOT=True, **extra)
         configs.append(AotConfig(
@@ -1145,7 +1108,7 @@ def aot_configs() -> list[AotConfig]:
             expect_opcodes=("QMMA.SF",), forbid_opcodes=("QMMA.16832",)))
     digits = _hist_digit_consts()
     for chunk in HIST_CHUNKS:
-        c = dict(CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=INDEX_TOPK, B1=digits["B1"], R=HIST_REPLICAS, WS_H1=WS_H1)
+        c = dict(CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=INDEX_TOPK, B1=digits["B1"], R=HIST_COPIES_DEFAULT, WS_H1=WS_H1)
         configs.append(AotConfig(
             f"indexer_score_hist_c{chunk}", _score_hist_kernel, _sig(_SCORE_HIST_SIG, c), c,
             num_warps=_hist_num_warps(chunk), num_stages=1, div16=("stride_sb", "stride_wsb")))
