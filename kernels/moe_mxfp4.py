@@ -1287,7 +1287,8 @@ GEMV_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, TOP_K, 16 * TOP_K), (MOE_INTERMEDI
                       (MOE_INTERMEDIATE_SIZE // 4, TOP_K, 64 * TOP_K))
 
 
-# Where the tensor-core pairs decode is the default (same form, scale_bf16 tiles of :func:`pairs_configs`),
+# Where the tensor-core pairs decode is the default (tiles of :func:`pairs_configs`; measured in the scale_bf16 form,
+# the scale on the pair words since round 9: PAIRS_SCALE_ON_WORDS_MIN_ROWS),
 # from H200 runs of pairs n32k128w4s3mulh / n64k128w4s3mulh beside the defaults of the time
 # (benchmarks/moe_mxfp4-h200-run3.md, run4a.md, run4b.md, run5.md, run5b.md; every point reference-checked):
 # I = 2048 (T=1): faster at B = 9 / 10 / 11 / 12 / 13 / 14 / 15 (382.9 vs 482.3, 451.2 vs 574.6, 495.8 vs
@@ -1901,13 +1902,25 @@ class PairsConfig:
 PAIRS_X_BLOCK = 1024  # activations one program of the pairs routing launch reorders
 
 
+# Round 9 (benchmarks/moe_mxfp4-h200-run10-summary.md, H200 runs 10/10b/10c, every point reference-checked): the
+# E8M0 factor on the int32 pair words (PairsConfig.scale_on_words) at the default tiles beside the pairs default:
+# faster at T=1 B = 17 / 24 / 32 / 64 / 256 (669.5 / 881.2 / 1031.7 / 1489.2 / 1974.6 vs 687.5 / 907.7 / 1058.6 /
+# 1536.2 / 2043.1 us), T=2 B = 17 / 32 / 64 (352.9 / 562.2 / 740.5 vs 358.5 / 580.6 / 764.1), T=4 B = 12 / 16 / 17 /
+# 24 / 32 / 64 / 256 (145.7 / 179.5 / 195.2 / 245.6 / 298.0 / 412.6 / 568.4 vs 149.6 / 184.3 / 200.9 / 252.4 / 305.1 /
+# 425.6 / 591.0), T=8 B = 1 / 8 / 16 / 17 / 32 / 64 (31.6 / 67.1 / 118.2 / 122.4 / 177.4 / 253.5 vs 33.1 / 68.8 /
+# 120.9 / 125.2 / 181.6 / 259.5); slower at T=4 B = 9 (123.3 vs 119.9 us), B = 10 / 11 not measured, so at
+# I = 512 it starts at B = 12. (per-rank I, fewest routed rows) where it does not start at the first row:
+PAIRS_SCALE_ON_WORDS_MIN_ROWS = {MOE_INTERMEDIATE_SIZE // 4: 12 * TOP_K}
+
+
 def pairs_configs(num_rows: int, inter: int) -> tuple[PairsConfig, PairsConfig]:
     """(gate/up, down) tiles of the pairs decode: the fastest of the H200 round-4 and round-5 runs at every
     measured (T, B) (gate/up 32 columns = 64 weight rows, down 64 rows, K steps of 128, 4 warps, 3 stages,
-    nibble pairs by multiply, E8M0 factor on the pair words in packed bf16;
-    benchmarks/moe_mxfp4-h200-run2.md, run3.md)."""
-    return (PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True),
-            PairsConfig(64, min(128, inter), 4, mul_pairs=True, scale_bf16=True))
+    nibble pairs by multiply, E8M0 factor in packed bf16; benchmarks/moe_mxfp4-h200-run2.md, run3.md), the
+    factor on the int32 pair words where round 9 measured that faster (:data:`PAIRS_SCALE_ON_WORDS_MIN_ROWS`)."""
+    on_words = num_rows >= PAIRS_SCALE_ON_WORDS_MIN_ROWS.get(inter, 0)
+    return (PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=on_words),
+            PairsConfig(64, min(128, inter), 4, mul_pairs=True, scale_bf16=True, scale_on_words=on_words))
 
 
 def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
@@ -2196,9 +2209,10 @@ def aot_configs() -> list[AotConfig]:
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
+        shipped = (pairs_configs(TOP_K, inter), pairs_configs(DECODE_MAX_ROWS, inter))  # both ends of the range
         shipped_pairs = [dataclasses.replace(c, block_k=min(c.block_k, k))
-                         for c, k in zip(pairs_configs(TOP_K, inter), (HIDDEN_SIZE, inter))]
-        for gu_cfg, dn_cfg in (pairs_configs(TOP_K, inter),) + PAIRS_AOT_EXTRA:
+                         for pair in shipped for c, k in zip(pair, (HIDDEN_SIZE, inter))]
+        for gu_cfg, dn_cfg in shipped + PAIRS_AOT_EXTRA:
             for kind, kernel, sig, cfg, k_len in (("gate_up", _gate_up_pairs_kernel, _gate_up_pairs_sig(), gu_cfg,
                                                    HIDDEN_SIZE),
                                                   ("down", _down_pairs_kernel, _down_pairs_sig(), dn_cfg, inter)):

@@ -857,19 +857,33 @@ def test_pairs_default_dispatch(monkeypatch):
     assert len(calls) == 2
 
 
-def test_pairs_aot_configs_expect_tensor_cores():
-    """The shipped tiles (the round-5 winner, mul pairs with the bf16 scale) compile for every per-rank I."""
-    assert {inter for inter, _, _ in moe.PAIRS_DEFAULT_WHERE} == {2048 // tp for tp in SUPPORTED_TP}
+def test_pairs_scale_on_words_default_follows_the_h200_numbers():
+    """Round 9 (runs 10/10b/10c): the factor on the pair words is the default wherever the pairs decode is,
+    except at I = 512 (T=4) below B = 12 (slower at B = 9, B = 10 / 11 not measured)."""
     for tp in SUPPORTED_TP:
-        gu, dn = moe.pairs_configs(TOP_K, 2048 // tp)
-        assert gu == moe.PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True)
-        assert dn.block_n == 64 and dn.mul_pairs and dn.scale_bf16
+        inter = 2048 // tp
+        for batch in (1, 8, 9, 11, 12, 16, 17, 64, 256):
+            gu, dn = moe.pairs_configs(batch * TOP_K, inter)
+            expected = not (tp == 4 and batch < 12)
+            assert gu.scale_on_words == dn.scale_on_words == expected, (tp, batch)
+            assert gu == moe.PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=expected)
+            assert dn.block_n == 64 and dn.mul_pairs and dn.scale_bf16
+            flag = gu.scale_bf16_constexpr()
+            assert flag == (4 if expected else 2)  # the interpreter's emulations of 3 / 1
+
+
+def test_pairs_aot_configs_expect_tensor_cores():
+    """The shipped tiles (the round-5 winner, mul pairs with the bf16 scale, on the pair words since round 9)
+    compile for every per-rank I, both forms where both are defaults."""
+    assert {inter for inter, _, _ in moe.PAIRS_DEFAULT_WHERE} == {2048 // tp for tp in SUPPORTED_TP}
     pairs = [c for c in moe.aot_configs() if "_pairs_" in c.name]
     for tp in SUPPORTED_TP:
-        gu, dn = moe.pairs_configs(TOP_K, 2048 // tp)
-        assert any(c.kernel is moe._gate_up_pairs_kernel and c.constexprs["BLOCK_N"] == gu.block_n
-                   and c.constexprs["SCALE_BF16"] == 1 for c in pairs)
-        assert any(c.kernel is moe._down_pairs_kernel and c.constexprs["BLOCK_K"] == min(dn.block_k, 2048 // tp)
-                   and c.constexprs["SCALE_BF16"] == 1 for c in pairs)
+        for rows in (TOP_K, moe.DECODE_MAX_ROWS):
+            gu, dn = moe.pairs_configs(rows, 2048 // tp)
+            flag = 3 if gu.scale_on_words else 1
+            assert any(c.kernel is moe._gate_up_pairs_kernel and c.constexprs["BLOCK_N"] == gu.block_n
+                       and c.constexprs["SCALE_BF16"] == flag and "selectable" not in c.note for c in pairs)
+            assert any(c.kernel is moe._down_pairs_kernel and c.constexprs["BLOCK_K"] == min(dn.block_k, 2048 // tp)
+                       and c.constexprs["SCALE_BF16"] == flag and "selectable" not in c.note for c in pairs)
     assert all(c.expect_opcodes == ("HMMA.16816.F32.BF16",) for c in pairs)
     assert any(c.kernel is moe._route_pairs_kernel for c in moe.aot_configs())
