@@ -108,7 +108,9 @@ TMA_CANDIDATES = [
     (G(4, 512, 4, tma_ring=3), G(8, 512, 4, tma_ring=3)),
 ]
 TMA_DEADLINE_S = 120  # for a 180 s device limit (one case with compiles takes up to ~30 s)
-# round 9 (--words): the pairs decode with the E8M0 factor multiplied onto the int32 pair words by PTX
+# round 9 (--words; H200 runs 10/10b/10c, benchmarks/moe_mxfp4-h200-run10-summary.md: the default tiles won 1.016-1.046x
+# everywhere but T=4 B=9 and are the default; 4 stages equal, 2 stages and the half / double tiles slower; every GEMV
+# candidate below slower at B = 1 / 8): the pairs decode with the E8M0 factor multiplied onto the int32 pair words by PTX
 # mul.rn.bf16x2 (PairsConfig(scale_on_words=True): no half-swap PRMTs around the packed multiply; sm_120a K loop
 # 312 vs 338 SASS instructions, sm_90a 317 vs 358) at the default tiles, 2 / 4 stages and half / double tiles,
 # beside the shipped default (and the pairs default tiles where the TMA GEMV is the default: T=1 B=16)

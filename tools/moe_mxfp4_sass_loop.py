@@ -2,6 +2,7 @@
 """SASS instructions in the inner K loop of the MXFP4 decode GEMMs, per weight-upcast variant (AOT, no GPU).
 
     .venv/bin/python tools/moe_mxfp4_sass_loop.py [--arch 90 --arch 120] [--upcast split_bf16 ...]
+    .venv/bin/python tools/moe_mxfp4_sass_loop.py --pairs [--arch 120]   # the pairs decode's AOT configs
 
 Compiles ``_gate_up_kernel`` / ``_down_kernel`` at the decode tiles with each ``moe_mxfp4.UPCASTS``
 variant (same divisibility hints as the JIT), finds the innermost backward branch whose body holds the
@@ -70,11 +71,33 @@ def config(kind: str, upcast: str, tile: moe.GemmConfig) -> aot.AotConfig:
                          ("hidden", "inter"))
 
 
+def pairs_loops(archs) -> None:
+    """The pairs decode's AOT configs (every shipped and selectable form): K-loop instructions per weight
+    byte of a K step and the opcode histogram (round 9: the scale on the pair words removes the half-swap PRMTs)."""
+    for cfg in moe.aot_configs():
+        if "_pairs_" not in cfg.name:
+            continue
+        rows_w = 2 * cfg.constexprs["BLOCK_N"] if cfg.kernel is moe._gate_up_pairs_kernel else cfg.constexprs["BLOCK_N"]
+        block_k = cfg.constexprs["BLOCK_K"]
+        step_bytes = rows_w * block_k // 2 + rows_w * block_k // moe.MXFP4_GROUP
+        for arch in archs:
+            rows, compiled = sass_lines(cfg, arch)
+            body = mma_loop(rows)
+            hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
+            print(json.dumps({"config": cfg.name, "arch": arch, "loop_instructions": len(body),
+                              "per_weight_byte": round(len(body) / step_bytes, 4), "kernel_total": len(rows),
+                              "smem": compiled.metadata.shared, "top": hist.most_common(10)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", type=int, action="append")
     parser.add_argument("--upcast", action="append", choices=moe.UPCASTS)
+    parser.add_argument("--pairs", action="store_true", help="the pairs decode's AOT configs instead")
     args = parser.parse_args()
+    if args.pairs:
+        pairs_loops(args.arch or (90, 120))
+        return
     for kind, tile in TILES.items():
         rows_w = 2 * tile.block_n if kind == "gate_up" else tile.block_n
         step_bytes = rows_w * tile.block_k // 2 + rows_w * tile.block_k // moe.MXFP4_GROUP
