@@ -72,18 +72,17 @@ LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this 
 LOGITS_NUM_WARPS, LOGITS_NUM_STAGES = 4, 3
 # Histogram select: the order-preserving key in three digits (11 + 11 + 10 bits). Workspace row
 # (int32; zero between calls: each call leaves it zeroed): counters, the second and third digits'
-# histograms, then the first digit's histogram in R copies (the :class:`SelectForm`'s
-# ``hist_copies``, HIST_COPIES). The logits kernel counts each logit with one relaxed atomic into
-# copy ``position % R`` of its bin; the logits fill only a few dozen bins, so updates to one
-# address serialise at L2. The copies lie copy-major (copy * 2048 + bin: each copy its own cache
-# lines and L2 slices). H200 run 6 (benchmarks/indexer-h200-run6.md): copy-major 8 copies beat the
-# earlier interleaved ones (bin * 8 + copy, one 32-byte sector per bin) at all 7 long-context shapes
-# (B=64 x 256K 232.8 vs 262.0 us, B=1 x 1M 65.7 vs 81.4); summing each program's bins first with
-# ``tl.histogram`` (2048 bins) and adding only the non-empty ones was 2-18x slower.
+# histograms, then the first digit's histogram in HIST_COPIES copies. The logits kernel counts
+# each logit with one relaxed atomic into copy ``position % HIST_COPIES`` of its bin; the logits
+# fill only a few dozen bins, so updates to one address serialise at L2. The copies lie copy-major
+# (copy * 2048 + bin: each copy its own cache lines and L2 slices). H200 run 6
+# (benchmarks/indexer-h200-run6-summary.md): 8 copy-major copies beat the earlier interleaved ones
+# (bin * 8 + copy, one 32-byte sector per bin) at all 7 long-context shapes (B=64 x 256K 232.8 vs
+# 262.0 us, B=1 x 1M 65.7 vs 81.4); summing each program's bins first with ``tl.histogram`` (2048
+# bins) and adding only the non-empty ones was 2-18x slower; 16 or 32 copies (run 6b) were slower
+# except at B=1 x 1M (the last program's reduction reads every copy).
 HIST_DIGITS = (11, 11, 10)
-HIST_COPIES = (8, 16, 32)
-HIST_COPIES_DEFAULT = 8
-HIST_MAX_COPIES = max(HIST_COPIES)
+HIST_COPIES = 8
 WS_ABOVE = tl.constexpr(0)  # entries the split pass sent out
 WS_TIE = tl.constexpr(1)  # entries in the first digit's threshold bin
 WS_DONE = tl.constexpr(2)  # counting programs finished (the last one reduces the first digit)
@@ -93,7 +92,7 @@ HIST_REDUCE_BLOCK = tl.constexpr(256)  # first-digit bins the reducing program s
 WS_H2 = 16
 WS_H3 = WS_H2 + (1 << HIST_DIGITS[1])
 WS_H1 = WS_H3 + (1 << HIST_DIGITS[2])  # the counters and H2/H3 lie below: the final program zeroes them
-WS_WIDTH = WS_H1 + (1 << HIST_DIGITS[0]) * HIST_MAX_COPIES
+WS_WIDTH = WS_H1 + (1 << HIST_DIGITS[0]) * HIST_COPIES
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
 HIST_CHUNKS = (1024, 2048, 4096)  # entries per split-pass program
 
@@ -692,14 +691,11 @@ def logits_pages_per_split(batch: int, max_seq_len: int) -> int:
 
 
 def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_dot=None, out=None,
-                     hist_workspace=None, hist_k=INDEX_TOPK, hist_copies=HIST_COPIES_DEFAULT):
+                     hist_workspace=None, hist_k=INDEX_TOPK):
     """FP8 paged MQA logits ``[B, max_seq_len]`` fp32 (``-inf`` past each length). With
-    ``hist_workspace`` (:func:`hist_workspace`) it also counts the first-digit histogram (in
-    ``hist_copies`` copies, :data:`HIST_COPIES`) and stores the bin of each row's ``hist_k``-th
-    largest logit, where :func:`hist_select` starts."""
+    ``hist_workspace`` (:func:`hist_workspace`) it also counts the first-digit histogram and
+    stores the bin of each row's ``hist_k``-th largest logit, where :func:`hist_select` starts."""
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
-    if hist_copies not in HIST_COPIES:
-        raise ValueError(f"hist_copies must be one of {HIST_COPIES}, got {hist_copies!r}")
     if hist_workspace is not None:
         _check("hist_workspace", hist_workspace, (q.shape[0], WS_WIDTH), torch.int32, q.device)
     _ensure_hist_workspace(q.device)
@@ -715,7 +711,7 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     pps = logits_pages_per_split(batch, max_seq_len)
     splits = -(-_cdiv(max_seq_len, INDEX_PAGE_SIZE) // pps)
     ws = hist_workspace if hist_workspace is not None else out
-    hist = dict(HIST_BITS=HIST_DIGITS[0], R=hist_copies, K=hist_k, WS_H1=WS_H1) if hist_workspace is not None else {}
+    hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=hist_k, WS_H1=WS_H1) if hist_workspace is not None else {}
     _logits_kernel[(batch, splits)](
         q, kv_fp8, kv_f32, weights, lens, page_table, out, ws, max_seq_len, page_table.shape[1], pps,
         q.stride(0), weights.stride(0), page_table.stride(0), out.stride(0), ws.stride(0), **_page_consts(),
@@ -796,7 +792,7 @@ def _hist_topk_from_scores(scores, lens, page_table, out, raw):
     chunk = hist_chunk(scores.shape[1])
     _score_hist_kernel[(scores.shape[0], _cdiv(scores.shape[1], chunk))](
         scores, lens, workspace, scores.shape[1], page_table.shape[1], scores.stride(0), workspace.stride(0),
-        CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=out.shape[1], B1=HIST_DIGITS[0], R=HIST_COPIES_DEFAULT, WS_H1=WS_H1,
+        CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=out.shape[1], B1=HIST_DIGITS[0], R=HIST_COPIES, WS_H1=WS_H1,
         num_warps=_hist_num_warps(chunk), num_stages=1)
     return hist_select(scores, lens, page_table, out, raw, workspace)
 
@@ -880,13 +876,10 @@ class SelectForm:
     max_chunk: int = SELECT_MAX_CHUNK
     warps_mul: int = 1
     method: str = "search"
-    hist_copies: int = HIST_COPIES_DEFAULT  # histogram method: copies of the first digit's histogram
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
             raise ValueError(f"method must be one of {SELECT_METHODS}, got {self.method!r}")
-        if self.hist_copies not in HIST_COPIES:
-            raise ValueError(f"hist_copies must be one of {HIST_COPIES}, got {self.hist_copies!r}")
         if self.radix_bits not in SELECT_RADIX_BITS:
             raise ValueError(f"radix_bits must be one of {SELECT_RADIX_BITS}, got {self.radix_bits!r}")
         if self.max_chunk not in SELECT_CHUNKS or self.max_chunk < 2 * MAX_TOPK:
@@ -949,8 +942,8 @@ def _select_form(batch, width, select):
 #
 # It wins clearly only at B=64 x 256K (many long rows), so B > 32 with 16K-64K positions takes it
 # (the seam then defers the logits to the top-k call, whose logits kernel counts the histogram);
-# B=1 x 256K (0.8 us, 2 %) keeps the search. A logits row from elsewhere keeps the 8192-chunk
-# search there (histogram counted in a pass of its own: 135.1 vs 97.8 us top-k alone).
+# B=1 x 256K (0.8 us, 2 %) kept the search until run 6 (below). A logits row from elsewhere keeps
+# the 8192-chunk search there (histogram counted in a pass of its own: 135.1 vs 97.8 us top-k alone).
 #
 # Twice the warps per select program (bitwise search, H200 run 5a, benchmarks/indexer-h200-run5a.md;
 # the old defaults moved by at most 0.2 % at 8K and 0.6 % at B=16 x 64K between runs 5a and 5b):
@@ -962,6 +955,20 @@ def _select_form(batch, width, select):
 #   256 8K       35.59 (bitwise)   35.38        (256K, 1M: slower by 2-12 %)
 #
 # so 8K context and B=16 x 64K take it.
+#
+# Copy-major histogram copies (H200 runs 6 / 6b, benchmarks/indexer-h200-run6-summary.md, us; the
+# old default and the interleaved copies timed in run 6 next to the copy-major form):
+#
+#   B   context  old default          interleaved  copy-major (6 / 6b)
+#   64  256K     262.3 (interleaved)  262.0        232.8 / 234.3   <- 11 % faster
+#   1   256K     40.26 (bitwise)      39.86        36.08 / 36.0    <- 10 % faster
+#   16  256K     82.22 (8192)         99.23        85.23 / 86.5
+#   1   1M       54.96 (bitwise)      81.37        65.74 / 65.5
+#   64  64K      73.30 (8192)         85.22        84.66 / 84.7
+#   16  64K      37.66 (2x warps)     45.60        45.09 / 44.5
+#   1   64K      27.31 (bitwise)      31.34        30.43 / 30.3
+#
+# so B <= 4 above 32768 positions (between the measured 16384 and 65536) takes the histogram too.
 _BITWISE = SelectForm()
 _BITWISE_2XW = SelectForm(warps_mul=2)
 _CHUNK8K = SelectForm(max_chunk=8192)
@@ -971,7 +978,8 @@ PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (4, 16384, Plan("two_kernel", select=_BITWISE)),
     (32, 16384, Plan("two_kernel", select=_BITWISE_2XW)),
     (INDEX_MAX_BATCH, 16384, Plan("two_kernel", select=_CHUNK8K)),
-    (4, 65536, Plan("two_kernel", select=_BITWISE)),
+    (4, 32768, Plan("two_kernel", select=_BITWISE)),
+    (4, 65536, Plan("two_kernel", select=_HISTOGRAM, unfused_select=_BITWISE)),
     (32, 65536, Plan("two_kernel", select=_CHUNK8K)),
     (INDEX_MAX_BATCH, 65536, Plan("two_kernel", select=_HISTOGRAM, unfused_select=_CHUNK8K)),
     (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel", select=_BITWISE)),
@@ -1045,7 +1053,7 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
             return out
         workspace = hist_workspace(q.shape[0], q.device)
         logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot,
-                                  hist_workspace=workspace, hist_k=out.shape[1], hist_copies=plan.select.hist_copies)
+                                  hist_workspace=workspace, hist_k=out.shape[1])
         return hist_select(logits, lens, page_table, out, raw, workspace)
     logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
     return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw, select=plan.select)
@@ -1095,12 +1103,9 @@ def aot_configs() -> list[AotConfig]:
     the plain fp8 dot (QMMA without .SF) must not appear."""
     configs = []
     page = _page_consts()
+    hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1)
     no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0)  # the kernel's defaults: no histogram code
-    logits_variants = [("indexer_logits", no_hist)]
-    for copies in HIST_COPIES:
-        hist = dict(HIST_BITS=HIST_DIGITS[0], R=copies, K=INDEX_TOPK, WS_H1=WS_H1)
-        logits_variants.append((f"indexer_logits_hist{copies}", hist))
-    for name, extra in logits_variants:
+    for name, extra in (("indexer_logits", no_hist), ("indexer_logits_hist", hist)):
         c = dict(page, USE_SCALED_DOT=True, **extra)
         configs.append(AotConfig(
             name, _logits_kernel, _sig(_LOGITS_SIG, c), c, num_warps=LOGITS_NUM_WARPS,
@@ -1108,7 +1113,7 @@ def aot_configs() -> list[AotConfig]:
             expect_opcodes=("QMMA.SF",), forbid_opcodes=("QMMA.16832",)))
     digits = _hist_digit_consts()
     for chunk in HIST_CHUNKS:
-        c = dict(CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=INDEX_TOPK, B1=digits["B1"], R=HIST_COPIES_DEFAULT, WS_H1=WS_H1)
+        c = dict(CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=INDEX_TOPK, B1=digits["B1"], R=HIST_COPIES, WS_H1=WS_H1)
         configs.append(AotConfig(
             f"indexer_score_hist_c{chunk}", _score_hist_kernel, _sig(_SCORE_HIST_SIG, c), c,
             num_warps=_hist_num_warps(chunk), num_stages=1, div16=("stride_sb", "stride_wsb")))

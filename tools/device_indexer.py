@@ -38,13 +38,10 @@ ROTATIONS = 8
 # (fused slower everywhere, removed here). Run 5: the histogram select (``hist``: first digit
 # counted by the logits kernel, a split pass, one program per row) and the untimed double-warp
 # searches. Run 6: how the logits kernel counts the first digit: interleaved copies (as run 5),
-# copy-major copies, per-program tl.histogram aggregation (run6: copy-major won everywhere,
-# aggregation 2-18x slower); run 6b: the number of copy-major copies (ix.HIST_COPIES), ``hist``
-# the default.
+# copy-major copies, per-program tl.histogram aggregation; run 6b: 8, 16 or 32 copy-major copies
+# (8 copy-major shipped: benchmarks/indexer-h200-run6-summary.md; the others removed).
 SELECT_FORMS = {
-    "hist" if copies == ix.HIST_COPIES_DEFAULT else f"hist_c{copies}": ix.SelectForm(method="histogram",
-                                                                                     hist_copies=copies)
-    for copies in ix.HIST_COPIES
+    "hist": ix.SelectForm(method="histogram"),
 }
 HIST_FORMS = tuple(name for name, form in SELECT_FORMS.items() if form.method == "histogram")
 if os.environ.get("INDEXER_BENCH_2XW") == "1":  # timed in run 5a: no faster than the defaults (within 0.8 us)
@@ -193,9 +190,8 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
 
     errors = {}
     timed("ours_logits_only", loop(lambda t: ix.paged_mqa_logits(q, kv, w, lens, t, c4_len, out=logits_buf)))
-    for name in HIST_FORMS:  # the logits kernel counting the histogram, each way
-        timed("ours_logits_with_hist" + name[len("hist"):], loop(lambda t, c=SELECT_FORMS[name].hist_copies: ix.paged_mqa_logits(
-            q, kv, w, lens, t, c4_len, out=logits_buf, hist_workspace=ix.hist_workspace(batch, device), hist_copies=c)))
+    timed("ours_logits_with_hist", loop(lambda t: ix.paged_mqa_logits(
+        q, kv, w, lens, t, c4_len, out=logits_buf, hist_workspace=ix.hist_workspace(batch, device))))
     ix.hist_workspace(batch, device).zero_()  # the logits-only calls leave the reduced counters behind
     timed("default_plan", loop(lambda t: ix.indexer_topk(q, kv, w, lens, t, c4_len, outs)))
     timed("ours_topk_only_default", loop(lambda t: ix.topk_transform_paged(logits_buf, lens, t, outs, INDEX_PAGE_SIZE)))

@@ -284,15 +284,14 @@ def test_histogram_select_small_k_and_against_upstream():
         assert set(ours[b].tolist()) == set(up[b].tolist())
 
 
-@pytest.mark.parametrize("lens,max_seq_len,copies", [
-    ([2500, 1999, 0, 300, 2560], 2560, 8),
-    *[([4100, 4160, 513, 64], 4160, copies) for copies in ix.HIST_COPIES],  # many split programs per row
+@pytest.mark.parametrize("lens,max_seq_len", [
+    ([2500, 1999, 0, 300, 2560], 2560),
+    ([4100, 4160, 513, 64], 4160),  # many split programs per row: every histogram copy used
 ])
-def test_histogram_plan_matches_reference_and_search(lens, max_seq_len, copies):
-    """The full indexer call with the histogram select: the logits kernel counts the first digit
-    (into each number of copies). Every call leaves the shared workspace zeroed, so a second call
-    (other inputs) is exact too."""
-    plan = ix.Plan("two_kernel", select=ix.SelectForm(method="histogram", hist_copies=copies))
+def test_histogram_plan_matches_reference_and_search(lens, max_seq_len):
+    """The full indexer call with the histogram select: the logits kernel counts the first digit.
+    Every call leaves the shared workspace zeroed, so a second call (other inputs) is exact too."""
+    plan = ix.Plan("two_kernel", select=HISTOGRAM)
     for seed in (max_seq_len + 1, max_seq_len + 2):
         q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=seed)
         ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
@@ -308,8 +307,7 @@ def test_histogram_plan_matches_reference_and_search(lens, max_seq_len, copies):
     assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
 
 
-@pytest.mark.parametrize("copies", [min(ix.HIST_COPIES), max(ix.HIST_COPIES)])
-def test_histogram_plan_with_equal_logits_and_edge_batches(copies):
+def test_histogram_plan_with_equal_logits_and_edge_batches():
     """Identical index-K rows and scales give every position the same logit: the candidate list
     overflows and the final program rescans the row; B=0 and all-zero lengths."""
     lens, max_seq_len = [5000, 4200], 5000
@@ -317,7 +315,7 @@ def test_histogram_plan_with_equal_logits_and_edge_batches(copies):
     flat = kv.view(kv.shape[0], -1)  # per page: 64 rows of 128 fp8 bytes, then 64 fp32 scales
     flat[:, :INDEX_SCALE_OFFSET] = flat[0, :128].repeat(INDEX_PAGE_SIZE)
     flat[:, INDEX_SCALE_OFFSET:] = torch.full((INDEX_PAGE_SIZE,), 0.75).view(torch.uint8)
-    plan = ix.Plan("two_kernel", select=ix.SelectForm(method="histogram", hist_copies=copies))
+    plan = ix.Plan("two_kernel", select=HISTOGRAM)
     out = torch.full((2, INDEX_TOPK), 12345, dtype=torch.int32)
     raw = torch.full_like(out, 12345)
     ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=plan)
@@ -335,17 +333,15 @@ def test_histogram_plan_with_equal_logits_and_edge_batches(copies):
     assert (out == -1).all()
 
 
-@pytest.mark.parametrize("copies", ix.HIST_COPIES)
 @pytest.mark.parametrize("k", [512, 64])
-def test_logits_first_digit_threshold(k, copies):
-    """The logits kernel's histogram (each number of copies), reduced by each row's last program:
-    the bin of the k-th largest key and the count above it, the first digit's copies zeroed again.
-    Lengths not a multiple of 64 leave dead positions in a row's last page (not counted)."""
+def test_logits_first_digit_threshold(k):
+    """The logits kernel's histogram, reduced by each row's last program: the bin of the k-th
+    largest key and the count above it, the first digit's copies zeroed again. Lengths not a
+    multiple of 64 leave dead positions in a row's last page (not counted)."""
     lens, max_seq_len = [700, 0, 1000, 64, 513], 1000
     q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=21 + k)
     workspace = torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32)
-    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k,
-                                 hist_copies=copies)
+    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k)
     bits = logits.view(torch.int32)
     key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long() + 2**31  # unsigned order
     first_digit = key >> (32 - ix.HIST_DIGITS[0])
@@ -359,8 +355,6 @@ def test_logits_first_digit_threshold(k, copies):
     assert (workspace[:, ix.WS_H1:] == 0).all()
     with pytest.raises(ValueError, match="hist_workspace"):
         ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace[:, :100])
-    with pytest.raises(ValueError, match="hist_copies"):
-        ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_copies=4)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -369,7 +363,6 @@ def test_logits_first_digit_threshold(k, copies):
     (dict(max_chunk=1024), "max_chunk"),
     (dict(max_chunk=16384), "max_chunk"),
     (dict(warps_mul=4), "warps_mul"),
-    (dict(method="histogram", hist_copies=4), "hist_copies"),
 ])
 def test_bad_select_form_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -377,9 +370,11 @@ def test_bad_select_form_raises(kwargs, match):
 
 
 def test_plan_histogram_bucket_and_fused_rejects_histogram():
-    plan = ix.choose_plan(64, 65536)
-    assert plan.select.method == "histogram" and plan.scores_select.method == "search"
-    assert ix.choose_plan(16, 65536).select.method == "search"
+    for batch, length in ((64, 65536), (1, 65536), (4, 40000)):  # H200 run 6: B=64 and B=1 at 256K context
+        plan = ix.choose_plan(batch, length)
+        assert plan.select.method == "histogram" and plan.scores_select.method == "search", (batch, length)
+    for batch, length in ((16, 65536), (1, 16384), (4, 32768), (1, 262144), (64, 16384)):
+        assert ix.choose_plan(batch, length).select.method == "search", (batch, length)
     q, kv, w, l, pt = make_inputs([100], 128)
     with pytest.raises(ValueError, match="search form"):
         ix.fused_logits_topk(q, kv, w, l, pt, 128, torch.empty(1, 512, dtype=torch.int32), select=HISTOGRAM)
