@@ -924,6 +924,7 @@ def _fp8_mma_config(m: int, n: int, k: int, groups: int) -> GemvConfig | None:
 # late alone on wq_b's K = 1024 tiles at T=1/2 (0.97-0.98x, +0.2-0.25 us). USE_PDL = False makes default_config
 # return launch_form.
 USE_PDL = True
+USE_TMA = True  # False: default_config / wo_a_config as before runs 11 / 11b (no TMA, no 64-column 1-row tiles)
 PDL_FMA_L2_BLOCKS = 4
 PDL_FP8_MMA_MIN_WEIGHT_BYTES = 32 << 20
 PDL_TWO_ROW_PREFETCH_MAX_WEIGHT_BYTES = 4 << 20
@@ -951,10 +952,57 @@ def _with_pdl(cfg: GemvConfig, m: int, weight_bytes: int) -> GemvConfig:
     return cfg
 
 
+# Weight tiles by TMA (GemvConfig.w_tma), from H200 runs 11 / 11b (benchmarks/fp8_gemv-h200-run11-tma-summary.md),
+# each beside the default of the time in the same graph-timed harness:
+# * 1 row on the 32 MiB weights with K >= 4096 (wo_a, wo_b at T=1): the FMA form on 64-column tiles by TMA, at the
+#   32-column default's K split (half the programs): 0.955-0.958x the time in both runs (wo_a 11.46 vs 11.96 us).
+#   The same tile lost on wq_b T=1 (K = 1024: 1.06x) and on every smaller weight (1.02-1.17x); the 32-column tile
+#   by TMA lost everywhere (1.34-1.47x), and so did 64 columns with plain loads at these shapes (1.09x).
+# * The FP8 tensor-core tile, the rows form and the 16-row bf16 tile by TMA: equal (0.99-1.01x) or slower; not used
+#   without the fused RoPE.
+# * wo_a with the fused inverse RoPE (wo_a_config): see there.
+TMA_FMA_MIN_WEIGHT_BYTES = 32 << 20
+TMA_FMA_MIN_K = 4096
+TMA_FMA_BLOCK_N = 64
+
+
 def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
     form = launch_form(m, n, k, groups)
-    return _with_pdl(form, m, groups * n * k) if USE_PDL else form
+    if not USE_PDL:
+        return form
+    cfg = _with_pdl(form, m, groups * n * k)
+    if (USE_TMA and m == 1 and not cfg.use_dot and not cfg.rows_form and k >= TMA_FMA_MIN_K
+            and groups * n * k >= TMA_FMA_MIN_WEIGHT_BYTES):
+        cfg = dataclasses.replace(cfg, block_n=TMA_FMA_BLOCK_N, w_tma=True)
+    return cfg
+
+
+# wo_a with the fused inverse RoPE (grouped_fp8_wo_a with positions), H200 runs 11 / 11b, against default_config's
+# form with the same fused RoPE:
+# * 1 row, weights of 8 MiB and more (T = 1 / 2 / 4): the FMA form on 64-column tiles with plain loads at the same K
+#   split, 13.45 / 8.12 / 5.70 us against 17.91 / 11.24 / 7.40 (0.75 / 0.72 / 0.77x; the 32-column tile spends
+#   6 us on the RoPE at T=1, the 64-column one 0.4 us). By TMA it was slower (20.87 us at T=1). T=8 (4 MiB): 5.16
+#   against 4.76 us, so the default stays.
+# * 2..8 rows on the 128-column FP8 tile with PDL (T=1): the same tile by TMA, 15.73 / 15.76 / 15.91 / 16.39 us
+#   at 2 / 3 / 4 / 8 rows against 19.65 / 19.73 / 19.90 / 20.55 (0.80x; run 11 alike at 2 and 8 rows). 5..7 rows
+#   run the same 8-row tile and grid (not timed). Without the RoPE the TMA tile is equal (13.65 vs 13.67 us).
+#   At T=2 (the same tile without PDL) it was equal with the RoPE too (0.99-1.00x): not used there.
+WO_A_ROPE_FMA_MIN_WEIGHT_BYTES = 8 << 20
+
+
+def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvConfig:
+    """The launch configuration of grouped_fp8_wo_a: default_config's, or with the fused inverse RoPE the forms
+    measured faster with it (above)."""
+    cfg = default_config(b, r, d, groups)
+    if not fused_rope or not USE_TMA:
+        return cfg
+    weight_bytes = groups * r * d
+    if b == 1 and not cfg.use_dot and not cfg.rows_form and weight_bytes >= WO_A_ROPE_FMA_MIN_WEIGHT_BYTES:
+        return dataclasses.replace(cfg, block_n=TMA_FMA_BLOCK_N, w_tma=False)
+    if cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"]:
+        return dataclasses.replace(cfg, w_tma=True)
+    return cfg
 
 
 def launch_form(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
@@ -1182,7 +1230,7 @@ def grouped_fp8_wo_a(o: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
         w_bf16 = dequantize_block_fp8(weight, weight_scale, torch.bfloat16)
         out.copy_(torch.einsum("tgd,grd->tgr", o, w_bf16))
         return out
-    cfg = config or default_config(b, r, d, groups=g)
+    cfg = config or wo_a_config(b, r, d, g, fused_rope=positions is not None)
     _launch(o, weight, weight_scale, out, b, r, d, g, cfg, positions, freqs, head_dim, rope_dim)
     return out
 
@@ -1303,7 +1351,14 @@ _PDL_FORMS = (  # the PDL forms _with_pdl picks (runs 8/9)
     (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), False),
     (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True), True),
 )
-SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS
+_TMA_FORMS = (  # runs 11 / 11b: default_config's and wo_a_config's TMA and 64-column forms
+    # 1 row, wo_a / wo_b at T=1: 64-column FMA tiles by TMA (split-K)
+    (GemvConfig(1, TMA_FMA_BLOCK_N, 4, False, k_unroll=2, w_tma=True, **_FMA_PDL), False),
+    # wo_a with the fused inverse RoPE: 1 row on 64-column FMA tiles (plain loads), 2..8 rows on the FP8 tile by TMA
+    (GemvConfig(1, TMA_FMA_BLOCK_N, 4, False, k_unroll=2, **_FMA_PDL), True),
+    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True, w_tma=True), True),
+)
+SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS
 
 
 def aot_configs() -> list[AotConfig]:

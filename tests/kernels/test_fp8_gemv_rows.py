@@ -139,5 +139,8 @@ def test_every_default_form_has_an_aot_config():
                 for cfg in (g.default_config(m, n, k, groups), g.launch_form(m, n, k, groups)):  # PDL on / off
                     form = dataclasses.replace(cfg, split_k=1 if cfg.split_k == 1 else 4)
                     assert (form, False) in shipped, (name, tp, m, cfg.name)
-                    if name == "wo_a" and cfg.split_k > 1:
-                        assert (form, True) in shipped, (name, tp, m, cfg.name)  # fused inverse RoPE variant
+                if name == "wo_a":  # the fused inverse RoPE forms (wo_a_config; launch_form with USE_PDL = False)
+                    for cfg in (g.wo_a_config(m, n, k, groups, fused_rope=True), g.launch_form(m, n, k, groups)):
+                        if cfg.split_k > 1:
+                            form = dataclasses.replace(cfg, split_k=4)
+                            assert (form, True) in shipped, (name, tp, m, cfg.name)

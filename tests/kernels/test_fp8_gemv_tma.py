@@ -135,3 +135,51 @@ def test_tma_config_validation_name_and_aot():
     plain = g.aot_config(dataclasses.replace(cfg, w_tma=False))
     assert plain.constexprs["W_TMA"] == 0 and plain.signature["w_desc"] == "*fp8e4nv"
     assert "LDG.E.128" in plain.expect_opcodes and g.TMA_LOAD_OPCODE not in plain.expect_opcodes
+
+
+def test_default_config_tma_where_measured_faster(monkeypatch):
+    """H200 runs 11 / 11b (benchmarks/fp8_gemv-h200-run11-tma-summary.md): 1 row on 64-column FMA tiles by TMA for
+    wo_a / wo_b at T=1 (32 MiB, K >= 4096) at the 32-column form's K split; nowhere else without the fused RoPE."""
+    for n, k, groups in ((1024, 4096, 8), (4096, 8192, 1)):
+        cfg = g.default_config(1, n, k, groups)
+        plain = g.launch_form(1, n, k, groups)
+        assert cfg.w_tma and cfg.block_n == 64 and plain.block_n == 32 and cfg.split_k == plain.split_k
+        assert cfg.pdl and cfg.pdl_l2_blocks == g.PDL_FMA_L2_BLOCKS and cfg.num_stages == 3
+    for n, k, groups in ((32768, 1024, 1), (4096, 4096, 1), (4096, 2048, 1), (1536, 4096, 1), (1024, 4096, 4)):
+        assert not g.default_config(1, n, k, groups).w_tma  # wq_b T=1 (K = 1024), the 16 MiB and smaller weights
+    for m in (2, 4, 8, 16):
+        assert not g.default_config(m, 1024, 4096, 8).w_tma and not g.default_config(m, 4096, 8192).w_tma
+    monkeypatch.setattr(g, "USE_TMA", False)
+    assert g.default_config(1, 1024, 4096, 8).block_n == 32 and not g.default_config(1, 1024, 4096, 8).w_tma
+
+
+def test_wo_a_config_with_fused_rope_where_measured_faster(monkeypatch):
+    """With the fused inverse RoPE: 1 row on 64-column FMA tiles with plain loads at T = 1 / 2 / 4 (not T=8), 2..8
+    rows on the 128-column FP8 tile by TMA at T=1; without it, default_config."""
+    for groups in (8, 4, 2):
+        cfg = g.wo_a_config(1, 1024, 4096, groups, fused_rope=True)
+        assert cfg.block_n == 64 and not cfg.w_tma and not cfg.use_dot and cfg.split_k == g.default_config(
+            1, 1024, 4096, groups).split_k
+    assert g.wo_a_config(1, 1024, 4096, 1, fused_rope=True) == g.default_config(1, 1024, 4096, 1)
+    for m in range(2, 9):
+        cfg = g.wo_a_config(m, 1024, 4096, 8, fused_rope=True)
+        assert cfg == dataclasses.replace(g.default_config(m, 1024, 4096, 8), w_tma=True) and cfg.fp8_mma
+        assert g.wo_a_config(m, 1024, 4096, 8, fused_rope=False) == g.default_config(m, 1024, 4096, 8)
+        assert not g.wo_a_config(m, 1024, 4096, 4, fused_rope=True).w_tma  # T=2: equal, not used
+    monkeypatch.setattr(g, "USE_TMA", False)
+    assert g.wo_a_config(2, 1024, 4096, 8, fused_rope=True) == g.default_config(2, 1024, 4096, 8)
+
+
+def test_grouped_wo_a_picks_wo_a_config(monkeypatch):
+    """grouped_fp8_wo_a launches wo_a_config's form: with positions/freqs the fused-RoPE choice."""
+    launched = []
+    monkeypatch.setattr(g, "_launch", lambda *args, **kw: launched.append(args[8]))
+    monkeypatch.setattr(g, "wo_a_config", lambda b, r, d, groups, fused_rope: g.GemvConfig(
+        1, 64 if fused_rope else 32, 1, False))
+    gen = torch.Generator().manual_seed(43)
+    w, s = random_weight(128, 512, groups=2, gen=gen)
+    o = torch.randn(1, 2, 512, generator=gen).to(torch.bfloat16)
+    pos, freqs, _ = rope_inputs(1, gen)
+    g.grouped_fp8_wo_a(o, w, s)
+    g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    assert [c.block_n for c in launched] == [32, 64]
