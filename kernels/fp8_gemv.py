@@ -17,7 +17,9 @@ tensor-core form ``_block_fp8_gemv_fp8mma_kernel`` (the e4m3 weight fed to e4m3 
 activation row split exactly into two e4m3 terms in registers), used at 2..8 rows on large weights. Most
 default forms launch with programmatic dependent launch (``GemvConfig.pdl``): a program starts while the
 previous kernel drains, reads only the (constant) weight before ``griddepcontrol.wait``, and so assumes the
-weight is not written by the kernel just before it in the stream (see ``_with_pdl``).
+weight is not written by the kernel just before it in the stream (see ``_with_pdl``). Any form whose weight tile
+is at most 256 K columns can fetch it by TMA instead (``GemvConfig.w_tma``: a host-built descriptor, the K loop
+pipelining the copies); the defaults do so where the H200 measured it faster (``default_config``, ``wo_a_config``).
 
 Layout (what SGLang hands over):
 
