@@ -71,10 +71,12 @@ ENV_PDL = "SGLANG_SM120_DENSE_PDL"
 # faster (benchmarks/fp8_gemv-h200-run9-pdl.summary.md); "0" turns it off, e.g. to rule it out when debugging
 
 # (local wo_a groups, rows) where the H200 measured grouped_fp8_wo_a with the inverse RoPE fused faster than
-# a standalone RoPE launch followed by the kernel without it (benchmarks/wo_a_rope-h200.summary.md, runs 1 and 2:
-# e.g. G=2 M=1 7.46 vs 8.82 us, G=1 M=1 4.71 vs 7.47 us; slower at every M for G=8 and from M=4 on for
-# G=1/2). Elsewhere the fused branch still runs upstream's own RoPE launch, then the kernel without RoPE.
-FUSED_ROPE_WHERE = frozenset({(1, 1), (1, 2), (2, 1), (2, 2), (4, 2)})
+# a standalone RoPE launch followed by the kernel without it (benchmarks/wo_a_rope-h200-run3.md, with the fp8_gemv
+# defaults of runs 11/11b: G=8 M=1 13.40 vs 14.82 us, M=2/3/4/8 0.95-0.96x; G=4 M=1 8.13 vs 10.90, M=2 0.97x;
+# G=2 M=1/2 0.65/0.86x; G=1 M=1/2 0.63/0.71x). G=8 rows 5-7 were not timed: they run the same tile and grid as
+# 4 and 8. Slower (or equal) at G=4 from 3 rows and at G<=2 from 3 rows. Elsewhere the fused branch still runs
+# upstream's own RoPE launch, then the kernel without RoPE.
+FUSED_ROPE_WHERE = frozenset({(8, m) for m in range(1, 9)} | {(4, 1), (4, 2), (2, 1), (2, 2), (1, 1), (1, 2)})
 FUSED_ROPE_GROUPS = frozenset(g for g, _rows in FUSED_ROPE_WHERE)
 
 # attributes the seam puts on an FP8 wo_a weight Parameter

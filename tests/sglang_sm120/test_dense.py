@@ -250,7 +250,7 @@ def test_fused_rope_not_enabled_where_unmeasured_or_inexact(seam, monkeypatch):
     import sglang.srt.models.deepseek_v4 as dsv4
 
     seam({"SGLANG_SM120_FORCE": "1"})
-    monkeypatch.setattr(dense, "FUSED_ROPE_GROUPS", frozenset({8}))  # e.g. G=8 (T=1): the fused form lost
+    monkeypatch.setattr(dense, "FUSED_ROPE_GROUPS", frozenset({8}))  # a group count without a measured win
     layer = build_mqa_layer(fp8_config(), monkeypatch)
     assert layer.sm120_fp8_wo_a and layer.use_fused_wo_a is False
     w, s = load_fp8_wo_a(layer, seed=5)
