@@ -59,14 +59,19 @@ def parallel_overrides():
             get_parallel().override(tp_size=1, tp_rank=0, attn_tp_size=1, attn_tp_rank=0))
 
 
+def attention_config():
+    """A reduced DeepSeek-V4 attention config (GROUPS x RANK o-LoRA, HEADS heads of HEAD_DIM)."""
+    return SimpleNamespace(hidden_size=256, num_attention_heads=HEADS, head_dim=HEAD_DIM, qk_rope_head_dim=ROPE_DIM,
+                           q_lora_rank=128, o_groups=GROUPS, o_lora_rank=RANK, num_key_value_heads=1,
+                           compress_ratios=[0, 0], num_hidden_layers=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                           q_head_norm=True, model_type="deepseek_v4", rope_theta=10000, rope_scaling={},
+                           compress_rope_theta=40000, window_size=128)
+
+
 def build_attention(quant_config):
     import sglang.srt.models.deepseek_v4 as dsv4
 
-    cfg = SimpleNamespace(hidden_size=256, num_attention_heads=HEADS, head_dim=HEAD_DIM, qk_rope_head_dim=32,
-                          q_lora_rank=128, o_groups=GROUPS, o_lora_rank=RANK, num_key_value_heads=1,
-                          compress_ratios=[0, 0], num_hidden_layers=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
-                          q_head_norm=True, model_type="deepseek_v4", rope_theta=10000, rope_scaling={},
-                          compress_rope_theta=40000, window_size=128)
+    cfg = attention_config()
     ctx, par = parallel_overrides()
     with ctx, par:
         return dsv4.MqaAttentionBase(cfg, 0, quant_config, "model.layers.0.self_attn")
@@ -129,11 +134,7 @@ def build_mqa_layer(quant_config, monkeypatch):
     import sglang.srt.models.deepseek_v4 as dsv4
 
     monkeypatch.setattr(dsv4, "get_rope_wrapper", lambda **kwargs: None)
-    cfg = SimpleNamespace(hidden_size=256, num_attention_heads=HEADS, head_dim=HEAD_DIM, qk_rope_head_dim=ROPE_DIM,
-                          q_lora_rank=128, o_groups=GROUPS, o_lora_rank=RANK, num_key_value_heads=1,
-                          compress_ratios=[0, 0], num_hidden_layers=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
-                          q_head_norm=True, model_type="deepseek_v4", rope_theta=10000, rope_scaling={},
-                          compress_rope_theta=40000, window_size=128)
+    cfg = attention_config()
     ctx, par = parallel_overrides()
     with ctx, par:
         return dsv4.MQALayer(cfg, 0, quant_config, "model.layers.0.self_attn")
