@@ -61,6 +61,11 @@ TMA2_RUN_NAME = "fp8_gemv-h200-run11b-tma"
 TMA2_POINTS = {("wo_a", 1): (1, 2, 3, 4, 8), ("wo_a", 2): (1, 2, 4, 8), ("wo_a", 4): (1, 2, 4, 8),
                ("wo_a", 8): (1, 2, 4, 8), ("wo_b", 1): (1, 4), ("wq_b", 1): (1, 4), ("shared_gate_up", 1): (1,),
                ("shared_down", 1): (1,), ("wqkv_a", 1): (1,)}
+# --run12-sweep (run 12): wo_a T=1 at 2..8 rows (target <= 12 us) and wo_b T=1 (the same 32 MiB, K >= 4096 shapes):
+# the FP8 tile with fewer / longer programs (split-K), deeper TMA pipelines and the L2 prefetch, and the CUDA-core
+# forms of the winning 1-row tile (64 columns by TMA, its K split) with 2 / 4 / 8 rows sharing each weight chunk
+RUN12_NAME = "fp8_gemv-h200-run12"
+RUN12_POINTS = {("wo_a", 1): (2, 3, 4, 8), ("wo_b", 1): (2, 8)}
 
 
 def prepare() -> None:
@@ -363,6 +368,43 @@ def tma2_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def run12_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run12-sweep (run 12): the current default first; at 2..8 rows on the 128-column FP8 tile: that tile by TMA
+    (wo_a_config's fused-RoPE form) at its own K split and at 1/2 and 1/4 of it (fewer programs, each a longer TMA
+    pipeline) with 3..6 stages and with 4 K blocks prefetched into L2 before the PDL wait, the same tile with plain
+    cp.async at half the split, the 64-column FP8 tile by TMA; the 1-row default's 64-column FMA tile by TMA (its K
+    split, 4 L2 blocks) with 2 rows in the FMA form, and the rows form (2 / 4 / 8 rows per program, 4 / 8 warps)."""
+    import dataclasses
+
+    replace = dataclasses.replace
+    cur = g.default_config(m, n, k, groups)
+    out = [("old_default", cur)]
+    if not cur.fp8_mma:
+        return out
+    tma = replace(cur, w_tma=True)
+    s = cur.split_k
+    out += [("q8j_tma", tma),
+            ("q8j_tma_st4", replace(tma, num_stages=4)),
+            ("q8j_tma_l2p4", replace(tma, pdl_l2_blocks=4)),
+            ("q8j_tma_s/2", replace(tma, split_k=max(1, s // 2))),
+            ("q8j_tma_s/2_st4", replace(tma, split_k=max(1, s // 2), num_stages=4)),
+            ("q8j_tma_s/2_st4_l2p4", replace(tma, split_k=max(1, s // 2), num_stages=4, pdl_l2_blocks=4)),
+            ("q8j_tma_s/4_st4", replace(tma, split_k=max(1, s // 4), num_stages=4)),
+            ("q8j_tma_s/4_st6", replace(tma, split_k=max(1, s // 4), num_stages=6)),
+            ("q8j_s/2", replace(cur, split_k=max(1, s // 2))),
+            ("q8j_n64_tma", replace(tma, block_n=64, num_warps=4))]
+    one_row = g.default_config(1, n, k, groups)  # the 64-column FMA tile by TMA (PDL, 4 L2 blocks)
+    if one_row.w_tma and not one_row.use_dot and not one_row.rows_form:
+        if m == 2:
+            out += [("fma2_n64_u1_tma", replace(one_row, block_m=2, k_unroll=1)),
+                    ("fma2_n64_u2_w8_tma", replace(one_row, block_m=2, num_warps=8))]
+        rows = 2 if m <= 2 else 4 if m <= 4 else 8
+        rows_form = g.GemvConfig(rows, one_row.block_n, one_row.split_k, False, k_unroll=one_row.k_unroll,
+                                 rows_form=True, pdl=True, pdl_l2_blocks=one_row.pdl_l2_blocks, w_tma=True)
+        out += [(f"rows{rows}_n64_tma", rows_form), (f"rows{rows}_n64_w8_tma", replace(rows_form, num_warps=8))]
+    return distinct_configs(out)
+
+
 def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values, with_tma: bool = False) -> dict:
     """wo_a then wo_b on its output (the attention output projection, each call reading the previous one's
     result), T=1, in one graph over distinct weight copies: both without PDL (launch_form) against both as
@@ -467,7 +509,7 @@ ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default", "
 
 def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
          q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False,
-         tma_sweep: bool = False, tma2_sweep: bool = False) -> None:
+         tma_sweep: bool = False, tma2_sweep: bool = False, run12_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -477,7 +519,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "110" if tma_sweep or tma2_sweep else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
@@ -503,6 +545,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         rows, run_name, pick, tps = (1, 2, 4, 8), TMA_RUN_NAME, tma_candidates, (1,)
     if tma2_sweep:
         rows, run_name, pick, tps = (1, 2, 3, 4, 8), TMA2_RUN_NAME, tma2_candidates, TPS
+    if run12_sweep:
+        rows, run_name, pick, tps = (2, 3, 4, 8), RUN12_NAME, run12_candidates, (1,)
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -544,7 +588,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                   else "FP8 tensor-core form (split bf16 activation)" if q8_sweep or q8j_sweep
                   else "chained FP8 tensor-core form" if chain_final
                   else "programmatic dependent launch (PDL)" if pdl_sweep
-                  else "weight tiles by TMA (PDL as shipped)" if tma_sweep or tma2_sweep else "rows form")
+                  else "weight tiles by TMA (PDL as shipped)" if tma_sweep or tma2_sweep
+                  else "2..8-row forms at T=1 (PDL as shipped)" if run12_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
                  "best_pct_copy", "cur_us", "cur_form", "cur_pct_copy", "bf16_us", "fp8_path_us", "einsum_us",
@@ -607,7 +652,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
             if name in ("wqkv_a", "indexer_wq_b") and tp != tps[0]:
                 continue  # replicated: the same at every T
             if ((chain_final and name not in CHAIN_LINEARS) or (tma_sweep and name not in TMA_ROWS)
-                    or (tma2_sweep and (name, tp) not in TMA2_POINTS)):
+                    or (tma2_sweep and (name, tp) not in TMA2_POINTS)
+                    or (run12_sweep and (name, tp) not in RUN12_POINTS)):
                 continue
             if smoke:
                 n, k = min(n, 256), min(k, 512)
@@ -619,6 +665,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         shapes.sort(key=lambda shape: list(TMA_ROWS).index(shape[0]))
     if tma2_sweep:
         shapes.sort(key=lambda shape: list(TMA2_POINTS).index(shape[:2]))
+    if run12_sweep:
+        shapes.sort(key=lambda shape: list(RUN12_POINTS).index(shape[:2]))
     for name, tp, n, k in shapes:
         if time.time() - t_start > budget_s:
             res.notes.append(f"stopped before {name} T={tp}: time budget {budget_s:.0f} s reached")
@@ -636,7 +684,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         for m in rows:
             if time.time() - t_start > budget_s:
                 break
-            if (tma_sweep and m not in TMA_ROWS[name]) or (tma2_sweep and m not in TMA2_POINTS[name, tp]):
+            if ((tma_sweep and m not in TMA_ROWS[name]) or (tma2_sweep and m not in TMA2_POINTS[name, tp])
+                    or (run12_sweep and m not in RUN12_POINTS[name, tp])):
                 continue
             point = f"{name} T={tp} M={m}"
             try:
@@ -681,7 +730,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                                       or (pdl2_sweep and m in PDL2_MIXED_ROWS)):
                         sweep_log[-1]["mixed_us"] = round(timed([(lambda w=w, s=s, c=cfg: (run(w, s, c), plain_op()))
                                                                  for w, s in weights]), 3)
-                    if is_wo_a and with_rope and label in ROPE_LABELS:
+                    if is_wo_a and with_rope and (label in ROPE_LABELS or run12_sweep):
                         rope_times[label] = timed([(lambda w=w, s=s, c=cfg: run(w, s, c, True)) for w, s in weights])
                         sweep_log[-1]["rope_us"] = round(rope_times[label], 3)
                 except Exception as exc:
@@ -762,6 +811,13 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "64-column tiles with plain loads (the default's K split); tma_n64* = that tile by TMA with "
                          "3 / 2 / 4 stages and without the L2 prefetch; tma_n128_st2 = 128 columns by TMA, 2 stages; "
                          "tma = the default form by TMA. wo_a rope_us: the fused inverse RoPE.")
+    if run12_sweep:
+        res.notes.append("run 12 variants (see run12_candidates): old_default = default_config as shipped; q8j_tma = "
+                         "that FP8 tile by TMA (wo_a_config's fused-RoPE form); s/2, s/4 = half / a quarter of the "
+                         "default's K split; stN = N stages; l2p4 = 4 K blocks prefetched into L2 before the PDL wait; "
+                         "q8j_n64_tma = the 64-column FP8 tile on 4 warps by TMA; fma2_* = the 1-row default's "
+                         "64-column FMA tile by TMA with 2 rows; rowsR_* = the rows form, R rows per program, on that "
+                         "tile. wo_a rope_us: every variant with the fused inverse RoPE.")
     if tma_sweep:
         res.notes.append("run 11 variants: old_default = default_config as shipped (PDL rules of run 9); tma = the same "
                          "form with its weight tiles fetched by TMA (host descriptor over [G, N, K], the K loop "
@@ -875,6 +931,9 @@ if __name__ == "__main__":
                              "M 1..8, shared_down/wqkv_a M 1/2/8, PDL+TMA chain exactness, wo_a->wo_b pair")
     parser.add_argument("--tma2-sweep", action="store_true",
                         help="run 11b: 64-column 1-row TMA tiles, the FP8 tile by TMA with fused RoPE on wo_a at every T")
+    parser.add_argument("--run12-sweep", action="store_true",
+                        help="run 12: 2..8-row forms (FP8 tile split/stages/TMA/L2, 64-column FMA and rows forms by "
+                             "TMA) at wo_a T=1 M 2/3/4/8 and wo_b T=1 M 2/8")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -889,4 +948,4 @@ if __name__ == "__main__":
         prepare()
     else:
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
-             args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep)
+             args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep)
