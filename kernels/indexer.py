@@ -31,8 +31,8 @@ conversions), so the plain fp8 dot (``QGMMA``) is used there. :func:`use_scaled_
 Selection: scores map to order-preserving int32 keys; a 32-step bitwise search (or 16 radix-4
 rounds) finds the K-th largest key of a block held in registers, and cumulative sums compact the
 winners. The histogram select (:func:`hist_select`) instead counts the keys' top 11 bits per row
-inside the logits kernel, sends everything above the K-th key's bin out in one split pass and
-finishes each row from two more digit histograms. :class:`SelectForm` (search or histogram,
+inside the logits kernel, sends everything above the K-th key's bin out in one split pass whose
+last program per row finishes the row from two more digit histograms. :class:`SelectForm` (search or histogram,
 largest chunk, warps) is chosen per shape in :data:`PLAN_TABLE`.
 """
 
@@ -88,13 +88,19 @@ WS_TIE = tl.constexpr(1)  # entries in the first digit's threshold bin
 WS_DONE = tl.constexpr(2)  # counting programs finished (the last one reduces the first digit)
 WS_THR1 = tl.constexpr(3)  # the first digit's threshold bin
 WS_ABOVE1 = tl.constexpr(4)  # entries in the bins above it
+WS_SPLIT_DONE = tl.constexpr(5)  # split programs finished (folded form: the last one finishes the row)
 HIST_REDUCE_BLOCK = tl.constexpr(256)  # first-digit bins the reducing program sums at a time
 WS_H2 = 16
 WS_H3 = WS_H2 + (1 << HIST_DIGITS[1])
 WS_H1 = WS_H3 + (1 << HIST_DIGITS[2])  # the counters and H2/H3 lie below: the final program zeroes them
 WS_WIDTH = WS_H1 + (1 << HIST_DIGITS[0]) * HIST_COPIES
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
-HIST_CHUNKS = (1024, 2048, 4096)  # entries per split-pass program
+HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores row)
+# The select after the first digit (H200 run 7, benchmarks/indexer-h200-run7-summary.md): split
+# programs of at most 2048 entries (4 warps; 4096-entry programs of 8 warps were slower), the last
+# per row finishing it over 1024-entry blocks of the threshold bin.
+HIST_SPLIT_MAX_CHUNK = 2048
+HIST_FINAL_BLOCK = 1024
 
 
 def use_scaled_dot(device: torch.device | str | None = None) -> bool:
@@ -431,64 +437,93 @@ def _score_hist_kernel(scores_ptr, lens_ptr, ws_ptr, n_in, pt_width, stride_sb, 
 
 
 @triton.jit
-def _hist_split_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr,
-                       n_in, pt_width, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                       CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr,
-                       HAS_RAW: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, WS_H2: tl.constexpr):
-    """Grid (B, groups), rows longer than K: from the row's first-digit histogram, the bin of the
-    K-th largest key; every entry of a higher bin goes straight to the output (slots claimed with
-    one atomic per program), the threshold bin's entries to the row's candidate list (first CAP
-    kept) and into its second-digit histogram."""
+def _hist_split_part(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
+                     stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                     CHUNK: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
+                     B1: tl.constexpr, B2: tl.constexpr, WS_H2: tl.constexpr):
+    """One split program's share of a row longer than K: from the row's first-digit histogram, the
+    bin of the K-th largest key; every entry of a higher bin goes straight to the output (slots
+    claimed with one atomic per program), the threshold bin's entries to the row's candidate list
+    (first CAP kept) and into its second-digit histogram."""
+    ws_row = ws_ptr + b64 * stride_wsb
+    thr1 = tl.load(ws_row + WS_THR1)
+    idx = g * CHUNK + tl.arange(0, CHUNK)
+    valid = idx < length
+    vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=valid, other=float("-inf"))
+    key_u = _order_key(vals)
+    digit1 = _key_bits(key_u, 0, B1)
+    above = valid & (digit1 > thr1)
+    tie = valid & (digit1 == thr1)
+    base = tl.atomic_add(ws_row + WS_ABOVE, tl.sum(above.to(tl.int32), axis=0), sem="relaxed")
+    _store_slots(out_ptr + b64 * stride_outb, raw_ptr + b64 * stride_rawb, pt_ptr + b64 * stride_ptb, idx,
+                 base + tl.cumsum(above.to(tl.int32), axis=0) - 1, above, PAGE, HAS_RAW)
+    tie_base = tl.atomic_add(ws_row + WS_TIE, tl.sum(tie.to(tl.int32), axis=0), sem="relaxed")
+    tie_slot = tie_base + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+    keep = tie & (tie_slot < CAP)
+    tl.store(cand_val_ptr + b64 * stride_cb + tie_slot, vals, mask=keep)
+    tl.store(cand_pos_ptr + b64 * stride_cb + tie_slot, idx, mask=keep)
+    tl.atomic_add(ws_row + WS_H2 + _key_bits(key_u, B1, B2), tl.full((CHUNK,), 1, tl.int32), mask=tie,
+                  sem="relaxed")
+
+
+@triton.jit
+def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr,
+                        n_in, pt_width, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                        CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr,
+                        HAS_RAW: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr,
+                        WS_H2: tl.constexpr, WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid (B, groups): the histogram select after the first digit, in one launch. The split
+    programs of a long row (:func:`_hist_split_part`) count their arrivals; the last to arrive
+    finishes the row (:func:`_hist_finish_row`), so no launch of one program per row follows (H200
+    run 7: B=64 x 256K 219.5 vs 233.0 us). A row of at most K positions is finished by its first
+    program alone."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     b64 = b.to(tl.int64)
     length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
-    if (length > K) & (g * CHUNK < length):
-        ws_row = ws_ptr + b64 * stride_wsb
-        thr1 = tl.load(ws_row + WS_THR1)
-        idx = g * CHUNK + tl.arange(0, CHUNK)
-        valid = idx < length
-        vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=valid, other=float("-inf"))
-        key_u = _order_key(vals)
-        digit1 = _key_bits(key_u, 0, B1)
-        above = valid & (digit1 > thr1)
-        tie = valid & (digit1 == thr1)
-        base = tl.atomic_add(ws_row + WS_ABOVE, tl.sum(above.to(tl.int32), axis=0), sem="relaxed")
-        _store_slots(out_ptr + b64 * stride_outb, raw_ptr + b64 * stride_rawb, pt_ptr + b64 * stride_ptb, idx,
-                     base + tl.cumsum(above.to(tl.int32), axis=0) - 1, above, PAGE, HAS_RAW)
-        tie_base = tl.atomic_add(ws_row + WS_TIE, tl.sum(tie.to(tl.int32), axis=0), sem="relaxed")
-        tie_slot = tie_base + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-        keep = tie & (tie_slot < CAP)
-        tl.store(cand_val_ptr + b64 * stride_cb + tie_slot, vals, mask=keep)
-        tl.store(cand_pos_ptr + b64 * stride_cb + tie_slot, idx, mask=keep)
-        tl.atomic_add(ws_row + WS_H2 + _key_bits(key_u, B1, B2), tl.full((CHUNK,), 1, tl.int32), mask=tie,
-                      sem="relaxed")
+    if length <= K:
+        if g == 0:
+            _hist_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, length,
+                             stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                             K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK)
+    elif g * CHUNK < length:
+        _hist_split_part(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
+                         stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                         CHUNK, PAGE, CAP, HAS_RAW, B1, B2, WS_H2)
+        tl.debug_barrier()  # all of this program's stores and counts performed before its arrival
+        arrived = tl.atomic_add(ws_ptr + b64 * stride_wsb + WS_SPLIT_DONE, 1, sem="acq_rel")
+        if arrived == tl.cdiv(length, CHUNK) - 1:
+            _hist_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, length,
+                             stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                             K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK)
 
 
 @triton.jit
 def _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row):
-    """One block of the threshold bin's entries: the candidate list, or the whole row (overflow)."""
-    vals = tl.load(tl.where(from_row, scores_row + idx, cand_val_row + idx), mask=inside, other=float("-inf"))
-    pos = tl.where(from_row, idx, tl.load(cand_pos_row + idx, mask=inside & (from_row == 0), other=0))
+    """One block of the threshold bin's entries: the candidate list, or the whole row (overflow).
+    The list was written by other programs of the same launch: its loads bypass L1."""
+    vals = tl.load(tl.where(from_row, scores_row + idx, cand_val_row + idx), mask=inside, other=float("-inf"),
+                   cache_modifier=".cg")
+    pos = tl.where(from_row, idx, tl.load(cand_pos_row + idx, mask=inside & (from_row == 0), other=0,
+                                          cache_modifier=".cg"))
     return vals, pos
 
 
 @triton.jit
-def _hist_final_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr,
-                       n_in, pt_width, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                       K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
-                       B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, WS_H2: tl.constexpr,
-                       WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr):
-    """Grid (B,): the rest of each row's top-K. Rows of at most K positions list them in order.
-    Longer rows: from the second-digit histogram, the threshold bin's entries with a higher second
-    digit go out; the third (last) digit of those with the threshold's second digit is counted
-    here, then the exact K-th key is known and equal keys are taken in list order. If the
-    candidate list overflowed (more than CAP entries in the threshold bin: heavy ties) the same two
-    passes run over the whole row instead, so the result stays exact at a bounded cost. At the end
-    the row's workspace below ``WS_CLEAN`` is zeroed: the workspace needs no memset per call."""
-    b = tl.program_id(0)
-    b64 = b.to(tl.int64)
-    length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
+def _hist_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, length,
+                     stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                     K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
+                     B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, WS_H2: tl.constexpr,
+                     WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr):
+    """The rest of one row's top-K. Rows of at most K positions list them in order. Longer rows:
+    from the second-digit histogram, the threshold bin's entries with a higher second digit go
+    out; the third (last) digit of those with the threshold's second digit is counted here, then
+    the exact K-th key is known and equal keys are taken in list order. Both passes hold BLOCK
+    entries at a time (1024: the threshold bin holds a few hundred entries at DSv4 shapes; 4096
+    was slower in H200 run 7). If the candidate list overflowed (more than CAP entries in the
+    threshold bin: heavy ties) the same two passes run over the whole row instead, so the result
+    stays exact at a bounded cost. At the end the row's workspace below ``WS_CLEAN`` is zeroed:
+    the workspace needs no memset per call."""
     out_row = out_ptr + b64 * stride_outb
     raw_row = raw_ptr + b64 * stride_rawb
     pt_row = pt_ptr + b64 * stride_ptb
@@ -502,8 +537,8 @@ def _hist_final_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_
         ws_row = ws_ptr + b64 * stride_wsb
         thr1 = tl.load(ws_row + WS_THR1)
         n_above1 = tl.load(ws_row + WS_ABOVE1)
-        n_tie = tl.load(ws_row + WS_TIE)
-        hist2 = tl.load(ws_row + WS_H2 + tl.arange(0, 1 << B2))
+        n_tie = tl.load(ws_row + WS_TIE, cache_modifier=".cg")  # counted by the split programs
+        hist2 = tl.load(ws_row + WS_H2 + tl.arange(0, 1 << B2), cache_modifier=".cg")
         thr2, n_above2 = _threshold_bin(hist2, n_tie, K - n_above1, 1 << B2)
         n_tie2 = tl.sum(tl.where(tl.arange(0, 1 << B2) == thr2, hist2, 0), axis=0)
         from_row = n_tie > CAP
@@ -512,8 +547,8 @@ def _hist_final_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_
         cand_val_row = cand_val_ptr + b64 * stride_cb
         cand_pos_row = cand_pos_ptr + b64 * stride_cb
         written = n_above1
-        for start in range(0, n_src, CAP):
-            idx = start + tl.arange(0, CAP)
+        for start in range(0, n_src, BLOCK):
+            idx = start + tl.arange(0, BLOCK)
             inside = idx < n_src
             vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
             key_u = _order_key(vals)
@@ -523,7 +558,7 @@ def _hist_final_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_
             _store_slots(out_row, raw_row, pt_row, pos, written + tl.cumsum(take.to(tl.int32), axis=0) - 1, take,
                          PAGE, HAS_RAW)
             written += tl.sum(take.to(tl.int32), axis=0)
-            tl.atomic_add(ws_row + WS_H3 + _key_bits(key_u, B1 + B2, B3), tl.full((CAP,), 1, tl.int32),
+            tl.atomic_add(ws_row + WS_H3 + _key_bits(key_u, B1 + B2, B3), tl.full((BLOCK,), 1, tl.int32),
                           mask=in_bin & (digit2 == thr2), sem="relaxed")
         tl.debug_barrier()  # this program's counts, performed at L2, before it reads them back
         need3 = K - n_above1 - n_above2
@@ -531,8 +566,8 @@ def _hist_final_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_
                                         n_tie2, need3, 1 << B3)
         n_equal = need3 - n_above3  # entries with exactly the K-th key still to take
         equal_seen = tl.full((), 0, tl.int32)
-        for start in range(0, n_src, CAP):
-            idx = start + tl.arange(0, CAP)
+        for start in range(0, n_src, BLOCK):
+            idx = start + tl.arange(0, BLOCK)
             inside = idx < n_src
             vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
             key_u = _order_key(vals)
@@ -750,8 +785,8 @@ def hist_workspace(batch: int, device) -> torch.Tensor:
     return ws[:batch]
 
 
-def hist_chunk(n: int) -> int:
-    return next((c for c in HIST_CHUNKS if c >= n), HIST_CHUNKS[-1])
+def hist_chunk(n: int, max_chunk: int = HIST_CHUNKS[-1]) -> int:
+    return next((c for c in HIST_CHUNKS if c >= min(n, max_chunk)), HIST_CHUNKS[-1])
 
 
 def _hist_num_warps(entries: int) -> int:
@@ -763,27 +798,27 @@ def _hist_digit_consts():
     return dict(B1=b1, B2=b2, WS_H2=WS_H2)
 
 
+def _hist_select_consts(k, has_raw, chunk):
+    return dict(CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=has_raw, B3=HIST_DIGITS[2],
+                WS_H3=WS_H3, WS_CLEAN=WS_H1, BLOCK=HIST_FINAL_BLOCK, **_hist_digit_consts())
+
+
 def hist_select(scores, lens, page_table, out, raw, workspace):
     """Top-``out.shape[1]`` of each scores row from the first-digit histogram already counted in
-    ``workspace`` (by the logits kernel or :func:`_score_hist_kernel`): a split pass over the row,
-    then one program per row. Long rows list their selection in no fixed order (slots are claimed
-    with atomics); the set is exact, ties at the K-th score going to entries in list order."""
+    ``workspace`` (by the logits kernel or :func:`_score_hist_kernel`): one launch whose split
+    programs send each row's entries above the K-th key's bin out, and whose last program per row
+    finishes it. Long rows list their selection in no fixed order (slots are claimed with atomics);
+    the set is exact, ties at the K-th score going to entries in list order."""
     batch, width = scores.shape
-    k = out.shape[1]
-    chunk = hist_chunk(width)
+    chunk = hist_chunk(width, HIST_SPLIT_MAX_CHUNK)
     cand_val = torch.empty(batch, HIST_CAP, dtype=torch.float32, device=scores.device)
     cand_pos = torch.empty(batch, HIST_CAP, dtype=torch.int32, device=scores.device)
     raw_arg = raw if raw is not None else out
-    common = (scores, lens, page_table, workspace, cand_val, cand_pos, out, raw_arg, width, page_table.shape[1],
-              scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
-              raw_arg.stride(0))
-    if width > k:
-        _hist_split_kernel[(batch, _cdiv(width, chunk))](
-            *common, CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=raw is not None,
-            **_hist_digit_consts(), num_warps=_hist_num_warps(chunk), num_stages=1)
-    _hist_final_kernel[(batch,)](
-        *common, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=raw is not None, B3=HIST_DIGITS[2], WS_H3=WS_H3,
-        WS_CLEAN=WS_H1, **_hist_digit_consts(), num_warps=_hist_num_warps(HIST_CAP), num_stages=1)
+    _hist_select_kernel[(batch, _cdiv(width, chunk))](
+        scores, lens, page_table, workspace, cand_val, cand_pos, out, raw_arg, width, page_table.shape[1],
+        scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
+        raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk),
+        num_warps=_hist_num_warps(max(chunk, HIST_FINAL_BLOCK)), num_stages=1)
     return out
 
 
@@ -870,8 +905,8 @@ class SelectForm:
     level fewer on long rows); ``warps_mul`` 2 doubles the warps of programs below 8192 entries (half
     the entries per thread; not yet timed, so no plan uses it). ``method`` "histogram" replaces the
     search: the logits kernel counts a per-row histogram of each key's top 11 bits, one split pass
-    sends the entries above the K-th key's bin out and keeps that bin's entries, one program per row
-    finishes from two more digit histograms (:func:`hist_select`); the search fields do not apply."""
+    sends the entries above the K-th key's bin out and keeps that bin's entries, its last program
+    per row finishes from two more digit histograms (:func:`hist_select`); the search fields do not apply."""
     radix_bits: int = 1
     max_chunk: int = SELECT_MAX_CHUNK
     warps_mul: int = 1
@@ -969,6 +1004,22 @@ def _select_form(batch, width, select):
 #   1   64K      27.31 (bitwise)      31.34        30.43 / 30.3
 #
 # so B <= 4 above 32768 positions (between the measured 16384 and 65536) takes the histogram too.
+#
+# The passes after the logits (H200 run 7, benchmarks/indexer-h200-run7-summary.md, us): the split
+# pass's last program per row finishes it over 1024-entry blocks, split programs of 2048 entries
+# (shipped), against the run-6 histogram select (split programs of 4096, then one program per row
+# over 4096-entry blocks) and the search defaults:
+#
+#   B   context  default           run-6 hist  final 1024  folded 4096/4096  folded 4096/1024  shipped
+#   64  256K     232.9 (hist)      233.0       229.3       244.0             235.5             219.5
+#   1   256K     36.0 (hist)       36.1        31.9        38.3              31.3              30.8
+#   16  256K     82.7 (8192)       85.9        82.0        91.1              81.5              82.2
+#   64  64K      73.2 (8192)       84.6        80.5        89.8              80.4              80.6
+#   1   1M       55.5 (bitwise)    65.4        61.6        70.2              61.1              60.4
+#   16  64K      37.7 (2x warps)   44.8        40.4        47.1              39.7              39.0
+#
+# The buckets stay: the search still wins at B=64 x 64K, B=1 x 1M and B=16 x 64K; at B=16 x 256K
+# the histogram forms are within 1.5 % of it (81.5-82.2 vs 82.7), not enough to move B=5-32.
 _BITWISE = SelectForm()
 _BITWISE_2XW = SelectForm(warps_mul=2)
 _CHUNK8K = SelectForm(max_chunk=8192)
@@ -1117,15 +1168,12 @@ def aot_configs() -> list[AotConfig]:
         configs.append(AotConfig(
             f"indexer_score_hist_c{chunk}", _score_hist_kernel, _sig(_SCORE_HIST_SIG, c), c,
             num_warps=_hist_num_warps(chunk), num_stages=1, div16=("stride_sb", "stride_wsb")))
-        c = dict(digits, CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=False)
+    for chunk in sorted({hist_chunk(n, HIST_SPLIT_MAX_CHUNK) for n in HIST_CHUNKS}):
+        c = _hist_select_consts(INDEX_TOPK, False, chunk)
         configs.append(AotConfig(
-            f"indexer_hist_split_c{chunk}", _hist_split_kernel, _sig(_HIST_SIG, c), c,
-            num_warps=_hist_num_warps(chunk), num_stages=1, div16=("stride_sb", "stride_wsb", "stride_cb")))
-    c = dict(digits, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=False, B3=HIST_DIGITS[2], WS_H3=WS_H3,
-             WS_CLEAN=WS_H1)
-    configs.append(AotConfig(
-        "indexer_hist_final", _hist_final_kernel, _sig(_HIST_SIG, c), c, num_warps=_hist_num_warps(HIST_CAP),
-        num_stages=1, div16=("stride_sb", "stride_wsb", "stride_cb")))
+            f"indexer_hist_select_c{chunk}", _hist_select_kernel, _sig(_HIST_SIG, c), c,
+            num_warps=_hist_num_warps(max(chunk, HIST_FINAL_BLOCK)), num_stages=1,
+            div16=("stride_sb", "stride_wsb", "stride_cb")))
     for r in FUSED_SPLIT_PAGES:
         c = dict(page, R_PAGES=r, K=INDEX_TOPK, CB=min(INDEX_TOPK, r * INDEX_PAGE_SIZE), USE_SCALED_DOT=True)
         configs.append(AotConfig(

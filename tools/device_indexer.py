@@ -39,7 +39,10 @@ ROTATIONS = 8
 # counted by the logits kernel, a split pass, one program per row) and the untimed double-warp
 # searches. Run 6: how the logits kernel counts the first digit: interleaved copies (as run 5),
 # copy-major copies, per-program tl.histogram aggregation; run 6b: 8, 16 or 32 copy-major copies
-# (8 copy-major shipped: benchmarks/indexer-h200-run6-summary.md; the others removed).
+# (8 copy-major shipped: benchmarks/indexer-h200-run6-summary.md; the others removed). Run 7: the
+# passes after the logits (final program over 1024- or 4096-entry blocks, folded into the split
+# launch, 2048- or 4096-entry split chunks); the folded form with 2048 / 1024 shipped
+# (benchmarks/indexer-h200-run7-summary.md), the others removed.
 SELECT_FORMS = {
     "hist": ix.SelectForm(method="histogram"),
 }
@@ -259,7 +262,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--name", default="indexer-h200-run6", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--name", default="indexer-h200-run7", help="result file stem (run 4 was the select-form sweep)")
     parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")
     parser.add_argument("--skip-upstream", action="store_true", help="time only ours (upstream timed in runs 1-5)")
     parser.add_argument("--no-topk-only", action="store_true", help="skip the top-k-alone timings")

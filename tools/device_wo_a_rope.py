@@ -101,17 +101,7 @@ def main(out_dir: str, smoke: bool, tps=TPS, rows=ROWS, run_name: str = RUN_NAME
         upstream_wo_a = up.load(UPSTREAM_WO_A_FILE)._apply_wo_a_bf16_matmul
 
     def timed(fns):
-        for f in fns:
-            f()  # JIT, split-K counters
-        if smoke:
-            return float("nan")
-        state = [0]
-
-        def call():
-            f = fns[state[0] % len(fns)]
-            state[0] += 1
-            return f()
-        return db.time_in_cuda_graph(call, calls_per_graph=max(20, len(fns)), replays=10, warmup=1)
+        return db.time_rotating_calls(fns, dry_run=smoke)
 
     copy_gbs = float("nan") if smoke else db.copy_bandwidth_gbs()
     print(f"eager copy bandwidth {copy_gbs:.1f} GB/s (read+write)", flush=True)

@@ -76,6 +76,24 @@ def time_in_cuda_graph(fn: Callable[[], object], *, calls_per_graph: int = 20, r
     return statistics.median(samples)
 
 
+def time_rotating_calls(fns, *, dry_run: bool = False) -> float:
+    """Median microseconds per call of a CUDA graph that calls ``fns`` in turn (each function typically reads
+    its own weight copy, so that together they stream from HBM rather than L2), at least 20 calls per graph.
+    Every function runs once first (JIT compilation, split-K counters); with ``dry_run`` (no GPU: the
+    interpreter smoke runs) that is all, and the result is NaN."""
+    for fn in fns:
+        fn()
+    if dry_run:
+        return float("nan")
+    turn = [0]
+
+    def call():
+        fn = fns[turn[0] % len(fns)]
+        turn[0] += 1
+        return fn()
+    return time_in_cuda_graph(call, calls_per_graph=max(20, len(fns)), replays=10, warmup=1)
+
+
 def copy_bandwidth_gbs(nbytes: int = 2 * 2**30, repeats: int = 10) -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
 

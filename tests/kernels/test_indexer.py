@@ -245,8 +245,31 @@ def _tied_scores(batch, width, gen):
     return scores
 
 
+def _clustered_scores(batch, width, gen):
+    """Rows whose threshold bin (first digit) holds 1024-4096 distinct entries: the candidate list
+    holds them all and the finishing program reads it in several blocks; row 1 has 2500 of them
+    equal (the K-th score tied within the list)."""
+    scores = -1.0 - torch.rand(batch, width, generator=gen)  # far below the cluster, another bin
+    for b in range(batch):
+        n = 1100 + 900 * b  # 1100, 2000, 2900, ... entries in [1.0, 1.2): one first-digit bin
+        where = torch.randperm(width, generator=gen)[:n]
+        scores[b, where] = 1.0 + 0.2 * torch.rand(n, generator=gen)
+    scores[1, torch.randperm(width, generator=gen)[:2500]] = 1.125
+    return scores
+
+
+def test_clustered_rows_keep_the_threshold_bin_in_one_first_digit_bin():
+    """The clustered rows' construction: all cluster entries share one first-digit bin."""
+    scores = _clustered_scores(3, 6000, torch.Generator().manual_seed(0))
+    key = scores.view(torch.int32)  # positive floats: the raw bits order them
+    cluster = scores >= 1.0
+    assert (cluster.sum(dim=1) > ix.HIST_FINAL_BLOCK).all() and (cluster.sum(dim=1) <= ix.HIST_CAP).all()
+    assert len(set((key[cluster] >> 21).tolist())) == 1
+
+
 @pytest.mark.parametrize("lens,width,make", [
     ([0, 1, 511, 512, 513, 600], 600, "extreme"),
+    ([6000, 5999, 4800], 6000, "clustered"),  # 1100-4096 threshold-bin candidates: several blocks
     ([9000, 4500, 8193, 700], 9000, "extreme"),  # several split programs per row; ragged
     ([20000, 19999, 13000, 6001], 20000, "randn"),
     ([9000, 9000, 8999, 8000], 9000, "tied"),  # more than HIST_CAP entries at the K-th score
@@ -255,7 +278,7 @@ def _tied_scores(batch, width, gen):
 def test_histogram_select_matches_reference(lens, width, make):
     gen = torch.Generator().manual_seed(width + len(lens))
     batch = len(lens)
-    scores = {"extreme": _extreme_scores, "tied": _tied_scores,
+    scores = {"extreme": _extreme_scores, "tied": _tied_scores, "clustered": _clustered_scores,
               "randn": lambda b, w, g: torch.randn(b, w, generator=g)}[make](batch, width, gen)
     pt_width = -(-width // INDEX_PAGE_SIZE)
     table = torch.stack([torch.randperm(3 * pt_width, generator=gen)[:pt_width] for _ in range(batch)]).int()
