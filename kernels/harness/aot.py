@@ -229,16 +229,20 @@ def check_configs(configs: Sequence[AotConfig], archs: Sequence[int] | None = No
 
 
 def run_isolated(modules: Sequence[str] | None = None, archs: Sequence[int] | None = None,
-                 only: Sequence[str] = (), timeout: float = 3000) -> list[tuple[AotReport, list[str]]]:
+                 only: Sequence[str] = (), timeout: float = 3000,
+                 workers: int | None = None) -> list[tuple[AotReport, list[str]]]:
     """Compile the registered configs of ``modules`` (names under ``sglang_sm120.kernels``; default:
-    the whole registry) in a fresh process with the interpreter off, and return (report, problems).
+    the whole registry) in fresh processes with the interpreter off, and return (report, problems).
 
     Needed because under ``TRITON_INTERPRET=1`` (as the CPU tests run) ``@triton.jit`` makes
-    interpreter functions that cannot be compiled; the child process imports the kernels afresh.
+    interpreter functions that cannot be compiled; the child processes import the kernels afresh.
+    The configs are dealt out to ``workers`` children (default: one per usable CPU, at most 4) that
+    compile at the same time, since one compile (Triton + ptxas) keeps one core busy.
     """
     import json
     import subprocess
     import sys
+    import time
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = [sys.executable, "-m", __name__]
@@ -248,10 +252,23 @@ def run_isolated(modules: Sequence[str] | None = None, archs: Sequence[int] | No
         args += ["--arch", str(arch)]
     for sub in only:
         args += ["--only", sub]
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout, cwd="/")
-    if proc.returncode != 0:
-        raise RuntimeError(f"AOT worker failed:\n{proc.stderr[-4000:]}")
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    if workers is None:
+        workers = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+    children = [subprocess.Popen(args + ["--shard", str(i), "--shards", str(workers)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env, cwd="/") for i in range(workers)]
+    deadline = time.monotonic() + timeout
+    rows = []
+    try:
+        for child in children:
+            out, err = child.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            if child.returncode != 0:
+                raise RuntimeError(f"AOT worker failed:\n{err[-4000:]}")
+            rows += json.loads(out.strip().splitlines()[-1])
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     return [(AotReport(**row["report"]), row["problems"]) for row in rows]
 
 
@@ -265,9 +282,12 @@ def _worker(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--modules")
     parser.add_argument("--arch", type=int, action="append")
     parser.add_argument("--only", action="append", default=[])
+    parser.add_argument("--shard", type=int, default=0, help="compile every shards-th config from this one")
+    parser.add_argument("--shards", type=int, default=1)
     args = parser.parse_args(argv)
     modules = tuple(args.modules.split(",")) if args.modules else KERNEL_MODULES
     configs = [c for c in all_configs(modules) if not args.only or any(s in c.name for s in args.only)]
+    configs = configs[args.shard::args.shards]
     rows = [{"report": dataclasses.asdict(r), "problems": p} for _c, r, p in check_configs(configs, args.arch)]
     print(json.dumps(rows))
 

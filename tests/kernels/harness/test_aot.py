@@ -42,3 +42,13 @@ def test_compile_failure_is_a_report_not_an_exception(reports):
     report, problems = reports[("selftest/bad_signature", 120)]
     assert not report.ok and "signature lacks" in report.error
     assert problems and problems[0].startswith("compile failed")
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_configs_dealt_to_workers_all_come_back_once(reports, workers):
+    """However many child processes share the compiles, each (config, arch) is reported exactly once, alike."""
+    rows = run_isolated(["harness.selftest_kernels"], workers=workers)
+    keys = [(r.config, r.arch) for r, _p in rows]
+    assert len(keys) == len(set(keys)) and set(keys) == set(reports)
+    for r, p in rows:
+        assert p == reports[(r.config, r.arch)][1] and r.ok == reports[(r.config, r.arch)][0].ok
