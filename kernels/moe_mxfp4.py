@@ -1911,16 +1911,26 @@ PAIRS_X_BLOCK = 1024  # activations one program of the pairs routing launch reor
 # 120.9 / 125.2 / 181.6 / 259.5); slower at T=4 B = 9 (123.3 vs 119.9 us), B = 10 / 11 not measured, so at
 # I = 512 it starts at B = 12. (per-rank I, fewest routed rows) where it does not start at the first row:
 PAIRS_SCALE_ON_WORDS_MIN_ROWS = {MOE_INTERMEDIATE_SIZE // 4: 12 * TOP_K}
+PAIR_WORDS_MUL_MIN_CAPABILITY = 9  # PTX mul.rn.bf16x2 (PairsConfig.scale_on_words): sm_90 and sm_12x
 
 
-def pairs_configs(num_rows: int, inter: int) -> tuple[PairsConfig, PairsConfig]:
+def pairs_configs(num_rows: int, inter: int, words_mul: bool = True) -> tuple[PairsConfig, PairsConfig]:
     """(gate/up, down) tiles of the pairs decode: the fastest of the H200 round-4 and round-5 runs at every
     measured (T, B) (gate/up 32 columns = 64 weight rows, down 64 rows, K steps of 128, 4 warps, 3 stages,
     nibble pairs by multiply, E8M0 factor in packed bf16; benchmarks/moe_mxfp4-h200-run2.md, run3.md), the
-    factor on the int32 pair words where round 9 measured that faster (:data:`PAIRS_SCALE_ON_WORDS_MIN_ROWS`)."""
-    on_words = num_rows >= PAIRS_SCALE_ON_WORDS_MIN_ROWS.get(inter, 0)
+    factor on the int32 pair words where round 9 measured that faster (:data:`PAIRS_SCALE_ON_WORDS_MIN_ROWS`)
+    and ``words_mul`` says the GPU has the packed bf16 multiply it needs (:func:`pair_words_mul_usable`)."""
+    on_words = words_mul and num_rows >= PAIRS_SCALE_ON_WORDS_MIN_ROWS.get(inter, 0)
     return (PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=on_words),
             PairsConfig(64, min(128, inter), 4, mul_pairs=True, scale_bf16=True, scale_on_words=on_words))
+
+
+def pair_words_mul_usable(device: torch.device) -> bool:
+    """Whether ``scale_on_words`` can run on ``device``: PTX ``mul.rn.bf16x2`` needs sm_90 or newer (sm_12x
+    has it); the CPU interpreter runs its emulation."""
+    if device.type != "cuda":
+        return interpreter_enabled()
+    return torch.cuda.get_device_capability(device)[0] >= PAIR_WORDS_MUL_MIN_CAPABILITY
 
 
 def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
@@ -1936,7 +1946,7 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
     if num_rows > ROUTE_TRITON_MAX_ROWS:
         raise ValueError(f"upcast='pairs' is a decode form: at most {ROUTE_TRITON_MAX_ROWS} routed rows "
                          f"(B*top_k), got {num_rows}")
-    gu_cfg, dn_cfg = configs if configs else pairs_configs(num_rows, inter)
+    gu_cfg, dn_cfg = configs if configs else pairs_configs(num_rows, inter, pair_words_mul_usable(x.device))
     if not (isinstance(gu_cfg, PairsConfig) and isinstance(dn_cfg, PairsConfig)):
         raise ValueError(f"configs for upcast='pairs' must be two PairsConfig, got {configs!r}")
     gu_k, dn_k = min(gu_cfg.block_k, hidden), min(dn_cfg.block_k, inter)

@@ -846,7 +846,7 @@ def test_pairs_default_dispatch(monkeypatch):
     x = make_x(2)
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
     monkeypatch.setattr(moe, "PAIRS_DEFAULT_WHERE", ((inter, 2 * TOP_K, 2 * TOP_K),))
-    monkeypatch.setattr(moe, "pairs_configs", lambda rows, i: pairs_tiles(i, mul_pairs=True))
+    monkeypatch.setattr(moe, "pairs_configs", lambda rows, i, words_mul=True: pairs_tiles(i, mul_pairs=True))
     calls = []
     real = moe.pairs_launches
     monkeypatch.setattr(moe, "pairs_launches", lambda *a, **kw: calls.append(a[-1]) or real(*a, **kw))
@@ -870,6 +870,17 @@ def test_pairs_scale_on_words_default_follows_the_h200_numbers():
             assert dn.block_n == 64 and dn.mul_pairs and dn.scale_bf16
             flag = gu.scale_bf16_constexpr()
             assert flag == (4 if expected else 2)  # the interpreter's emulations of 3 / 1
+
+
+def test_pairs_scale_on_words_only_where_the_gpu_has_the_packed_multiply(monkeypatch):
+    """PTX mul.rn.bf16x2 needs sm_90+: below it the default pairs tiles keep the bf16-scale form; the CPU
+    interpreter runs the emulation."""
+    gu, dn = moe.pairs_configs(64 * TOP_K, 2048, words_mul=False)
+    assert not gu.scale_on_words and not dn.scale_on_words and gu.scale_bf16 and dn.scale_bf16
+    assert moe.pair_words_mul_usable(torch.device("cpu")) == moe.interpreter_enabled()
+    for major, usable in ((8, False), (9, True), (12, True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, m=major: (m, 0))
+        assert moe.pair_words_mul_usable(torch.device("cuda", 0)) is usable
 
 
 def test_pairs_aot_configs_expect_tensor_cores():
