@@ -44,7 +44,7 @@ import triton.language as tl
 
 from .dsv4 import FP8_BLOCK, HEAD_DIM, ROPE_DIM
 from .harness.aot import AotConfig
-from .harness.interpreter import interpreter_enabled
+from .harness.interpreter import has_capability, interpreter_enabled
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -853,9 +853,7 @@ def weight_tma_usable(w3: torch.Tensor) -> bool:
     CPU interpreter), a 16-byte aligned base, contiguous K and 16-byte multiples as the other strides."""
     if w3.data_ptr() % 16 or w3.stride(-1) != 1 or any(st % 16 for st in w3.stride()[:-1]):
         return False
-    if w3.device.type != "cuda":
-        return interpreter_enabled()
-    return torch.cuda.get_device_capability(w3.device)[0] >= TMA_MIN_CAPABILITY
+    return has_capability(w3.device, TMA_MIN_CAPABILITY)
 
 
 def _weight_descriptor(w3: torch.Tensor, cfg: GemvConfig):

@@ -128,7 +128,7 @@ from .dsv4 import (
     TOP_K,
 )
 from .harness.aot import TENSOR_CORE_OPCODES, AotConfig
-from .harness.interpreter import interpreter_enabled
+from .harness.interpreter import has_capability, interpreter_enabled
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude codes 0..7; bit 3 is the sign
 E4M3_MAX = 448.0
@@ -1433,10 +1433,7 @@ def gemv_tma_usable(*tensors: torch.Tensor) -> bool:
     16-byte aligned base addresses (a TMA descriptor's requirement; the row strides of DSv4's shapes are)."""
     if any(t.data_ptr() % 16 for t in tensors):
         return False
-    device = tensors[0].device
-    if device.type != "cuda":
-        return interpreter_enabled()
-    return torch.cuda.get_device_capability(device)[0] >= GEMV_TMA_MIN_CAPABILITY
+    return has_capability(tensors[0].device, GEMV_TMA_MIN_CAPABILITY)
 
 
 def gemv_configs(num_rows: int, inter: int, tma: bool = True) -> tuple[GemvConfig, GemvConfig]:
@@ -1928,9 +1925,7 @@ def pairs_configs(num_rows: int, inter: int, words_mul: bool = True) -> tuple[Pa
 def pair_words_mul_usable(device: torch.device) -> bool:
     """Whether ``scale_on_words`` can run on ``device``: PTX ``mul.rn.bf16x2`` needs sm_90 or newer (sm_12x
     has it); the CPU interpreter runs its emulation."""
-    if device.type != "cuda":
-        return interpreter_enabled()
-    return torch.cuda.get_device_capability(device)[0] >= PAIR_WORDS_MUL_MIN_CAPABILITY
+    return has_capability(device, PAIR_WORDS_MUL_MIN_CAPABILITY)
 
 
 def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,

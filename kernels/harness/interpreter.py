@@ -24,6 +24,17 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def has_capability(device, min_major: int) -> bool:
+    """Whether kernels on ``device`` may use a feature of compute capability ``min_major``.x and newer
+    (TMA, packed bf16 PTX): a CUDA device's own capability; on the CPU, whether the interpreter runs
+    (it emulates such paths)."""
+    if device.type != "cuda":
+        return interpreter_enabled()
+    import torch
+
+    return torch.cuda.get_device_capability(device)[0] >= min_major
+
+
 def patch_bf16_dot() -> bool:
     """Install the bf16 ``tl.dot`` fix in Triton's interpreter; idempotent. Returns True if active."""
     global _PATCHED, unpatched_create_dot
