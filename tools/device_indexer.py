@@ -42,13 +42,16 @@ ROTATIONS = 8
 # (8 copy-major shipped: benchmarks/indexer-h200-run6-summary.md; the others removed). Run 7: the
 # passes after the logits (final program over 1024- or 4096-entry blocks, folded into the split
 # launch, 2048- or 4096-entry split chunks); the folded form with 2048 / 1024 shipped
-# (benchmarks/indexer-h200-run7-summary.md), the others removed.
-SELECT_FORMS = {
+# (benchmarks/indexer-h200-run7-summary.md), the others removed. Run 8: the plan buckets, every
+# shipped select form forced beside the default (--forms hist,bitwise,bitwise_2xw,chunk8k).
+FORM_CATALOG = {
     "hist": ix.SelectForm(method="histogram"),
+    "bitwise": ix.SelectForm(),
+    "bitwise_2xw": ix.SelectForm(warps_mul=2),
+    "chunk8k": ix.SelectForm(max_chunk=8192),
+    "radix4_2xw": ix.SelectForm(radix_bits=2, warps_mul=2),  # timed in run 5a: no faster than the defaults
 }
-HIST_FORMS = tuple(name for name, form in SELECT_FORMS.items() if form.method == "histogram")
-if os.environ.get("INDEXER_BENCH_2XW") == "1":  # timed in run 5a: no faster than the defaults (within 0.8 us)
-    SELECT_FORMS.update(r1_2xw=ix.SelectForm(warps_mul=2), r2_2xw=ix.SelectForm(radix_bits=2, warps_mul=2))
+SELECT_FORMS = {"hist": FORM_CATALOG["hist"]}  # --forms replaces it
 TOPK_ONLY_FORMS = ["hist"]  # top-k alone from a given logits row (the seam's unfused call); --no-topk-only drops it
 FUSED_VARIANTS = {}  # (pages per split, select form of the merge); none timed since run 4
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -124,12 +127,15 @@ def timer(smoke, rotations):
 
 
 def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=False, rotations=ROTATIONS):
+    started = time.perf_counter()
     c4_len = ctx // C4_RATIO
     q, kv, w, lens, tables = build(batch, c4_len, device, rotations)
     pages_read = torch.div(lens.long() + INDEX_PAGE_SIZE - 1, INDEX_PAGE_SIZE, rounding_mode="floor").sum().item()
     kbytes = pages_read * INDEX_PAGE_BYTES
     base = dict(B=batch, context=ctx, c4_len=c4_len, index_k_MB=round(kbytes / 1e6, 2))
     note = "extra shape" if extra else ""
+    result.extra.setdefault("default_plan_form", {})[f"B={batch} ctx={ctx}"] = dataclasses.asdict(
+        ix.choose_plan(batch, c4_len).select)
 
     # Correctness on the first rotation: float32 reference, both paths.
     pt = tables[0]
@@ -140,7 +146,7 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
     out = torch.empty(batch, INDEX_TOPK, dtype=torch.int32, device=device)
     raw = torch.empty_like(out)
     calls = {f"ours_topk_only_{name}": lambda o, r, f=SELECT_FORMS[name]: ix.topk_transform_paged(
-        logits, lens, pt, o, INDEX_PAGE_SIZE, r, select=f) for name in TOPK_ONLY_FORMS}
+        logits, lens, pt, o, INDEX_PAGE_SIZE, r, select=f) for name in TOPK_ONLY_FORMS if name in SELECT_FORMS}
     calls["default_plan"] = lambda o, r: ix.indexer_topk(q, kv, w, lens, pt, c4_len, o, r)
     for name, form in SELECT_FORMS.items():  # the full indexer call (hist: histogram counted by the logits kernel)
         calls[two_kernel_name(name)] = lambda o, r, f=form: ix.indexer_topk(
@@ -208,7 +214,8 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
         timed(name, loop(lambda t, s=split, f=SELECT_FORMS[form]: ix.fused_logits_topk(
             q, kv, w, lens, t, c4_len, outs, split_pages=s, select=f)))
     after = {}
-    for name in HIST_FORMS:  # after hundreds of timed calls the shared workspace must still be clean
+    hist_forms = [name for name, form in SELECT_FORMS.items() if form.method == "histogram"]
+    for name in hist_forms:  # after hundreds of timed calls the shared workspace must still be clean
         try:
             raw.fill_(12345)
             calls[two_kernel_name(name)](out, raw)
@@ -239,7 +246,7 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
         best = min(ours, key=ours.get)
         result.extra.setdefault("best_variant", {})[f"B={batch} ctx={ctx}"] = f"{best} {ours[best]:.1f} us"
     print(f"B={batch} ctx={ctx}: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items())
-          + f" | err {err:.1e} | checks {checks}", flush=True)
+          + f" | err {err:.1e} | checks {checks} | after {after} | {time.perf_counter() - started:.1f} s", flush=True)
     del q, kv, w, tables, logits_buf, ref
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -262,11 +269,18 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--name", default="indexer-h200-run7", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--name", default="indexer-h200-run8", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--forms", default="hist", help=f"comma-separated select forms forced beside the default "
+                        f"(two_kernel_<form> rows), from {sorted(FORM_CATALOG)}")
     parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")
     parser.add_argument("--skip-upstream", action="store_true", help="time only ours (upstream timed in runs 1-5)")
     parser.add_argument("--no-topk-only", action="store_true", help="skip the top-k-alone timings")
     args = parser.parse_args()
+    unknown = [name for name in args.forms.split(",") if name not in FORM_CATALOG]
+    if unknown:
+        parser.error(f"unknown --forms {unknown}; choose from {sorted(FORM_CATALOG)}")
+    SELECT_FORMS.clear()
+    SELECT_FORMS.update({name: FORM_CATALOG[name] for name in args.forms.split(",")})
     if args.no_topk_only:
         TOPK_ONLY_FORMS[:] = []
     if args.prepare:
