@@ -745,19 +745,79 @@ def _gemv_rows_tma(w_desc, s_desc, x_desc, w_row, x_row, k_begin, k_len, ROWS: t
     w_row = w_row.to(tl.int32)  # descriptor coordinates are 32-bit
     x_row = x_row.to(tl.int32)
     for k0 in tl.range(k_begin, k_begin + k_len, BLOCK_K, num_stages=RING):
-        q = tl.reshape(w_desc.load([w_row, k0 // 8]), [ROWS, BLOCK_K // 32, 4])
-        s = s_desc.load([w_row, k0 // 32])
-        # the 4 bf16 pairs of each weight word: [1, G, 4 words, 4 pairs] -> pair j as [1, G, 4]
-        xw = tl.reshape(x_desc.load([x_row, k0 // 2]), [1, BLOCK_K // 32, 4, 2, 2])
-        x_even, x_odd = tl.split(xw)  # pairs 0, 2 / 1, 3
-        p0, p2 = tl.split(x_even)
-        p1, p3 = tl.split(x_odd)
-        x0, x1 = _bf16_pair(p0)
-        x2, x3 = _bf16_pair(p1)
-        x4, x5 = _bf16_pair(p2)
-        x6, x7 = _bf16_pair(p3)
-        acc += (_gemv_group_dot(q, x0, x1, x2, x3, x4, x5, x6, x7, False) * GEMV_GROUP_UNBIAS) * _e8m0_to_f32(s)
+        acc += _gemv_tma_step(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS, BLOCK_K)
     return tl.sum(acc, 1)
+
+
+@triton.jit
+def _gemv_tma_step(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One K step of :func:`_gemv_rows_tma`: [ROWS, BLOCK_K/32] scaled per-group partial dots."""
+    q = tl.reshape(w_desc.load([w_row, k0 // 8]), [ROWS, BLOCK_K // 32, 4])
+    s = s_desc.load([w_row, k0 // 32])
+    # the 4 bf16 pairs of each weight word: [1, G, 4 words, 4 pairs] -> pair j as [1, G, 4]
+    xw = tl.reshape(x_desc.load([x_row, k0 // 2]), [1, BLOCK_K // 32, 4, 2, 2])
+    x_even, x_odd = tl.split(xw)  # pairs 0, 2 / 1, 3
+    p0, p2 = tl.split(x_even)
+    p1, p3 = tl.split(x_odd)
+    x0, x1 = _bf16_pair(p0)
+    x2, x3 = _bf16_pair(p1)
+    x4, x5 = _bf16_pair(p2)
+    x6, x7 = _bf16_pair(p3)
+    return (_gemv_group_dot(q, x0, x1, x2, x3, x4, x5, x6, x7, False) * GEMV_GROUP_UNBIAS) * _e8m0_to_f32(s)
+
+
+@triton.jit
+def _persistent_item(t, num_rows, sorted_rows_ptr, topk_ids_ptr, num_experts):
+    """Work item ``t`` of a persistent TMA GEMV -> (column block, routed row, its expert, whether the id is one);
+    the sorted rows vary fastest, so the rows of one expert (adjacent after the sort) read the same weight
+    block at about the same time. An invalid id computes on expert 0 and stores nothing."""
+    row = tl.load(sorted_rows_ptr + t % num_rows)
+    expert = tl.load(topk_ids_ptr + row)  # the routed rows are the flat [B, top_k] ids
+    valid = (expert >= 0) & (expert < num_experts)
+    return t // num_rows, row, tl.where(valid, expert, 0).to(tl.int32), valid
+
+
+@triton.jit
+def _gate_up_gemv_tma_persistent_kernel(x_desc, w13_desc, w13_scale_desc, topk_ids_ptr, sorted_rows_ptr, act_ptr,
+                                        num_rows, num_experts, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
+                                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr):
+    """:func:`_gate_up_gemv_tma_kernel` as a persistent grid: each program takes the work items (routed row,
+    block of BLOCK_N columns) ``pid, pid + nprog, ...`` of the ``num_rows * inter / BLOCK_N`` (a count from
+    shapes only), the item and K loops flattened into one ``tl.range`` of RING stages, so the next item's
+    first K steps are fetched while this one finishes instead of the ring filling once per short program."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    items = num_rows * (inter // BLOCK_N)
+    for t in tl.range(pid, items, nprog, flatten=True, num_stages=RING):
+        block, row, expert, valid = _persistent_item(t, num_rows, sorted_rows_ptr, topk_ids_ptr, num_experts)
+        w_row = expert * (2 * inter) + block * (2 * BLOCK_N)
+        acc = tl.zeros([2 * BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            acc += _gemv_tma_step(w13_desc, w13_scale_desc, x_desc, w_row, row // TOP_K, k0, 2 * BLOCK_N, BLOCK_K)
+        gate, up = tl.split(tl.reshape(tl.sum(acc, 1), [BLOCK_N, 2]))
+        cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        _store_act(act_ptr, row, cols, gate, up, swiglu_limit, inter, (cols >= 0) & valid, False)
+
+
+@triton.jit
+def _down_gemv_tma_persistent_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, topk_ids_ptr, sorted_rows_ptr,
+                                     y_ptr, num_rows, num_experts, hidden, inter, BLOCK_N: tl.constexpr,
+                                     BLOCK_K: tl.constexpr, RING: tl.constexpr):
+    """:func:`_down_gemv_tma_kernel` as a persistent grid over the ``num_rows * hidden / BLOCK_N`` work items
+    (routed row, block of BLOCK_N hidden columns), as :func:`_gate_up_gemv_tma_persistent_kernel`. At I = 512
+    (T=4) a work item is one K step, so the flattened ring overlaps whole items."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    items = num_rows * (hidden // BLOCK_N)
+    for t in tl.range(pid, items, nprog, flatten=True, num_stages=RING):
+        block, row, expert, valid = _persistent_item(t, num_rows, sorted_rows_ptr, topk_ids_ptr, num_experts)
+        w_row = expert * hidden + block * BLOCK_N
+        acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            acc += _gemv_tma_step(w2_desc, w2_scale_desc, act_desc, w_row, row, k0, BLOCK_N, BLOCK_K)
+        n = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(y_ptr + row.to(tl.int64) * hidden + n,
+                 tl.sum(acc, 1) * tl.load(topk_weights_ptr + row).to(tl.float32), mask=(n >= 0) & valid)
 
 
 @triton.jit
@@ -1370,7 +1430,10 @@ class GemvConfig:
     instead of per thread in the inner loop (round 3: fewer instructions per weight value); ``tma_ring``
     (> 0, both configs of a forward alike): weights, scales and activations of each K step fetched by
     TMA through a ring of that many stages (:func:`_gemv_rows_tma`; one routed row per pass, no K
-    split, block_k >= 512 so a row's scale bytes of a step are the 16 bytes TMA needs)."""
+    split, block_k >= 512 so a row's scale bytes of a step are the 16 bytes TMA needs);
+    ``persistent_programs_per_sm`` (> 0, with ``tma_ring``; per launch): the TMA kernel as a persistent
+    grid of min(work items, SMs x this) programs looping over (routed row, column block) work items, item
+    and K loops flattened into one ring (:func:`_gate_up_gemv_tma_persistent_kernel`)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1380,10 +1443,13 @@ class GemvConfig:
     num_stages: int | None = None
     x_f32: bool = False
     tma_ring: int = 0
+    persistent_programs_per_sm: int = 0
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
         tag += f"tma{self.tma_ring}" if self.tma_ring else ""
+        if self.persistent_programs_per_sm:
+            tag += f"pers{self.persistent_programs_per_sm}"
         tag += "x2" if self.two_rows else ""
         tag += f"s{self.split_k}" if self.split_k > 1 else ""
         tag += "p" if self.prefetch else ""
@@ -1425,6 +1491,14 @@ GEMV_X_F32_WHERE = GEMV_SMALL_TILES_WHERE
 GEMV_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K), (MOE_INTERMEDIATE_SIZE // 2, 16 * TOP_K),
                   (MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K))
 GEMV_TMA_RING = 3
+# Round 11 (benchmarks/moe_mxfp4-h200-run11-summary.md, H200 runs 11 / 11b, every point reference-checked): the TMA
+# GEMV as a persistent grid (min(work items, SMs x P) programs looping over (routed row, column block) items, item and
+# K loops flattened into one ring). Both launches persistent: slower at T=1 (0.74-0.96x) and T=2 (0.94-0.98x); at
+# I = 512 (T=4) the down launch alone persistent at P = 8 (its work item is one K step, so the ring overlaps items)
+# was faster at every B = 1..8: 22.27 / 32.06 / 41.29 / 57.28 / 64.72 / 76.87 / 80.49 / 93.05 us against
+# 22.92 / 33.01 / 43.22 / 60.13 / 68.75 / 81.79 / 85.39 / 99.66 (1.029-1.071x); at T=1 / 2 it was 0.98-1.02x.
+# (per-rank I, most routed rows, programs per SM):
+GEMV_TMA_PERSISTENT_DOWN_WHERE = ((MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K, 8),)
 GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
 
 
@@ -1439,14 +1513,17 @@ def gemv_tma_usable(*tensors: torch.Tensor) -> bool:
 def gemv_configs(num_rows: int, inter: int, tma: bool = True) -> tuple[GemvConfig, GemvConfig]:
     """(gate/up, down) GEMV tiles: the fastest of the H200 runs at every measured (T, B). Where
     :data:`GEMV_TMA_WHERE` says (and ``tma``: the operands allow it, :func:`gemv_tma_usable`) the TMA
-    ring form; else gate/up 8 columns = 16 weight rows, down 16 rows, K steps of 512, 4 warps, one
+    ring form, its down launch on a persistent grid where :data:`GEMV_TMA_PERSISTENT_DOWN_WHERE` says; else
+    gate/up 8 columns = 16 weight rows, down 16 rows, K steps of 512, 4 warps, one
     routed row per pass (the two-row passes were 8-40 % slower even at B = 64,
     benchmarks/moe_mxfp4-h200-gemv.md), halved N tiles where :data:`GEMV_SMALL_TILES_WHERE` says
     (benchmarks/moe_mxfp4-h200-gemv2.md; register prefetch, K splits, longer K steps and num_stages 1
     were slower or equal everywhere else), in the ``x_f32`` form where :data:`GEMV_X_F32_WHERE` says
     (benchmarks/moe_mxfp4-h200-gemv3.md)."""
     if tma and any(inter == i and num_rows <= rows for i, rows in GEMV_TMA_WHERE):
-        return GemvConfig(8, 512, 4, tma_ring=GEMV_TMA_RING), GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING)
+        per_sm = next((p for i, rows, p in GEMV_TMA_PERSISTENT_DOWN_WHERE if inter == i and num_rows <= rows), 0)
+        return (GemvConfig(8, 512, 4, tma_ring=GEMV_TMA_RING),
+                GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, persistent_programs_per_sm=per_sm))
     if any(inter == i and num_rows <= rows for i, rows in GEMV_SMALL_TILES_WHERE):
         x_f32 = any(inter == i and num_rows <= rows for i, rows in GEMV_X_F32_WHERE)
         return GemvConfig(4, 512, 4, x_f32=x_f32), GemvConfig(8, min(512, inter), 4, x_f32=x_f32)
@@ -1769,6 +1846,10 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                      or any(c.two_rows or c.prefetch or c.split_k > 1 for c in (gu_cfg, dn_cfg))):
         raise ValueError(f"GEMV tma_ring needs both configs alike, block_k >= 512 (K >= 512), one row per pass, "
                          f"no K split, no prefetch, no x_f32; got {configs!r} at H={hidden}, I={inter}")
+    gu_persistent, dn_persistent = gu_cfg.persistent_programs_per_sm, dn_cfg.persistent_programs_per_sm
+    if (gu_persistent or dn_persistent) and (not tma_ring or min(gu_persistent, dn_persistent) < 0):
+        raise ValueError(f"GEMV persistent_programs_per_sm needs tma_ring (either launch may take it, >= 0), "
+                         f"got {configs!r}")
     device = x.device
     route_kernel = num_rows <= ROUTE_TRITON_MAX_ROWS
     if x_f32:
@@ -1806,7 +1887,17 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                                                  [dn_cfg.block_n, dn_k // 32])
         act_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2])
 
+    # persistent grids: the program count from shapes and the device only, so a captured graph replays it
+    gu_persistent_grid = (min(num_rows * (inter // gu_cfg.block_n), _sm_count(device) * gu_persistent),)
+    dn_persistent_grid = (min(num_rows * (hidden // dn_cfg.block_n), _sm_count(device) * dn_persistent),)
+
     def gate_up():
+        if gu_persistent:
+            _gate_up_gemv_tma_persistent_kernel[gu_persistent_grid](
+                x_desc, w13_desc, w13_s_desc, ids, sorted_rows, act, num_rows, num_experts, hidden, inter,
+                float(swiglu_limit), TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, RING=tma_ring,
+                **gu_cfg.launch_options())
+            return
         if tma_ring:
             _gate_up_gemv_tma_kernel[gu_grid](
                 x_desc, w13_desc, w13_s_desc, sorted_rows, expert_start, active_experts, num_active, act, hidden,
@@ -1820,6 +1911,11 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             PREFETCH=gu_cfg.prefetch, X_F32=x_f32, **gu_cfg.launch_options())
 
     def down():
+        if dn_persistent:
+            _down_gemv_tma_persistent_kernel[dn_persistent_grid](
+                act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
+                BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=tma_ring, **dn_cfg.launch_options())
+            return
         if tma_ring:
             _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
                 act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
@@ -2077,6 +2173,19 @@ def _gemv_tma_sig(kind, rows, block_k):
             "BLOCK_K": "constexpr", "RING": "constexpr"}
 
 
+def _gemv_tma_persistent_sig(kind, rows, block_k):
+    """Signature of the persistent TMA GEMV kernels (descriptors as :func:`_gemv_tma_sig`)."""
+    tma = _gemv_tma_sig(kind, rows, block_k)
+    descs = {k: v for k, v in tma.items() if k.endswith("_desc")}
+    shapes = {"num_rows": "i32", "num_experts": "i32", "hidden": "i32", "inter": "i32"}
+    if kind == "gate_up":
+        return {**descs, "topk_ids_ptr": "*i32", "sorted_rows_ptr": "*i32", "act_ptr": "*bf16", **shapes,
+                "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                "RING": "constexpr"}
+    return {**descs, "topk_weights_ptr": "*fp32", "topk_ids_ptr": "*i32", "sorted_rows_ptr": "*i32", "y_ptr": "*fp32",
+            **shapes, "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr"}
+
+
 def _gate_up_pairs_sig():
     return {"x_ptr": "*bf16", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32",
             "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "act_ptr": "*bf16",
@@ -2103,6 +2212,9 @@ PAIRS_AOT_EXTRA = ((PairsConfig(32, 128, 4), PairsConfig(64, 128, 4)),
 GEMV_AOT_EXTRA = (GemvConfig(8, 512, 4, split_k=2), GemvConfig(8, 512, 4, prefetch=True))
 # the TMA GEMV as gemv_configs ships it (the default where GEMV_TMA_WHERE says)
 GEMV_TMA_AOT = (GemvConfig(8, 512, 4, tma_ring=GEMV_TMA_RING), GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING))
+# the persistent down launch as gemv_configs ships it (GEMV_TMA_PERSISTENT_DOWN_WHERE; the program count is a
+# launch choice, not compiled in)
+GEMV_TMA_PERSISTENT_DOWN_AOT = GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, persistent_programs_per_sm=8)
 
 
 def aot_configs() -> list[AotConfig]:
@@ -2211,6 +2323,15 @@ def aot_configs() -> list[AotConfig]:
             signature=_gemv_tma_sig(kind, rows, cfg.block_k), constexprs=constexprs, num_warps=cfg.num_warps,
             num_stages=cfg.tma_ring, div16=("hidden", "inter"), expect_opcodes=("UTMALDG",),
             forbid_opcodes=TENSOR_CORE_OPCODES, note="CUDA-core GEMV decode, operands by TMA (the default at T=1/2 B<=16, T=4 B<=8)"))
+    # persistent TMA GEMV down launch (the default at T=4 B<=8)
+    cfg = GEMV_TMA_PERSISTENT_DOWN_AOT
+    configs.append(AotConfig(
+        name=f"moe_mxfp4_down_gemvtma_{cfg.label()}", kernel=_down_gemv_tma_persistent_kernel,
+        signature=_gemv_tma_persistent_sig("down", cfg.block_n, cfg.block_k),
+        constexprs={"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring}, num_warps=cfg.num_warps,
+        num_stages=cfg.tma_ring, div16=("hidden", "inter"), expect_opcodes=("UTMALDG",),
+        forbid_opcodes=TENSOR_CORE_OPCODES,
+        note="CUDA-core GEMV decode, operands by TMA, persistent grid (the down launch at T=4 B<=8)"))
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp

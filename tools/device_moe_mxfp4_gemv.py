@@ -15,6 +15,9 @@ TMA descriptors through a ring of 2-4 stages (``GemvConfig(tma_ring=)``; one thr
 per-thread 4-byte copies of the activations as in the cp.async ring), beside the shipped default and the
 GEMV default tiles at T = 1 / 4, B = 1, 2, 4, 8, 16.
 
+Round 11 (``--persistent``): the TMA GEMV as a persistent grid (``GemvConfig(persistent_programs_per_sm=)``)
+beside the TMA GEMV default at T = 1, B = 1..16 and T = 4, B = 1..8 (launch by launch at B = 1).
+
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
 
@@ -139,6 +142,35 @@ WORDS_GEMV_MAX_BATCH = 8
 WORDS_SMOKE_CANDIDATES = [(P(16, 64, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True),
                            P(32, 32, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True))]
 WORDS_DEADLINE_S = 165  # for a 220 s device limit
+# round 11 (--persistent, issue 4): the TMA GEMV as a persistent grid (min(work items, SMs x P) programs, each looping
+# over (routed row, column block) work items with the ring kept full across them; GemvConfig(persistent_programs_per_sm=P))
+# at P = 2 / 4 / 6 / 8 (3 stages, item and K loops flattened into one tl.range), 4 stages at P = 4, and the nested
+# loops (K loop alone the ring) at P = 4, beside the TMA GEMV default (one program per (expert, column block))
+
+
+# (run 11 also timed the nested loops -- the K loop alone the ring -- at P = 4: 0.87-0.99x; that form was removed)
+
+
+def _persistent(per_sm, ring=3):
+    return tuple(G(n, 512, 4, tma_ring=ring, persistent_programs_per_sm=per_sm) for n in (8, 16))
+
+
+PERSISTENT_CANDIDATES = [_persistent(2), _persistent(4), _persistent(6), _persistent(8), _persistent(4, ring=4)]
+PERSISTENT_MAX_BATCH = {1: 16, 4: 8}  # per T: where the TMA GEMV is the default
+PERSISTENT_DEADLINE_S = 170  # for a 240 s device limit
+# run 11b (--persistent2): after run 11 (persistent in both launches slower at T=1 everywhere, 0.74-0.94x; at T=4 B=1
+# the down launch 7.0 vs 7.4 us but gate/up 10.6 vs 10.3; T=4 B=4 1.07-1.10x at P = 4-8, B=8 1.03x at P = 8) the
+# down launch alone persistent (gate/up the TMA default), and both at P = 6 / 8 / 12, launch by launch at every
+# point, T=4 at every B up to 8, T=1 / 2 at a few
+
+
+def _down_persistent(per_sm):
+    return G(8, 512, 4, tma_ring=3), _persistent(per_sm)[1]
+
+
+PERSISTENT2_CANDIDATES = [_persistent(6), _persistent(8), _persistent(12), _down_persistent(6), _down_persistent(8),
+                          _down_persistent(12)]
+PERSISTENT2_BATCHES = {1: (1, 2, 4, 8, 16), 2: (1, 4, 16), 4: (1, 2, 3, 4, 5, 6, 7, 8)}
 
 
 def label(cfgs) -> str:
@@ -162,6 +194,10 @@ def main() -> None:
     parser.add_argument("--pairs", action="store_true")
     parser.add_argument("--tma", action="store_true", help="round 8b: TMA GEMV candidates (device only: K >= 512)")
     parser.add_argument("--words", action="store_true", help="round 9: pairs decode with the scale on the pair words")
+    parser.add_argument("--persistent", action="store_true",
+                        help="round 11: persistent TMA GEMV candidates (device only: K >= 512)")
+    parser.add_argument("--persistent2", action="store_true",
+                        help="run 11b: persistent down launch alone / both at P = 6-12, launch by launch everywhere")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
                         help="--words: GEMV candidates up to this B, pairs candidates above it")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
@@ -172,6 +208,8 @@ def main() -> None:
     parser.add_argument("--batches", default=None, help="comma-separated B values (default: the round's)")
     parser.add_argument("--tps", default=None, help="comma-separated tensor-parallel sizes T (default: 1,4)")
     args = parser.parse_args()
+    if args.persistent2:
+        args.persistent = True
     breakdown = [b for b in args.breakdown.split(",") if b]
     gemv_max_batch = args.gemv_max_batch
     if args.smoke:
@@ -186,6 +224,11 @@ def main() -> None:
         if args.tma:  # TMA needs K >= 512
             hidden, base_inter, tps, batches = 512, 512, (1,), (1,)
             candidates = [(G(128, 512, 4, tma_ring=2), G(256, 512, 4, tma_ring=2))]
+        if args.persistent:  # TMA needs K >= 512; 2 column blocks x 6 rows = 12 items on a 10-program grid
+            hidden, base_inter, tps, batches = 512, 512, (1,), (1, 3)
+            candidates = [(G(256, 512, 4, tma_ring=2, persistent_programs_per_sm=2),) * 2,
+                          (G(256, 512, 4, tma_ring=2), G(256, 512, 4, tma_ring=2, persistent_programs_per_sm=2))]
+            moe.CPU_SM_COUNT = 5
     else:
         device, num_experts, hidden, tps, copies, base_inter = (
             "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
@@ -195,6 +238,10 @@ def main() -> None:
             batches, candidates = (1, 2, 4, 8, 16), TMA_CANDIDATES
         if args.words:
             batches, candidates = (1, 8, 16, 32, 64, 256), WORDS_CANDIDATES + WORDS_GEMV_CANDIDATES
+        if args.persistent:
+            batches, candidates = (1, 2, 4, 8, 16), PERSISTENT_CANDIDATES
+        if args.persistent2:
+            tps, batches, candidates = (1, 2, 4), tuple(range(1, 17)), PERSISTENT2_CANDIDATES
     if args.only:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
@@ -204,14 +251,15 @@ def main() -> None:
     if args.words:
         args.pairs = True  # the pairs form, labels and notes
     deadline = (WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
-                else TMA_DEADLINE_S if args.tma else DEADLINE_S)
+                else PERSISTENT_DEADLINE_S if args.persistent else TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, round 9: pairs decode with the E8M0 scale on the int32 pair words, DSv4-Flash shapes, H200"
+        title=("sm120 MoE decode, round 11: persistent TMA GEMV, DSv4-Flash shapes, H200" if args.persistent else
+               "sm120 MoE decode, round 9: pairs decode with the E8M0 scale on the int32 pair words, DSv4-Flash shapes, H200"
                if args.words else
                "sm120 MoE decode, round 8b: CUDA-core GEMV with its operands fetched by TMA, DSv4-Flash shapes, H200"
                if args.tma else
@@ -231,6 +279,10 @@ def main() -> None:
             moe.repack_w13_(layer[0], layer[1])
         all_layers[tp] = layers, ckpt
     cases = [(tp, b) for b in batches for tp in tps]  # B = 1 first (the breakdown), the largest batch last
+    if args.persistent2 and not args.smoke:
+        cases = [(tp, b) for tp, b in cases if b in PERSISTENT2_BATCHES[tp]]
+    elif args.persistent and not args.smoke:  # only where the TMA GEMV is the default
+        cases = [(tp, b) for tp, b in cases if b <= PERSISTENT_MAX_BATCH.get(tp, 0)]
     for tp, batch in cases:
         inter = base_inter // tp
         layers, ckpt = all_layers[tp]
@@ -272,6 +324,7 @@ def main() -> None:
                 us = run(cycling(per_layer, layers))
                 build = launches_of(kw)
                 wanted = (name in breakdown or ("default" in breakdown and name == old)) if breakdown else batch == 1
+                wanted = wanted or args.persistent2
                 if wanted and build is not None:  # launch-by-launch breakdown of the GEMV / pairs forms
                     outs = [torch.empty_like(x) for _ in layers]
                     launches = [build(x, *layer, weights, ids, o, SWIGLU_LIMIT, kw.get("configs"))
@@ -307,8 +360,10 @@ def main() -> None:
     result.notes.append("gemv labels: gate/up / down GemvConfig as n<block_n>k<block_k>w<warps>, s<K splits>, "
                         "p = register prefetch of the next K step, st<num_stages> (none: Triton's default 3), f = x_f32 "
                         "(activations as float32 in the word-pair order, multiply-placed nibble pairs), tma<stages> = "
-                        "weights, scales and activations by TMA through a ring of that many stages; "
-                        "*_us columns: each launch alone in its own CUDA graph (B = 1 only)")
+                        "weights, scales and activations by TMA through a ring of that many stages, pers<P> = "
+                        "persistent grid of min(work items, SMs x P) programs (item and K loops flattened into one "
+                        "ring; run 11's 'nest': nested, the K loop the ring, since removed); "
+                        "*_us columns: each launch alone in its own CUDA graph (B = 1 only; --persistent2: everywhere)")
     result.extra["wall seconds"] = round(time.time() - t_start, 1)
     paths = result.write(args.out)
     print(result.markdown())

@@ -498,6 +498,57 @@ def test_gemv_tma_ring(ring, batch, pattern):
     assert torch.equal(out, plain)
 
 
+@pytest.mark.parametrize("per_sm,batch,pattern,seed,launches", [
+    (1, 0, "random", 0, "both"), (1, 1, "random", 1, "both"), (2, 3, "duplicate", 2, "both"), (1, 3, "skewed", 3, "both"),
+    (1, 4, "invalid", 4, "both"), (2, 1, "random", 6, "down"), (1, 3, "duplicate", 7, "down"),
+    (2, 4, "invalid", 8, "gate_up")])
+def test_gemv_tma_persistent(monkeypatch, per_sm, batch, pattern, seed, launches):
+    """The persistent TMA GEMV (programs looping over (routed row, column block) work items) on a grid of
+    5 x per_sm programs, so most programs take several items and the item count is no multiple of the grid,
+    in both launches or one: against the reference with the clamp active and every scratch tensor NaN-poisoned,
+    and bit-identical to the one-program-per-block TMA GEMV at the same tiles (the same products in the same
+    order)."""
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=seed + 40)
+    weights, ids = make_routing(batch, pattern, seed=seed + 50)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=seed + 60, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    if batch:
+        assert rel(moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0), ref) > 0.1
+        items = batch * TOP_K * 2  # two column blocks per launch
+        assert items % (5 * per_sm) and items > 5 * per_sm
+    gu_n, dn_n = inter // 2, TMA_HIDDEN // 2
+    gu_per_sm, dn_per_sm = (per_sm if launches in (kind, "both") else 0 for kind in ("gate_up", "down"))
+    cfgs = (moe.GemvConfig(gu_n, 512, 4, tma_ring=3, persistent_programs_per_sm=gu_per_sm),
+            moe.GemvConfig(dn_n, 512, 4, tma_ring=3, persistent_programs_per_sm=dn_per_sm))
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, upcast="gemv", configs=cfgs)
+    assert torch.isfinite(out).all() and (rel(out, ref) < 2e-2 if batch else out.numel() == 0)
+    per_block = run(x, experts, weights, ids, upcast="gemv",
+                    configs=(moe.GemvConfig(gu_n, 512, 4, tma_ring=3), moe.GemvConfig(dn_n, 512, 4, tma_ring=3)))
+    assert torch.equal(out, per_block)
+
+
+@pytest.mark.parametrize("bad", ["no_tma", "no_tma_down_only", "negative", "negative_gate_up"])
+def test_gemv_tma_persistent_arguments(bad):
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    gu = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2, persistent_programs_per_sm=2)
+    dn = dict(gu)
+    if bad == "no_tma":
+        gu["tma_ring"] = dn["tma_ring"] = 0
+    elif bad == "no_tma_down_only":
+        gu["tma_ring"] = dn["tma_ring"] = gu["persistent_programs_per_sm"] = 0
+    elif bad == "negative":
+        gu["persistent_programs_per_sm"] = dn["persistent_programs_per_sm"] = -1
+    else:
+        gu["persistent_programs_per_sm"] = -1
+    with pytest.raises(ValueError, match="persistent_programs_per_sm"):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
+            configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
+
+
 @pytest.mark.parametrize("bad", ["block_k", "two_rows", "split_k", "x_f32", "mixed"])
 def test_gemv_tma_ring_arguments(bad):
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
@@ -627,15 +678,17 @@ def test_gemv_default_dispatch_and_tensor_core_arguments(monkeypatch):
 
 
 def test_gemv_tiles_only_where_measured():
-    """Round 8b / run 8: the TMA ring at T=1/2 up to B=16 and T=4 up to B=8; without TMA (or elsewhere) round 2's
-    halved N tiles at I = 512 with one routed row per expert, round 1's tiles otherwise."""
+    """Round 8b / run 8: the TMA ring at T=1/2 up to B=16 and T=4 up to B=8, run 11: at T=4 its down launch on a
+    persistent grid of 8 programs per SM; without TMA (or elsewhere) round 2's halved N tiles at I = 512 with one
+    routed row per expert, round 1's tiles otherwise."""
     full_i = 2048
     tma = (moe.GemvConfig(8, 512, 4, tma_ring=3), moe.GemvConfig(16, 512, 4, tma_ring=3))
+    tma_persistent_down = (tma[0], moe.GemvConfig(16, 512, 4, tma_ring=3, persistent_programs_per_sm=8))
     plain = (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
     for rows in (TOP_K, 8 * TOP_K, 16 * TOP_K):
         assert moe.gemv_configs(rows, full_i) == tma and moe.gemv_configs(rows, full_i // 2) == tma
-    for rows in (TOP_K, 8 * TOP_K):
-        assert moe.gemv_configs(rows, full_i // 4) == tma
+    for rows in (TOP_K, 3 * TOP_K, 8 * TOP_K):
+        assert moe.gemv_configs(rows, full_i // 4) == tma_persistent_down
     assert moe.gemv_configs(8 * TOP_K + 1, full_i // 4) == plain
     assert not moe.gemv_configs(TOP_K, full_i // 8)[0].tma_ring  # K = 256 < 512 at T=8
     assert moe.gemv_configs(TOP_K, full_i // 4, tma=False) == (moe.GemvConfig(4, 512, 4, x_f32=True),
@@ -656,10 +709,11 @@ def test_gemv_tma_needs_16_byte_aligned_operands():
     assert not moe.gemv_tma_usable(base[:32], base[8:40])
 
 
-@pytest.mark.parametrize("aligned", [True, False])
-def test_gemv_default_takes_tma_where_listed(monkeypatch, aligned):
+@pytest.mark.parametrize("aligned,persistent_down", [(True, False), (True, True), (False, True)])
+def test_gemv_default_takes_tma_where_listed(monkeypatch, aligned, persistent_down):
     """The default forward runs the TMA kernels where GEMV_TMA_WHERE lists the shape and the operands
-    allow TMA, the plain GEMV kernels otherwise; both match the reference."""
+    allow TMA (the down launch on the persistent grid where GEMV_TMA_PERSISTENT_DOWN_WHERE lists it), the
+    plain GEMV kernels otherwise; each matches the reference."""
     inter = TMA_HIDDEN
     experts = make_experts(inter, hidden=TMA_HIDDEN, seed=5)
     weights, ids = make_routing(1, "random")
@@ -668,15 +722,18 @@ def test_gemv_default_takes_tma_where_listed(monkeypatch, aligned):
     monkeypatch.setattr(moe, "GEMV_TMA_WHERE", ((inter, TOP_K),))
     monkeypatch.setattr(moe, "GEMV_DEFAULT_WHERE", ((inter, TOP_K, TOP_K),))
     monkeypatch.setattr(moe, "PAIRS_DEFAULT_WHERE", ())
+    monkeypatch.setattr(moe, "GEMV_TMA_PERSISTENT_DOWN_WHERE", ((inter, TOP_K, 8),) if persistent_down else ())
     if not aligned:
         monkeypatch.setattr(moe, "gemv_tma_usable", lambda *tensors: False)
     launched = []
-    for name in ("_gate_up_gemv_tma_kernel", "_down_gemv_tma_kernel", "_gate_up_gemv_kernel", "_down_gemv_kernel"):
+    for name in ("_gate_up_gemv_tma_kernel", "_down_gemv_tma_kernel", "_down_gemv_tma_persistent_kernel",
+                 "_gate_up_gemv_kernel", "_down_gemv_kernel"):
         kernel = getattr(moe, name)
         monkeypatch.setattr(moe, name, _LaunchSpy(kernel, name, launched))
-    out = run(x, experts, weights, ids)
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids)
     assert rel(out, ref) < 2e-2
-    tma = ["_gate_up_gemv_tma_kernel", "_down_gemv_tma_kernel"]
+    tma = ["_gate_up_gemv_tma_kernel", "_down_gemv_tma_persistent_kernel" if persistent_down else "_down_gemv_tma_kernel"]
     assert launched == (tma if aligned else ["_gate_up_gemv_kernel", "_down_gemv_kernel"])
 
 
