@@ -1018,21 +1018,54 @@ def _select_form(batch, width, select):
 #   1   1M       55.5 (bitwise)    65.4        61.6        70.2              61.1              60.4
 #   16  64K      37.7 (2x warps)   44.8        40.4        47.1              39.7              39.0
 #
-# The buckets stay: the search still wins at B=64 x 64K, B=1 x 1M and B=16 x 64K; at B=16 x 256K
-# the histogram forms are within 1.5 % of it (81.5-82.2 vs 82.7), not enough to move B=5-32.
+# The buckets stayed: the search still won at B=64 x 64K, B=1 x 1M and B=16 x 64K; at B=16 x 256K
+# the histogram forms were within 1.5 % of it (81.5-82.2 vs 82.7), not enough to move B=5-32.
+#
+# The buckets against run 7's histogram select (H200 run 8, benchmarks/indexer-h200-run8-summary.md,
+# us; every shipped search form forced beside the default in the same run):
+#
+#   B   context  positions  default          histogram  bitwise  2x warps  8192
+#   1   16K      4096       16.4 (bitwise)   23.5       16.4     17.6      16.4
+#   1   32K      8192       24.1 (bitwise)   24.0       24.1     25.3      25.1
+#   1   64K      16384      27.4 (bitwise)   24.3       27.4     27.6      33.1   <- 11 % faster
+#   2   64K      16384      28.3 (bitwise)   25.9       28.4     28.5      34.1   <- 8 % faster
+#   4   64K      16384      30.0 (bitwise)   30.0       30.0     30.2      35.8
+#   1   128K     32768      31.6 (bitwise)   26.1       31.6     33.0      37.1   <- 17 % faster
+#   4   128K     32768      35.8 (bitwise)   30.9       35.8     37.2      41.2   <- 14 % faster
+#   8   128K     32768      47.6 (8192)      39.2       41.6     42.2      47.6   <- 18 % faster
+#   16  128K     32768      59.1 (8192)      51.4       52.5     52.1      59.3   <- 13 % faster
+#   32  128K     32768      78.3 (8192)      81.0       83.3     84.0      78.2
+#   8   256K     65536      63.6 (8192)      53.8       59.2     59.7      63.5   <- 15 % faster
+#   16  256K     65536      82.3 (8192)      81.2       90.3     91.7      82.2   (1.3 %: stays)
+#   32  256K     65536      140.6 (8192)     129.0      151.6    155.2     140.6  <- 8 % faster
+#   16  64K      16384      37.7 (2x warps)  39.1       37.9     37.7      43.8
+#   64  32K      8192       45.2 (8192)      54.5       45.4     45.8      45.1
+#   64  64K      16384      73.4 (8192)      80.2       79.4     79.2      73.2
+#
+# (B=2 / 4 at 16K-32K context as B=1: the histogram 7 us slower at 4096 positions, level at 8192.)
+# So the histogram select takes B <= 2 above 8192 positions, B <= 4 above 16384, B <= 16 at
+# 16385-32768, B <= 8 up to 65536 and B > 16 at 32769-65536; each limit sits between a timed size
+# where it won by >= 8 % and one where it did not win by 2 %. A logits row computed elsewhere keeps the
+# search form the bucket had (its top-k alone was not re-timed).
 _BITWISE = SelectForm()
 _BITWISE_2XW = SelectForm(warps_mul=2)
 _CHUNK8K = SelectForm(max_chunk=8192)
 _HISTOGRAM = SelectForm(method="histogram")
+_HIST_UNFUSED_BITWISE = Plan("two_kernel", select=_HISTOGRAM, unfused_select=_BITWISE)
+_HIST_UNFUSED_CHUNK8K = Plan("two_kernel", select=_HISTOGRAM, unfused_select=_CHUNK8K)
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE_2XW)),
+    (2, 8192, Plan("two_kernel", select=_BITWISE)),
+    (2, 65536, _HIST_UNFUSED_BITWISE),
     (4, 16384, Plan("two_kernel", select=_BITWISE)),
     (32, 16384, Plan("two_kernel", select=_BITWISE_2XW)),
     (INDEX_MAX_BATCH, 16384, Plan("two_kernel", select=_CHUNK8K)),
-    (4, 32768, Plan("two_kernel", select=_BITWISE)),
-    (4, 65536, Plan("two_kernel", select=_HISTOGRAM, unfused_select=_BITWISE)),
-    (32, 65536, Plan("two_kernel", select=_CHUNK8K)),
-    (INDEX_MAX_BATCH, 65536, Plan("two_kernel", select=_HISTOGRAM, unfused_select=_CHUNK8K)),
+    (4, 65536, _HIST_UNFUSED_BITWISE),
+    (16, 32768, _HIST_UNFUSED_CHUNK8K),
+    (8, 65536, _HIST_UNFUSED_CHUNK8K),
+    (32, 32768, Plan("two_kernel", select=_CHUNK8K)),
+    (16, 65536, Plan("two_kernel", select=_CHUNK8K)),
+    (INDEX_MAX_BATCH, 65536, _HIST_UNFUSED_CHUNK8K),
     (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel", select=_BITWISE)),
 )
 

@@ -392,12 +392,30 @@ def test_bad_select_form_raises(kwargs, match):
         ix.SelectForm(**kwargs)
 
 
-def test_plan_histogram_bucket_and_fused_rejects_histogram():
-    for batch, length in ((64, 65536), (1, 65536), (4, 40000)):  # H200 run 6: B=64 and B=1 at 256K context
-        plan = ix.choose_plan(batch, length)
-        assert plan.select.method == "histogram" and plan.scores_select.method == "search", (batch, length)
-    for batch, length in ((16, 65536), (1, 16384), (4, 32768), (1, 262144), (64, 16384)):
-        assert ix.choose_plan(batch, length).select.method == "search", (batch, length)
+# (batch, compressed positions, select form): the H200 runs 6-8 decisions (benchmarks/indexer-h200-run8-summary.md).
+PLAN_BUCKETS = [
+    (1, 8192, "bitwise"), (2, 8193, "histogram"), (1, 16384, "histogram"), (3, 16384, "bitwise"),
+    (4, 16384, "bitwise"), (4, 16385, "histogram"), (4, 40000, "histogram"), (1, 65536, "histogram"),
+    (8, 32768, "histogram"), (16, 32768, "histogram"), (32, 32768, "chunk8k"), (8, 65536, "histogram"),
+    (16, 65536, "chunk8k"), (17, 65536, "histogram"), (64, 16385, "histogram"), (64, 65536, "histogram"),
+    (16, 16384, "bitwise_2xw"), (64, 16384, "chunk8k"), (256, 2048, "bitwise_2xw"), (1, 262144, "bitwise"),
+]
+FORMS_BY_NAME = {"bitwise": ix.SelectForm(), "bitwise_2xw": ix.SelectForm(warps_mul=2),
+                 "chunk8k": ix.SelectForm(max_chunk=8192), "histogram": ix.SelectForm(method="histogram")}
+
+
+@pytest.mark.parametrize("batch,length,form", PLAN_BUCKETS)
+def test_plan_buckets(batch, length, form):
+    plan = ix.choose_plan(batch, length)
+    assert plan.path == "two_kernel" and plan.select == FORMS_BY_NAME[form]
+    if form == "histogram":  # a logits row from elsewhere keeps the bucket's earlier search form
+        expected = ix.SelectForm() if batch <= 4 else ix.SelectForm(max_chunk=8192)
+        assert plan.scores_select == expected
+    else:
+        assert plan.scores_select == plan.select
+
+
+def test_fused_rejects_histogram():
     q, kv, w, l, pt = make_inputs([100], 128)
     with pytest.raises(ValueError, match="search form"):
         ix.fused_logits_topk(q, kv, w, l, pt, 128, torch.empty(1, 512, dtype=torch.int32), select=HISTOGRAM)
