@@ -146,7 +146,7 @@ MTP_VERIFY_ROWS = """
 
 
 # The histogram select defers the logits like the fused path (its logits kernel counts the
-# histogram); the plan table picks it only at B > 32 with long rows, so this shape forces it.
+# histogram); the plan table picks it only on long rows (PLAN_TABLE), so this shape forces it.
 HISTOGRAM_PLAN = """
     default_choose_plan = ix.choose_plan
     ix.choose_plan = lambda batch, n: ix.Plan("two_kernel", select=ix.SelectForm(method="histogram"),
