@@ -20,6 +20,9 @@ previous kernel drains, reads only the (constant) weight before ``griddepcontrol
 weight is not written by the kernel just before it in the stream (see ``_with_pdl``). Any form whose weight tile
 is at most 256 K columns can fetch it by TMA instead (``GemvConfig.w_tma``: a host-built descriptor, the K loop
 pipelining the copies); the defaults do so where the H200 measured it faster (``default_config``, ``wo_a_config``).
+The FMA and tensor-core forms also run persistent (``GemvConfig.persistent_programs_per_sm``: SMs x n programs
+looping over the (tile, K split) work items; without split-K the work-item loop is flattened into the K loop), the
+default for one row of wq_b at T=1 only (H200 runs 13 / 13b).
 
 Layout (what SGLang hands over):
 
@@ -101,6 +104,27 @@ def _sum_split_partials(part_base, split_stride, tile_part, y_ptrs, y_mask, coun
         tl.atomic_xchg(counter_ptr + tile, 0)
 
 
+@triton.jit
+def _work_item(item, tiles_per_group, num_splits):
+    """Persistent forms: work item -> (tile within its group, K split, group); the K split varies fastest, so the
+    programs running at once cover every split of a few tiles and their last arrivers finish those tiles early."""
+    pid_k = item % num_splits
+    rest = item // num_splits
+    return rest % tiles_per_group, pid_k, rest // tiles_per_group
+
+
+@triton.jit
+def _prefetch_item_l2(w_ptr, stride_wg, stride_wn, N, K, tile, pid_k, pid_g, k_blocks_per_split,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCKS: tl.constexpr):
+    """_prefetch_weight_l2 for the work item (tile, pid_k, pid_g)."""
+    if BLOCKS > 0:
+        rn = (tile % tl.cdiv(N, BLOCK_N)) * BLOCK_N + tl.arange(0, BLOCK_N)
+        kb_begin = pid_k * k_blocks_per_split
+        kb_end = tl.minimum(kb_begin + k_blocks_per_split, tl.cdiv(K, BLOCK_K))
+        _prefetch_weight_l2(w_ptr + pid_g * stride_wg + rn[:, None] * stride_wn, rn, N, stride_wn, kb_begin, kb_end,
+                            BLOCK_K, BLOCKS)
+
+
 # Programmatic dependent launch (GemvConfig.pdl): the launch carries the programmatic-serialisation
 # attribute, so this kernel's programs may start while the previous kernel in the stream drains. The
 # weight and its scales are constants of the model: they may be read before the wait; the activation
@@ -152,7 +176,7 @@ def _weight_tile(w_desc, w_tile_ptrs, mask, pid_g, n0, k0, W_TMA: tl.constexpr, 
     return w
 
 
-@triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
+@triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits", "num_groups"])
 def _block_fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc,
     M, N, K,
@@ -161,12 +185,13 @@ def _block_fp8_gemv_kernel(
     stride_sg, stride_sn,
     stride_ym, stride_yg,
     stride_freq,
-    k_blocks_per_split, num_splits,
+    k_blocks_per_split, num_splits, num_groups,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
     IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
+    PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g,
     over K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), K_UNROLL blocks per iteration.
@@ -179,12 +204,49 @@ def _block_fp8_gemv_kernel(
     in the MMA's A operand. Otherwise (BLOCK_M 1 or 2) CUDA-core FMAs with the scale folded into
     the fp32 activation (exact), each row its own accumulator so the activation loads straight
     into the broadcast layout."""
+    tiles_per_group = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    if PERSISTENT:  # first work item, for the L2 prefetch before the wait
+        tile, pid_k, pid_g = _work_item(tl.program_id(0), tiles_per_group, num_splits)
+    else:
+        tile, pid_k, pid_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
+    _prefetch_item_l2(w_ptr, stride_wg, stride_wn, N, K, tile, pid_k, pid_g, k_blocks_per_split, BLOCK_N, BLOCK_K,
+                      L2_PREFETCH_BLOCKS)
+    _pdl_wait(PDL)  # once per program, before its first activation load
+    if PERSISTENT:
+        # grid = SMs x programs per SM; each program loops over work items pid, pid + nprog, ...; FLATTEN (no
+        # split-K: the looping split-sum epilogue would be a second inner loop) fuses this loop with the K loop so
+        # the weight pipeline stays full from one item into the next
+        num_items = tiles_per_group * num_splits * num_groups
+        for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), flatten=FLATTEN,
+                             num_stages=W_TMA if W_TMA else None):
+            tile, pid_k, pid_g = _work_item(item, tiles_per_group, num_splits)
+            _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+                       stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
+                       stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
+                       BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, USE_DOT, SWAP_AB, INV_ROPE, HEAD, ROPE,
+                       PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT)
+    else:
+        _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+                   stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
+                   stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
+                   BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, USE_DOT, SWAP_AB, INV_ROPE, HEAD, ROPE,
+                   PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT)
+
+
+@triton.jit
+def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+               stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
+               stride_freq, k_blocks_per_split, num_splits, tiles_per_group, pid, pid_k, pid_g,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
+               IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, SWAP_AB: tl.constexpr, INV_ROPE: tl.constexpr,
+               HEAD: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
+               W_TMA: tl.constexpr, PERSISTENT: tl.constexpr):
+    """One work item of _block_fp8_gemv_kernel: tile ``pid`` (rows-major over column tiles) of group pid_g, K split
+    pid_k; after the PDL wait."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     tl.static_assert(USE_DOT or BLOCK_M <= 2)
     BLOCK_KI: tl.constexpr = BLOCK_K * K_UNROLL
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_g = tl.program_id(2)
     n_tiles = tl.cdiv(N, BLOCK_N)
     pid_m = pid // n_tiles
     pid_n = pid % n_tiles
@@ -203,10 +265,16 @@ def _block_fp8_gemv_kernel(
     kb_begin = pid_k * k_blocks_per_split
     kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
-
-    _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
-    _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K, L2_PREFETCH_BLOCKS)
-    _pdl_wait(PDL)
+    # persistent: a K loop of a fixed trip count (the last split's surplus blocks masked), so that Triton can flatten
+    # it into the work-item loop (it fuses only inner loops whose bounds do not vary with the outer loop)
+    if PERSISTENT:
+        loop_begin = 0
+        loop_end = k_blocks_per_split
+        kb_shift = kb_begin
+    else:
+        loop_begin = kb_begin
+        loop_end = kb_end
+        kb_shift = 0
 
     if USE_DOT:
         x_rows = x_base + rm[:, None] * stride_xm  # [BM, 1]
@@ -218,7 +286,8 @@ def _block_fp8_gemv_kernel(
             acc_t = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for kb in tl.range(kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
+        for kb_it in tl.range(loop_begin, loop_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
+            kb = kb_it + kb_shift
             k = kb * BLOCK_K + rk
             k_mask = k < k_stop
             w = _weight_tile(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
@@ -252,7 +321,8 @@ def _block_fp8_gemv_kernel(
                 freq1 = freqs_ptr + pos1.to(tl.int64) * stride_freq
         acc0 = tl.zeros((BLOCK_N, BLOCK_KI), tl.float32)
         acc1 = tl.zeros((BLOCK_N, BLOCK_KI), tl.float32)
-        for kb in tl.range(kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
+        for kb_it in tl.range(loop_begin, loop_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
+            kb = kb_it + kb_shift
             k = kb * BLOCK_K + rk
             k_mask = k < k_stop
             w = _weight_tile(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
@@ -279,8 +349,10 @@ def _block_fp8_gemv_kernel(
         part_base = partial_ptr + (pid_g * num_splits).to(tl.int64) * M * N
         tile_part = rm[:, None] * N + rn[None, :]
         tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, acc, mask=y_mask)
-        _sum_split_partials(part_base, M * N, tile_part, y_ptrs, y_mask, counter_ptr,
-                            pid_g * tl.num_programs(0) + pid, num_splits, BLOCK_M, BLOCK_N)
+        _sum_split_partials(part_base, M * N, tile_part, y_ptrs, y_mask, counter_ptr, pid_g * tiles_per_group + pid,
+                            num_splits, BLOCK_M, BLOCK_N)
+
+
 
 
 @triton.jit
@@ -581,7 +653,7 @@ def _split_activation_e4m3(x, is_lo):
     return q, tl.where(is_lo, s / _LO_FACTOR, s)
 
 
-@triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
+@triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits", "num_groups"])
 def _block_fp8_gemv_fp8mma_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc,
     M, N, K,
@@ -590,11 +662,12 @@ def _block_fp8_gemv_fp8mma_kernel(
     stride_sg, stride_sn,
     stride_ym, stride_yg,
     stride_freq,
-    k_blocks_per_split, num_splits,
+    k_blocks_per_split, num_splits, num_groups,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
     JOIN: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     CHAIN: tl.constexpr = False, PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
+    PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
@@ -619,11 +692,46 @@ def _block_fp8_gemv_fp8mma_kernel(
     8 significant bits of it. With JOIN the joined hi/lo operand reaches the MMA through shared memory
     byte by byte on sm_120a (STS.U8 / LDS.U8); without JOIN (each row loaded for both its columns) the
     operand keeps the load's K-contiguous layout and moves by ldmatrix (LDSM), at twice the split work."""
+    tiles_per_group = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    if PERSISTENT:  # first work item, for the L2 prefetch before the wait (as _block_fp8_gemv_kernel)
+        tl.static_assert(not CHAIN)  # the chain pre-pass is a second loop inside the work-item loop
+        tile, pid_k, pid_g = _work_item(tl.program_id(0), tiles_per_group, num_splits)
+    else:
+        tile, pid_k, pid_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
+    _prefetch_item_l2(w_ptr, stride_wg, stride_wn, N, K, tile, pid_k, pid_g, k_blocks_per_split, BLOCK_N, BLOCK_K,
+                      L2_PREFETCH_BLOCKS)
+    _pdl_wait(PDL)  # once per program, before its first activation load
+    if PERSISTENT:
+        num_items = tiles_per_group * num_splits * num_groups
+        for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), flatten=FLATTEN,
+                             num_stages=W_TMA if W_TMA else None):
+            tile, pid_k, pid_g = _work_item(item, tiles_per_group, num_splits)
+            _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+                         stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
+                         stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
+                         BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, JOIN, IS_SPLIT, INV_ROPE, HEAD, ROPE, CHAIN, PDL,
+                         PDL_LATE_TRIGGER, W_TMA, PERSISTENT)
+    else:
+        _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+                     stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
+                     stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
+                     BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, JOIN, IS_SPLIT, INV_ROPE, HEAD, ROPE, CHAIN, PDL,
+                     PDL_LATE_TRIGGER, W_TMA, PERSISTENT)
+
+
+@triton.jit
+def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+                 stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
+                 stride_freq, k_blocks_per_split, num_splits, tiles_per_group, pid, pid_k, pid_g,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
+                 JOIN: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
+                 ROPE: tl.constexpr, CHAIN: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
+                 W_TMA: tl.constexpr, PERSISTENT: tl.constexpr):
+    """One work item of _block_fp8_gemv_fp8mma_kernel (tile ``pid`` of group pid_g, K split pid_k), after the PDL
+    wait."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     TWO_M: tl.constexpr = 2 * BLOCK_M
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_g = tl.program_id(2)
     n_tiles = tl.cdiv(N, BLOCK_N)
     pid_m = pid // n_tiles
     pid_n = pid % n_tiles
@@ -649,9 +757,6 @@ def _block_fp8_gemv_fp8mma_kernel(
     kb_end = tl.minimum(kb_begin + k_blocks_per_split, k_blocks)
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
 
-    _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
-    _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K, L2_PREFETCH_BLOCKS)
-    _pdl_wait(PDL)
     freq_rows = freqs_ptr
     if INV_ROPE:
         pos = tl.load(pos_ptr + x_row_ids, mask=x_valid, other=0)
@@ -660,10 +765,20 @@ def _block_fp8_gemv_fp8mma_kernel(
     if CHAIN:
         row_scale = _chain_row_scale(x_rows, x_valid, s_row, kb_begin, kb_end, k_stop, INV_ROPE, BLOCK_K)
         inv_row_scale = 1.0 / row_scale  # exact: a power of two
+    # persistent: a K loop of a fixed trip count (the last split's surplus blocks masked), so that Triton can flatten
+    # it into the work-item loop (it fuses only inner loops whose bounds do not vary with the outer loop)
+    if PERSISTENT:
+        loop_begin = 0
+        loop_end = k_blocks_per_split
+        kb_shift = kb_begin
+    else:
+        loop_begin = kb_begin
+        loop_end = kb_end
+        kb_shift = 0
     acc = tl.zeros((BLOCK_N, TWO_M), tl.float32)
-    for kb0 in tl.range(kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
+    for kb_it in tl.range(loop_begin, loop_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
         for u in tl.static_range(K_UNROLL):
-            kb = kb0 + u
+            kb = kb_it + kb_shift + u
             k = kb * BLOCK_K + rk
             k_mask = k < k_stop  # past the split: zero weight and activation, zero scale
             w = _weight_tile(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
@@ -705,8 +820,8 @@ def _block_fp8_gemv_fp8mma_kernel(
         part_base = partial_ptr + (pid_g * num_splits).to(tl.int64) * M * N
         tile_part = rm[:, None] * N + rn[None, :]
         tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, out, mask=y_mask)
-        _sum_split_partials(part_base, M * N, tile_part, y_ptrs, y_mask, counter_ptr,
-                            pid_g * tl.num_programs(0) + pid, num_splits, BLOCK_M, BLOCK_N)
+        _sum_split_partials(part_base, M * N, tile_part, y_ptrs, y_mask, counter_ptr, pid_g * tiles_per_group + pid,
+                            num_splits, BLOCK_M, BLOCK_N)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -756,6 +871,11 @@ class GemvConfig:
     # per-thread 16-byte loads / cp.async; the kernel's K loop pipelines the copies through num_stages
     # shared-memory buffers. Where a descriptor cannot be made (weight_tma_usable) the plain load runs.
     w_tma: bool = False
+    # persistent form (not the rows form, not fp8_chain): a grid of SMs x this many programs, each looping over the
+    # (tile, K split) work items pid, pid + nprog, ... with its K loop inside; without split-K the work-item loop is
+    # flattened into the K loop (tl.range(flatten=True)) so the weight pipeline runs on from one item into the next.
+    # 0: one program per work item. H200 runs 13 / 13b: see default_config.
+    persistent_programs_per_sm: int = 0
 
     def __post_init__(self):
         if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M)) or (
@@ -774,6 +894,10 @@ class GemvConfig:
         if self.w_tma and self.weight_tile_k > TMA_MAX_BOX:
             raise ValueError(f"config: w_tma needs a weight tile of at most {TMA_MAX_BOX} K columns (a TMA box "
                              f"dimension), got {self.weight_tile_k} ({self})")
+        if self.persistent_programs_per_sm < 0 or (self.persistent_programs_per_sm and (
+                self.rows_form or self.fp8_chain)):
+            raise ValueError(f"config: persistent_programs_per_sm >= 0, and the persistent form excludes the rows "
+                             f"form and fp8_chain; got {self}")
 
     @property
     def weight_tile_k(self) -> int:
@@ -791,6 +915,8 @@ class GemvConfig:
         extra = ("_pf" if self.prefetch else "") + ("_ef" if self.evict_first else "") + ("_xb" if self.x_broadcast else "")
         extra += ("_pdl" if self.pdl else "") + (f"_l2p{self.pdl_l2_blocks}" if self.pdl_l2_blocks else "")
         extra += ("_late" if self.pdl_late else "") + ("_tma" if self.w_tma else "")
+        if self.persistent_programs_per_sm:
+            extra += f"_pp{self.persistent_programs_per_sm}"
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -964,6 +1090,17 @@ def _with_pdl(cfg: GemvConfig, m: int, weight_bytes: int) -> GemvConfig:
 TMA_FMA_MIN_WEIGHT_BYTES = 32 << 20
 TMA_FMA_MIN_K = 4096
 TMA_FMA_BLOCK_N = 64
+# Persistent forms (GemvConfig.persistent_programs_per_sm), H200 runs 13 / 13b
+# (benchmarks/fp8_gemv-h200-run13-summary.md), each beside the default in the same graph-timed harness:
+# * 1 row on a 32 MiB weight with K < 4096 and no K split (wq_b at T=1, [32768, 1024]): the 64-column FMA tile by
+#   TMA on 2 programs per SM, its work-item loop flattened into the K loop: 10.84 / 10.87 us against 11.27 / 11.24
+#   (0.962 / 0.967x in runs 13 / 13b). Not flattened it was 11.92 us, on 3 / 4 programs per SM 11.70 / 12.45.
+# * With split-K (wo_a / wo_b T=1 at 1..8 rows, 1 / 2 / 4 programs per SM, 3-5 stages, by TMA or cp.async) every
+#   persistent form lost: 1.06-2.3x with the split partials summed as in the other forms (a loop and a branch in the
+#   epilogue, which keep the work-item loop from being flattened), 1.4-9.1x with a branch-free masked sum that let
+#   it flatten (removed). wq_b at 2 / 8 rows (FP8 tile, no split): 1.03-4.9x.
+PERSISTENT_FMA_MIN_WEIGHT_BYTES = 32 << 20
+PERSISTENT_FMA_PROGRAMS_PER_SM = 2
 
 
 def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
@@ -975,6 +1112,10 @@ def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     if (USE_TMA and m == 1 and not cfg.use_dot and not cfg.rows_form and k >= TMA_FMA_MIN_K
             and groups * n * k >= TMA_FMA_MIN_WEIGHT_BYTES):
         cfg = dataclasses.replace(cfg, block_n=TMA_FMA_BLOCK_N, w_tma=True)
+    elif (USE_TMA and m == 1 and not cfg.use_dot and not cfg.rows_form and cfg.split_k == 1
+          and groups * n * k >= PERSISTENT_FMA_MIN_WEIGHT_BYTES):
+        cfg = dataclasses.replace(cfg, block_n=TMA_FMA_BLOCK_N, w_tma=True,
+                                  persistent_programs_per_sm=PERSISTENT_FMA_PROGRAMS_PER_SM)
     return cfg
 
 
@@ -1079,6 +1220,13 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     per_split = triton.cdiv(triton.cdiv(k_blocks, split), cfg.k_unroll) * cfg.k_unroll
     split = triton.cdiv(k_blocks, per_split)
     grid = (m_tiles * n_tiles, split, groups)
+    persistent_args = {}
+    if cfg.persistent_programs_per_sm and not cfg.rows_form:
+        # work items from the shapes only (graph-capturable); at most one program per item
+        items = m_tiles * n_tiles * split * groups
+        sms = sm_count(x3.device.index) if x3.device.type == "cuda" else DEFAULT_SM_COUNT
+        grid = (min(items, sms * cfg.persistent_programs_per_sm),)
+        persistent_args = dict(PERSISTENT=True, FLATTEN=split == 1)
     if split > 1:
         partial = torch.empty((groups, split, m, n), dtype=torch.float32, device=x3.device)
         counters = _split_counters(w3, groups * m_tiles * n_tiles)
@@ -1121,11 +1269,11 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             s3.stride(0), s3.stride(1),
             y3.stride(0), y3.stride(1),
             fr.stride(0) if inv_rope else 0,
-            per_split, split,
+            per_split, split, groups,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             JOIN=cfg.fp8_join, IS_SPLIT=split > 1, CHAIN=cfg.fp8_chain,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args, **persistent_args,
         )
         return
     _block_fp8_gemv_kernel[grid](
@@ -1136,11 +1284,11 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         s3.stride(0), s3.stride(1),
         y3.stride(0), y3.stride(1),
         fr.stride(0) if inv_rope else 0,
-        per_split, split,
+        per_split, split, groups,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
         IS_SPLIT=split > 1, USE_DOT=cfg.use_dot, SWAP_AB=cfg.swap_ab,
         INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args, **persistent_args,
     )
 
 
@@ -1357,6 +1505,9 @@ _TMA_FORMS = (  # runs 11 / 11b: default_config's and wo_a_config's TMA and 64-c
     # wo_a with the fused inverse RoPE: 1 row on 64-column FMA tiles (plain loads), 2..8 rows on the FP8 tile by TMA
     (GemvConfig(1, TMA_FMA_BLOCK_N, 4, False, k_unroll=2, **_FMA_PDL), True),
     (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True, w_tma=True), True),
+    # runs 13 / 13b: 1 row, wq_b at T=1 (no K split): 64-column FMA tiles by TMA, persistent on 2 programs per SM
+    (GemvConfig(1, TMA_FMA_BLOCK_N, 1, False, k_unroll=2, w_tma=True,
+                persistent_programs_per_sm=PERSISTENT_FMA_PROGRAMS_PER_SM, **_FMA_PDL), False),
 )
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS
 
@@ -1371,14 +1522,14 @@ _AOT_SIGNATURE = {
     "M": "i32", "N": "i32", "K": "i32",
     "stride_xm": "i32", "stride_xg": "i32", "stride_wg": "i32", "stride_wn": "i32",
     "stride_sg": "i32", "stride_sn": "i32", "stride_ym": "i32", "stride_yg": "i32",
-    "stride_freq": "i32", "k_blocks_per_split": "i32", "num_splits": "i32",
+    "stride_freq": "i32", "k_blocks_per_split": "i32", "num_splits": "i32", "num_groups": "i32",
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "K_UNROLL": "constexpr",
     "IS_SPLIT": "constexpr", "USE_DOT": "constexpr", "SWAP_AB": "constexpr", "INV_ROPE": "constexpr",
     "HEAD": "constexpr", "ROPE": "constexpr", "PDL": "constexpr", "L2_PREFETCH_BLOCKS": "constexpr",
-    "PDL_LATE_TRIGGER": "constexpr", "W_TMA": "constexpr",
+    "PDL_LATE_TRIGGER": "constexpr", "W_TMA": "constexpr", "PERSISTENT": "constexpr", "FLATTEN": "constexpr",
 }
-_AOT_ROWS_SIGNATURE = {
-    **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
+_AOT_ROWS_SIGNATURE = {  # the rows kernel has no persistent form (no num_groups)
+    **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr" and key != "num_groups"},
     **{key: "constexpr" for key in ("ROWS", "BLOCK_N", "BLOCK_K", "K_UNROLL", "IS_SPLIT", "PREFETCH", "EVICT_FIRST",
                                     "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE", "PDL", "L2_PREFETCH_BLOCKS",
                                     "PDL_LATE_TRIGGER", "W_TMA")},
@@ -1388,7 +1539,7 @@ _AOT_FP8MMA_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
                                     "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS",
-                                    "PDL_LATE_TRIGGER", "W_TMA")},
+                                    "PDL_LATE_TRIGGER", "W_TMA", "PERSISTENT", "FLATTEN")},
 }
 
 
@@ -1410,7 +1561,7 @@ def aot_config(cfg: GemvConfig, rope: bool = False) -> AotConfig:
     if cfg.w_tma:  # the weight by TMA copies instead of the plain form's 16-byte loads / cp.async
         expect = (*(op for op in expect if not op.startswith(("LDG.", "LDGSTS."))), TMA_LOAD_OPCODE)
         cfg_aot = dataclasses.replace(
-            cfg_aot, name=cfg_aot.name.replace(cfg.name.removesuffix("_tma"), cfg.name, 1),
+            cfg_aot, name=cfg_aot.name.replace(dataclasses.replace(cfg, w_tma=False).name, cfg.name, 1),
             signature={**cfg_aot.signature, "w_desc": f"tensordesc<fp8e4nv[1, {cfg.block_n}, {cfg.weight_tile_k}]>"},
             constexprs={**cfg_aot.constexprs, "W_TMA": cfg.num_stages})
     return dataclasses.replace(cfg_aot, expect_opcodes=expect)
@@ -1421,6 +1572,8 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
     common = {"BLOCK_N": cfg.block_n, "BLOCK_K": FP8_BLOCK, "K_UNROLL": cfg.k_unroll, "IS_SPLIT": cfg.split_k > 1,
               "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM, "PDL": cfg.pdl,
               "L2_PREFETCH_BLOCKS": cfg.pdl_l2_blocks, "PDL_LATE_TRIGGER": cfg.pdl_late, "W_TMA": 0}
+    persistent = {"PERSISTENT": cfg.persistent_programs_per_sm > 0,
+                  "FLATTEN": cfg.persistent_programs_per_sm > 0 and cfg.split_k == 1}
     if cfg.rows_form:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_rows_kernel, signature=_AOT_ROWS_SIGNATURE,
@@ -1435,7 +1588,8 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
     if cfg.fp8_mma:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_fp8mma_kernel, signature=_AOT_FP8MMA_SIGNATURE,
-            constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common},
+            constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common,
+                        **persistent},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),
@@ -1445,7 +1599,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
         )
     return AotConfig(
         name=name, kernel=_block_fp8_gemv_kernel, signature=_AOT_SIGNATURE,
-        constexprs={"BLOCK_M": cfg.block_m, "USE_DOT": cfg.use_dot, "SWAP_AB": cfg.swap_ab, **common},
+        constexprs={"BLOCK_M": cfg.block_m, "USE_DOT": cfg.use_dot, "SWAP_AB": cfg.swap_ab, **common, **persistent},
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # the JIT sees these as multiples of 16 for DSv4's shapes (K, N multiples of 128)
         div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",

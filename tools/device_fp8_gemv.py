@@ -66,6 +66,10 @@ TMA2_POINTS = {("wo_a", 1): (1, 2, 3, 4, 8), ("wo_a", 2): (1, 2, 4, 8), ("wo_a",
 # forms of the winning 1-row tile (64 columns by TMA, its K split) with 2 / 4 / 8 rows sharing each weight chunk
 RUN12_NAME = "fp8_gemv-h200-run12"
 RUN12_POINTS = {("wo_a", 1): (2, 3, 4, 8), ("wo_b", 1): (2, 8)}
+# --run13-sweep (run 13): persistent forms (GemvConfig.persistent_programs_per_sm: SMs x n programs looping over the
+# (tile, K split) work items, the FP8 tile's work-item loop flattened into its K loop) beside the defaults, T=1
+RUN13_NAME = "fp8_gemv-h200-run13"
+RUN13_POINTS = {("wo_a", 1): (1, 2, 3, 4, 8), ("wo_b", 1): (1, 2, 8), ("wq_b", 1): (1, 2, 8)}
 
 
 def prepare() -> None:
@@ -405,6 +409,45 @@ def run12_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def run13_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run13-sweep (run 13): the current default first, then persistent forms of it (ppN: SMs x N programs, each
+    looping over work items pid, pid + nprog, ...): on the FP8 tile with cp.async / by TMA, 1 / 2 / 4 programs per SM,
+    twice the K split (shorter, more work items), 4 / 5 stages (a deeper ring); on the 1-row FMA tile 2 / 4 programs
+    per SM, 64 columns by TMA, twice the split, 4 / 5 stages. Run 13 itself summed the split partials of the persistent
+    forms with a branch-free masked load (so that the work-item loop could be flattened with split-K) and also timed the
+    FP8 tile not flattened; run 13b (diagnostic knobs, since removed) found that sum 1.4-9x slower, so split-K
+    persistent forms now sum as the other forms do and are not flattened (benchmarks/fp8_gemv-h200-run13-summary.md)."""
+    import dataclasses
+
+    replace = dataclasses.replace
+    cur = g.default_config(m, n, k, groups)
+    out = [("old_default", cur)]
+    if cur.rows_form:
+        return out
+
+    def pp(cfg, programs, **kw):
+        return replace(cfg, persistent_programs_per_sm=programs, **kw)
+
+    tma = replace(cur, w_tma=True)
+    s = cur.split_k
+    if cur.fp8_mma:
+        out += [("tma", tma), ("pp1", pp(cur, 1)), ("pp2", pp(cur, 2)),
+                ("pp1_tma", pp(tma, 1)), ("pp2_tma", pp(tma, 2)), ("pp4_tma", pp(tma, 4)),
+                ("pp1_tma_s2x", pp(tma, 1, split_k=2 * s)), ("pp2_tma_s2x", pp(tma, 2, split_k=2 * s)),
+                ("pp1_tma_st4", pp(tma, 1, num_stages=4)), ("pp1_tma_st5", pp(tma, 1, num_stages=5)),
+                ("pp2_tma_st4", pp(tma, 2, num_stages=4))]
+    elif not cur.use_dot:
+        n64 = tma if cur.w_tma else replace(tma, block_n=64)
+        out += [("pp2", pp(cur, 2)), ("pp4", pp(cur, 4)),
+                ("pp2_n64_tma", pp(n64, 2)), ("pp4_n64_tma", pp(n64, 4)), ("pp1_n64_tma", pp(n64, 1)),
+                ("pp2_n64_tma_s2x", pp(n64, 2, split_k=2 * n64.split_k)),
+                ("pp2_n64_tma_st4", pp(n64, 2, num_stages=4)), ("pp2_n64_tma_st5", pp(n64, 2, num_stages=5)),
+                ("pp1_n64_tma_st5", pp(n64, 1, num_stages=5))]
+    else:
+        out += [("pp2", pp(cur, 2)), ("pp4", pp(cur, 4))]
+    return distinct_configs(out)
+
+
 def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values, with_tma: bool = False) -> dict:
     """wo_a then wo_b on its output (the attention output projection, each call reading the previous one's
     result), T=1, in one graph over distinct weight copies: both without PDL (launch_form) against both as
@@ -509,7 +552,8 @@ ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default", "
 
 def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
          q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False,
-         tma_sweep: bool = False, tma2_sweep: bool = False, run12_sweep: bool = False) -> None:
+         tma_sweep: bool = False, tma2_sweep: bool = False, run12_sweep: bool = False,
+         run13_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -519,7 +563,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "150" if run13_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
@@ -547,6 +591,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         rows, run_name, pick, tps = (1, 2, 3, 4, 8), TMA2_RUN_NAME, tma2_candidates, TPS
     if run12_sweep:
         rows, run_name, pick, tps = (2, 3, 4, 8), RUN12_NAME, run12_candidates, (1,)
+    if run13_sweep:
+        rows, run_name, pick, tps = (1, 2, 3, 4, 8), RUN13_NAME, run13_candidates, (1,)
+    points13 = RUN13_POINTS
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -579,7 +626,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                   else "chained FP8 tensor-core form" if chain_final
                   else "programmatic dependent launch (PDL)" if pdl_sweep
                   else "weight tiles by TMA (PDL as shipped)" if tma_sweep or tma2_sweep
-                  else "2..8-row forms at T=1 (PDL as shipped)" if run12_sweep else "rows form")
+                  else "2..8-row forms at T=1 (PDL as shipped)" if run12_sweep
+                  else "persistent forms at T=1 (PDL as shipped)" if run13_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
                  "best_pct_copy", "cur_us", "cur_form", "cur_pct_copy", "bf16_us", "fp8_path_us", "einsum_us",
@@ -643,7 +691,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                 continue  # replicated: the same at every T
             if ((chain_final and name not in CHAIN_LINEARS) or (tma_sweep and name not in TMA_ROWS)
                     or (tma2_sweep and (name, tp) not in TMA2_POINTS)
-                    or (run12_sweep and (name, tp) not in RUN12_POINTS)):
+                    or (run12_sweep and (name, tp) not in RUN12_POINTS)
+                    or (run13_sweep and (name, tp) not in points13)):
                 continue
             if smoke:
                 n, k = min(n, 256), min(k, 512)
@@ -657,6 +706,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         shapes.sort(key=lambda shape: list(TMA2_POINTS).index(shape[:2]))
     if run12_sweep:
         shapes.sort(key=lambda shape: list(RUN12_POINTS).index(shape[:2]))
+    if run13_sweep:
+        shapes.sort(key=lambda shape: list(points13).index(shape[:2]))
     for name, tp, n, k in shapes:
         if time.time() - t_start > budget_s:
             res.notes.append(f"stopped before {name} T={tp}: time budget {budget_s:.0f} s reached")
@@ -675,7 +726,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
             if time.time() - t_start > budget_s:
                 break
             if ((tma_sweep and m not in TMA_ROWS[name]) or (tma2_sweep and m not in TMA2_POINTS[name, tp])
-                    or (run12_sweep and m not in RUN12_POINTS[name, tp])):
+                    or (run12_sweep and m not in RUN12_POINTS[name, tp])
+                    or (run13_sweep and m not in points13[name, tp])):
                 continue
             point = f"{name} T={tp} M={m}"
             try:
@@ -720,7 +772,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                                       or (pdl2_sweep and m in PDL2_MIXED_ROWS)):
                         sweep_log[-1]["mixed_us"] = round(timed([(lambda w=w, s=s, c=cfg: (run(w, s, c), plain_op()))
                                                                  for w, s in weights]), 3)
-                    if is_wo_a and with_rope and (label in ROPE_LABELS or run12_sweep):
+                    if is_wo_a and with_rope and (label in ROPE_LABELS or run12_sweep or run13_sweep):
                         rope_times[label] = timed([(lambda w=w, s=s, c=cfg: run(w, s, c, True)) for w, s in weights])
                         sweep_log[-1]["rope_us"] = round(rope_times[label], 3)
                 except Exception as exc:
@@ -808,6 +860,12 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "q8j_n64_tma = the 64-column FP8 tile on 4 warps by TMA; fma2_* = the 1-row default's "
                          "64-column FMA tile by TMA with 2 rows; rowsR_* = the rows form, R rows per program, on that "
                          "tile. wo_a rope_us: every variant with the fused inverse RoPE.")
+    if run13_sweep:
+        res.notes.append("run 13 variants (see run13_candidates): old_default = default_config as shipped; tma = that "
+                         "form by TMA; ppN = persistent (grid SMs x N programs, each looping over the (tile, K split) "
+                         "work items pid, pid + nprog, ...; on the FP8 tile the work-item loop flattened into the K "
+                         "loop); s2x = twice the K split; stN = N stages; nf = not flattened; n64 = 64 columns. wo_a "
+                         "rope_us: every variant with the fused inverse RoPE.")
     if tma_sweep:
         res.notes.append("run 11 variants: old_default = default_config as shipped (PDL rules of run 9); tma = the same "
                          "form with its weight tiles fetched by TMA (host descriptor over [G, N, K], the K loop "
@@ -924,6 +982,9 @@ if __name__ == "__main__":
     parser.add_argument("--run12-sweep", action="store_true",
                         help="run 12: 2..8-row forms (FP8 tile split/stages/TMA/L2, 64-column FMA and rows forms by "
                              "TMA) at wo_a T=1 M 2/3/4/8 and wo_b T=1 M 2/8")
+    parser.add_argument("--run13-sweep", action="store_true",
+                        help="run 13: persistent forms (1/2/4 programs per SM, split, stages, flatten, TMA) beside the "
+                             "defaults at wo_a T=1 M 1/2/3/4/8, wo_b and wq_b T=1 M 1/2/8")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -938,4 +999,4 @@ if __name__ == "__main__":
         prepare()
     else:
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
-             args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep)
+             args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep, args.run13_sweep)

@@ -1,0 +1,124 @@
+"""The persistent forms of the block-FP8 GEMV (``GemvConfig(persistent_programs_per_sm=n)``: a grid of SMs x n
+programs, each looping over the (tile, K split) work items), under the CPU interpreter at reduced shapes with a
+2-SM grid, so programs take several work items and the item count is not a multiple of the grid: every form against
+the float32 reference and bit for bit against the same form with one program per item, the grouped wo_a kernel with
+the fused inverse RoPE, and where default_config ships it. The device script (``--run13-sweep``) checks them at
+full shapes."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import fp8_gemv as g
+
+from .test_fp8_gemv import HEAD, OUTPUT_TOL, ROPE, poisoned, random_weight, rel_err, rope_inputs
+
+
+def persistent(cfg, programs=2):
+    return dataclasses.replace(cfg, persistent_programs_per_sm=programs)
+
+
+FMA_PDL = dict(pdl=True, pdl_l2_blocks=4)
+PERSISTENT_FORMS = [
+    # as shipped (wq_b T=1, 1 row): 64-column FMA tiles by TMA, no split (the flattened loop)
+    persistent(g.GemvConfig(1, 64, 1, False, k_unroll=2, w_tma=True, **FMA_PDL)),
+    persistent(g.GemvConfig(1, 32, 3, False, k_unroll=2, **FMA_PDL), 1),  # split-K, the last split shorter
+    persistent(g.GemvConfig(1, 64, 2, False, k_unroll=2, w_tma=True, num_stages=4, **FMA_PDL), 3),
+    persistent(g.GemvConfig(16, 32, 2, True, pdl=True, pdl_late=True)),  # 16-row bf16 tensor cores
+    persistent(g.GemvConfig(8, 128, 3, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True, w_tma=True), 1),
+    persistent(g.GemvConfig(8, 64, 1, True, 4, 3, fp8_mma=True, fp8_join=True)),  # FP8 tile, flattened
+]
+
+# N ragged against every tile; K ragged against the 128-wide scale blocks but a multiple of 16 (a TMA stride)
+N, K = 328, 1040
+GRID_SMS = 2  # the SM count the CPU launch assumes, so that every program loops over several work items
+
+
+@pytest.fixture
+def two_sms(monkeypatch):
+    monkeypatch.setattr(g, "DEFAULT_SM_COUNT", GRID_SMS)
+
+
+@pytest.mark.parametrize("cfg", PERSISTENT_FORMS, ids=lambda c: c.name)
+@pytest.mark.parametrize("m", [1, 3, 9])
+def test_persistent_forms_match_reference_and_one_program_per_item(two_sms, cfg, m):
+    gen = torch.Generator().manual_seed(41 * m + cfg.block_n + cfg.split_k)
+    w, s = random_weight(N, K, gen=gen)
+    x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    per_item = g.block_fp8_linear(x, w, s, config=dataclasses.replace(cfg, persistent_programs_per_sm=0))
+    k_blocks, unroll = -(-K // g.FP8_BLOCK), 1 if cfg.fp8_mma else cfg.k_unroll
+    per_split = -(-(-(-k_blocks // cfg.split_k)) // unroll) * unroll  # as _launch sizes the splits
+    items = -(-m // cfg.block_m) * -(-N // cfg.block_n) * -(-k_blocks // per_split)
+    assert items > GRID_SMS * cfg.persistent_programs_per_sm  # every program loops (most cases: ragged last round)
+    for _ in range(2):  # the second call checks the split-K counters were left at zero
+        y = g.block_fp8_linear(x, w, s, out=poisoned((m, N)), config=cfg)
+        assert torch.isfinite(y).all()
+        assert rel_err(y, ref) < OUTPUT_TOL, cfg.name
+        # the same tiles and arithmetic; the surplus K blocks of a fixed-length loop add exact zeros
+        assert torch.equal(y, per_item), cfg.name
+    if cfg.split_k > 1:
+        assert all(int(c.abs().sum()) == 0 for c in g._counter_cache.values())
+
+
+@pytest.mark.parametrize("cfg", [PERSISTENT_FORMS[0], PERSISTENT_FORMS[4]], ids=lambda c: c.name)
+@pytest.mark.parametrize("rope", [False, True])
+def test_grouped_wo_a_persistent(two_sms, cfg, rope):
+    """Work items span the groups (group index from the item, not the grid); a ragged R against the tiles and a
+    strided ``o``."""
+    gen = torch.Generator().manual_seed(43 + rope)
+    b, groups, r, d = 3, 3, 160, 512
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    o = torch.randn(b, groups, d + 64, generator=gen).to(torch.bfloat16)[..., :d]
+    kwargs = {}
+    if rope:
+        pos, freqs, _ = rope_inputs(b, gen)
+        kwargs = dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    y = g.grouped_fp8_wo_a(o, w, s, out=poisoned((b, groups, r)), config=cfg, **kwargs)
+    ref = g.reference_grouped_wo_a(o, w, s, kwargs.get("positions"), kwargs.get("freqs"), HEAD, ROPE)
+    assert torch.isfinite(y).all() and rel_err(y, ref) < OUTPUT_TOL
+
+
+def test_no_rows_and_fewer_items_than_programs(two_sms):
+    """M = 0 launches nothing; one work item on a grid of 4 programs runs once (the grid is capped at the items)."""
+    cfg = PERSISTENT_FORMS[0]
+    w, s = random_weight(64, 256, gen=torch.Generator().manual_seed(47))
+    out = poisoned((0, 64))
+    assert g.block_fp8_linear(torch.empty(0, 256, dtype=torch.bfloat16), w, s, out=out, config=cfg) is out
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(53)).to(torch.bfloat16)
+    y = g.block_fp8_linear(x, w, s, out=poisoned((1, 64)), config=cfg)
+    assert rel_err(y, g.reference_block_fp8_linear(x, w, s)) < OUTPUT_TOL
+
+
+def test_persistent_config_validation_name_and_aot():
+    cfg = PERSISTENT_FORMS[0]
+    assert cfg.name == "fma_m1_n64_u2_s1_w4_st3_pdl_l2p4_tma_pp2"
+    for bad in (dict(persistent_programs_per_sm=-1),):
+        with pytest.raises(ValueError, match="persistent"):
+            dataclasses.replace(cfg, **bad)
+    with pytest.raises(ValueError, match="persistent"):
+        g.GemvConfig(2, 32, 1, False, k_unroll=2, rows_form=True, persistent_programs_per_sm=2)
+    with pytest.raises(ValueError, match="persistent"):
+        g.GemvConfig(8, 128, 1, True, 8, 3, fp8_mma=True, fp8_chain=True, persistent_programs_per_sm=1)
+    aot = g.aot_config(cfg)
+    assert aot.name == "fp8_gemv_" + cfg.name and aot.constexprs["PERSISTENT"] and aot.constexprs["FLATTEN"]
+    assert g.TMA_LOAD_OPCODE in aot.expect_opcodes
+    split = g.aot_config(PERSISTENT_FORMS[1])
+    assert split.constexprs["PERSISTENT"] and not split.constexprs["FLATTEN"]  # the split-sum loop: not flattened
+    plain = g.aot_config(dataclasses.replace(cfg, persistent_programs_per_sm=0))
+    assert not plain.constexprs["PERSISTENT"] and not plain.constexprs["FLATTEN"]
+    assert any(c == cfg for c, _ in g.SHIPPED_FORMS)
+
+
+def test_default_config_persistent_where_measured_faster(monkeypatch):
+    """H200 runs 13 / 13b (benchmarks/fp8_gemv-h200-run13-summary.md): 1 row of wq_b at T=1 ([32768, 1024], 32 MiB,
+    no K split) on 64-column TMA tiles, 2 programs per SM; nowhere else."""
+    cfg = g.default_config(1, 32768, 1024)
+    assert cfg.persistent_programs_per_sm == 2 and cfg.w_tma and cfg.block_n == 64 and cfg.split_k == 1
+    assert cfg.pdl and cfg.pdl_l2_blocks == g.PDL_FMA_L2_BLOCKS and not cfg.use_dot
+    for m, n, k, groups in ((1, 1024, 4096, 8), (1, 4096, 8192, 1), (1, 16384, 1024, 1), (1, 4096, 4096, 1),
+                            (2, 32768, 1024, 1), (8, 32768, 1024, 1), (2, 1024, 4096, 8), (16, 32768, 1024, 1)):
+        assert not g.default_config(m, n, k, groups).persistent_programs_per_sm, (m, n, k, groups)
+    monkeypatch.setattr(g, "USE_TMA", False)
+    assert not g.default_config(1, 32768, 1024).persistent_programs_per_sm
