@@ -353,8 +353,6 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
                             num_splits, BLOCK_M, BLOCK_N)
 
 
-
-
 @triton.jit
 def _load_weight(w_desc, ptrs, mask, pid_g, n0, k0, EVICT_FIRST: tl.constexpr, W_TMA: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr):
