@@ -172,6 +172,22 @@ def rope_inputs(b, gen, max_pos=64):
     return positions.to(DEVICE), torch.view_as_real(freqs_cis).flatten(1).contiguous().to(DEVICE), freqs_cis
 
 
+
+def check_ragged_grouped_wo_a(cfg, rope: bool, seed: int, groups: int) -> None:
+    """grouped_fp8_wo_a with ``cfg`` on a ragged R (160 against 64/128-column tiles), a strided ``o`` (a slice of a
+    wider buffer) and, with ``rope``, the fused inverse RoPE: finite and within OUTPUT_TOL of the float32 reference."""
+    gen = torch.Generator().manual_seed(seed)
+    b, r, d = 3, 160, 512
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    o = torch.randn(b, groups, d + 64, generator=gen).to(torch.bfloat16)[..., :d]
+    kwargs = {}
+    if rope:
+        pos, freqs, _ = rope_inputs(b, gen)
+        kwargs = dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    y = g.grouped_fp8_wo_a(o, w, s, out=poisoned((b, groups, r)), config=cfg, **kwargs)
+    ref = g.reference_grouped_wo_a(o, w, s, kwargs.get("positions"), kwargs.get("freqs"), HEAD, ROPE)
+    assert torch.isfinite(y).all() and rel_err(y, ref) < OUTPUT_TOL
+
 @pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("b", [1, 2, 3, 8, 16])
 def test_wo_a_matches_reference(b, rope):

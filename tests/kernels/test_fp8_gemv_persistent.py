@@ -12,7 +12,7 @@ import torch
 
 from sglang_sm120.kernels import fp8_gemv as g
 
-from .test_fp8_gemv import HEAD, OUTPUT_TOL, ROPE, poisoned, random_weight, rel_err, rope_inputs
+from .test_fp8_gemv import OUTPUT_TOL, check_ragged_grouped_wo_a, poisoned, random_weight, rel_err
 
 
 def persistent(cfg, programs=2):
@@ -67,17 +67,7 @@ def test_persistent_forms_match_reference_and_one_program_per_item(two_sms, cfg,
 def test_grouped_wo_a_persistent(two_sms, cfg, rope):
     """Work items span the groups (group index from the item, not the grid); a ragged R against the tiles and a
     strided ``o``."""
-    gen = torch.Generator().manual_seed(43 + rope)
-    b, groups, r, d = 3, 3, 160, 512
-    w, s = random_weight(r, d, groups=groups, gen=gen)
-    o = torch.randn(b, groups, d + 64, generator=gen).to(torch.bfloat16)[..., :d]
-    kwargs = {}
-    if rope:
-        pos, freqs, _ = rope_inputs(b, gen)
-        kwargs = dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
-    y = g.grouped_fp8_wo_a(o, w, s, out=poisoned((b, groups, r)), config=cfg, **kwargs)
-    ref = g.reference_grouped_wo_a(o, w, s, kwargs.get("positions"), kwargs.get("freqs"), HEAD, ROPE)
-    assert torch.isfinite(y).all() and rel_err(y, ref) < OUTPUT_TOL
+    check_ragged_grouped_wo_a(cfg, rope, seed=43 + rope, groups=3)
 
 
 def test_no_rows_and_fewer_items_than_programs(two_sms):

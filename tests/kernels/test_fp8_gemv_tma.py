@@ -11,7 +11,8 @@ import torch
 
 from sglang_sm120.kernels import fp8_gemv as g
 
-from .test_fp8_gemv import HEAD, OUTPUT_TOL, ROPE, poisoned, random_weight, rel_err, rope_inputs
+from .test_fp8_gemv import (HEAD, OUTPUT_TOL, ROPE, check_ragged_grouped_wo_a, poisoned, random_weight, rel_err,
+                             rope_inputs)
 
 
 def tma(cfg, **kw):
@@ -67,17 +68,7 @@ def test_tma_forms_match_reference_and_non_tma_form(cfg, m):
 def test_wo_a_tma_forms(cfg, rope):
     """Groups of a ragged row count (R = 160 against 128-column tiles): the 3-D descriptor zero-fills the rows
     past R instead of reading the next group's; a strided ``o`` (a slice of a wider buffer)."""
-    gen = torch.Generator().manual_seed(37 + rope)
-    b, groups, r, d = 3, 2, 160, 512
-    w, s = random_weight(r, d, groups=groups, gen=gen)
-    o = torch.randn(b, groups, d + 64, generator=gen).to(torch.bfloat16)[..., :d]
-    kwargs = {}
-    if rope:
-        pos, freqs, _ = rope_inputs(b, gen)
-        kwargs = dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
-    y = g.grouped_fp8_wo_a(o, w, s, out=poisoned((b, groups, r)), config=cfg, **kwargs)
-    ref = g.reference_grouped_wo_a(o, w, s, kwargs.get("positions"), kwargs.get("freqs"), HEAD, ROPE)
-    assert torch.isfinite(y).all() and rel_err(y, ref) < OUTPUT_TOL
+    check_ragged_grouped_wo_a(cfg, rope, seed=37 + rope, groups=2)
 
 
 def _no_descriptor(*args):
