@@ -54,15 +54,18 @@ import triton.language as tl  # noqa: E402
 from sglang_sm120.kernels import moe_mxfp4 as moe  # noqa: E402
 from sglang_sm120.kernels.dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, NUM_EXPERTS, SWIGLU_LIMIT, TOP_K  # noqa: E402
 from sglang_sm120.kernels.moe_mxfp4 import (  # noqa: E402
-    GEMV_GROUP_UNBIAS, _bf16_pair, _e8m0_to_f32, _gemv_group_dot, _gemv_rows_tma, _slot_expert_rows)
+    GEMV_ACT_SCALE, GEMV_GROUP_UNBIAS, _bf16_pair, _e8m0_to_f32, _gemv_group_dot, _gemv_group_sums, _gemv_rows_tma,
+    _slot_expert_rows)
 
-MODE_FULL, MODE_EMPTY, MODE_LOADS, MODE_MATH_L2, MODE_MATH_REGS, MODE_STREAM = range(6)
+MODE_FULL, MODE_EMPTY, MODE_LOADS, MODE_MATH_L2, MODE_MATH_REGS, MODE_STREAM, MODE_F32X, MODE_MATH_REGS_F32X = range(8)
 # the same modes as constexprs for the kernel (Triton kernels read only constexpr globals)
 K_FULL: tl.constexpr = tl.constexpr(MODE_FULL)
 K_LOADS: tl.constexpr = tl.constexpr(MODE_LOADS)
 K_MATH_L2: tl.constexpr = tl.constexpr(MODE_MATH_L2)
 K_MATH_REGS: tl.constexpr = tl.constexpr(MODE_MATH_REGS)
 K_STREAM: tl.constexpr = tl.constexpr(MODE_STREAM)
+K_F32X: tl.constexpr = tl.constexpr(MODE_F32X)
+K_MATH_REGS_F32X: tl.constexpr = tl.constexpr(MODE_MATH_REGS_F32X)
 DEADLINE_S = 150  # later variants are skipped (a 200 s device limit)
 
 
@@ -113,6 +116,53 @@ def _math_regs_rows(w_desc, s_desc, x_desc, w_row, x_row, k_len, ROWS: tl.conste
 
 
 @triton.jit
+def _x_f32_pointers(xf_ptr, x_row, k_len, BLOCK_K: tl.constexpr):
+    """[1, G, 4] pointers to each weight word's first value in a float32 word-pair-order row (moe_mxfp4's
+    x_f32 layout: value 8w + j of a 32-group at 4j + w); value j of the word is 4j floats further."""
+    g = tl.arange(0, BLOCK_K // 32)
+    offs = g[:, None] * 32 + tl.arange(0, 4)[None, :]
+    return xf_ptr + x_row.to(tl.int64) * k_len + offs[None, :, :]
+
+
+@triton.jit
+def _gemv_rows_tma_f32x(w_desc, s_desc, xf_ptr, w_row, x_row, k_len, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+                        RING: tl.constexpr):
+    """_gemv_rows_tma with the activations as float32 in the word-pair order (plain loads, cached) and the
+    nibble pairs placed by one multiply (moe_mxfp4's x_f32 decode); weights and scales by the TMA ring."""
+    acc = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
+    x_ptrs = _x_f32_pointers(xf_ptr, x_row, k_len, BLOCK_K)
+    w_row = w_row.to(tl.int32)
+    for k0 in tl.range(0, k_len, BLOCK_K, num_stages=RING):
+        q = tl.reshape(w_desc.load([w_row, k0 // 8]), [ROWS, BLOCK_K // 32, 4])
+        s = s_desc.load([w_row, k0 // 32])
+        acc += (_gemv_group_sums(q, x_ptrs + k0, True) * GEMV_GROUP_UNBIAS) * _e8m0_to_f32(s)
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def _math_regs_rows_f32x(w_desc, s_desc, xf_ptr, w_row, x_row, k_len, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_math_regs_rows for the x_f32 decode: the first step's words, scales and activations loaded once."""
+    w_row = w_row.to(tl.int32)
+    q = w_desc.load([w_row, 0])
+    s = s_desc.load([w_row, 0]).to(tl.int32)
+    x_ptrs = _x_f32_pointers(xf_ptr, x_row, k_len, BLOCK_K)
+    x0 = tl.load(x_ptrs)
+    x1 = tl.load(x_ptrs + 4)
+    x2 = tl.load(x_ptrs + 8)
+    x3 = tl.load(x_ptrs + 12)
+    x4 = tl.load(x_ptrs + 16)
+    x5 = tl.load(x_ptrs + 20)
+    x6 = tl.load(x_ptrs + 24)
+    x7 = tl.load(x_ptrs + 28)
+    acc = tl.zeros([ROWS, BLOCK_K // 32], dtype=tl.float32)
+    for k0 in range(0, k_len, BLOCK_K):
+        qk = tl.reshape(q ^ k0, [ROWS, BLOCK_K // 32, 4])
+        acc += ((_gemv_group_dot(qk, x0, x1, x2, x3, x4, x5, x6, x7, True) * GEMV_GROUP_UNBIAS)
+                * _e8m0_to_f32(s ^ (k0 // BLOCK_K)))
+    return tl.sum(acc, 1)
+
+
+@triton.jit
 def _stream_rows(w_ptr, s_ptr, x_ptr, w_row, x_row, k_len, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
     """Plain tl.load of the same bytes (weights, scales, activations), xor-accumulated; no TMA, no ring."""
     rows = w_row + tl.arange(0, ROWS).to(tl.int64)
@@ -130,7 +180,7 @@ def _stream_rows(w_ptr, s_ptr, x_ptr, w_row, x_row, k_len, ROWS: tl.constexpr, B
 
 
 @triton.jit
-def _anatomy_kernel(w_desc, s_desc, x_desc, w_ptr, s_ptr, x_ptr, sorted_rows_ptr, expert_start_ptr,
+def _anatomy_kernel(w_desc, s_desc, x_desc, w_ptr, s_ptr, x_ptr, xf_ptr, sorted_rows_ptr, expert_start_ptr,
                     active_experts_ptr, num_active_ptr, y_ptr, rows_per_expert, k_len, X_ROW_DIV: tl.constexpr,
                     ROWS: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr, MODE: tl.constexpr):
     """The shipped TMA GEMV launches' grid and slot walk (one program per ROWS weight rows of an active
@@ -153,6 +203,10 @@ def _anatomy_kernel(w_desc, s_desc, x_desc, w_ptr, s_ptr, x_ptr, sorted_rows_ptr
             out = _loads_rows_tma(w_desc, s_desc, x_desc, w_row, x_row, k_len, ROWS, BLOCK_K, RING)
         elif MODE == K_MATH_REGS:
             out = _math_regs_rows(w_desc, s_desc, x_desc, w_row, x_row, k_len, ROWS, BLOCK_K)
+        elif MODE == K_F32X:
+            out = _gemv_rows_tma_f32x(w_desc, s_desc, xf_ptr, w_row, x_row, k_len, ROWS, BLOCK_K, RING)
+        elif MODE == K_MATH_REGS_F32X:
+            out = _math_regs_rows_f32x(w_desc, s_desc, xf_ptr, w_row, x_row, k_len, ROWS, BLOCK_K)
         elif MODE == K_STREAM:
             out = _stream_rows(w_ptr, s_ptr, x_ptr, w_row, x_row, k_len, ROWS, BLOCK_K)
         else:
@@ -160,21 +214,33 @@ def _anatomy_kernel(w_desc, s_desc, x_desc, w_ptr, s_ptr, x_ptr, sorted_rows_ptr
         tl.store(y_ptr + row.to(tl.int64) * rows_per_expert + cols, out)
 
 
-# (label, MODE, rows per program, K step (0: the whole K), ring stages, num_stages of the launch)
+# (label, MODE, rows per program, K step (0: the whole K), ring stages, num_stages of the launch, warps)
 VARIANTS = [
-    ("replica r3", MODE_FULL, 16, 512, 3, None),
-    ("empty", MODE_EMPTY, 16, 512, 3, None),
-    ("loads r3", MODE_LOADS, 16, 512, 3, None),
-    ("math regs", MODE_MATH_REGS, 16, 512, 1, 1),
-    ("math L2 r3", MODE_MATH_L2, 16, 512, 3, None),
-    ("stream k512", MODE_STREAM, 16, 512, 1, 1),
-    ("stream whole", MODE_STREAM, 16, 0, 1, 1),
-    ("loads r2", MODE_LOADS, 16, 512, 2, None),
-    ("loads r4", MODE_LOADS, 16, 512, 4, None),
-    ("loads r6", MODE_LOADS, 16, 512, 6, None),
-    ("loads rows32 r3", MODE_LOADS, 32, 512, 3, None),
-    ("replica rows32 r3", MODE_FULL, 32, 512, 3, None),
-    ("replica r4", MODE_FULL, 16, 512, 4, None),
+    ("replica r3", MODE_FULL, 16, 512, 3, None, 4),
+    ("empty", MODE_EMPTY, 16, 512, 3, None, 4),
+    ("loads r3", MODE_LOADS, 16, 512, 3, None, 4),
+    ("math regs", MODE_MATH_REGS, 16, 512, 1, 1, 4),
+    ("math L2 r3", MODE_MATH_L2, 16, 512, 3, None, 4),
+    ("stream k512", MODE_STREAM, 16, 512, 1, 1, 4),
+    ("stream whole", MODE_STREAM, 16, 0, 1, 1, 4),
+    ("loads r2", MODE_LOADS, 16, 512, 2, None, 4),
+    ("loads r4", MODE_LOADS, 16, 512, 4, None, 4),
+    ("loads r6", MODE_LOADS, 16, 512, 6, None, 4),
+    ("loads rows32 r3", MODE_LOADS, 32, 512, 3, None, 4),
+    ("replica rows32 r3", MODE_FULL, 32, 512, 3, None, 4),
+    ("replica r4", MODE_FULL, 16, 512, 4, None, 4),
+    # run 2 (after run 1: math regs / math L2 within 5 % of the replica, loads alone 0.62-0.71x of it): the x_f32
+    # decode (fewer instructions per value) on the same ring, its register-operand ceiling, the ceilings at 8
+    # warps (issue-bound math does not speed up with more warps), the replica at 2 stages and 8 warps
+    ("f32x r3", MODE_F32X, 16, 512, 3, None, 4),
+    ("f32x r2", MODE_F32X, 16, 512, 2, None, 4),
+    ("math regs f32x", MODE_MATH_REGS_F32X, 16, 512, 1, 1, 4),
+    ("math regs w8", MODE_MATH_REGS, 16, 512, 1, 1, 8),
+    ("math regs f32x w8", MODE_MATH_REGS_F32X, 16, 512, 1, 1, 8),
+    ("replica r2", MODE_FULL, 16, 512, 2, None, 4),
+    ("replica r3 w8", MODE_FULL, 16, 512, 3, None, 8),
+    ("f32x r3 w8", MODE_F32X, 16, 512, 3, None, 8),
+    ("loads rows32 r2", MODE_LOADS, 32, 512, 2, None, 4),
 ]
 SMOKE_BLOCK_K = 512  # the scale blocks' 16 bytes (a TMA minimum)
 
@@ -187,9 +253,23 @@ def kernel_stats(compiled) -> dict:
                 "ptx_tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
                 "ptx_mbar_wait": len(re.findall(r"mbarrier\.try_wait", ptx)),
                 "ptx_ld_shared": len(re.findall(r"ld\.shared", ptx)),
-                "ptx_ld_global": len(re.findall(r"ld\.global", ptx))}
+                "ptx_ld_global": len(re.findall(r"ld\.global", ptx))} | sass_counts(compiled)
     except Exception as exc:  # the interpreter returns no compiled kernel
         return {"stats_error": type(exc).__name__}
+
+
+SASS_INT_OPS = ("LOP3", "SHF", "IMAD", "IADD3", "PRMT", "LEA", "SHL", "SHR", "ISETP", "SEL", "I2F", "F2I")
+
+
+def sass_counts(compiled) -> dict:
+    """Static SASS instruction counts of the whole kernel (the unrolled K step dominates): all, FP32 FFMA/FMUL/FADD,
+    integer / logic / select ops (run 2; cuobjdump bundled with Triton)."""
+    try:
+        ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)", compiled.asm["sass"], re.M)
+    except Exception as exc:
+        return {"sass_error": f"{type(exc).__name__}: {str(exc)[:80]}"}
+    return {"sass": len(ops), "sass_fp32": sum(op in ("FFMA", "FMUL", "FADD") for op in ops),
+            "sass_int": sum(op in SASS_INT_OPS for op in ops), "sass_lds": sum(op.startswith("LDS") for op in ops)}
 
 
 def main() -> None:
@@ -197,6 +277,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)
     parser.add_argument("--launches", default="gate_up,down")
+    parser.add_argument("--name", default="moe_mxfp4-h200-run12-anatomy", help="result name")
+    parser.add_argument("--only", default=None, help="comma-separated variant labels to run (default: all)")
     args = parser.parse_args()
     from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
 
@@ -210,10 +292,11 @@ def main() -> None:
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name="moe_mxfp4-h200-run12-anatomy",
+        name=args.name,
         title="MoE TMA GEMV anatomy at T=1, B=1 (gate/up and down launches): bytes vs math, DSv4-Flash shapes, H200",
         columns=["launch", "variant", "us", "GB/s", "%copy", "rel_err", "regs", "spills", "smem_B", "ptx_tma",
-                 "ptx_mbar_wait", "ptx_ld_shared", "ptx_ld_global", "programs"])
+                 "ptx_mbar_wait", "ptx_ld_shared", "ptx_ld_global", "sass", "sass_fp32", "sass_int", "sass_lds", "warps",
+                 "programs"])
     result.extra.update({"copy bandwidth (GB/s, read+write, eager)": round(copy_gbs, 1)})
     if not args.smoke:
         result.extra["SMs"] = torch.cuda.get_device_properties(0).multi_processor_count
@@ -248,6 +331,14 @@ def main() -> None:
             out[r] = dense @ rows_x[r].float()
         return out
 
+    def x_f32_order(rows_bf16):
+        """bf16 rows -> float32 times 2**GEMV_ACT_SHIFT in moe_mxfp4's word-pair order (value k of a row at
+        (k // 32) * 32 + (k % 8) * 4 + (k % 32) // 8), what its x_f32 GEMV reads."""
+        k = torch.arange(rows_bf16.shape[1], device=device)
+        out = torch.empty(rows_bf16.shape, dtype=torch.float32, device=device)
+        out[:, (k // 32) * 32 + (k % 8) * 4 + (k % 32) // 8] = rows_bf16.float() * GEMV_ACT_SCALE.value
+        return out
+
     # the shipped forward, checked as tools/device_moe_mxfp4_gemv.py checks it (B = 1: the TMA GEMV default)
     shipped = None
     if not args.smoke:
@@ -265,6 +356,7 @@ def main() -> None:
         read_bytes = (slots * rows_per_expert * (k_len // 2 + k_len // 32)
                       + (1 if name == "gate_up" else num_rows) * k_len * 2)
         ref_out = reference(name)
+        xf = x_f32_order(x if name == "gate_up" else act)
         result.extra[f"{name}: bytes read per call (touched weights + scales + activations)"] = read_bytes
 
         def record(variant, us, err=float("nan"), stats=None, programs=0):
@@ -273,12 +365,16 @@ def main() -> None:
                    "%copy": 100 * gbs / copy_gbs if copy_gbs else 0.0, "rel_err": err, "programs": programs}
             row.update({k: v for k, v in (stats or {}).items() if k in result.columns})
             result.add(**row)
+            if stats and "sass_error" in stats:
+                result.notes.append(f"{name} {variant}: SASS counts unavailable ({stats['sass_error']})")
             print(f"{name} {variant}: {us:.2f} us, {gbs:.0f} GB/s, err {err:.2e} {stats}", flush=True)
 
         if shipped is not None:
             us = run(cycling(lambda launches: launches[name](), shipped))
             record("shipped", us)
-        for label, mode, rows, block_k, ring, num_stages in VARIANTS:
+        for label, mode, rows, block_k, ring, num_stages, warps in VARIANTS:
+            if args.only and label not in args.only.split(","):
+                continue
             if time.time() - t_start > DEADLINE_S:
                 result.notes.append(f"{name} {label}: skipped, past {DEADLINE_S} s into the run")
                 continue
@@ -295,20 +391,21 @@ def main() -> None:
                              TensorDescriptor.from_tensor(xs, [1, step // 2]))
                     per_copy.append((descs, w, s, xs))
                 grid = (slots, rows_per_expert // rows)
-                options = {"num_warps": 4} | ({} if num_stages is None else {"num_stages": num_stages})
+                options = {"num_warps": warps} | ({} if num_stages is None else {"num_stages": num_stages})
                 compiled = []
 
                 def launch(operands, grid=grid, rows=rows, step=step, ring=ring, mode=mode, options=options):
                     descs, w, s, xs = operands
                     compiled.append(_anatomy_kernel[grid](
-                        *descs, w, s, xs, sorted_rows, expert_start, active_experts, num_active, y, rows_per_expert,
+                        *descs, w, s, xs, xf, sorted_rows, expert_start, active_experts, num_active, y, rows_per_expert,
                         k_len, X_ROW_DIV=x_div, ROWS=rows, BLOCK_K=step, RING=ring, MODE=mode, **options))
                 launch(per_copy[0])
-                err = relative_error(y, ref_out) if mode == MODE_FULL else float("nan")
-                if mode != MODE_FULL and not bool(torch.isfinite(y).all()):
+                checked = mode in (MODE_FULL, MODE_F32X)
+                err = relative_error(y, ref_out) if checked else float("nan")
+                if not checked and not bool(torch.isfinite(y).all()):
                     raise RuntimeError("output rows left unwritten (NaN)")
                 us = run(cycling(launch, per_copy))
-                record(label, us, err, kernel_stats(compiled[0]), grid[0] * grid[1])
+                record(label, us, err, kernel_stats(compiled[0]) | {"warps": warps}, grid[0] * grid[1])
             except Exception as exc:  # one broken variant must not lose the run
                 result.notes.append(f"{name} {label}: {type(exc).__name__}: {str(exc)[:300]}")
                 print("FAILED", name, label, exc, flush=True)
