@@ -263,13 +263,22 @@ SASS_INT_OPS = ("LOP3", "SHF", "IMAD", "IADD3", "PRMT", "LEA", "SHL", "SHR", "IS
 
 def sass_counts(compiled) -> dict:
     """Static SASS instruction counts of the whole kernel (the unrolled K step dominates): all, FP32 FFMA/FMUL/FADD,
-    integer / logic / select ops (run 2; cuobjdump bundled with Triton)."""
+    integer / logic / select ops, shared loads. Triton's ``asm["sass"]`` (cuobjdump, reformatted by
+    triton.tools.disasm) has one ``<control bits>\\t<instruction>`` line per instruction. (Run 12b parsed it as raw
+    cuobjdump output, matched nothing and recorded zeros.)"""
     try:
-        ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)", compiled.asm["sass"], re.M)
+        sass = compiled.asm["sass"]
     except Exception as exc:
         return {"sass_error": f"{type(exc).__name__}: {str(exc)[:80]}"}
+    ops = []
+    for line in sass.splitlines():
+        words = line.split("\t", 1)[1].split() if "\t" in line else []
+        if words and words[0].startswith("@"):  # predicate
+            words = words[1:]
+        if words:
+            ops.append(words[0].split(".")[0])
     return {"sass": len(ops), "sass_fp32": sum(op in ("FFMA", "FMUL", "FADD") for op in ops),
-            "sass_int": sum(op in SASS_INT_OPS for op in ops), "sass_lds": sum(op.startswith("LDS") for op in ops)}
+            "sass_int": sum(op in SASS_INT_OPS for op in ops), "sass_lds": sum(op == "LDS" for op in ops)}
 
 
 def main() -> None:
