@@ -163,6 +163,24 @@ def _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K: tl.
 
 
 @triton.jit
+def _program_start(w_ptr, stride_wg, stride_wn, N, K, tiles_per_group, num_splits, k_blocks_per_split,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, L2_PREFETCH_BLOCKS: tl.constexpr, PDL: tl.constexpr,
+                   PDL_LATE_TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr):
+    """A program's first work item (tile, K split, group): its grid position, or (PERSISTENT) work item pid. Issues
+    the early PDL trigger and the L2 prefetch of that item's weight, then the PDL wait: once per program, before its
+    first activation load."""
+    if PERSISTENT:
+        tile, pid_k, pid_g = _work_item(tl.program_id(0), tiles_per_group, num_splits)
+    else:
+        tile, pid_k, pid_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
+    _prefetch_item_l2(w_ptr, stride_wg, stride_wn, N, K, tile, pid_k, pid_g, k_blocks_per_split, BLOCK_N, BLOCK_K,
+                      L2_PREFETCH_BLOCKS)
+    _pdl_wait(PDL)
+    return tile, pid_k, pid_g
+
+
+@triton.jit
 def _weight_tile(w_desc, w_tile_ptrs, mask, pid_g, n0, k0, W_TMA: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr):
     """FP8 weight tile [BN, BK] at rows n0.., columns k0.. of group pid_g. W_TMA: one TMA copy through the
@@ -205,14 +223,9 @@ def _block_fp8_gemv_kernel(
     the fp32 activation (exact), each row its own accumulator so the activation loads straight
     into the broadcast layout."""
     tiles_per_group = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    if PERSISTENT:  # first work item, for the L2 prefetch before the wait
-        tile, pid_k, pid_g = _work_item(tl.program_id(0), tiles_per_group, num_splits)
-    else:
-        tile, pid_k, pid_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
-    _prefetch_item_l2(w_ptr, stride_wg, stride_wn, N, K, tile, pid_k, pid_g, k_blocks_per_split, BLOCK_N, BLOCK_K,
-                      L2_PREFETCH_BLOCKS)
-    _pdl_wait(PDL)  # once per program, before its first activation load
+    tile, pid_k, pid_g = _program_start(w_ptr, stride_wg, stride_wn, N, K, tiles_per_group, num_splits,
+                                        k_blocks_per_split, BLOCK_N, BLOCK_K, L2_PREFETCH_BLOCKS, PDL,
+                                        PDL_LATE_TRIGGER, PERSISTENT)
     if PERSISTENT:
         # grid = SMs x programs per SM; each program loops over work items pid, pid + nprog, ...; FLATTEN (no
         # split-K: the looping split-sum epilogue would be a second inner loop) fuses this loop with the K loop so
@@ -690,16 +703,11 @@ def _block_fp8_gemv_fp8mma_kernel(
     8 significant bits of it. With JOIN the joined hi/lo operand reaches the MMA through shared memory
     byte by byte on sm_120a (STS.U8 / LDS.U8); without JOIN (each row loaded for both its columns) the
     operand keeps the load's K-contiguous layout and moves by ldmatrix (LDSM), at twice the split work."""
+    tl.static_assert(not (PERSISTENT and CHAIN))  # the chain pre-pass is a second loop inside the work-item loop
     tiles_per_group = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    if PERSISTENT:  # first work item, for the L2 prefetch before the wait (as _block_fp8_gemv_kernel)
-        tl.static_assert(not CHAIN)  # the chain pre-pass is a second loop inside the work-item loop
-        tile, pid_k, pid_g = _work_item(tl.program_id(0), tiles_per_group, num_splits)
-    else:
-        tile, pid_k, pid_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
-    _prefetch_item_l2(w_ptr, stride_wg, stride_wn, N, K, tile, pid_k, pid_g, k_blocks_per_split, BLOCK_N, BLOCK_K,
-                      L2_PREFETCH_BLOCKS)
-    _pdl_wait(PDL)  # once per program, before its first activation load
+    tile, pid_k, pid_g = _program_start(w_ptr, stride_wg, stride_wn, N, K, tiles_per_group, num_splits,
+                                        k_blocks_per_split, BLOCK_N, BLOCK_K, L2_PREFETCH_BLOCKS, PDL,
+                                        PDL_LATE_TRIGGER, PERSISTENT)
     if PERSISTENT:
         num_items = tiles_per_group * num_splits * num_groups
         for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), flatten=FLATTEN,
@@ -1219,7 +1227,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     split = triton.cdiv(k_blocks, per_split)
     grid = (m_tiles * n_tiles, split, groups)
     persistent_args = {}
-    if cfg.persistent_programs_per_sm and not cfg.rows_form:
+    if cfg.persistent_programs_per_sm:  # never the rows form (GemvConfig rejects it)
         # work items from the shapes only (graph-capturable); at most one program per item
         items = m_tiles * n_tiles * split * groups
         sms = sm_count(x3.device.index) if x3.device.type == "cuda" else DEFAULT_SM_COUNT
