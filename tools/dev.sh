@@ -32,8 +32,9 @@ case "$cmd" in
         ;;
     test)
         setup
-        # pytest's own executable (not `python -m pytest`) keeps the repo root off sys.path
-        "$VENV/bin/pytest" -q "$@"
+        # pytest's own executable (not `python -m pytest`) keeps the repo root off sys.path;
+        # --durations lists the slowest tests, so a CI log shows where the 90-minute budget goes
+        "$VENV/bin/pytest" -q --durations=25 "$@"
         ;;
     *)
         echo "usage: tools/dev.sh main|test [args]" >&2
