@@ -43,11 +43,12 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
   16-head programs per row instead (185 registers, 50176 B on sm_120a): the extra gathers mostly
   hit L2 and the row spreads over twice the SMs (H200 run 4: C4 H=64 B=1 12.7 -> 10.9 us).
 * **Dequant in the tile's own layout.** The seven UE8M0 bytes of a candidate are packed into one
-  int64 (``ROW_SCALES``), so choosing a group's scale is a per-row shift. Loading them as a
+  int64, so choosing a group's scale is a per-row shift. Loading them as a
   ``[BLOCK_N, 8]`` tile and reducing across lanes made Triton run the whole dequant one element per
   thread, behind a layout conversion of every raw FP8 chunk. The sm_90 main loop went from 1198 to
   1019 instructions, and the 32-head program from 242 to 217 registers on sm_120a. This is also what
-  lets the 64-head program fit.
+  lets the 64-head program fit. The tile form was removed (record:
+  ``benchmarks/sparse_mla_decode-h200-run3-summary.md``).
 * **Gathers overlap the MMAs.** One loop walks the row's live tiles, main cache first, then the
   extra cache (both read in place through their own page size and page stride); slots are loaded
   two tiles ahead and the raw KV (FP8 nope, bf16 rope, UE8M0 bytes) one tile ahead, in
@@ -58,11 +59,10 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
   candidates; in the 64-head form it was 5% slower than no prefetch at C4 B=64, H200 run 5).
   The 64-head form (no register prefetch) instead asks L2 for the next tile's 128-byte lines with
   ``prefetch.global.L2`` (``L2_PREFETCH``: one instruction per thread, no data registers), slots
-  two tiles ahead: 1.008-1.035x on the H200 (run 6), slower in the 32-head forms.
-* **Lazy rescale was measured and is off.** ``LAZY_RESCALE`` keeps each head's reference max until
-  some head's tile max exceeds it by more than 2^t, so the 64 x 512 fp32 accumulator is not
-  multiplied every tile. It halves nothing that limits the H200: 0.73x in the 64-head form
-  (whose products are wgmma on sm_90), 0.97-1.00x in the others (run 6). It stays selectable.
+  two tiles ahead: 1.008-1.035x on the H200 over no prefetch (runs 6, 7), slower in the 32-head
+  forms. Every launch config names one of these three tile loops.
+* **Lazy rescale was measured and removed**: 0.73x in the 64-head form, 0.97-1.00x in the others
+  (``benchmarks/sparse_mla_decode-h200-run6-summary.md``).
 * **Split-K over candidates.** The grid is ``(head_blocks * splits, B * s_q)``; split ``j`` takes
   a contiguous run of the row's live tiles, so B=1 spreads over the GPU. Splits write (acc, max,
   sum) partials (acc in bf16 where ``PARTIAL_BF16``: at C4 B=64 the fp32 partials were 16.8 MB
@@ -95,21 +95,21 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 # Launch configuration by padded head count (8 -> 16): heads per program (BLOCK_H; a padded count
-# above it runs as several head blocks), candidates per tile, KV prefetch in registers, packed
-# per-row scales, QK chains, warps, pipeline stages. Chosen from the H200 sweep in
+# above it runs as several head blocks), candidates per tile, tile loop (KV prefetch in registers),
+# warps, pipeline stages. Chosen from the H200 sweep in
 # benchmarks/sparse_mla_decode-h200-run3.md among configs that fit sm_120a/sm_121a without spills
 # (aot_configs()). H=32 (timed in run 4): the 32-head program stays the default from 3 rows on; the
 # 4-warp forms that fit sm_120a (16 heads x 16 candidates; 32 heads x 16 without prefetch) were
 # never the fastest form of a run-4 cell.
-# QK_CHAINS=2 (two independent QK accumulation chains) measured no gain and stays off.
+# Two independent QK accumulation chains measured no gain (H200 run 3,
+# benchmarks/sparse_mla_decode-h200-run3-summary.md) and were removed.
 # PARTIAL_BF16 (split-K partial accumulators in bf16, half the partial traffic) at H=64: H200 run 7
 # (benchmarks/sparse_mla_decode-h200-run7-summary.md) C4 B=16 29.39 -> 28.34 us; at H=32 (B=64) and
 # H=16 (B=16) it was within 1%, so those stay fp32.
 LAUNCH_CONFIGS = {
-    64: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, PARTIAL_BF16=True, num_warps=8,
-             num_stages=1),
-    32: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1),
-    16: dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1),
+    64: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, PARTIAL_BF16=True, num_warps=8, num_stages=1),
+    32: dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1),
+    16: dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1),
 }
 # From this many query rows (B * s_q) on, H=64 runs one 64-head program per row (KV gathered and
 # dequantised once, 16-candidate tiles, no register prefetch: 224 registers, 98304 B on sm_120a),
@@ -120,10 +120,10 @@ LAUNCH_CONFIGS = {
 # 44.2 us), but with 192 candidates (C128 at 8K) 0.92x at 32 rows and 0.87-0.89x at 64 rows.
 # L2_PREFETCH (H200 run 6, benchmarks/sparse_mla_decode-h200-run6-summary.md): the next tile's
 # lines requested from L2 while this tile computes, 1.008-1.035x in every cell of this form (C4 8K
-# B=64: 74.13 -> 72.50 us); 228 registers, 98304 B on sm_120a. LAZY_RESCALE was 0.73x here.
+# B=64: 74.13 -> 72.50 us); 228 registers, 98304 B on sm_120a. A lazy rescale was 0.73x here.
 # PARTIAL_BF16 (H200 run 7): 1.034-1.067x in every cell of this form (C4 B=32 44.00 -> 41.24 us).
-_BH64_LARGE = dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True, ROW_SCALES=True, PARTIAL_BF16=True,
-                   num_warps=8, num_stages=1)
+_BH64_LARGE = dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True, PARTIAL_BF16=True, num_warps=8,
+                   num_stages=1)
 LARGE_BATCH_CONFIGS = {64: (32, _BH64_LARGE)}
 # From this many rows on, the same form's combine programs take 128 columns (COMBINE_COLS) when a
 # row has two splits (64-66 rows; more rows split otherwise): H200 run 7 at 64 rows (256 combine
@@ -138,8 +138,7 @@ LARGE_BATCH_MIN_CANDIDATES = 384
 # 67584 B on sm_120a). H200 run 5, C128 at 8K B=64: 28.5 us against 31.9 (64-head form) and 29.2
 # (32-head form with the full register prefetch); at 32 rows it was 0.98-1.00x of the latter.
 FEW_CANDIDATES_CONFIGS = {
-    64: (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=False, MID_PREFETCH=True, ROW_SCALES=True, num_warps=8,
-                  num_stages=1)),
+    64: (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=False, MID_PREFETCH=True, num_warps=8, num_stages=1)),
 }
 # Up to this many query rows (B * s_q), a head count runs 16-head programs instead: each of the
 # H/16 programs of a row gathers the row's KV tiles again (mostly from L2), but a program does
@@ -147,12 +146,12 @@ FEW_CANDIDATES_CONFIGS = {
 # faster in every measured cell up to these row counts (C4 H=64 B=1: 12.7 -> 10.9 us); at H=64,
 # 2 rows C4 was 6% slower, so the cut is at 1 row there (4 rows was faster again but is not
 # shipped without the 2-3 row cases).
-_BLOCK16 = dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1)
+_BLOCK16 = dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1)
 SMALL_BATCH_CONFIGS: dict[int, tuple[int, dict]] = {64: (1, _BLOCK16), 32: (2, _BLOCK16)}
 MIN_HEADS = 16  # tl.dot needs M >= 16: H = 8 runs padded to 16 rows
+TILE_LOOPS = ("PREFETCH_KV", "MID_PREFETCH", "L2_PREFETCH")  # a launch config sets exactly one
 MAX_SPLITS = 32  # bounds the combine's registers (all splits of a block are loaded at once)
 COMBINE_SUB_H, COMBINE_WARPS = 16, 4  # combine block: 16 heads x COLS columns per program
-COMBINE_SPLITS_WIDE = 16  # up to this many splits the combine takes 32 columns per program, above it 16
 COMBINE_BLOCK_VALUES = 512  # splits x columns per combine program (x 16 heads over 128 threads: 64 fp32 each)
 WIDE_COMBINE_MAX_SPLITS = 2  # a config's COMBINE_COLS applies up to this many splits (measured at 2)
 # Split-count cost model (choose_splits), in units of one tile's time: a program's fixed cost (q,
@@ -248,10 +247,10 @@ def _prefetch_tile_l2(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_s
 def _load_tile(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots,
                x_nope_ptr, x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots,
                BLOCK_N: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
-               DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, HAS_EXTRA: tl.constexpr,
-               ROW_SCALES: tl.constexpr):
+               DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, HAS_EXTRA: tl.constexpr):
     """Issue the raw loads of one tile (FP8 nope in four 128-byte chunks, bf16 rope, UE8M0 scale
-    bytes) straight from the paged cache; out-of-range and -1 slots are masked, never read."""
+    bytes packed into one int64 per candidate) straight from the paged cache; out-of-range and -1
+    slots are masked, never read."""
     valid, nope_p, rope_p, scale_p, data, scale_at = _tile_rows(
         u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
         x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
@@ -266,36 +265,26 @@ def _load_tile(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, pa
     rope = tl.load(rope_p + ((data + NOPE) // 2)[:, None] + (cols - TILE)[None, :],
                    mask=valid[:, None] & (cols >= TILE)[None, :], other=0.0)
     scale_row = scale_p + scale_at
-    if ROW_SCALES:  # the 7 bytes packed into one int64 per candidate: dequant stays in the tile's layout
-        scales = tl.zeros((BLOCK_N,), tl.int64)
-        for grp in tl.static_range(NOPE_TILES):
-            byte = tl.load(scale_row + grp, mask=valid, other=0)
-            scales = scales | (byte.to(tl.int64) << (8 * grp))
-    else:
-        g = tl.arange(0, 8)
-        scales = tl.load(scale_row[:, None] + g[None, :], mask=valid[:, None] & (g < NOPE_TILES)[None, :], other=0)
+    # the 7 bytes packed into one int64 per candidate: the dequant stays in the tile's layout (a
+    # [BLOCK_N, 8] tile of bytes measured more instructions and registers: H200 run 3)
+    scales = tl.zeros((BLOCK_N,), tl.int64)
+    for grp in tl.static_range(NOPE_TILES):
+        byte = tl.load(scale_row + grp, mask=valid, other=0)
+        scales = scales | (byte.to(tl.int64) << (8 * grp))
     return valid, n0, n1, n2, n3, rope, scales
 
 
 @triton.jit
-def _dequant(nope, scales, rope, C: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr,
-             ROW_SCALES: tl.constexpr):
+def _dequant(nope, scales, rope, C: tl.constexpr, TILE: tl.constexpr, NOPE_TILES: tl.constexpr):
     """Chunk C (columns 128 C .. 128 C + 127) of the tile in bf16, exactly: FP8 groups 2C, 2C+1
-    times 2 ** (scale byte - 127); the last chunk's second group is the rope. With ROW_SCALES the
-    scale bytes arrive packed per candidate ([BLOCK_N] int64), so picking a group's byte is a
-    per-row shift instead of a cross-lane reduction over a [BLOCK_N, 8] tile (whose layout Triton
-    then also imposed on the whole dequant, one element per thread at a time)."""
+    times 2 ** (scale byte - 127); the last chunk's second group is the rope. The scale bytes
+    arrive packed per candidate ([BLOCK_N] int64), so picking a group's byte is a per-row shift
+    instead of a cross-lane reduction over a [BLOCK_N, 8] tile (whose layout Triton then also
+    imposed on the whole dequant, one element per thread at a time)."""
     first = tl.arange(0, 2 * TILE) < TILE
-    if ROW_SCALES:
-        lo = ((scales >> (16 * C)) & 0xFF).to(tl.int32)
-    else:
-        g = tl.arange(0, 8)
-        lo = tl.sum(tl.where(g[None, :] == 2 * C, scales, 0).to(tl.int32), axis=1)
+    lo = ((scales >> (16 * C)) & 0xFF).to(tl.int32)
     if 2 * C + 1 < NOPE_TILES:
-        if ROW_SCALES:
-            hi = ((scales >> (16 * C + 8)) & 0xFF).to(tl.int32)
-        else:
-            hi = tl.sum(tl.where(g[None, :] == 2 * C + 1, scales, 0).to(tl.int32), axis=1)
+        hi = ((scales >> (16 * C + 8)) & 0xFF).to(tl.int32)
         byte = tl.where(first[None, :], lo[:, None], hi[:, None])
         kv = nope.to(tl.float32) * (byte << 23).to(tl.float32, bitcast=True)
     else:
@@ -306,84 +295,46 @@ def _dequant(nope, scales, rope, C: tl.constexpr, TILE: tl.constexpr, NOPE_TILES
 
 @triton.jit
 def _scores(q0, q1, q2, q3, valid, n0, n1, n2, n3, rope, scales, qk_scale, TILE: tl.constexpr,
-            NOPE_TILES: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr):
+            NOPE_TILES: tl.constexpr):
     """Dequantise one raw tile and compute all heads' base-2 logits against it: ``(s, kv0..kv3)``.
-    The 512-wide row is four 128-column chunks so each MMA operand fragment stays small.
-    QK_CHAINS=2 accumulates QK in two independent MMA chains (chunks 0-1 and 2-3) summed at the
-    end, halving the dependent HMMA chain per warp (fp32 sums in another order; products unchanged)."""
-    kv0 = _dequant(n0, scales, rope, 0, TILE, NOPE_TILES, ROW_SCALES)
-    kv1 = _dequant(n1, scales, rope, 1, TILE, NOPE_TILES, ROW_SCALES)
-    kv2 = _dequant(n2, scales, rope, 2, TILE, NOPE_TILES, ROW_SCALES)
-    kv3 = _dequant(n3, scales, rope, 3, TILE, NOPE_TILES, ROW_SCALES)
-    if QK_CHAINS == 2:
-        s = tl.dot(q0, tl.trans(kv0))
-        s = tl.dot(q1, tl.trans(kv1), s)
-        s_hi = tl.dot(q2, tl.trans(kv2))
-        s = s + tl.dot(q3, tl.trans(kv3), s_hi)
-    else:
-        s = tl.dot(q0, tl.trans(kv0))
-        s = tl.dot(q1, tl.trans(kv1), s)
-        s = tl.dot(q2, tl.trans(kv2), s)
-        s = tl.dot(q3, tl.trans(kv3), s)
+    The 512-wide row is four 128-column chunks so each MMA operand fragment stays small."""
+    kv0 = _dequant(n0, scales, rope, 0, TILE, NOPE_TILES)
+    kv1 = _dequant(n1, scales, rope, 1, TILE, NOPE_TILES)
+    kv2 = _dequant(n2, scales, rope, 2, TILE, NOPE_TILES)
+    kv3 = _dequant(n3, scales, rope, 3, TILE, NOPE_TILES)
+    s = tl.dot(q0, tl.trans(kv0))
+    s = tl.dot(q1, tl.trans(kv1), s)
+    s = tl.dot(q2, tl.trans(kv2), s)
+    s = tl.dot(q3, tl.trans(kv3), s)
     s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
     return s, kv0, kv1, kv2, kv3
 
 
 @triton.jit
-def _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3, LAZY_RESCALE: tl.constexpr):
+def _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3):
     """Fold one tile's logits ``s`` (base 2, -inf where invalid) and its bf16 KV into all heads'
-    running (reference max, sum, acc).
-
-    LAZY_RESCALE = 0: the reference is each head's running max, and the accumulator is rescaled
-    every tile (for 64 heads x 512 columns that is 128 FMUL per thread per tile, as many
-    instructions as both products). LAZY_RESCALE = t > 0: the reference stays put until some
-    head's tile max exceeds it by more than t (base-2 units), and only then (a CTA-uniform branch)
-    are all heads moved to their exact running max and the accumulator rescaled. Until then
-    p = 2^(s - m) <= 2^t: fine in fp32 and in the bf16 P (same relative rounding at any
-    magnitude). (m, l, acc) stay consistent with each other, so the output, the LSE and the
-    split-K combine are exact given m; the first tile with a candidate always takes the branch."""
-    if LAZY_RESCALE > 0:
-        m_tile = tl.max(s, 1)
-        growth = tl.where(m_tile > m_i, m_tile - m_i, 0.0)  # +inf from m = -inf; never NaN
-        if tl.max(growth, 0) > LAZY_RESCALE:
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            l_i = l_i * alpha
-            acc0 = acc0 * alpha[:, None]
-            acc1 = acc1 * alpha[:, None]
-            acc2 = acc2 * alpha[:, None]
-            acc3 = acc3 * alpha[:, None]
-            m_i = m_new
-        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        pb = p.to(tl.bfloat16)
-        acc0 = tl.dot(pb, kv0, acc0)
-        acc1 = tl.dot(pb, kv1, acc1)
-        acc2 = tl.dot(pb, kv2, acc2)
-        acc3 = tl.dot(pb, kv3, acc3)
-        return m_i, l_i, acc0, acc1, acc2, acc3
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pb = p.to(tl.bfloat16)
-        acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None])
-        acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None])
-        acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None])
-        acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None])
-        return m_new, l_i, acc0, acc1, acc2, acc3
+    running (max, sum, acc); the accumulator is rescaled every tile (a lazy rescale that skipped
+    it was 0.73x on the H200: benchmarks/sparse_mla_decode-h200-run6-summary.md)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pb = p.to(tl.bfloat16)
+    acc0 = tl.dot(pb, kv0, acc0 * alpha[:, None])
+    acc1 = tl.dot(pb, kv1, acc1 * alpha[:, None])
+    acc2 = tl.dot(pb, kv2, acc2 * alpha[:, None])
+    acc3 = tl.dot(pb, kv3, acc3 * alpha[:, None])
+    return m_new, l_i, acc0, acc1, acc2, acc3
 
 
 @triton.jit
 def _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, valid, n0, n1, n2, n3, rope, scales, qk_scale,
-            TILE: tl.constexpr, NOPE_TILES: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr,
-            LAZY_RESCALE: tl.constexpr):
+            TILE: tl.constexpr, NOPE_TILES: tl.constexpr):
     """Fold one raw tile into all heads' running (max, sum, acc), logits in base 2."""
     s, kv0, kv1, kv2, kv3 = _scores(q0, q1, q2, q3, valid, n0, n1, n2, n3, rope, scales, qk_scale, TILE,
-                                    NOPE_TILES, ROW_SCALES, QK_CHAINS)
-    return _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3, LAZY_RESCALE)
+                                    NOPE_TILES)
+    return _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3)
 
 
 @triton.jit
@@ -420,14 +371,14 @@ def sparse_mla_decode_kernel(
         tiles_per_split, num_splits, qk_scale,
         BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr,
         HAS_EXTRA: tl.constexpr, HAS_X_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT_K: tl.constexpr,
-        PREFETCH_KV: tl.constexpr, ROW_SCALES: tl.constexpr, QK_CHAINS: tl.constexpr, MID_PREFETCH: tl.constexpr,
-        LAZY_RESCALE: tl.constexpr, L2_PREFETCH: tl.constexpr, EMIT_ASM: tl.constexpr, D: tl.constexpr,
+        PREFETCH_KV: tl.constexpr, MID_PREFETCH: tl.constexpr, EMIT_ASM: tl.constexpr, D: tl.constexpr,
         TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
         DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
     """Grid ``(HEAD_BLOCKS * splits, B * s_q)``; see the module docstring. Split ``j`` of a query
     row takes live tiles ``[j * tiles_per_split, (j + 1) * tiles_per_split)`` of the row's
     candidate list (main cache, then extra cache), prefetching slots two tiles and KV one tile
-    ahead in registers so the gathers overlap the tensor-core work."""
+    ahead (in registers: PREFETCH_KV, MID_PREFETCH; else in L2) so the gathers overlap the
+    tensor-core work."""
     CHUNK: tl.constexpr = 2 * TILE
     head_block = tl.program_id(0) % HEAD_BLOCKS
     split = tl.program_id(0) // HEAD_BLOCKS
@@ -457,7 +408,7 @@ def sparse_mla_decode_kernel(
         valid, n0, n1, n2, n3, rope, scales = _load_tile(
             u_lo, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
             x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
-            DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
+            DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
         slots = _load_slots(u_lo + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
 
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -481,47 +432,36 @@ def sparse_mla_decode_kernel(
             valid, n0, n1, n2, n3, rope, scales = _load_tile(
                 u + 1, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
                 x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
-                DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
+                DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
             slots = _load_slots(u + 2, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
-                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES,
-                                                       ROW_SCALES, QK_CHAINS, LAZY_RESCALE)
+                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES)
     elif MID_PREFETCH:  # the next tile's raw KV is issued between this tile's QK and its PV product
         for u in range(u_lo, u_end):
             s, kv0, kv1, kv2, kv3 = _scores(q0, q1, q2, q3, valid, n0, n1, n2, n3, rope, scales, qk_scale, TILE,
-                                            NOPE_TILES, ROW_SCALES, QK_CHAINS)
+                                            NOPE_TILES)
             valid, n0, n1, n2, n3, rope, scales = _load_tile(
                 u + 1, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
                 x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
-                DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
+                DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
             slots = _load_slots(u + 2, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3,
-                                                     LAZY_RESCALE)
-    elif L2_PREFETCH:  # slots two tiles ahead; the next tile's lines asked of L2, not of registers
+            m_i, l_i, acc0, acc1, acc2, acc3 = _fold(s, kv0, kv1, kv2, kv3, m_i, l_i, acc0, acc1, acc2, acc3)
+    else:  # L2_PREFETCH: slots two tiles ahead; the next tile's lines asked of L2, not of registers
+        # (a loop with no prefetch at all was 1.008-1.035x slower in the 64-head form, H200 runs 6
+        # and 7: benchmarks/sparse_mla_decode-h200-run7-summary.md; removed)
         slots_next = _load_slots(u_lo + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
         for u in range(u_lo, u_end):
             c_valid, c0, c1, c2, c3, c_rope, c_scales = _load_tile(
                 u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
                 x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
-                DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
+                DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
             _prefetch_tile_l2(u + 1, slots_next, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride,
                               n_slots, x_nope_ptr, x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots,
                               BLOCK_N, DATA_BYTES, SCALE_BYTES, HAS_EXTRA, EMIT_ASM)
             slots = slots_next
             slots_next = _load_slots(u + 2, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
-                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES,
-                                                       ROW_SCALES, QK_CHAINS, LAZY_RESCALE)
-    else:  # slots one tile ahead only (fewer live registers)
-        for u in range(u_lo, u_end):
-            c_valid, c0, c1, c2, c3, c_rope, c_scales = _load_tile(
-                u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
-                x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
-                DATA_BYTES, SCALE_BYTES, HAS_EXTRA, ROW_SCALES)
-            slots = _load_slots(u + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
-                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES,
-                                                       ROW_SCALES, QK_CHAINS, LAZY_RESCALE)
+                                                       c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES)
 
     if SPLIT_K:  # publish (acc, max, sum); sparse_mla_combine_kernel merges the splits
         unit = row * HEAD_BLOCKS + head_block
@@ -742,6 +682,8 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
     cfg = launch_config_for(num_heads, rows, topk + x_topk) if launch_config is None else launch_config
     if padded_heads(num_heads) % cfg["BLOCK_H"]:
         _fail("launch_config", f"BLOCK_H dividing {padded_heads(num_heads)}", cfg)
+    if sum(bool(cfg.get(loop, False)) for loop in TILE_LOOPS) != 1:
+        _fail("launch_config", f"exactly one tile loop of {TILE_LOOPS} set", cfg)
     block_h, block_n = cfg["BLOCK_H"], cfg["BLOCK_N"]
     head_blocks = padded_heads(num_heads) // block_h
     units = rows * head_blocks
@@ -783,9 +725,7 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         per, splits, float(softmax_scale) * LOG2E,
         BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, BLOCK_N=block_n, HAS_LEN=topk_length is not None,
         HAS_EXTRA=has_extra, HAS_X_LEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
-        SPLIT_K=splits > 1, PREFETCH_KV=cfg["PREFETCH_KV"], ROW_SCALES=cfg.get("ROW_SCALES", False),
-        QK_CHAINS=cfg.get("QK_CHAINS", 1), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
-        LAZY_RESCALE=float(cfg.get("LAZY_RESCALE", 0.0)), L2_PREFETCH=cfg.get("L2_PREFETCH", False),
+        SPLIT_K=splits > 1, PREFETCH_KV=cfg.get("PREFETCH_KV", False), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
         EMIT_ASM=not interpreter_enabled(), **_LAYOUT, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if splits > 1:
@@ -896,8 +836,7 @@ def _signature(cfg: dict) -> dict:
     sig.update(pointers)
     sig["qk_scale"] = "fp32"
     for name in ("BLOCK_H", "HEAD_BLOCKS", "BLOCK_N", "HAS_LEN", "HAS_EXTRA", "HAS_X_LEN", "HAS_SINK", "SPLIT_K",
-                 "PREFETCH_KV", "ROW_SCALES", "QK_CHAINS", "MID_PREFETCH", "LAZY_RESCALE", "L2_PREFETCH", "EMIT_ASM",
-                 *_LAYOUT):
+                 "PREFETCH_KV", "MID_PREFETCH", "EMIT_ASM", *_LAYOUT):
         sig[name] = "constexpr"
     return sig
 
@@ -928,9 +867,7 @@ def aot_configs() -> list[AotConfig]:
         seen.append(kernel_cfg)
         constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                           HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
-                          PREFETCH_KV=cfg["PREFETCH_KV"], ROW_SCALES=cfg.get("ROW_SCALES", False),
-                          QK_CHAINS=cfg.get("QK_CHAINS", 1), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
-                          LAZY_RESCALE=float(cfg.get("LAZY_RESCALE", 0.0)), L2_PREFETCH=cfg.get("L2_PREFETCH", False),
+                          PREFETCH_KV=cfg.get("PREFETCH_KV", False), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
                           EMIT_ASM=True, **_LAYOUT)
         configs.append(AotConfig(
             name=f"sparse_mla_decode_{suffix}", kernel=sparse_mla_decode_kernel, signature=_signature(cfg),

@@ -48,11 +48,10 @@ COLUMNS = ("layer", "context", "B", "H", "s_q", "candidates", "variant", "us", "
 # * "bf16p": PARTIAL_BF16 (split-K partial accumulators stored in bf16: at C4 B=64 the 2 x 64 rows
 #   x 64 heads x 512 fp32 partials are 16.8 MB written and read again; (max, sum) stay fp32),
 # * "cols128": COMBINE_COLS=128 (combine programs of 16 heads x up to 128 columns while the
-#   [splits, 16, cols] block stays <= 512 values: 4x fewer combine programs at 2-4 splits),
-# * "bh64 run5": the 64-head form without L2_PREFETCH (the default before run 6), to confirm.
-# Run 6 (git history of this file): LAZY_RESCALE (0.73x in the 64-head form on the H200, 0.97-1.00x
-# elsewhere) and L2_PREFETCH (1.008-1.035x in the 64-head form, 0.89-0.93x in 32-head forms).
-_BASE = dict(BLOCK_N=32, PREFETCH_KV=True, ROW_SCALES=True, num_warps=8, num_stages=1)
+#   [splits, 16, cols] block stays <= 512 values: 4x fewer combine programs at 2-4 splits).
+# Run 7 also timed the 64-head form without L2_PREFETCH ("bh64 run5", 0.97-0.99x); that loop and run 6's
+# LAZY_RESCALE (0.73x in the 64-head form) were removed from the kernel (git history of this file).
+_BASE = dict(BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1)
 _BH64 = dict(_BASE, BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True)
 _BH32 = dict(_BASE, BLOCK_H=32)
 _BH32_MID = dict(_BASE, BLOCK_H=32, PREFETCH_KV=False, MID_PREFETCH=True)
@@ -60,7 +59,6 @@ _BH16 = dict(_BASE, BLOCK_H=16)
 _BF16P = dict(PARTIAL_BF16=True)
 _COLS = dict(COMBINE_COLS=128)
 CANDIDATES = {
-    "bh64 run5": dict(_BH64, L2_PREFETCH=False),
     "bh64 bf16p": dict(_BH64, **_BF16P), "bh64 cols128": dict(_BH64, **_COLS),
     "bh64 bf16p cols128": dict(_BH64, **_BF16P, **_COLS),
     "bh32 bf16p": dict(_BH32, **_BF16P), "bh32 bf16p cols128": dict(_BH32, **_BF16P, **_COLS),
@@ -69,7 +67,7 @@ CANDIDATES = {
 }
 SPLIT_NEIGHBOURS = ()  # forms whose neighbouring split counts are timed in the target cell
 RUN_NAME = "sparse_mla_decode-h200-run7"
-_T64 = ("bh64 run5", "bh64 bf16p", "bh64 cols128", "bh64 bf16p cols128")
+_T64 = ("bh64 bf16p", "bh64 cols128", "bh64 bf16p cols128")
 # (layer, context, B, H, s_q, candidate names), in priority order
 GRID = [
     ("C4", 8192, 64, 64, 1, _T64),
@@ -82,7 +80,7 @@ GRID = [
     ("C4", 65536, 64, 64, 1, _T64),
     ("C4", 8192, 32, 64, 2, _T64),
 ]
-SMOKE_GRID = [("C4", 512, 2, 64, 1, ("bh64 run5", "bh64 bf16p cols128", "bh32 bf16p cols128")),
+SMOKE_GRID = [("C4", 512, 2, 64, 1, ("bh64 cols128", "bh64 bf16p cols128", "bh32 bf16p cols128")),
               ("C128", 512, 1, 16, 2, ("bh16 bf16p cols128",))]
 BUDGET_S = 105.0  # no new shape starts after this (timeout_s is 150)
 # --full-grid: the issue's device grid with the shipped defaults, upstream Triton and torch fallback in every cell
