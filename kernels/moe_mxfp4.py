@@ -73,7 +73,11 @@ faster than the previous defaults from B = 16 to 256 at T = 1 and 4 and from B =
 (:data:`PAIRS_DEFAULT_WHERE`; ``benchmarks/moe_mxfp4-h200-run3.md``, ``run4a/b.md``, ``run5.md``, ``run5b.md``).
 Round 7 (``run5.md``): the E8M0 scales as cp.async-pipelined int32 words, with the factor on the pair words
 in registers or in inline PTX, were 1.3x / 3.5-4.3x slower; 8 warps on twice the rows and 2 stages 6-15 %
-slower (``run5c.md``).
+slower (``run5c.md``). ``PairsConfig(tma_ring=)`` (round 15, swap-AB fed by TMA): the weight words and scale bytes
+of each K step arrive by TMA through a ring (``_gate_up_pairs_tma_kernel`` / ``_down_pairs_tma_kernel``), on 16-32
+weight rows per program with one warp per 16 rows (more warps than 16-row MMA tiles repeat the dequantisation);
+1.09-1.30x at T = 1, B = 4..64 and 1.16-1.20x at T = 4, B = 16..64 on the H200 and the default there
+(:data:`PAIRS_TMA_WHERE`, ``benchmarks/moe_mxfp4-h200-run15-summary.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -1265,6 +1269,83 @@ def _down_pairs_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_r
                  mask=m_ok[None, :])
 
 
+# Swap-AB on tensor cores fed by TMA (round 15, issue 4): the pairs decode's MMA (weights the M side, up to BLOCK_M
+# routed rows of the expert the N side, the E8M0 factor on the pair words) with the weight words and scale bytes of
+# each K step fetched by TMA through a ring of RING shared-memory stages and the TMA GEMV's grid (16-64 weight rows
+# per program, K steps of 512) -- so the MMA does the multiply-adds the GEMV spends two FP32 instructions per pair on.
+@triton.jit
+def _pairs_rows_tma(w_desc, s_desc, w_row, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr, RING: tl.constexpr):
+    """:func:`_pairs_rows_bf16` with the weight words [ROWS, BLOCK_K/8] (int32, row ``w_row`` of ``w_desc``) and
+    their E8M0 bytes [ROWS, BLOCK_K/32] (``s_desc``) fetched by TMA through a ``tl.range`` of RING stages; the
+    pair-ordered activations ``a_ptrs`` [BLOCK_M, BLOCK_K] of step 0 by plain (masked) loads. Same result scale."""
+    acc = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
+    w_row = w_row.to(tl.int32)  # descriptor coordinates are 32-bit
+    for k0 in tl.range(0, k_len, BLOCK_K, num_stages=RING):
+        q = w_desc.load([w_row, k0 // 8])
+        s = s_desc.load([w_row, k0 // 32])
+        if SCALE_BF16 >= 3:  # the scale on the int32 pair words (3: PTX, 4: emulated)
+            w = _pairs_tile_scaled(q, s, ROWS, BLOCK_K, MUL_PAIRS, SCALE_BF16 == 4)
+        else:
+            w = _scale_pairs_bf16(_pairs_tile(q, ROWS, BLOCK_K, MUL_PAIRS), s, ROWS, BLOCK_K, SCALE_BF16)
+        a = tl.load(a_ptrs + k0, mask=a_ok, other=0.0)
+        acc = tl.dot(w, tl.trans(a), acc)
+    return acc * (1.0 / PAIRS_UNBIAS)
+
+
+@triton.jit
+def _gate_up_pairs_tma_kernel(x_ptr, w13_desc, w13_scale_desc, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                              num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr, RING: tl.constexpr):
+    """:func:`_gate_up_pairs_kernel` with the weights by TMA (:func:`_pairs_rows_tma`): ``w13_desc`` over the
+    repacked words [E*2I, H/8], ``w13_scale_desc`` over the E8M0 bytes [E*2I, H/32]."""
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+    w_row = expert * (2 * inter) + tl.program_id(1) * (2 * BLOCK_N)
+    kg = tl.arange(0, BLOCK_K)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    for m0 in range(row_begin, row_end, BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = m < row_end
+        rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0)
+        a_ptrs = x_ptr + (rows // TOP_K).to(tl.int64)[:, None] * hidden + kg[None, :]
+        acc = _pairs_rows_tma(w13_desc, w13_scale_desc, w_row, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M,
+                              BLOCK_K, MUL_PAIRS, SCALE_BF16, RING)
+        gate, up = tl.split(tl.reshape(tl.trans(acc * PAIRS_UNBIAS), [BLOCK_M, BLOCK_N, 2]))
+        act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE
+        tl.store(act_ptr + rows.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :],
+                 act.to(tl.bfloat16), mask=m_ok[:, None])
+
+
+@triton.jit
+def _down_pairs_tma_kernel(act_ptr, w2_desc, w2_scale_desc, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
+                           active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr,
+                           SCALE_BF16: tl.constexpr, RING: tl.constexpr):
+    """:func:`_down_pairs_kernel` with the weights by TMA: ``w2_desc`` over the words [E*H, I/8],
+    ``w2_scale_desc`` over the E8M0 bytes [E*H, I/32]."""
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+    w_row = expert * hidden + tl.program_id(1) * BLOCK_N
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kg = tl.arange(0, BLOCK_K)
+    for m0 in range(row_begin, row_end, BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = m < row_end
+        rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
+        a_ptrs = act_ptr + rows[:, None] * inter + kg[None, :]
+        acc = _pairs_rows_tma(w2_desc, w2_scale_desc, w_row, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M,
+                              BLOCK_K, MUL_PAIRS, SCALE_BF16, RING)
+        weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rows[None, :] * hidden + n[:, None], acc * PAIRS_UNBIAS * weight[None, :],
+                 mask=m_ok[None, :])
+
+
 @triton.jit
 def _to_bf16_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -1373,10 +1454,13 @@ PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K + 1, 256 * TOP_K),
                        (MOE_INTERMEDIATE_SIZE // 8, TOP_K, 64 * TOP_K))
 
 
-def default_upcast(num_rows: int, inter: int) -> str:
+def default_upcast(num_rows: int, inter: int, tma: bool = True) -> str:
     """The decode/prefill variant :func:`moe_mxfp4_forward` runs when not told: the tensor-core pairs
-    decode and the CUDA-core GEMV where the H200 measured them faster (:data:`PAIRS_DEFAULT_WHERE`,
-    :data:`GEMV_DEFAULT_WHERE`), else :func:`default_gemm_upcast`."""
+    decode and the CUDA-core GEMV where the H200 measured them faster (:data:`PAIRS_TMA_WHERE` where ``tma``
+    says the operands allow its TMA-fed form, :data:`PAIRS_DEFAULT_WHERE`, :data:`GEMV_DEFAULT_WHERE`), else
+    :func:`default_gemm_upcast`."""
+    if tma and pairs_tma_default(num_rows, inter):
+        return PAIRS
     for where_inter, min_rows, max_rows in PAIRS_DEFAULT_WHERE:
         if inter == where_inter and min_rows <= num_rows <= max_rows:
             return PAIRS
@@ -1624,7 +1708,9 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     if num_rows == 0:
         return out
     if upcast is None:
-        upcast = default_upcast(num_rows, inter) if dot_scaled is None else ("dot_scaled" if dot_scaled else "regs")
+        tma = gemv_tma_usable(x, w13, w13_scale, w2, w2_scale) and pair_words_mul_usable(x.device)
+        upcast = (default_upcast(num_rows, inter, tma) if dot_scaled is None
+                  else ("dot_scaled" if dot_scaled else "regs"))
         if dot_scaled is None and configs and isinstance(configs[0], (GemvConfig, PairsConfig)):  # tiles name the form
             upcast = GEMV if isinstance(configs[0], GemvConfig) else PAIRS
         gemm_args = act_mxfp8 or split_k not in (None, "off") or (configs and isinstance(configs[0], GemmConfig))
@@ -1966,7 +2052,11 @@ class PairsConfig:
     of one per 32-group plus an FFMA; exact for E8M0 bytes 34..160, inf above 160); ``scale_on_words`` (round 9,
     one MMA per K step as ``scale_bf16``): the same factor multiplied onto the int32 pair words by PTX
     ``mul.rn.bf16x2`` before they are split into bf16 values (:func:`_pairs_tile_scaled`: no half swaps around
-    the packed multiply, one scale byte per thread and group instead of a shared-memory shuffle of the scales)."""
+    the packed multiply, one scale byte per thread and group instead of a shared-memory shuffle of the scales);
+    ``tma_ring`` (> 0, round 15, both configs of a forward alike; needs ``scale_bf16`` and block_k >= 512, so a
+    row's scale bytes of a step are the 16 bytes TMA needs): swap-AB fed by TMA -- the weight words and E8M0
+    bytes of each K step arrive by TMA through a ring of that many stages (:func:`_pairs_rows_tma`; the
+    activations by plain loads), on the TMA GEMV's small tiles (``num_stages`` is then unused)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1975,9 +2065,11 @@ class PairsConfig:
     mul_pairs: bool = False
     scale_bf16: bool = False
     scale_on_words: bool = False
+    tma_ring: int = 0
 
     def label(self) -> str:
-        return (f"n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
+        stages = f"tma{self.tma_ring}" if self.tma_ring else f"s{self.num_stages}"
+        return (f"n{self.block_n}k{self.block_k}w{self.num_warps}{stages}"
                 + (f"m{self.block_m}" if self.block_m != 16 else "") + ("mul" if self.mul_pairs else "")
                 + ("h" if self.scale_bf16 else "") + ("wd" if self.scale_on_words else ""))
 
@@ -2005,14 +2097,37 @@ PAIRS_X_BLOCK = 1024  # activations one program of the pairs routing launch reor
 # I = 512 it starts at B = 12. (per-rank I, fewest routed rows) where it does not start at the first row:
 PAIRS_SCALE_ON_WORDS_MIN_ROWS = {MOE_INTERMEDIATE_SIZE // 4: 12 * TOP_K}
 PAIR_WORDS_MUL_MIN_CAPABILITY = 9  # PTX mul.rn.bf16x2 (PairsConfig.scale_on_words): sm_90 and sm_12x
+# Round 15 (benchmarks/moe_mxfp4-h200-run15-summary.md, H200 runs 15 / 15b, every point reference-checked): swap-AB
+# fed by TMA (PairsConfig(tma_ring=)) with one warp per 16 weight rows -- gate/up 16 columns (32 rows) on 2 warps,
+# down 16 rows on 1 warp, 2 stages, the factor on the pair words -- beside the defaults: I = 2048 (T=1) B = 4 / 8 / 16
+# in 150.3 / 272.1 / 476.7 us against the TMA GEMV's 163.3 / 303.3 / 587.8 and B = 32 / 64 in 797.6 / 1150 against
+# the pairs decode's 1029 / 1493 (1.09-1.30x); B = 1 / 2 slower (51.15 / 87.44 vs 49.54 / 85.31). I = 512 (T=4)
+# B = 16 / 32 / 64 in 149.8 / 252.5 / 355.9 against the pairs decode's 179.5 / 299.4 / 414.0 (1.16-1.20x); B = 4
+# 53.54 vs 57.24 but B = 8 94.93 vs 92.53 and B = 1 / 2 0.79-0.84x (the TMA GEMV stays there). More warps than
+# 16-row tiles replicate the dequantisation (each warp's mma.sync M tile is the whole 16 rows): 4 warps on 16 rows
+# were 0.37-0.49x. B between measured wins take it, B = 3, 65.. and I = 1024 / 256 are not measured.
+# (per-rank I, fewest routed rows, most routed rows):
+PAIRS_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 4 * TOP_K, 64 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, 16 * TOP_K, 64 * TOP_K))
+PAIRS_TMA_TILES = (PairsConfig(16, 512, 2, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2),
+                   PairsConfig(16, 512, 1, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2))
 
 
-def pairs_configs(num_rows: int, inter: int, words_mul: bool = True) -> tuple[PairsConfig, PairsConfig]:
-    """(gate/up, down) tiles of the pairs decode: the fastest of the H200 round-4 and round-5 runs at every
+def pairs_tma_default(num_rows: int, inter: int) -> bool:
+    """Whether the TMA-fed swap-AB pairs decode is the default at this shape (:data:`PAIRS_TMA_WHERE`)."""
+    return any(inter == i and lo <= num_rows <= hi for i, lo, hi in PAIRS_TMA_WHERE)
+
+
+def pairs_configs(num_rows: int, inter: int, words_mul: bool = True,
+                  tma: bool = True) -> tuple[PairsConfig, PairsConfig]:
+    """(gate/up, down) tiles of the pairs decode: the TMA-fed swap-AB tiles :data:`PAIRS_TMA_TILES` where
+    :data:`PAIRS_TMA_WHERE` says, ``tma`` says the operands allow TMA (:func:`gemv_tma_usable`) and ``words_mul``
+    the GPU has the packed bf16 multiply; else the fastest of the H200 round-4 and round-5 runs at every
     measured (T, B) (gate/up 32 columns = 64 weight rows, down 64 rows, K steps of 128, 4 warps, 3 stages,
     nibble pairs by multiply, E8M0 factor in packed bf16; benchmarks/moe_mxfp4-h200-run2.md, run3.md), the
     factor on the int32 pair words where round 9 measured that faster (:data:`PAIRS_SCALE_ON_WORDS_MIN_ROWS`)
     and ``words_mul`` says the GPU has the packed bf16 multiply it needs (:func:`pair_words_mul_usable`)."""
+    if tma and words_mul and pairs_tma_default(num_rows, inter):
+        return PAIRS_TMA_TILES
     on_words = words_mul and num_rows >= PAIRS_SCALE_ON_WORDS_MIN_ROWS.get(inter, 0)
     return (PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=on_words),
             PairsConfig(64, min(128, inter), 4, mul_pairs=True, scale_bf16=True, scale_on_words=on_words))
@@ -2037,7 +2152,8 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
     if num_rows > ROUTE_TRITON_MAX_ROWS:
         raise ValueError(f"upcast='pairs' is a decode form: at most {ROUTE_TRITON_MAX_ROWS} routed rows "
                          f"(B*top_k), got {num_rows}")
-    gu_cfg, dn_cfg = configs if configs else pairs_configs(num_rows, inter, pair_words_mul_usable(x.device))
+    gu_cfg, dn_cfg = configs if configs else pairs_configs(num_rows, inter, pair_words_mul_usable(x.device),
+                                                           tma=gemv_tma_usable(x, w13, w13_scale, w2, w2_scale))
     if not (isinstance(gu_cfg, PairsConfig) and isinstance(dn_cfg, PairsConfig)):
         raise ValueError(f"configs for upcast='pairs' must be two PairsConfig, got {configs!r}")
     gu_k, dn_k = min(gu_cfg.block_k, hidden), min(dn_cfg.block_k, inter)
@@ -2045,6 +2161,11 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
             or inter % dn_k or min(gu_cfg.block_m, dn_cfg.block_m, 2 * gu_cfg.block_n, dn_cfg.block_n) < 16):
         raise ValueError(f"pairs tiles {configs!r} do not fit H={hidden}, I={inter} (block_k a multiple of 32 "
                          f"dividing K, block_n dividing the outputs, MMA sides >= 16)")
+    tma_ring = gu_cfg.tma_ring
+    if (gu_cfg.tma_ring or dn_cfg.tma_ring) and (dn_cfg.tma_ring != tma_ring or tma_ring < 0 or min(gu_k, dn_k) < 512
+                                                 or not (gu_cfg.scale_bf16 and dn_cfg.scale_bf16)):
+        raise ValueError(f"pairs tma_ring needs both configs alike (> 0), block_k >= 512 (K >= 512) and scale_bf16; "
+                         f"got {configs!r} at H={hidden}, I={inter}")
     device = x.device
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()
@@ -2056,6 +2177,16 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
     act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=device)
     y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)
     slots = min(num_rows, num_experts)
+    if tma_ring:  # host-side descriptors: kernel parameters, so a captured graph replays them as they are
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        w13_desc = TensorDescriptor.from_tensor(w13.view(torch.int32).view(-1, hidden // 8),
+                                                [2 * gu_cfg.block_n, gu_k // 8])
+        w13_s_desc = TensorDescriptor.from_tensor(scale_bytes(w13_scale).view(-1, hidden // 32),
+                                                  [2 * gu_cfg.block_n, gu_k // 32])
+        w2_desc = TensorDescriptor.from_tensor(w2.view(torch.int32).view(-1, inter // 8), [dn_cfg.block_n, dn_k // 8])
+        w2_s_desc = TensorDescriptor.from_tensor(scale_bytes(w2_scale).view(-1, inter // 32),
+                                                 [dn_cfg.block_n, dn_k // 32])
 
     def route_step():
         _route_pairs_kernel[(1 + triton.cdiv(x.numel(), PAIRS_X_BLOCK),)](
@@ -2064,6 +2195,13 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
             NUM_BINS=triton.next_power_of_2(num_experts + 1), BLOCK_X=PAIRS_X_BLOCK, num_warps=4)
 
     def gate_up():
+        if tma_ring:
+            _gate_up_pairs_tma_kernel[(slots, inter // gu_cfg.block_n)](
+                x_pairs, w13_desc, w13_s_desc, sorted_rows, expert_start, active_experts, num_active, act, hidden,
+                inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m, BLOCK_N=gu_cfg.block_n,
+                BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs, SCALE_BF16=gu_cfg.scale_bf16_constexpr(), RING=tma_ring,
+                num_warps=gu_cfg.num_warps)
+            return
         _gate_up_pairs_kernel[(slots, inter // gu_cfg.block_n)](
             x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts,
             num_active, act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m,
@@ -2071,6 +2209,12 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
             SCALE_BF16=gu_cfg.scale_bf16_constexpr(), num_warps=gu_cfg.num_warps, num_stages=gu_cfg.num_stages)
 
     def down():
+        if tma_ring:
+            _down_pairs_tma_kernel[(slots, hidden // dn_cfg.block_n)](
+                act, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y, hidden,
+                inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, MUL_PAIRS=dn_cfg.mul_pairs,
+                SCALE_BF16=dn_cfg.scale_bf16_constexpr(), RING=tma_ring, num_warps=dn_cfg.num_warps)
+            return
         _down_pairs_kernel[(slots, hidden // dn_cfg.block_n)](
             act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
             num_active, y, hidden, inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
@@ -2198,6 +2342,21 @@ def _down_pairs_sig():
             "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
             "num_active_ptr": "*i32", "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_M": "constexpr",
             "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MUL_PAIRS": "constexpr", "SCALE_BF16": "constexpr"}
+
+
+def _pairs_tma_sig(kind, rows, block_k):
+    """Signature of the TMA-fed swap-AB pairs kernels: descriptors typed by their block (weight words
+    [rows, block_k/8] int32, scale bytes [rows, block_k/32])."""
+    w, s = f"tensordesc<i32[{rows}, {block_k // 8}]>", f"tensordesc<u8[{rows}, {block_k // 32}]>"
+    tiles = {"BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MUL_PAIRS": "constexpr",
+             "SCALE_BF16": "constexpr", "RING": "constexpr"}
+    if kind == "gate_up":
+        sig = _gate_up_pairs_sig()
+        return {"x_ptr": sig["x_ptr"], "w13_desc": w, "w13_scale_desc": s,
+                **{k: v for k, v in sig.items() if k not in ("x_ptr", "w13_ptr", "w13_scale_ptr")}, **tiles}
+    sig = _down_pairs_sig()
+    return {"act_ptr": sig["act_ptr"], "w2_desc": w, "w2_scale_desc": s,
+            **{k: v for k, v in sig.items() if k not in ("act_ptr", "w2_ptr", "w2_scale_ptr")}, **tiles}
 
 
 # pairs tiles compiled beside pairs_configs (the device run's candidates)
@@ -2359,6 +2518,19 @@ def aot_configs() -> list[AotConfig]:
                     kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",),
                     note="tensor-core pairs decode" + ("" if cfg in shipped_pairs else " (selectable, not a default)")))
+    # TMA-fed swap-AB pairs decode (the default where PAIRS_TMA_WHERE says; one config serves every I)
+    for kind, kernel, cfg in (("gate_up", _gate_up_pairs_tma_kernel, PAIRS_TMA_TILES[0]),
+                              ("down", _down_pairs_tma_kernel, PAIRS_TMA_TILES[1])):
+        constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                      "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring}
+        if kind == "gate_up":
+            constexprs["TOP_K"] = TOP_K
+        configs.append(AotConfig(
+            name=f"moe_mxfp4_{kind}_pairs_{cfg.label()}", kernel=kernel,
+            signature=_pairs_tma_sig(kind, 2 * cfg.block_n if kind == "gate_up" else cfg.block_n, cfg.block_k),
+            constexprs=constexprs, num_warps=cfg.num_warps, num_stages=cfg.tma_ring, div16=("hidden", "inter"),
+            expect_opcodes=("HMMA.16816.F32.BF16", "UTMALDG"),
+            note="swap-AB pairs decode, weights by TMA (the default at T=1 B=4..64, T=4 B=16..64)"))
     configs.append(AotConfig(
         name="moe_mxfp4_route_pairs", kernel=_route_pairs_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",

@@ -18,6 +18,11 @@ GEMV default tiles at T = 1 / 4, B = 1, 2, 4, 8, 16.
 Round 11 (``--persistent``): the TMA GEMV as a persistent grid (``GemvConfig(persistent_programs_per_sm=)``)
 beside the TMA GEMV default at T = 1, B = 1..16 and T = 4, B = 1..8 (launch by launch at B = 1).
 
+Round 15 (``--swap-ab``, issue 4): swap-AB on tensor cores fed by TMA (``PairsConfig(tma_ring=)``: the pairs
+decode's MMA -- weights the M side, up to 16 routed rows the N side, the E8M0 factor on the pair words -- with the
+weight words and scale bytes by TMA through the TMA GEMV's ring, on its small tiles, K steps of 512) beside the
+shipped default and the pairs default tiles at T = 1 / 4, B = 1, 2, 4, 8, 16, 32, 64, launch by launch everywhere.
+
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
 
@@ -173,6 +178,31 @@ PERSISTENT2_CANDIDATES = [_persistent(6), _persistent(8), _persistent(12), _down
 PERSISTENT2_BATCHES = {1: (1, 2, 4, 8, 16), 2: (1, 4, 16), 4: (1, 2, 3, 4, 5, 6, 7, 8)}
 
 
+# round 15 (--swap-ab): gate/up 8 / 16 columns (16 / 32 weight rows: mma.sync on sm_90 and sm_120; 64 rows would be
+# wgmma on the H200 with 151 KB of shared memory), down 16 / 32 rows, 3 / 2 stages, the factor on the pair words
+# (wd) or on the bf16 values (h), 4 / 8 warps
+
+
+def _swap_ab(gu_n, dn_n, ring=3, warps=4, on_words=True, dn_warps=None):
+    return tuple(P(n, 512, w, mul_pairs=True, scale_bf16=True, scale_on_words=on_words, tma_ring=ring)
+                 for n, w in ((gu_n, warps), (dn_n, warps if dn_warps is None else dn_warps)))
+
+
+SWAP_AB_CANDIDATES = [_swap_ab(8, 16), _swap_ab(8, 16, ring=2), _swap_ab(16, 32), _swap_ab(8, 16, warps=8),
+                      _swap_ab(8, 16, on_words=False),
+                      (P(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True),
+                       P(64, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True))]  # the pairs default tiles
+# run 15b (--swap-ab2): run 15 was 0.20-0.86x, its time linear in warps per 16 weight rows (gate/up T=1 B=1: 16 rows
+# over 4 warps 74.6 us, 32 rows over 4 warps 40.6, 16 rows over 8 warps 140.7): Triton's mma.sync layout puts a
+# 16-row M tile on each warp, so with more warps than 16-row tiles every warp dequantises the same weights again.
+# One warp per 16 rows: gate/up 16 rows / 1 warp, 32 rows / 2 warps, down 16 / 1 and 32 / 2, 3 and 2 stages
+SWAP_AB2_CANDIDATES = [_swap_ab(8, 16, warps=1), _swap_ab(8, 16, warps=1, ring=2),
+                       _swap_ab(16, 16, warps=2, dn_warps=1),
+                       _swap_ab(16, 32, warps=2), _swap_ab(16, 16, warps=2, ring=2, dn_warps=1),
+                       _swap_ab(8, 16, warps=1, ring=4), _swap_ab(16, 32)]
+SWAP_AB_DEADLINE_S = 175  # for a 240 s device limit
+
+
 def label(cfgs) -> str:
     kind = "pairs" if isinstance(cfgs[0], moe.PairsConfig) else "gemv"
     return f"{kind} {cfgs[0].label()} / {cfgs[1].label()}"
@@ -198,6 +228,10 @@ def main() -> None:
                         help="round 11: persistent TMA GEMV candidates (device only: K >= 512)")
     parser.add_argument("--persistent2", action="store_true",
                         help="run 11b: persistent down launch alone / both at P = 6-12, launch by launch everywhere")
+    parser.add_argument("--swap-ab", action="store_true",
+                        help="round 15: swap-AB tensor-core decode with TMA-fed weights (device only: K >= 512)")
+    parser.add_argument("--swap-ab2", action="store_true",
+                        help="run 15b: swap-AB with one warp per 16 weight rows (no replicated dequant)")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
                         help="--words: GEMV candidates up to this B, pairs candidates above it")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
@@ -210,6 +244,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.persistent2:
         args.persistent = True
+    if args.swap_ab2:
+        args.swap_ab = True
     breakdown = [b for b in args.breakdown.split(",") if b]
     gemv_max_batch = args.gemv_max_batch
     if args.smoke:
@@ -229,6 +265,9 @@ def main() -> None:
             candidates = [(G(256, 512, 4, tma_ring=2, persistent_programs_per_sm=2),) * 2,
                           (G(256, 512, 4, tma_ring=2), G(256, 512, 4, tma_ring=2, persistent_programs_per_sm=2))]
             moe.CPU_SM_COUNT = 5
+        if args.swap_ab:  # TMA needs K >= 512; B = 3 with 8 experts: several rows per expert in one MMA pass
+            hidden, base_inter, tps, batches = 512, 512, (1,), (1, 3)
+            candidates = [_swap_ab(128, 256, ring=2), _swap_ab(256, 512, ring=3, on_words=False)]
     else:
         device, num_experts, hidden, tps, copies, base_inter = (
             "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
@@ -242,23 +281,26 @@ def main() -> None:
             batches, candidates = (1, 2, 4, 8, 16), PERSISTENT_CANDIDATES
         if args.persistent2:
             tps, batches, candidates = (1, 2, 4), tuple(range(1, 17)), PERSISTENT2_CANDIDATES
+        if args.swap_ab:
+            batches, candidates = (1, 2, 4, 8, 16, 32, 64), SWAP_AB2_CANDIDATES if args.swap_ab2 else SWAP_AB_CANDIDATES
     if args.only:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
         batches = tuple(int(b) for b in args.batches.split(","))
     if args.tps:
         tps = tuple(int(t) for t in args.tps.split(","))
-    if args.words:
+    if args.words or args.swap_ab:
         args.pairs = True  # the pairs form, labels and notes
-    deadline = (WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
+    deadline = (SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
                 else PERSISTENT_DEADLINE_S if args.persistent else TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, round 11: persistent TMA GEMV, DSv4-Flash shapes, H200" if args.persistent else
+        title=("sm120 MoE decode, round 15: swap-AB on tensor cores with TMA-fed weights, DSv4-Flash shapes, H200"
+               if args.swap_ab else "sm120 MoE decode, round 11: persistent TMA GEMV, DSv4-Flash shapes, H200" if args.persistent else
                "sm120 MoE decode, round 9: pairs decode with the E8M0 scale on the int32 pair words, DSv4-Flash shapes, H200"
                if args.words else
                "sm120 MoE decode, round 8b: CUDA-core GEMV with its operands fetched by TMA, DSv4-Flash shapes, H200"
@@ -324,7 +366,7 @@ def main() -> None:
                 us = run(cycling(per_layer, layers))
                 build = launches_of(kw)
                 wanted = (name in breakdown or ("default" in breakdown and name == old)) if breakdown else batch == 1
-                wanted = wanted or args.persistent2
+                wanted = wanted or args.persistent2 or args.swap_ab
                 if wanted and build is not None:  # launch-by-launch breakdown of the GEMV / pairs forms
                     outs = [torch.empty_like(x) for _ in layers]
                     launches = [build(x, *layer, weights, ids, o, SWIGLU_LIMIT, kw.get("configs"))
@@ -356,7 +398,8 @@ def main() -> None:
         result.notes.append("pairs labels: gate/up / down PairsConfig as n<block_n>k<block_k>w<warps>s<num_stages>, "
                             "mul = nibble pairs placed by one multiply, h = E8M0 factor on the pair values in packed "
                             "bf16, wd = the factor on the int32 pair words by PTX mul.rn.bf16x2 (round 9); "
-                            "16 routed rows per MMA pass")
+                            "16 routed rows per MMA pass; tma<R> (round 15) = swap-AB fed by TMA: weight words and "
+                            "scale bytes through a ring of R stages, activations by plain loads")
     result.notes.append("gemv labels: gate/up / down GemvConfig as n<block_n>k<block_k>w<warps>, s<K splits>, "
                         "p = register prefetch of the next K step, st<num_stages> (none: Triton's default 3), f = x_f32 "
                         "(activations as float32 in the word-pair order, multiply-placed nibble pairs), tma<stages> = "

@@ -361,13 +361,16 @@ def test_split_nibble_dequant_is_bit_exact(upcast):
 
 
 def test_default_upcast_follows_the_h200_numbers():
-    """Where the H200 measured them faster: the (TMA) CUDA-core GEMV at B <= 16 (I = 2048, 1024) and
-    B <= 8 (I = 512), the pairs decode above it up to B = 256 (I = 2048, 512) / 64 (I = 1024) and at
-    B = 1..64 for I = 256; split_bf16 for the rest of the decode at I = 2048; the earlier choices elsewhere."""
+    """Where the H200 measured them faster: the (TMA) CUDA-core GEMV at B <= 16 (I = 1024), B <= 3 (I = 2048;
+    B <= 16 without TMA) and B <= 8 (I = 512), the pairs decode above it up to B = 256 (I = 2048, 512) / 64
+    (I = 1024) -- its TMA-fed swap-AB form at B = 4..64 (I = 2048) -- and at B = 1..64 for I = 256; split_bf16
+    for the rest of the decode at I = 2048; the earlier choices elsewhere."""
     full_i = 2048
-    for inter in (full_i, full_i // 2):
-        assert all(moe.default_upcast(b * TOP_K, inter) == "gemv" for b in (1, 3, 7, 8, 12, 16))
-        assert moe.default_upcast(16 * TOP_K + 1, inter) == "pairs"
+    for inter, tma in ((full_i, False), (full_i // 2, True), (full_i // 2, False)):
+        assert all(moe.default_upcast(b * TOP_K, inter, tma) == "gemv" for b in (1, 3, 7, 8, 12, 16))
+        assert moe.default_upcast(16 * TOP_K + 1, inter, tma) == "pairs"
+    assert all(moe.default_upcast(b * TOP_K, full_i) == "gemv" for b in (1, 2, 3))
+    assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (4, 5, 8, 12, 16))  # round 15
     assert moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(257 * TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
@@ -696,10 +699,12 @@ def test_gemv_tiles_only_where_measured():
     assert moe.gemv_configs(TOP_K + 1, full_i // 4, tma=False) == plain
     assert moe.gemv_configs(TOP_K, full_i, tma=False) == plain
     # the decode form per batch: the GEMV wherever its TMA form won, the pairs decode above
-    assert moe.default_upcast(16 * TOP_K, full_i) == "gemv" and moe.default_upcast(16 * TOP_K + 1, full_i) == "pairs"
+    # (at I = 2048 the TMA-fed swap-AB pairs decode takes B = 4..16 from the TMA GEMV: round 15's test)
+    assert moe.default_upcast(16 * TOP_K, full_i, tma=False) == "gemv"
+    assert moe.default_upcast(16 * TOP_K + 1, full_i, tma=False) == "pairs"
     assert moe.default_upcast(8 * TOP_K, full_i // 4) == "gemv" and moe.default_upcast(9 * TOP_K, full_i // 4) == "pairs"
-    for inter in (full_i, full_i // 2):
-        assert moe.default_upcast(16 * TOP_K, inter) == "gemv" and moe.default_upcast(16 * TOP_K + 1, inter) == "pairs"
+    assert moe.default_upcast(16 * TOP_K, full_i // 2) == "gemv"
+    assert moe.default_upcast(16 * TOP_K + 1, full_i // 2) == "pairs"
     assert moe.default_upcast(TOP_K, full_i // 8) == "pairs"
 
 
@@ -903,7 +908,7 @@ def test_pairs_default_dispatch(monkeypatch):
     x = make_x(2)
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
     monkeypatch.setattr(moe, "PAIRS_DEFAULT_WHERE", ((inter, 2 * TOP_K, 2 * TOP_K),))
-    monkeypatch.setattr(moe, "pairs_configs", lambda rows, i, words_mul=True: pairs_tiles(i, mul_pairs=True))
+    monkeypatch.setattr(moe, "pairs_configs", lambda rows, i, words_mul=True, tma=True: pairs_tiles(i, mul_pairs=True))
     calls = []
     real = moe.pairs_launches
     monkeypatch.setattr(moe, "pairs_launches", lambda *a, **kw: calls.append(a[-1]) or real(*a, **kw))
@@ -920,7 +925,7 @@ def test_pairs_scale_on_words_default_follows_the_h200_numbers():
     for tp in SUPPORTED_TP:
         inter = 2048 // tp
         for batch in (1, 8, 9, 11, 12, 16, 17, 64, 256):
-            gu, dn = moe.pairs_configs(batch * TOP_K, inter)
+            gu, dn = moe.pairs_configs(batch * TOP_K, inter, tma=False)  # round 15's TMA tiles: their own test
             expected = not (tp == 4 and batch < 12)
             assert gu.scale_on_words == dn.scale_on_words == expected, (tp, batch)
             assert gu == moe.PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=expected)
@@ -953,5 +958,107 @@ def test_pairs_aot_configs_expect_tensor_cores():
                        and c.constexprs["SCALE_BF16"] == flag and "selectable" not in c.note for c in pairs)
             assert any(c.kernel is moe._down_pairs_kernel and c.constexprs["BLOCK_K"] == min(dn.block_k, 2048 // tp)
                        and c.constexprs["SCALE_BF16"] == flag and "selectable" not in c.note for c in pairs)
-    assert all(c.expect_opcodes == ("HMMA.16816.F32.BF16",) for c in pairs)
+    assert all(c.expect_opcodes == ("HMMA.16816.F32.BF16",) + (("UTMALDG",) if "tma" in c.name else ()) for c in pairs)
     assert any(c.kernel is moe._route_pairs_kernel for c in moe.aot_configs())
+
+
+# --- swap-AB fed by TMA (PairsConfig(tma_ring=)): K steps of 512, so H = I = 512 as the TMA GEMV's tests ------------
+@pytest.mark.parametrize("ring,batch,pattern,on_words", [
+    (3, 0, "random", True), (3, 1, "random", True), (3, 3, "duplicate", True), (1, 3, "skewed", False),
+    (3, 4, "invalid", True), (2, 1, "duplicate", False)])
+def test_pairs_tma_swap_ab(ring, batch, pattern, on_words):
+    """Weights and E8M0 bytes by TMA through a ring of one to three stages, the MMA with the weights as M and
+    up to 16 routed rows as N (duplicate experts: several rows per pass), against the reference with the clamp
+    active and every scratch tensor NaN-poisoned; bit-identical to the cp.async pairs decode at the same tiles
+    (the same MMA operands, K steps and order)."""
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=batch + 70)
+    weights, ids = make_routing(batch, pattern, seed=batch + 71)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=batch + 72, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    if batch:
+        assert rel(moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0), ref) > 0.1
+    form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": on_words}
+    tiles = ((inter // 2, TMA_HIDDEN // 2) if batch < 4 else (inter, TMA_HIDDEN))  # interpreter time
+    cfgs = tuple(moe.PairsConfig(n, 512, 4, tma_ring=ring, **form) for n in tiles)
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, upcast="pairs", configs=cfgs)
+    assert out.shape == (batch, TMA_HIDDEN) and torch.isfinite(out).all()
+    if batch:
+        assert rel(out, ref) < 2e-2
+    plain = run(x, experts, weights, ids, upcast="pairs", configs=tuple(moe.PairsConfig(n, 512, 4, **form)
+                                                                        for n in tiles))
+    assert torch.equal(out, plain)
+    assert cfgs[0].label() == f"n{tiles[0]}k512w4tma{ring}mulh" + ("wd" if on_words else "")
+
+
+@pytest.mark.parametrize("bad", ["block_k", "mixed", "negative", "no_scale_bf16"])
+def test_pairs_tma_arguments(bad):
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    gu = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2, mul_pairs=True, scale_bf16=True)
+    dn = dict(gu)
+    if bad == "block_k":
+        gu["block_k"] = dn["block_k"] = 256
+    elif bad == "mixed":
+        dn["tma_ring"] = 0
+    elif bad == "negative":
+        gu["tma_ring"] = dn["tma_ring"] = -1
+    else:
+        gu["scale_bf16"] = dn["scale_bf16"] = False
+    with pytest.raises(ValueError, match="tma_ring"):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="pairs",
+            configs=(moe.PairsConfig(**gu), moe.PairsConfig(**dn)))
+
+
+def test_pairs_tma_default_follows_the_h200_numbers():
+    """Round 15 (runs 15 / 15b): the TMA-fed swap-AB tiles (gate/up 32 rows on 2 warps, down 16 rows on 1 warp, 2
+    stages, factor on the pair words) are the pairs tiles at I = 2048 from B = 4 and at I = 512 from B = 16, up to
+    B = 64, where the operands allow TMA and the GPU has the packed multiply; elsewhere the cp.async tiles; both
+    kernels in the AOT registry (HMMA + UTMALDG)."""
+    tma_tiles = moe.PAIRS_TMA_TILES
+    assert tma_tiles[0] == moe.PairsConfig(16, 512, 2, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2)
+    assert tma_tiles[1] == moe.PairsConfig(16, 512, 1, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2)
+    for inter, first in ((2048, 4), (512, 16)):
+        for batch in (first, 17, 32, 64):
+            assert moe.pairs_configs(batch * TOP_K, inter) == tma_tiles
+            assert moe.default_upcast(batch * TOP_K, inter) == "pairs"
+            assert moe.pairs_configs(batch * TOP_K, inter, tma=False) != tma_tiles
+            assert moe.pairs_configs(batch * TOP_K, inter, words_mul=False) != tma_tiles
+        for rows in (first * TOP_K - 1, 64 * TOP_K + 1, 256 * TOP_K):
+            assert moe.pairs_configs(rows, inter) != tma_tiles
+    for inter in (1024, 256):
+        assert all(moe.pairs_configs(b * TOP_K, inter) != tma_tiles for b in (1, 4, 16, 64))
+    assert moe.default_upcast(4 * TOP_K, 2048, tma=False) == "gemv"
+    names = {c.name: c for c in moe.aot_configs()}
+    for kind, kernel, cfg in (("gate_up", moe._gate_up_pairs_tma_kernel, tma_tiles[0]),
+                              ("down", moe._down_pairs_tma_kernel, tma_tiles[1])):
+        aot = names[f"moe_mxfp4_{kind}_pairs_{cfg.label()}"]
+        assert aot.kernel is kernel and aot.num_warps == cfg.num_warps and aot.constexprs["RING"] == 2
+        assert aot.constexprs["SCALE_BF16"] == 3 and aot.expect_opcodes == ("HMMA.16816.F32.BF16", "UTMALDG")
+
+
+def test_pairs_tma_default_forward(monkeypatch):
+    """The default forward at a shape PAIRS_TMA_WHERE names runs the TMA-fed pairs launches (reduced tiles), and
+    not where the operands do not allow TMA (gemv_tma_usable False: then the shape's earlier default)."""
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=90)
+    weights, ids = make_routing(2, "skewed", seed=91)
+    x = make_x(2, hidden=TMA_HIDDEN, seed=92)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True}
+    tma_tiles = (moe.PairsConfig(inter, 512, 2, tma_ring=2, **form),
+                 moe.PairsConfig(TMA_HIDDEN, 512, 1, tma_ring=2, **form))
+    monkeypatch.setattr(moe, "PAIRS_TMA_WHERE", ((inter, 2 * TOP_K, 2 * TOP_K),))
+    monkeypatch.setattr(moe, "PAIRS_TMA_TILES", tma_tiles)
+    used = []
+    real = moe._gate_up_pairs_tma_kernel
+    monkeypatch.setattr(moe, "_gate_up_pairs_tma_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: used.append(grid) or real[grid]})())
+    assert moe.default_upcast(2 * TOP_K, inter) == "pairs" and moe.default_upcast(TOP_K, inter) != "pairs"
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids)
+    assert rel(out, ref) < 2e-2 and len(used) == 1
+    assert moe.pairs_configs(2 * TOP_K, inter, tma=False) != tma_tiles
+    monkeypatch.setattr(moe, "gemv_tma_usable", lambda *tensors: False)
+    assert rel(run(x, experts, weights, ids), ref) < 2e-2 and len(used) == 1
