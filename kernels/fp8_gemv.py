@@ -90,16 +90,19 @@ def _load_activation(row_ptr, freq_row, k, mask, k_first, INV_ROPE: tl.constexpr
 # Row counts and split sizes vary call to call: no 1 / multiple-of-16 specialisation (one compile).
 @triton.jit
 def _sum_split_partials(part_base, split_stride, tile_part, y_ptrs, y_mask, counter_ptr, tile, num_splits,
-                        ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+                        ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BATCH: tl.constexpr = 1):
     """K-split epilogue, after this program stored its fp32 partial: the last of the tile's split programs to
     take a ticket sums the partials ([splits] x split_stride apart) and stores the bf16 tile, then zeroes the
-    ticket counter for the next call (graph replays)."""
+    ticket counter for the next call (graph replays). BATCH > 1 loads that many partials per step, all in
+    flight at once (one L2 round trip per step instead of per partial), summed in the same order."""
     tl.debug_barrier()
     arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
     if arrived == num_splits - 1:
         total = tl.zeros((ROWS, BLOCK_N), tl.float32)
-        for s in range(num_splits):
-            total += tl.load(part_base + s * split_stride + tile_part, mask=y_mask, other=0.0, cache_modifier=".cg")
+        for s0 in range(0, num_splits, BATCH):
+            for u in tl.static_range(BATCH):
+                total += tl.load(part_base + (s0 + u) * split_stride + tile_part, mask=y_mask & (s0 + u < num_splits),
+                                 other=0.0, cache_modifier=".cg")
         tl.store(y_ptrs, total.to(tl.bfloat16), mask=y_mask)
         tl.atomic_xchg(counter_ptr + tile, 0)
 
@@ -679,6 +682,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     CHAIN: tl.constexpr = False, PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
     PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    SPLIT_SUM_BATCH: tl.constexpr = 1,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
@@ -717,13 +721,13 @@ def _block_fp8_gemv_fp8mma_kernel(
                          stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                          stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                          BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, JOIN, IS_SPLIT, INV_ROPE, HEAD, ROPE, CHAIN, PDL,
-                         PDL_LATE_TRIGGER, W_TMA, PERSISTENT)
+                         PDL_LATE_TRIGGER, W_TMA, PERSISTENT, SPLIT_SUM_BATCH)
     else:
         _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
                      stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                      stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                      BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, JOIN, IS_SPLIT, INV_ROPE, HEAD, ROPE, CHAIN, PDL,
-                     PDL_LATE_TRIGGER, W_TMA, PERSISTENT)
+                     PDL_LATE_TRIGGER, W_TMA, PERSISTENT, SPLIT_SUM_BATCH)
 
 
 @triton.jit
@@ -733,9 +737,9 @@ def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, 
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
                  JOIN: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
                  ROPE: tl.constexpr, CHAIN: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
-                 W_TMA: tl.constexpr, PERSISTENT: tl.constexpr):
+                 W_TMA: tl.constexpr, PERSISTENT: tl.constexpr, SPLIT_SUM_BATCH: tl.constexpr):
     """One work item of _block_fp8_gemv_fp8mma_kernel (tile ``pid`` of group pid_g, K split pid_k), after the PDL
-    wait."""
+    wait. With split-K the last arriver sums the partials, SPLIT_SUM_BATCH of them loaded per step."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     TWO_M: tl.constexpr = 2 * BLOCK_M
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -827,7 +831,7 @@ def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, 
         tile_part = rm[:, None] * N + rn[None, :]
         tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, out, mask=y_mask)
         _sum_split_partials(part_base, M * N, tile_part, y_ptrs, y_mask, counter_ptr, pid_g * tiles_per_group + pid,
-                            num_splits, BLOCK_M, BLOCK_N)
+                            num_splits, BLOCK_M, BLOCK_N, SPLIT_SUM_BATCH)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -861,7 +865,8 @@ class GemvConfig:
     x_broadcast: bool = False
     # FP8 tensor-core form (_block_fp8_gemv_fp8mma_kernel): the e4m3 weight is the MMA's M side as
     # loaded, each activation row split in registers into two e4m3 terms (hi, lo); block_m in (8, 16)
-    # rows make 16 / 32 MMA columns; use_dot must be True, k_unroll 1
+    # rows make 16 / 32 MMA columns; use_dot must be True; k_unroll 128-wide blocks per loop iteration, each its
+    # own MMA
     fp8_mma: bool = False
     fp8_join: bool = False  # fp8_mma: split each activation row once, hi and lo joined into the MMA columns
     # fp8_mma: chained MMAs (acc = dot(w, q^T, acc)), the weight scale folded into the activation, one
@@ -882,6 +887,9 @@ class GemvConfig:
     # flattened into the K loop (tl.range(flatten=True)) so the weight pipeline runs on from one item into the next.
     # 0: one program per work item. H200 runs 13 / 13b: see default_config.
     persistent_programs_per_sm: int = 0
+    # FP8 tensor-core form, split-K epilogue: the last arriver loads this many partials per step (all in flight at
+    # once) instead of one, summed in the same order (the same result)
+    split_sum_batch: int = 1
 
     def __post_init__(self):
         if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M)) or (
@@ -904,6 +912,8 @@ class GemvConfig:
                 self.rows_form or self.fp8_chain)):
             raise ValueError(f"config: persistent_programs_per_sm >= 0, and the persistent form excludes the rows "
                              f"form and fp8_chain; got {self}")
+        if self.split_sum_batch < 1 or (self.split_sum_batch > 1 and not self.fp8_mma):
+            raise ValueError(f"config: split_sum_batch >= 1, and above 1 needs fp8_mma; got {self}")
 
     @property
     def weight_tile_k(self) -> int:
@@ -923,6 +933,7 @@ class GemvConfig:
         extra += ("_late" if self.pdl_late else "") + ("_tma" if self.w_tma else "")
         if self.persistent_programs_per_sm:
             extra += f"_pp{self.persistent_programs_per_sm}"
+        extra += (f"_sb{self.split_sum_batch}" if self.split_sum_batch > 1 else "")
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -1136,19 +1147,37 @@ def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
 #   run the same 8-row tile and grid (not timed). Without the RoPE the TMA tile is equal (13.65 vs 13.67 us).
 #   At T=2 (the same tile without PDL) it was equal with the RoPE too (0.99-1.00x): not used there.
 WO_A_ROPE_FMA_MIN_WEIGHT_BYTES = 8 << 20
+# wo_a at T=1, 2..8 rows on the 128-column FP8 tile with PDL (32 MiB), H200 runs 15 / 15b
+# (benchmarks/fp8_gemv-h200-run15-summary.md), each beside the default in the same graph-timed harness:
+# * with the fused inverse RoPE: the tile by TMA on 4 warps instead of 8, 15.12 / 15.37 / 16.23 us at 2 / 4 / 8 rows
+#   against 16.14 / 16.29 / 16.76 by TMA on 8 warps (0.937 / 0.943 / 0.968x, run 15b);
+# * without it, at 2..4 rows: one iteration per program (its 4 K blocks loaded at once into registers, no pipeline)
+#   on 4 warps, the last arriver loading all 8 split partials in one step: 12.88 / 13.04 us at 2 / 4 rows against
+#   13.54 / 13.60 (0.951 / 0.959x, run 15b; without the batched sum 0.972-0.978x in runs 15 and 15b). At 8 rows it
+#   was 0.982x (13.57 vs 13.82 us): under the 2 % bar, so 5..8 rows keep default_config's form.
+WO_A_ROPE_FP8_MMA_WARPS = 4
+WO_A_ONE_SHOT_MAX_ROWS = 4
+WO_A_ONE_SHOT_K_BLOCKS = 4  # K blocks per split where the one-shot program was measured (K 4096, split 8)
+WO_A_ONE_SHOT = dict(num_warps=4, k_unroll=WO_A_ONE_SHOT_K_BLOCKS, num_stages=1, split_sum_batch=8)
 
 
 def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvConfig:
-    """The launch configuration of grouped_fp8_wo_a: default_config's, or with the fused inverse RoPE the forms
-    measured faster with it (above)."""
+    """The launch configuration of grouped_fp8_wo_a: default_config's, or the forms measured faster for wo_a
+    (above): with the fused inverse RoPE, and on the 128-column FP8 tile at T=1."""
     cfg = default_config(b, r, d, groups)
-    if not fused_rope or not USE_TMA:
+    wide_pdl_tile = cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"]
+    if not fused_rope:
+        if (wide_pdl_tile and b <= WO_A_ONE_SHOT_MAX_ROWS and cfg.split_k > 1
+                and triton.cdiv(d, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k):
+            return dataclasses.replace(cfg, **WO_A_ONE_SHOT)
+        return cfg
+    if not USE_TMA:
         return cfg
     weight_bytes = groups * r * d
     if b == 1 and not cfg.use_dot and not cfg.rows_form and weight_bytes >= WO_A_ROPE_FMA_MIN_WEIGHT_BYTES:
         return dataclasses.replace(cfg, block_n=TMA_FMA_BLOCK_N, w_tma=False)
-    if cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"]:
-        return dataclasses.replace(cfg, w_tma=True)
+    if wide_pdl_tile:
+        return dataclasses.replace(cfg, w_tma=True, num_warps=WO_A_ROPE_FP8_MMA_WARPS)
     return cfg
 
 
@@ -1278,6 +1307,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             per_split, split, groups,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             JOIN=cfg.fp8_join, IS_SPLIT=split > 1, CHAIN=cfg.fp8_chain,
+            SPLIT_SUM_BATCH=cfg.split_sum_batch,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args, **persistent_args,
         )
@@ -1510,12 +1540,16 @@ _TMA_FORMS = (  # runs 11 / 11b: default_config's and wo_a_config's TMA and 64-c
     (GemvConfig(1, TMA_FMA_BLOCK_N, 4, False, k_unroll=2, w_tma=True, **_FMA_PDL), False),
     # wo_a with the fused inverse RoPE: 1 row on 64-column FMA tiles (plain loads), 2..8 rows on the FP8 tile by TMA
     (GemvConfig(1, TMA_FMA_BLOCK_N, 4, False, k_unroll=2, **_FMA_PDL), True),
-    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, pdl=True, w_tma=True), True),
+    (GemvConfig(8, 128, 4, True, WO_A_ROPE_FP8_MMA_WARPS, 3, fp8_mma=True, fp8_join=True, pdl=True, w_tma=True),
+     True),
     # runs 13 / 13b: 1 row, wq_b at T=1 (no K split): 64-column FMA tiles by TMA, persistent on 2 programs per SM
     (GemvConfig(1, TMA_FMA_BLOCK_N, 1, False, k_unroll=2, w_tma=True,
                 persistent_programs_per_sm=PERSISTENT_FMA_PROGRAMS_PER_SM, **_FMA_PDL), False),
 )
-SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS
+_WO_A_FORMS = (  # runs 15 / 15b: wo_a_config's one-shot FP8 tile at T=1, 2..4 rows without the fused RoPE (split-K)
+    (GemvConfig(8, 128, 4, True, fp8_mma=True, fp8_join=True, pdl=True, **WO_A_ONE_SHOT), False),
+)
+SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS
 
 
 def aot_configs() -> list[AotConfig]:
@@ -1545,7 +1579,7 @@ _AOT_FP8MMA_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
                                     "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS",
-                                    "PDL_LATE_TRIGGER", "W_TMA", "PERSISTENT", "FLATTEN")},
+                                    "PDL_LATE_TRIGGER", "W_TMA", "PERSISTENT", "FLATTEN", "SPLIT_SUM_BATCH")},
 }
 
 
@@ -1595,12 +1629,13 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_fp8mma_kernel, signature=_AOT_FP8MMA_SIGNATURE,
             constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common,
-                        **persistent},
+                        **persistent, "SPLIT_SUM_BATCH": cfg.split_sum_batch},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),
-            # e4m3 x e4m3 on tensor cores (mma.sync m16n8k32 on sm_12x); the weight by 16-byte cp.async
-            expect_opcodes=("QMMA.16832.F32.E4M3.E4M3", "LDGSTS.E.BYPASS.128"),
+            # e4m3 x e4m3 on tensor cores (mma.sync m16n8k32 on sm_12x); the weight by 16-byte cp.async, or with one
+            # stage (no pipeline) by 16-byte loads into registers
+            expect_opcodes=("QMMA.16832.F32.E4M3.E4M3", "LDGSTS.E.BYPASS.128" if cfg.num_stages > 1 else "LDG.E.128"),
             forbid_opcodes=("HMMA.16816.F32.BF16",),
         )
     return AotConfig(

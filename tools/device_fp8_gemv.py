@@ -71,6 +71,16 @@ RUN12_POINTS = {("wo_a", 1): (2, 3, 4, 8), ("wo_b", 1): (2, 8)}
 RUN13_NAME = "fp8_gemv-h200-run13"
 RUN13_POINTS = {("wo_a", 1): (1, 2, 3, 4, 8), ("wo_b", 1): (1, 2, 8), ("wq_b", 1): (1, 2, 8)}
 
+# --run15-sweep (run 15): wo_a T=1 at 2 / 4 / 8 rows (target <= 12 us) on the FP8 tile: ring stages, K split, warps,
+# K blocks per iteration (2 / 4: with 1 stage the weight loads of a program's whole split issued at once, into
+# registers), and lighter split-K sums (partials loaded in batches, or fp32 atomics into a zeroed tile); T=2 at 4 / 8
+# rows (the same tile without PDL, 4 groups) for a few of them
+RUN15_NAME = "fp8_gemv-h200-run15"
+RUN15_POINTS = {("wo_a", 1): (2, 4, 8), ("wo_a", 2): (4, 8)}
+# --run15b-sweep (run 15b): run 15's leads combined -- the fp32-atomic split-K sum, 4 warps, the one-shot 4-block
+# program on 4 warps -- on the cp.async and TMA (fused-RoPE) forms, the fused RoPE timed at T=2 too
+RUN15B_NAME = "fp8_gemv-h200-run15b"
+
 
 def prepare() -> None:
     import upstream
@@ -448,6 +458,69 @@ def run13_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def run15_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run15-sweep (run 15): default_config's form first; on the FP8 tile: that tile by TMA (the fused-RoPE form
+    before run 15), 4 / 5 stages, half / a quarter of the K split, 4 warps, 2 / 4 K blocks per iteration (uN; with 1
+    stage no pipeline: a program's loads all issued up front), twice the split at 2 blocks, and the split-K sum with
+    the partials loaded 4 / 8 at a time (sbN), also on the TMA and one-shot forms. At T=2 (no PDL, 4 groups) a subset.
+    Runs 15 / 15b also timed the split partials added by fp32 atomics into a zeroed fp32 tile (``sa`` variants);
+    run 15b measured wrong results from two of them (a race), so that option is removed and not timed here."""
+    import dataclasses
+
+    replace = dataclasses.replace
+    cur = g.default_config(m, n, k, groups)
+    if groups * n * k < 1 << 20:  # --smoke's reduced shapes: the full wo_a shape's forms (2 groups: T=1, else T=2)
+        cur = g.default_config(m, 1024, 4096, 8 if groups >= 2 else 4)
+    out = [("old_default", cur)]
+    if not cur.fp8_mma:
+        return out
+    s = cur.split_k
+    tma = replace(cur, w_tma=True)
+    one_shot = replace(cur, k_unroll=4, num_stages=1)
+    subset = [("st4", replace(cur, num_stages=4)), ("s/2", replace(cur, split_k=max(1, s // 2))),
+              ("sb8", replace(cur, split_sum_batch=8)),
+              ("u4_st1", one_shot), ("u4_st1_sb8", replace(one_shot, split_sum_batch=8)),
+              ("u2_st2", replace(cur, k_unroll=2, num_stages=2))]
+    if not cur.pdl:  # T=2
+        return distinct_configs(out + subset)
+    out += [("tma", tma)] + subset
+    out += [("st5", replace(cur, num_stages=5)), ("s/4", replace(cur, split_k=max(1, s // 4))),
+            ("s/2_st4", replace(cur, split_k=max(1, s // 2), num_stages=4)),
+            ("w4", replace(cur, num_warps=4)),
+            ("sb4", replace(cur, split_sum_batch=4)),
+            ("u4_st1_w4", replace(one_shot, num_warps=4)),
+            ("u2_st1_s2x", replace(cur, k_unroll=2, num_stages=1, split_k=2 * s)),
+            ("u2_st3", replace(cur, k_unroll=2, num_stages=3)),
+            ("tma_sb8", replace(tma, split_sum_batch=8))]
+    return distinct_configs(out)
+
+
+def run15b_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run15b-sweep (run 15b): default_config's form first; run 15's leads and their combinations: the split-K sum
+    with 8 partials per load step (sb8), 4 warps (w4), the one-shot program of 4 K blocks on 4 warps (u4_st1_w4; u2: 2
+    blocks per iteration, 1 or 2 stages; s2x: twice the split), by TMA (the fused-RoPE form before run 15) on 8 and 4
+    warps. Run 15b also timed the fp32-atomic split sums (``sa``, removed: see run15_candidates)."""
+    import dataclasses
+
+    replace = dataclasses.replace
+    cur = g.default_config(m, n, k, groups)
+    if groups * n * k < 1 << 20:  # --smoke's reduced shapes: the full wo_a shape's forms (2 groups: T=1, else T=2)
+        cur = g.default_config(m, 1024, 4096, 8 if groups >= 2 else 4)
+    out = [("old_default", cur)]
+    if not cur.fp8_mma:
+        return out
+    w4 = replace(cur, num_warps=4)
+    one_shot = replace(w4, k_unroll=4, num_stages=1)
+    out += [("w4", w4), ("u4_st1_w4", one_shot), ("u4_st1_w4_sb8", replace(one_shot, split_sum_batch=8))]
+    if cur.pdl:  # T=1
+        tma = replace(cur, w_tma=True)
+        out += [("u2_st1_w4", replace(w4, k_unroll=2, num_stages=1)),
+                ("u2_st2_w4", replace(w4, k_unroll=2, num_stages=2)),
+                ("u2_st1_w4_s2x", replace(w4, k_unroll=2, num_stages=1, split_k=2 * cur.split_k)),
+                ("tma", tma), ("tma_w4", replace(tma, num_warps=4))]
+    return distinct_configs(out)
+
+
 def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values, with_tma: bool = False) -> dict:
     """wo_a then wo_b on its output (the attention output projection, each call reading the previous one's
     result), T=1, in one graph over distinct weight copies: both without PDL (launch_form) against both as
@@ -553,7 +626,7 @@ ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default", "
 def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
          q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False,
          tma_sweep: bool = False, tma2_sweep: bool = False, run12_sweep: bool = False,
-         run13_sweep: bool = False) -> None:
+         run13_sweep: bool = False, run15_sweep: bool = False, run15b_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -563,7 +636,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "150" if run13_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
@@ -594,6 +667,10 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     if run13_sweep:
         rows, run_name, pick, tps = (1, 2, 3, 4, 8), RUN13_NAME, run13_candidates, (1,)
     points13 = RUN13_POINTS
+    if run15_sweep or run15b_sweep:
+        rows, tps = (2, 4, 8), (1, 2)
+        run_name, pick = (RUN15B_NAME, run15b_candidates) if run15b_sweep else (RUN15_NAME, run15_candidates)
+        points13, run13_sweep = RUN15_POINTS, True  # run 13's point filter and fused-RoPE timing of every variant
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -627,6 +704,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                   else "programmatic dependent launch (PDL)" if pdl_sweep
                   else "weight tiles by TMA (PDL as shipped)" if tma_sweep or tma2_sweep
                   else "2..8-row forms at T=1 (PDL as shipped)" if run12_sweep
+                  else "wo_a FP8 tile: ring, split, one-shot loads, split-K sums (PDL as shipped)"
+                  if run15_sweep or run15b_sweep
                   else "persistent forms at T=1 (PDL as shipped)" if run13_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
@@ -695,7 +774,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                     or (run13_sweep and (name, tp) not in points13)):
                 continue
             if smoke:
-                n, k = min(n, 256), min(k, 512)
+                n, k = min(n, 256), min(k, 1024 if run15_sweep else 512)  # run 15: 8 K blocks, split-K at u4
             shapes.append((name, tp, n, k))
 
     if chain_final:  # the wo_a target first, in case the time budget cuts the run short
@@ -772,7 +851,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                                       or (pdl2_sweep and m in PDL2_MIXED_ROWS)):
                         sweep_log[-1]["mixed_us"] = round(timed([(lambda w=w, s=s, c=cfg: (run(w, s, c), plain_op()))
                                                                  for w, s in weights]), 3)
-                    if is_wo_a and with_rope and (label in ROPE_LABELS or run12_sweep or run13_sweep):
+                    if is_wo_a and with_rope and (label in ROPE_LABELS or run12_sweep or (run13_sweep and (tp == 1 or run15b_sweep))):
                         rope_times[label] = timed([(lambda w=w, s=s, c=cfg: run(w, s, c, True)) for w, s in weights])
                         sweep_log[-1]["rope_us"] = round(rope_times[label], 3)
                 except Exception as exc:
@@ -815,7 +894,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
             res.add(linear=name, T=tp, N=(groups or 1) * r, K=k, M=m, MB=round(nbytes / 1e6, 2),
                     old_us=old_us, old_form=labels["old_default"].name, old_pct_copy=pct(nbytes, old_us),
                     best_us=best_us, best_label=f"{best_label} ({labels[best_label].name})" if times else "-",
-                    best_pct_copy=pct(nbytes, best_us), cur_us=cur_us, cur_form=labels[cur_label].name,
+                    best_pct_copy=pct(nbytes, best_us), cur_us=cur_us, cur_form=labels[cur_label].name if cur_label in labels else "-",
                     cur_pct_copy=pct(nbytes, cur_us), bf16_us=bf16_us, fp8_path_us=fp8_path_us,
                     einsum_us=einsum_us, old_rope_us=rope_times.get("old_default", float("nan")),
                     cur_rope_us=rope_times.get(cur_label, float("nan")), max_rel_err=float(f"{max_err:.3g}"))
@@ -860,7 +939,20 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "q8j_n64_tma = the 64-column FP8 tile on 4 warps by TMA; fma2_* = the 1-row default's "
                          "64-column FMA tile by TMA with 2 rows; rowsR_* = the rows form, R rows per program, on that "
                          "tile. wo_a rope_us: every variant with the fused inverse RoPE.")
-    if run13_sweep:
+    if run15b_sweep:
+        res.notes.append("run 15b variants (see run15b_candidates): old_default = default_config as shipped; sb8 = "
+                         "the last arriver loads 8 partials per step; w4 = 4 warps; uN = N 128-wide K blocks per loop "
+                         "iteration, stN = N stages (st1: a program's weight loads issued at once into registers); "
+                         "s2x = twice the K split; tma = by TMA (the fused-RoPE form before run 15). rope_us: every "
+                         "variant with the fused inverse RoPE, T=1 and T=2.")
+    elif run15_sweep:
+        res.notes.append("run 15 variants (see run15_candidates): old_default = default_config as shipped; tma = that "
+                         "FP8 tile by TMA (the fused-RoPE form before run 15); stN = N stages; s/2, s/4 = half / a "
+                         "quarter of the K split, s2x twice; w4 = 4 warps; uN = N 128-wide K blocks per loop iteration "
+                         "(st1: no pipeline, a program's weight loads issued at once into registers); sbN = the last "
+                         "arriver loads N split partials per step. rope_us (T=1): every variant with the fused "
+                         "inverse RoPE.")
+    elif run13_sweep:
         res.notes.append("run 13 variants (see run13_candidates): old_default = default_config as shipped; tma = that "
                          "form by TMA; ppN = persistent (grid SMs x N programs, each looping over the (tile, K split) "
                          "work items pid, pid + nprog, ...; on the FP8 tile the work-item loop flattened into the K "
@@ -985,6 +1077,12 @@ if __name__ == "__main__":
     parser.add_argument("--run13-sweep", action="store_true",
                         help="run 13: persistent forms (1/2/4 programs per SM, split, stages, flatten, TMA) beside the "
                              "defaults at wo_a T=1 M 1/2/3/4/8, wo_b and wq_b T=1 M 1/2/8")
+    parser.add_argument("--run15-sweep", action="store_true",
+                        help="run 15: wo_a FP8 tile at T=1 M 2/4/8 (T=2 M 4/8 a subset): stages, K split, warps, "
+                             "one-shot loads (K blocks per iteration), batched / atomic split-K sums")
+    parser.add_argument("--run15b-sweep", action="store_true",
+                        help="run 15b: run 15's leads combined (atomic split-K sum, 4 warps, one-shot 4-block program "
+                             "on 4 warps, by TMA) at wo_a T=1 M 2/4/8 and T=2 M 4/8, fused RoPE at both")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -999,4 +1097,5 @@ if __name__ == "__main__":
         prepare()
     else:
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
-             args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep, args.run13_sweep)
+             args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep, args.run13_sweep,
+             args.run15_sweep, args.run15b_sweep)

@@ -320,6 +320,48 @@ def test_fp8_mma_forms_match_reference(cfg, m):
     check_linear_twice(x, w, s, cfg)
 
 
+# split-K sums loading several partials per step (split_sum_batch), also on the one-shot program (all of a split's
+# K blocks in one iteration, 1 stage: no pipeline) that wo_a_config ships at T=1, 2..4 rows
+SPLIT_SUM_FORMS = [dataclasses.replace(q8(split=3), split_sum_batch=2),  # 3 partials: the second step half masked
+                   dataclasses.replace(q8(split=5), split_sum_batch=8),  # fewer partials than the batch
+                   dataclasses.replace(q8(block_n=128, split=2, warps=4, unroll=4), num_stages=1, split_sum_batch=8),
+                   dataclasses.replace(q8(block_n=128, split=3, warps=8, unroll=2), num_stages=1, split_sum_batch=4)]
+
+
+@pytest.mark.parametrize("cfg", SPLIT_SUM_FORMS, ids=lambda c: c.name)
+@pytest.mark.parametrize("m", [1, 5, 8])
+def test_fp8_mma_batched_split_sum(cfg, m):
+    """Against the reference (twice: the counters reset) and bit for bit against the same form summing one partial
+    per step, which adds in the same order. K of 7.8 blocks: the one-shot forms' last split is shorter (masked)."""
+    gen = torch.Generator().manual_seed(31 * m + cfg.split_k + cfg.split_sum_batch)
+    n, k = 200, 1000
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(m, k, generator=gen)
+    x[:, ::37] *= 50
+    x = x.to(torch.bfloat16).to(DEVICE)
+    check_linear_twice(x, w, s, cfg)
+    one_by_one = g.block_fp8_linear(x, w, s, config=dataclasses.replace(cfg, split_sum_batch=1))
+    assert torch.equal(g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=cfg), one_by_one)
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_wo_a_one_shot_form(rope):
+    """wo_a_config's one-shot form on wo_a: ragged R, strided o, with and without the fused RoPE; no rows."""
+    cfg = dataclasses.replace(q8(block_n=128, split=2), pdl=True, **g.WO_A_ONE_SHOT)
+    check_ragged_grouped_wo_a(cfg, rope, seed=53 + rope, groups=2)
+    w, s = random_weight(128, 512, groups=2)
+    y = g.grouped_fp8_wo_a(torch.zeros(0, 2, 512, dtype=torch.bfloat16, device=DEVICE), w, s, config=cfg)
+    assert y.shape == (0, 2, 128)
+
+
+def test_split_sum_batch_validation():
+    with pytest.raises(ValueError, match="split_sum_batch >= 1"):
+        dataclasses.replace(q8(split=2), split_sum_batch=0)
+    with pytest.raises(ValueError, match="above 1 needs fp8_mma"):
+        g.GemvConfig(16, 32, 2, True, split_sum_batch=2)
+    assert dataclasses.replace(q8(split=2), split_sum_batch=8).name.endswith("_sb8")
+
+
 @pytest.mark.parametrize("form", ["q8j", "q8jc_split2"])
 def test_fp8_mma_zero_rows_and_huge_values(form):
     """A zero activation row (amax 0) gives zeros, not NaN; values near bf16's top are split without
