@@ -28,11 +28,11 @@ rate, while ``tl.dot_scaled(..e4m3.., ..e4m3..)`` with unit (127) E8M0 scales be
 ``QMMA.SF.16832...E8`` with identical numerics; on sm_90 ``dot_scaled`` is emulated (bf16 HGMMA plus
 conversions), so the plain fp8 dot (``QGMMA``) is used there. :func:`use_scaled_dot` picks by arch.
 
-Selection: scores map to order-preserving int32 keys; a 32-step bitwise search (or 16 radix-4
-rounds) finds the K-th largest key of a block held in registers, and cumulative sums compact the
-winners. The histogram select (:func:`hist_select`) instead counts the keys' top 11 bits per row
-inside the logits kernel, sends everything above the K-th key's bin out in one split pass whose
-last program per row finishes the row from two more digit histograms. :class:`SelectForm` (search or histogram,
+Selection: scores map to order-preserving int32 keys; a 32-step bitwise search finds the K-th
+largest key of a block held in registers, and cumulative sums compact the winners. The histogram
+select (:func:`hist_select`) instead counts the keys' top 11 bits per row inside the logits kernel,
+sends everything above the K-th key's bin out in one split pass whose last program per row
+finishes the row from two more digit histograms. :class:`SelectForm` (search or histogram,
 largest chunk, warps) is chosen per shape in :data:`PLAN_TABLE`.
 """
 
@@ -256,49 +256,14 @@ def _kth_key_bitwise(key, valid, k_eff):
 
 
 @triton.jit
-def _kth_key_radix4(key, valid, k_eff, N: tl.constexpr):
-    """The k_eff-th largest signed key of ``key[valid]``, 2 bits a round from the top: 16 rounds of
-    one block-wide 4-bin histogram (16-bit counts packed in one int64) instead of 32 counts."""
-    tl.static_assert(N < 65536, "16-bit histogram fields")
-    sign = tl.full((), -2147483648, tl.int32)
-    key_u = key ^ sign  # unsigned order held in int32 bits: digits come from masked shifts
-    thr_u = tl.full((), 0, tl.int32)
-    need = k_eff  # still to take among the elements whose upper digits equal the threshold's
-    for r in tl.static_range(16):
-        shift = 30 - 2 * r  # r is a constexpr: so is this
-        if r == 0:
-            match = valid
-        else:
-            match = valid & (((key_u ^ thr_u) >> (shift + 2)) == 0)
-        digit = (key_u >> shift) & 3
-        hist = tl.sum(tl.where(match, tl.full((), 1, tl.int64) << (digit * 16).to(tl.int64), 0), axis=0)
-        # The first digit from the top whose running count reaches ``need`` is the threshold's;
-        # everything above it is taken.
-        running = tl.full((), 0, tl.int32)
-        chosen = tl.full((), 0, tl.int32)
-        taken_above = tl.full((), 0, tl.int32)
-        found = tl.full((), 0, tl.int32)
-        for t in tl.static_range(4):
-            count = ((hist >> ((3 - t) * 16)) & 0xFFFF).to(tl.int32)
-            hit = (found == 0) & (running + count >= need)
-            chosen = tl.where(hit, 3 - t, chosen)
-            taken_above = tl.where(hit, running, taken_above)
-            found = tl.where(hit, 1, found)
-            running += count
-        thr_u = thr_u | (chosen << shift)
-        need = need - taken_above
-    return thr_u ^ sign
-
-
-@triton.jit
-def _select(vals, valid, K: tl.constexpr, N: tl.constexpr, RADIX: tl.constexpr = 1):
+def _select(vals, valid, K: tl.constexpr, N: tl.constexpr):
     """Pick the K largest of ``vals[valid]`` (all valid ones if fewer). Returns (selected mask,
     output slot of each selected element in block order, number selected).
 
-    RADIX 1: the K-th largest key from 32 block-wide counts (bitwise search); RADIX 2: from 16
-    rounds of a 4-bin histogram. The search costs per-thread instructions more than block-wide
-    reductions: fewer, heavier rounds (16-bin histograms, or 256-bin ``tl.histogram`` in run 2)
-    measured slower on the H200 (benchmarks/indexer-h200-run4.md, indexer-h200-run2-radix.md)."""
+    The K-th largest key comes from 32 block-wide counts (bitwise search). The search costs
+    per-thread instructions more than block-wide reductions: fewer, heavier rounds (4-bin radix
+    rounds, removed; 16-bin histograms; 256-bin ``tl.histogram`` in run 2) measured slower on the
+    H200 (benchmarks/indexer-h200-run4-summary.md, -run5-summary.md, -run2-radix.md)."""
     n_valid = tl.sum(valid.to(tl.int32), axis=0)
     k_eff = tl.minimum(n_valid, K)
     if N <= K:
@@ -306,10 +271,7 @@ def _select(vals, valid, K: tl.constexpr, N: tl.constexpr, RADIX: tl.constexpr =
     else:
         bits = (vals + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0: equal scores, equal keys
         key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed int order == float order
-        if RADIX == 2:
-            thr = _kth_key_radix4(key, valid, k_eff, N)
-        else:
-            thr = _kth_key_bitwise(key, valid, k_eff)
+        thr = _kth_key_bitwise(key, valid, k_eff)
         above = valid & (key > thr)
         tie = valid & (key == thr)
         n_above = tl.sum(above.to(tl.int32), axis=0)
@@ -365,7 +327,7 @@ def _fused_split_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, 
 def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_pos_ptr, out_raw_ptr,
                    n_in, pt_width, stride_inb, stride_outb, stride_ptb, stride_rawb,
                    CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, IMPLICIT_POS: tl.constexpr,
-                   FINAL: tl.constexpr, HAS_RAW: tl.constexpr, RADIX: tl.constexpr = 1):
+                   FINAL: tl.constexpr, HAS_RAW: tl.constexpr):
     """Grid (B, groups): the top-K of CHUNK consecutive entries of a row.
 
     Input is a logits row (IMPLICIT_POS: position = column, valid below the row's length) or
@@ -385,7 +347,7 @@ def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_po
     else:
         pos = tl.load(in_pos_ptr + b64 * stride_inb + idx, mask=inside, other=-1)
         valid = inside & (pos >= 0)
-    sel, slot, k_eff = _select(vals, valid, K, CHUNK, RADIX)
+    sel, slot, k_eff = _select(vals, valid, K, CHUNK)
     if FINAL:
         page = tl.load(pt_ptr + b64 * stride_ptb + pos // PAGE, mask=sel, other=0)
         j = tl.arange(0, K)
@@ -867,7 +829,7 @@ def _merge(vals, pos, lens, page_table, out, raw, implicit, form):
             raw if raw is not None else out, n, page_table.shape[1], vals.stride(0), dst_pos.stride(0),
             page_table.stride(0), raw.stride(0) if raw is not None else 0,
             CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit and pos is None, FINAL=final,
-            HAS_RAW=raw is not None, RADIX=form.radix_bits, num_warps=_select_warps(chunk, form.warps_mul),
+            HAS_RAW=raw is not None, num_warps=_select_warps(chunk, form.warps_mul),
             num_stages=1)
         if final:
             return out
@@ -893,21 +855,20 @@ def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZ
     return _merge(scores, None, lens, page_table, out, raw, implicit=True, form=form)
 
 
-SELECT_RADIX_BITS = (1, 2)  # bits fixed per block-wide round of the K-th-key search
 SELECT_WARPS_MULS = (1, 2)
 SELECT_METHODS = ("search", "histogram")
 
 
 @dataclasses.dataclass(frozen=True)
 class SelectForm:
-    """How the select programs search: ``radix_bits`` 1 = 32-step bitwise search, 2 = 16 rounds of
-    4-bin histograms; ``max_chunk`` is the largest chunk one program holds (8192: 16 warps, one merge
-    level fewer on long rows); ``warps_mul`` 2 doubles the warps of programs below 8192 entries (half
-    the entries per thread; not yet timed, so no plan uses it). ``method`` "histogram" replaces the
+    """How the select programs search (32-step bitwise search; 16 radix-4 rounds were slower where a
+    row spans several programs and lost to ``warps_mul`` 2 elsewhere: H200 runs 4 and 5a, see
+    :data:`PLAN_TABLE`; removed): ``max_chunk`` is the largest chunk one program holds (8192: 16
+    warps, one merge level fewer on long rows); ``warps_mul`` 2 doubles the warps of programs below
+    8192 entries (half the entries per thread). ``method`` "histogram" replaces the
     search: the logits kernel counts a per-row histogram of each key's top 11 bits, one split pass
     sends the entries above the K-th key's bin out and keeps that bin's entries, its last program
     per row finishes from two more digit histograms (:func:`hist_select`); the search fields do not apply."""
-    radix_bits: int = 1
     max_chunk: int = SELECT_MAX_CHUNK
     warps_mul: int = 1
     method: str = "search"
@@ -915,8 +876,6 @@ class SelectForm:
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
             raise ValueError(f"method must be one of {SELECT_METHODS}, got {self.method!r}")
-        if self.radix_bits not in SELECT_RADIX_BITS:
-            raise ValueError(f"radix_bits must be one of {SELECT_RADIX_BITS}, got {self.radix_bits!r}")
         if self.max_chunk not in SELECT_CHUNKS or self.max_chunk < 2 * MAX_TOPK:
             raise ValueError(f"max_chunk must be one of {SELECT_CHUNKS} and >= {2 * MAX_TOPK}, got {self.max_chunk!r}")
         if self.warps_mul not in SELECT_WARPS_MULS:
@@ -960,10 +919,10 @@ def _select_form(batch, width, select):
 #   1   1M       55.74         74.50             68.08           64  256K     273.2         255.0
 #
 # Radix-4 won (run 4) only where one program holds the whole row (2048 entries) at B <= 16; the
-# double-warp bitwise search beats it there (run 5a, below). 8192-entry chunks (one merge level
-# fewer) win with many rows of 16K-64K positions. Batch limits sit between
-# the measured batches (1, 16, 64); larger batches take the B=64 choice; 1M context (B=1 measured)
-# keeps the bitwise 4096 form.
+# double-warp bitwise search beats it there (run 5a, below), so the radix-4 search was removed.
+# 8192-entry chunks (one merge level fewer) win with many rows of 16K-64K positions. Batch limits
+# sit between the measured batches (1, 16, 64); larger batches take the B=64 choice; 1M context
+# (B=1 measured) keeps the bitwise 4096 form.
 #
 # Histogram select, H200 run 5b (benchmarks/indexer-h200-run5b.md, logits + top-512, us):
 #
@@ -1213,18 +1172,14 @@ def aot_configs() -> list[AotConfig]:
             f"indexer_fused_r{r}", _fused_split_kernel, _sig(_FUSED_SIG, c), c, num_warps=fused_num_warps(r),
             num_stages=LOGITS_NUM_STAGES, div16=("stride_qb", "stride_cb"),
             expect_opcodes=("QMMA.SF",), forbid_opcodes=("QMMA.16832",)))
-    for radix in SELECT_RADIX_BITS:
-        for chunk in SELECT_CHUNKS:
-            if radix != 1 and chunk <= INDEX_TOPK:
-                continue  # no search below K entries: the same code as radix 1
-            warps = sorted({_select_warps(chunk, mul) for mul in SELECT_WARPS_MULS})
-            for implicit, final in ((True, True), (True, False), (False, False), (False, True)):
-                c = dict(CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit, FINAL=final,
-                         HAS_RAW=False, RADIX=radix)
-                name = f"indexer_select_c{chunk}_{'logits' if implicit else 'cand'}_{'final' if final else 'level'}"
-                name += "" if radix == 1 else f"_radix{radix}"
-                for w in warps:
-                    configs.append(AotConfig(
-                        name + ("" if w == _select_warps(chunk) else f"_w{w}"), _select_kernel, _sig(_SELECT_SIG, c),
-                        c, num_warps=w, num_stages=1, div16=("stride_inb", "stride_outb")))
+    for chunk in SELECT_CHUNKS:
+        warps = sorted({_select_warps(chunk, mul) for mul in SELECT_WARPS_MULS})
+        for implicit, final in ((True, True), (True, False), (False, False), (False, True)):
+            c = dict(CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit, FINAL=final,
+                     HAS_RAW=False)
+            name = f"indexer_select_c{chunk}_{'logits' if implicit else 'cand'}_{'final' if final else 'level'}"
+            for w in warps:
+                configs.append(AotConfig(
+                    name + ("" if w == _select_warps(chunk) else f"_w{w}"), _select_kernel, _sig(_SELECT_SIG, c),
+                    c, num_warps=w, num_stages=1, div16=("stride_inb", "stride_outb")))
     return configs

@@ -49,8 +49,7 @@ FORM_CATALOG = {
     "bitwise": ix.SelectForm(),
     "bitwise_2xw": ix.SelectForm(warps_mul=2),
     "chunk8k": ix.SelectForm(max_chunk=8192),
-    "radix4_2xw": ix.SelectForm(radix_bits=2, warps_mul=2),  # timed in run 5a: no faster than the defaults
-}
+}  # run 5a also timed a double-warp radix-4 search: no faster than the defaults; removed from the kernel
 SELECT_FORMS = {"hist": FORM_CATALOG["hist"]}  # --forms replaces it
 TOPK_ONLY_FORMS = ["hist"]  # top-k alone from a given logits row (the seam's unfused call); --no-topk-only drops it
 FUSED_VARIANTS = {}  # (pages per split, select form of the merge); none timed since run 4

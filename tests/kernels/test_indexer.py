@@ -151,11 +151,8 @@ def test_topk_transform_matches_reference_and_upstream(lens, width):
 
 SELECT_FORMS = {
     "bitwise": ix.SelectForm(),
-    "radix4": ix.SelectForm(radix_bits=2),
     "bitwise_c8k": ix.SelectForm(max_chunk=8192),
-    "radix4_c8k": ix.SelectForm(radix_bits=2, max_chunk=8192),
     "bitwise_2x_warps": ix.SelectForm(warps_mul=2),
-    "radix4_2x_warps": ix.SelectForm(radix_bits=2, warps_mul=2),
 }
 
 
@@ -382,7 +379,6 @@ def test_logits_first_digit_threshold(k):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(method="sort"), "method"),
-    (dict(radix_bits=4), "radix_bits"),
     (dict(max_chunk=1024), "max_chunk"),
     (dict(max_chunk=16384), "max_chunk"),
     (dict(warps_mul=4), "warps_mul"),
