@@ -1204,6 +1204,33 @@ def _route_pairs_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
 
 
 @triton.jit
+def _pairs_routed_rows(sorted_rows_ptr, m0, row_end, BLOCK_M: tl.constexpr):
+    """The next BLOCK_M of an expert's sorted routed rows from ``m0`` (which of them are below ``row_end``)."""
+    m = m0 + tl.arange(0, BLOCK_M)
+    m_ok = m < row_end
+    return tl.load(sorted_rows_ptr + m, mask=m_ok, other=0), m_ok
+
+
+@triton.jit
+def _store_pairs_act(act_ptr, acc, rows, m_ok, cols, inter, swiglu_limit, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """Gate/up epilogue of the pairs decode: ``acc`` [2*BLOCK_N interleaved gate/up rows, BLOCK_M routed rows]
+    -> the clamped SwiGLU, stored bf16 times 2**PAIRS_ACT_SHIFT at the pair positions of ``cols``."""
+    gate, up = tl.split(tl.reshape(tl.trans(acc * PAIRS_UNBIAS), [BLOCK_M, BLOCK_N, 2]))
+    act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE
+    tl.store(act_ptr + rows.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :],
+             act.to(tl.bfloat16), mask=m_ok[:, None])
+
+
+@triton.jit
+def _store_pairs_down(y_ptr, acc, rows, m_ok, n, topk_weights_ptr, hidden):
+    """Down epilogue of the pairs decode: ``acc`` [hidden columns ``n``, routed ``rows``] times each row's
+    routing weight into fp32 ``y [B*top_k, H]``."""
+    weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rows[None, :] * hidden + n[:, None], acc * PAIRS_UNBIAS * weight[None, :], mask=m_ok[None, :])
+
+
+@triton.jit
 def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                           num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -1222,9 +1249,7 @@ def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert
     kg = tl.arange(0, STEP)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     for m0 in range(row_begin, row_end, BLOCK_M):
-        m = m0 + tl.arange(0, BLOCK_M)
-        m_ok = m < row_end
-        rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0)
+        rows, m_ok = _pairs_routed_rows(sorted_rows_ptr, m0, row_end, BLOCK_M)
         a_ptrs = x_ptr + (rows // TOP_K).to(tl.int64)[:, None] * hidden + kg[None, :]
         if SCALE_BF16:
             acc = _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K,
@@ -1232,10 +1257,7 @@ def _gate_up_pairs_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert
         else:
             acc = _pairs_rows(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K,
                               MUL_PAIRS)
-        gate, up = tl.split(tl.reshape(tl.trans(acc * PAIRS_UNBIAS), [BLOCK_M, BLOCK_N, 2]))
-        act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE
-        tl.store(act_ptr + rows.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :],
-                 act.to(tl.bfloat16), mask=m_ok[:, None])
+        _store_pairs_act(act_ptr, acc, rows, m_ok, cols, inter, swiglu_limit, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -1255,18 +1277,15 @@ def _down_pairs_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_r
     w_ptrs, s_ptrs = _pairs_pointers(w2_ptr, w2_scale_ptr, expert, n, hidden, inter, STEP)
     kg = tl.arange(0, STEP)
     for m0 in range(row_begin, row_end, BLOCK_M):
-        m = m0 + tl.arange(0, BLOCK_M)
-        m_ok = m < row_end
-        rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
+        rows, m_ok = _pairs_routed_rows(sorted_rows_ptr, m0, row_end, BLOCK_M)
+        rows = rows.to(tl.int64)
         a_ptrs = act_ptr + rows[:, None] * inter + kg[None, :]
         if SCALE_BF16:
             acc = _pairs_rows_bf16(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M, BLOCK_K,
                                    MUL_PAIRS, SCALE_BF16)
         else:
             acc = _pairs_rows(w_ptrs, s_ptrs, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M, BLOCK_K, MUL_PAIRS)
-        weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rows[None, :] * hidden + n[:, None], acc * PAIRS_UNBIAS * weight[None, :],
-                 mask=m_ok[None, :])
+        _store_pairs_down(y_ptr, acc, rows, m_ok, n, topk_weights_ptr, hidden)
 
 
 # Swap-AB on tensor cores fed by TMA (round 15, issue 4): the pairs decode's MMA (weights the M side, up to BLOCK_M
@@ -1308,16 +1327,11 @@ def _gate_up_pairs_tma_kernel(x_ptr, w13_desc, w13_scale_desc, sorted_rows_ptr, 
     kg = tl.arange(0, BLOCK_K)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     for m0 in range(row_begin, row_end, BLOCK_M):
-        m = m0 + tl.arange(0, BLOCK_M)
-        m_ok = m < row_end
-        rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0)
+        rows, m_ok = _pairs_routed_rows(sorted_rows_ptr, m0, row_end, BLOCK_M)
         a_ptrs = x_ptr + (rows // TOP_K).to(tl.int64)[:, None] * hidden + kg[None, :]
         acc = _pairs_rows_tma(w13_desc, w13_scale_desc, w_row, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M,
                               BLOCK_K, MUL_PAIRS, SCALE_BF16, RING)
-        gate, up = tl.split(tl.reshape(tl.trans(acc * PAIRS_UNBIAS), [BLOCK_M, BLOCK_N, 2]))
-        act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE
-        tl.store(act_ptr + rows.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :],
-                 act.to(tl.bfloat16), mask=m_ok[:, None])
+        _store_pairs_act(act_ptr, acc, rows, m_ok, cols, inter, swiglu_limit, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -1335,15 +1349,12 @@ def _down_pairs_tma_kernel(act_ptr, w2_desc, w2_scale_desc, topk_weights_ptr, so
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     kg = tl.arange(0, BLOCK_K)
     for m0 in range(row_begin, row_end, BLOCK_M):
-        m = m0 + tl.arange(0, BLOCK_M)
-        m_ok = m < row_end
-        rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
+        rows, m_ok = _pairs_routed_rows(sorted_rows_ptr, m0, row_end, BLOCK_M)
+        rows = rows.to(tl.int64)
         a_ptrs = act_ptr + rows[:, None] * inter + kg[None, :]
         acc = _pairs_rows_tma(w2_desc, w2_scale_desc, w_row, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M,
                               BLOCK_K, MUL_PAIRS, SCALE_BF16, RING)
-        weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rows[None, :] * hidden + n[:, None], acc * PAIRS_UNBIAS * weight[None, :],
-                 mask=m_ok[None, :])
+        _store_pairs_down(y_ptr, acc, rows, m_ok, n, topk_weights_ptr, hidden)
 
 
 @triton.jit
