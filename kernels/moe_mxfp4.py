@@ -77,7 +77,10 @@ slower (``run5c.md``). ``PairsConfig(tma_ring=)`` (round 15, swap-AB fed by TMA)
 of each K step arrive by TMA through a ring (``_gate_up_pairs_tma_kernel`` / ``_down_pairs_tma_kernel``), on 16-32
 weight rows per program with one warp per 16 rows (more warps than 16-row MMA tiles repeat the dequantisation);
 1.09-1.30x at T = 1, B = 4..64 and 1.16-1.20x at T = 4, B = 16..64 on the H200 and the default there
-(:data:`PAIRS_TMA_WHERE`, ``benchmarks/moe_mxfp4-h200-run15-summary.md``).
+(:data:`PAIRS_TMA_WHERE`, ``benchmarks/moe_mxfp4-h200-run15-summary.md``). The mixed forward (run 15c: a TMA
+``PairsConfig`` gate/up and a TMA ``GemvConfig`` down): the swap-AB gate/up launch stores natural-order bf16 SwiGLU
+rows (``NATURAL_ACT``) for the TMA GEMV down launch; 1.02-1.14x at T = 1, B = 2 / 5 / 6 and T = 4, B = 4 / 5 / 6 / 8
+and the default there (:data:`PAIRS_GEMV_DOWN_WHERE`, ``benchmarks/moe_mxfp4-h200-run15c-summary.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -1213,13 +1216,18 @@ def _pairs_routed_rows(sorted_rows_ptr, m0, row_end, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _store_pairs_act(act_ptr, acc, rows, m_ok, cols, inter, swiglu_limit, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
+                     BLOCK_N: tl.constexpr, NATURAL_ACT: tl.constexpr = False):
     """Gate/up epilogue of the pairs decode: ``acc`` [2*BLOCK_N interleaved gate/up rows, BLOCK_M routed rows]
-    -> the clamped SwiGLU, stored bf16 times 2**PAIRS_ACT_SHIFT at the pair positions of ``cols``."""
+    -> the clamped SwiGLU, stored bf16 times 2**PAIRS_ACT_SHIFT at the pair positions of ``cols``; NATURAL_ACT:
+    plain bf16 at ``cols`` (what the TMA GEMV down launch reads: the mixed forward)."""
     gate, up = tl.split(tl.reshape(tl.trans(acc * PAIRS_UNBIAS), [BLOCK_M, BLOCK_N, 2]))
-    act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE
-    tl.store(act_ptr + rows.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :],
-             act.to(tl.bfloat16), mask=m_ok[:, None])
+    if NATURAL_ACT:
+        tl.store(act_ptr + rows.to(tl.int64)[:, None] * inter + cols[None, :],
+                 _swiglu(gate, up, swiglu_limit).to(tl.bfloat16), mask=m_ok[:, None])
+    else:
+        act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE
+        tl.store(act_ptr + rows.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :],
+                 act.to(tl.bfloat16), mask=m_ok[:, None])
 
 
 @triton.jit
@@ -1316,9 +1324,11 @@ def _pairs_rows_tma(w_desc, s_desc, w_row, a_ptrs, a_ok, k_len, ROWS: tl.constex
 def _gate_up_pairs_tma_kernel(x_ptr, w13_desc, w13_scale_desc, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                               num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr, RING: tl.constexpr):
+                              MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr, RING: tl.constexpr,
+                              NATURAL_ACT: tl.constexpr = False):
     """:func:`_gate_up_pairs_kernel` with the weights by TMA (:func:`_pairs_rows_tma`): ``w13_desc`` over the
-    repacked words [E*2I, H/8], ``w13_scale_desc`` over the E8M0 bytes [E*2I, H/32]."""
+    repacked words [E*2I, H/8], ``w13_scale_desc`` over the E8M0 bytes [E*2I, H/32]. NATURAL_ACT: the SwiGLU rows
+    as plain bf16 in natural order, for the TMA GEMV down launch (:func:`_store_pairs_act`)."""
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
@@ -1331,7 +1341,7 @@ def _gate_up_pairs_tma_kernel(x_ptr, w13_desc, w13_scale_desc, sorted_rows_ptr, 
         a_ptrs = x_ptr + (rows // TOP_K).to(tl.int64)[:, None] * hidden + kg[None, :]
         acc = _pairs_rows_tma(w13_desc, w13_scale_desc, w_row, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M,
                               BLOCK_K, MUL_PAIRS, SCALE_BF16, RING)
-        _store_pairs_act(act_ptr, acc, rows, m_ok, cols, inter, swiglu_limit, BLOCK_M, BLOCK_N)
+        _store_pairs_act(act_ptr, acc, rows, m_ok, cols, inter, swiglu_limit, BLOCK_M, BLOCK_N, NATURAL_ACT)
 
 
 @triton.jit
@@ -2123,20 +2133,44 @@ PAIRS_TMA_TILES = (PairsConfig(16, 512, 2, mul_pairs=True, scale_bf16=True, scal
                    PairsConfig(16, 512, 1, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2))
 
 
+# Run 15c (benchmarks/moe_mxfp4-h200-run15c-summary.md, H200 runs 15c / 15c2, every point reference-checked): the mixed
+# forward -- the swap-AB gate/up launch (PAIRS_TMA_TILES[0]) writing natural-order bf16 SwiGLU rows (NATURAL_ACT),
+# then the TMA GEMV down launch of gemv_configs (3 stages; persistent, P = 8, at I = 512) -- beside the defaults,
+# kept where it was >= 2 % faster in every run that measured it: I = 2048 (T=1) B = 2 83.21 / 83.10 vs 85.41 / 85.04 us
+# (TMA GEMV), B = 5 / 6 185.5 / 219.8 vs 190.4 / 224.4 (swap-AB); I = 512 (T=4) B = 4 50.14 / 50.12 vs 57.02 / 57.02,
+# B = 5 / 6 63.35 / 72.63 vs 64.67 / 76.70, B = 8 87.25 / 87.35 vs 92.49 / 92.54 (TMA GEMV). Not: T=1 B = 1 (1.021x /
+# 1.018x), 3 (1.018x twice), 4 / 7 / 8 (0.98-0.99x); T=4 B = 1..3 (0.84-0.92x), 7 (0.972x).
+# (per-rank I, fewest routed rows, most routed rows):
+PAIRS_GEMV_DOWN_WHERE = ((MOE_INTERMEDIATE_SIZE, 2 * TOP_K, 2 * TOP_K), (MOE_INTERMEDIATE_SIZE, 5 * TOP_K, 6 * TOP_K),
+                         (MOE_INTERMEDIATE_SIZE // 4, 4 * TOP_K, 6 * TOP_K),
+                         (MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K, 8 * TOP_K))
+
+
+def pairs_gemv_down_default(num_rows: int, inter: int) -> bool:
+    """Whether the mixed forward (swap-AB gate/up, TMA GEMV down) is the default (:data:`PAIRS_GEMV_DOWN_WHERE`)."""
+    return any(inter == i and lo <= num_rows <= hi for i, lo, hi in PAIRS_GEMV_DOWN_WHERE)
+
+
 def pairs_tma_default(num_rows: int, inter: int) -> bool:
-    """Whether the TMA-fed swap-AB pairs decode is the default at this shape (:data:`PAIRS_TMA_WHERE`)."""
-    return any(inter == i and lo <= num_rows <= hi for i, lo, hi in PAIRS_TMA_WHERE)
+    """Whether the TMA-fed swap-AB pairs decode is the default at this shape (:data:`PAIRS_TMA_WHERE`, and the mixed
+    forward's :data:`PAIRS_GEMV_DOWN_WHERE`)."""
+    return (any(inter == i and lo <= num_rows <= hi for i, lo, hi in PAIRS_TMA_WHERE)
+            or pairs_gemv_down_default(num_rows, inter))
 
 
 def pairs_configs(num_rows: int, inter: int, words_mul: bool = True,
-                  tma: bool = True) -> tuple[PairsConfig, PairsConfig]:
+                  tma: bool = True) -> tuple[PairsConfig, PairsConfig | GemvConfig]:
     """(gate/up, down) tiles of the pairs decode: the TMA-fed swap-AB tiles :data:`PAIRS_TMA_TILES` where
     :data:`PAIRS_TMA_WHERE` says, ``tma`` says the operands allow TMA (:func:`gemv_tma_usable`) and ``words_mul``
-    the GPU has the packed bf16 multiply; else the fastest of the H200 round-4 and round-5 runs at every
-    measured (T, B) (gate/up 32 columns = 64 weight rows, down 64 rows, K steps of 128, 4 warps, 3 stages,
-    nibble pairs by multiply, E8M0 factor in packed bf16; benchmarks/moe_mxfp4-h200-run2.md, run3.md), the
-    factor on the int32 pair words where round 9 measured that faster (:data:`PAIRS_SCALE_ON_WORDS_MIN_ROWS`)
-    and ``words_mul`` says the GPU has the packed bf16 multiply it needs (:func:`pair_words_mul_usable`)."""
+    the GPU has the packed bf16 multiply (under the same conditions, where :data:`PAIRS_GEMV_DOWN_WHERE` says, the
+    mixed forward: the swap-AB gate/up tile and the TMA GEMV down tile of :func:`gemv_configs`); else the fastest
+    of the H200 round-4 and round-5 runs at every measured (T, B) (gate/up 32 columns = 64 weight rows, down 64
+    rows, K steps of 128, 4 warps, 3 stages, nibble pairs by multiply, E8M0 factor in packed bf16;
+    benchmarks/moe_mxfp4-h200-run2.md, run3.md), the factor on the int32 pair words where round 9 measured that
+    faster (:data:`PAIRS_SCALE_ON_WORDS_MIN_ROWS`) and ``words_mul`` says the GPU has the packed bf16 multiply it
+    needs (:func:`pair_words_mul_usable`)."""
+    if tma and words_mul and pairs_gemv_down_default(num_rows, inter):
+        return PAIRS_TMA_TILES[0], gemv_configs(num_rows, inter)[1]
     if tma and words_mul and pairs_tma_default(num_rows, inter):
         return PAIRS_TMA_TILES
     on_words = words_mul and num_rows >= PAIRS_SCALE_ON_WORDS_MIN_ROWS.get(inter, 0)
@@ -2165,16 +2199,27 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
                          f"(B*top_k), got {num_rows}")
     gu_cfg, dn_cfg = configs if configs else pairs_configs(num_rows, inter, pair_words_mul_usable(x.device),
                                                            tma=gemv_tma_usable(x, w13, w13_scale, w2, w2_scale))
-    if not (isinstance(gu_cfg, PairsConfig) and isinstance(dn_cfg, PairsConfig)):
-        raise ValueError(f"configs for upcast='pairs' must be two PairsConfig, got {configs!r}")
+    # the mixed forward: the swap-AB gate/up launch, then the TMA GEMV down launch on natural-order SwiGLU rows
+    gemv_down = isinstance(gu_cfg, PairsConfig) and isinstance(dn_cfg, GemvConfig)
+    if not (isinstance(gu_cfg, PairsConfig) and (isinstance(dn_cfg, PairsConfig) or gemv_down)):
+        raise ValueError(f"configs for upcast='pairs' must be two PairsConfig (or a TMA PairsConfig and a TMA "
+                         f"GemvConfig), got {configs!r}")
     gu_k, dn_k = min(gu_cfg.block_k, hidden), min(dn_cfg.block_k, inter)
+    dn_mma = min(dn_cfg.block_n, 16 if gemv_down else dn_cfg.block_m)  # the GEMV down has no MMA side
     if (inter % gu_cfg.block_n or hidden % dn_cfg.block_n or gu_k % 32 or dn_k % 32 or hidden % gu_k
-            or inter % dn_k or min(gu_cfg.block_m, dn_cfg.block_m, 2 * gu_cfg.block_n, dn_cfg.block_n) < 16):
+            or inter % dn_k or min(gu_cfg.block_m, 2 * gu_cfg.block_n, dn_mma) < 16):
         raise ValueError(f"pairs tiles {configs!r} do not fit H={hidden}, I={inter} (block_k a multiple of 32 "
                          f"dividing K, block_n dividing the outputs, MMA sides >= 16)")
     tma_ring = gu_cfg.tma_ring
-    if (gu_cfg.tma_ring or dn_cfg.tma_ring) and (dn_cfg.tma_ring != tma_ring or tma_ring < 0 or min(gu_k, dn_k) < 512
-                                                 or not (gu_cfg.scale_bf16 and dn_cfg.scale_bf16)):
+    if gemv_down:
+        if (tma_ring <= 0 or dn_cfg.tma_ring <= 0 or min(gu_k, dn_k) < 512 or not gu_cfg.scale_bf16 or dn_cfg.x_f32
+                or dn_cfg.two_rows or dn_cfg.prefetch or dn_cfg.split_k > 1 or dn_cfg.persistent_programs_per_sm < 0):
+            raise ValueError(f"pairs gate/up with a GEMV down needs tma_ring > 0 in both, block_k >= 512 (K >= 512), "
+                             f"scale_bf16, and a plain one-row GEMV down (no x_f32 / two_rows / prefetch / K split); "
+                             f"got {configs!r} at H={hidden}, I={inter}")
+    elif (gu_cfg.tma_ring or dn_cfg.tma_ring) and (dn_cfg.tma_ring != tma_ring or tma_ring < 0
+                                                   or min(gu_k, dn_k) < 512
+                                                   or not (gu_cfg.scale_bf16 and dn_cfg.scale_bf16)):
         raise ValueError(f"pairs tma_ring needs both configs alike (> 0), block_k >= 512 (K >= 512) and scale_bf16; "
                          f"got {configs!r} at H={hidden}, I={inter}")
     device = x.device
@@ -2198,6 +2243,10 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
         w2_desc = TensorDescriptor.from_tensor(w2.view(torch.int32).view(-1, inter // 8), [dn_cfg.block_n, dn_k // 8])
         w2_s_desc = TensorDescriptor.from_tensor(scale_bytes(w2_scale).view(-1, inter // 32),
                                                  [dn_cfg.block_n, dn_k // 32])
+        if gemv_down:
+            act_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2])
+            dn_per_sm = dn_cfg.persistent_programs_per_sm
+            dn_persistent_grid = (min(num_rows * (hidden // dn_cfg.block_n), _sm_count(device) * dn_per_sm),)
 
     def route_step():
         _route_pairs_kernel[(1 + triton.cdiv(x.numel(), PAIRS_X_BLOCK),)](
@@ -2211,7 +2260,7 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
                 x_pairs, w13_desc, w13_s_desc, sorted_rows, expert_start, active_experts, num_active, act, hidden,
                 inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m, BLOCK_N=gu_cfg.block_n,
                 BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs, SCALE_BF16=gu_cfg.scale_bf16_constexpr(), RING=tma_ring,
-                num_warps=gu_cfg.num_warps)
+                NATURAL_ACT=gemv_down, num_warps=gu_cfg.num_warps)
             return
         _gate_up_pairs_kernel[(slots, inter // gu_cfg.block_n)](
             x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts,
@@ -2220,6 +2269,16 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
             SCALE_BF16=gu_cfg.scale_bf16_constexpr(), num_warps=gu_cfg.num_warps, num_stages=gu_cfg.num_stages)
 
     def down():
+        if gemv_down and dn_per_sm:
+            _down_gemv_tma_persistent_kernel[dn_persistent_grid](
+                act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
+                BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring, **dn_cfg.launch_options())
+            return
+        if gemv_down:
+            _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
+                act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
+                hidden, inter, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring, **dn_cfg.launch_options())
+            return
         if tma_ring:
             _down_pairs_tma_kernel[(slots, hidden // dn_cfg.block_n)](
                 act, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y, hidden,
@@ -2364,7 +2423,8 @@ def _pairs_tma_sig(kind, rows, block_k):
     if kind == "gate_up":
         sig = _gate_up_pairs_sig()
         return {"x_ptr": sig["x_ptr"], "w13_desc": w, "w13_scale_desc": s,
-                **{k: v for k, v in sig.items() if k not in ("x_ptr", "w13_ptr", "w13_scale_ptr")}, **tiles}
+                **{k: v for k, v in sig.items() if k not in ("x_ptr", "w13_ptr", "w13_scale_ptr")}, **tiles,
+                "NATURAL_ACT": "constexpr"}
     sig = _down_pairs_sig()
     return {"act_ptr": sig["act_ptr"], "w2_desc": w, "w2_scale_desc": s,
             **{k: v for k, v in sig.items() if k not in ("act_ptr", "w2_ptr", "w2_scale_ptr")}, **tiles}
@@ -2529,19 +2589,24 @@ def aot_configs() -> list[AotConfig]:
                     kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",),
                     note="tensor-core pairs decode" + ("" if cfg in shipped_pairs else " (selectable, not a default)")))
-    # TMA-fed swap-AB pairs decode (the default where PAIRS_TMA_WHERE says; one config serves every I)
-    for kind, kernel, cfg in (("gate_up", _gate_up_pairs_tma_kernel, PAIRS_TMA_TILES[0]),
-                              ("down", _down_pairs_tma_kernel, PAIRS_TMA_TILES[1])):
+    # TMA-fed swap-AB pairs decode (the default where PAIRS_TMA_WHERE says; one config serves every I), and its
+    # gate/up launch with natural-order SwiGLU rows for the TMA GEMV down launch (PAIRS_GEMV_DOWN_WHERE)
+    for kind, kernel, cfg, natural in (("gate_up", _gate_up_pairs_tma_kernel, PAIRS_TMA_TILES[0], False),
+                                       ("down", _down_pairs_tma_kernel, PAIRS_TMA_TILES[1], False),
+                                       ("gate_up", _gate_up_pairs_tma_kernel, PAIRS_TMA_TILES[0], True)):
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                       "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring}
         if kind == "gate_up":
             constexprs["TOP_K"] = TOP_K
+            constexprs["NATURAL_ACT"] = natural
         configs.append(AotConfig(
-            name=f"moe_mxfp4_{kind}_pairs_{cfg.label()}", kernel=kernel,
+            name=f"moe_mxfp4_{kind}_pairs_{cfg.label()}" + ("_natural" if natural else ""), kernel=kernel,
             signature=_pairs_tma_sig(kind, 2 * cfg.block_n if kind == "gate_up" else cfg.block_n, cfg.block_k),
             constexprs=constexprs, num_warps=cfg.num_warps, num_stages=cfg.tma_ring, div16=("hidden", "inter"),
             expect_opcodes=("HMMA.16816.F32.BF16", "UTMALDG"),
-            note="swap-AB pairs decode, weights by TMA (the default at T=1 B=4..64, T=4 B=16..64)"))
+            note=("swap-AB gate/up, natural-order SwiGLU rows for the TMA GEMV down (the default at T=1 B=2, 5..6, "
+                  "T=4 B=4..6, 8)" if natural else
+                  "swap-AB pairs decode, weights by TMA (the default at T=1 B=4..64, T=4 B=16..64)")))
     configs.append(AotConfig(
         name="moe_mxfp4_route_pairs", kernel=_route_pairs_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",

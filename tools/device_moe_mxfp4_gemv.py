@@ -22,6 +22,7 @@ Round 15 (``--swap-ab``, issue 4): swap-AB on tensor cores fed by TMA (``PairsCo
 decode's MMA -- weights the M side, up to 16 routed rows the N side, the E8M0 factor on the pair words -- with the
 weight words and scale bytes by TMA through the TMA GEMV's ring, on its small tiles, K steps of 512) beside the
 shipped default and the pairs default tiles at T = 1 / 4, B = 1, 2, 4, 8, 16, 32, 64, launch by launch everywhere.
+Run 15c (``--swap-ab3``): the mixed forward (swap-AB gate/up + TMA GEMV down) and more swap-AB tiles, B = 1..4, 8.
 
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
@@ -201,6 +202,26 @@ SWAP_AB2_CANDIDATES = [_swap_ab(8, 16, warps=1), _swap_ab(8, 16, warps=1, ring=2
                        _swap_ab(16, 32, warps=2), _swap_ab(16, 16, warps=2, ring=2, dn_warps=1),
                        _swap_ab(8, 16, warps=1, ring=4), _swap_ab(16, 32)]
 SWAP_AB_DEADLINE_S = 175  # for a 240 s device limit
+# run 15c (--swap-ab3): run 15b's swap-AB gate/up beat the TMA GEMV's at T=1 B = 1 / 2 (26.61 / 48.71 vs 28.07 /
+# 51.45 us) but its down lost (19.46 / 33.75 vs 16.89 / 28.84): the mixed forward -- swap-AB gate/up writing
+# natural-order bf16 SwiGLU rows (NATURAL_ACT), then the TMA GEMV down (3 stages; at T=4 B <= 8 the default down is
+# persistent, P = 8) -- and the swap-AB tiles not yet tried: gate/up 64 rows on 4 warps, down 32 rows on 2 warps with
+# K steps of 1024, down 64 rows on 4 warps; T = 1 / 4, B = 1, 2, 3, 4, 8
+_SWAP_AB_GU = {n: P(n, 512, w, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2)
+               for n, w in ((8, 1), (16, 2), (32, 4))}
+
+
+def _swap_ab_down(n, k, w):
+    return P(n, k, w, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2)
+
+
+SWAP_AB3_CANDIDATES = [(_SWAP_AB_GU[16], G(16, 512, 4, tma_ring=3)),
+                       (_SWAP_AB_GU[16], G(16, 512, 4, tma_ring=3, persistent_programs_per_sm=8)),
+                       (_SWAP_AB_GU[8], G(16, 512, 4, tma_ring=3)),
+                       moe.PAIRS_TMA_TILES,
+                       (_SWAP_AB_GU[32], _swap_ab_down(16, 512, 1)),
+                       (_SWAP_AB_GU[16], _swap_ab_down(32, 1024, 2)),
+                       (_SWAP_AB_GU[16], _swap_ab_down(64, 512, 4))]
 
 
 def label(cfgs) -> str:
@@ -232,6 +253,8 @@ def main() -> None:
                         help="round 15: swap-AB tensor-core decode with TMA-fed weights (device only: K >= 512)")
     parser.add_argument("--swap-ab2", action="store_true",
                         help="run 15b: swap-AB with one warp per 16 weight rows (no replicated dequant)")
+    parser.add_argument("--swap-ab3", action="store_true",
+                        help="run 15c: swap-AB gate/up + TMA GEMV down (mixed), more swap-AB tiles, T=1/4 B=1..4, 8")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
                         help="--words: GEMV candidates up to this B, pairs candidates above it")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
@@ -244,7 +267,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.persistent2:
         args.persistent = True
-    if args.swap_ab2:
+    if args.swap_ab2 or args.swap_ab3:
         args.swap_ab = True
     breakdown = [b for b in args.breakdown.split(",") if b]
     gemv_max_batch = args.gemv_max_batch
@@ -268,6 +291,11 @@ def main() -> None:
         if args.swap_ab:  # TMA needs K >= 512; B = 3 with 8 experts: several rows per expert in one MMA pass
             hidden, base_inter, tps, batches = 512, 512, (1,), (1, 3)
             candidates = [_swap_ab(128, 256, ring=2), _swap_ab(256, 512, ring=3, on_words=False)]
+            if args.swap_ab3:  # the mixed forward, plain and persistent GEMV down (12 items on a 10-program grid)
+                gu = P(128, 512, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2)
+                candidates = [(gu, G(256, 512, 4, tma_ring=2)),
+                              (gu, G(256, 512, 4, tma_ring=2, persistent_programs_per_sm=2))]
+                moe.CPU_SM_COUNT = 5
     else:
         device, num_experts, hidden, tps, copies, base_inter = (
             "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
@@ -283,6 +311,8 @@ def main() -> None:
             tps, batches, candidates = (1, 2, 4), tuple(range(1, 17)), PERSISTENT2_CANDIDATES
         if args.swap_ab:
             batches, candidates = (1, 2, 4, 8, 16, 32, 64), SWAP_AB2_CANDIDATES if args.swap_ab2 else SWAP_AB_CANDIDATES
+            if args.swap_ab3:
+                batches, candidates = (1, 2, 3, 4, 8), SWAP_AB3_CANDIDATES
     if args.only:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
@@ -297,7 +327,7 @@ def main() -> None:
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
         title=("sm120 MoE decode, round 15: swap-AB on tensor cores with TMA-fed weights, DSv4-Flash shapes, H200"
                if args.swap_ab else "sm120 MoE decode, round 11: persistent TMA GEMV, DSv4-Flash shapes, H200" if args.persistent else
@@ -399,7 +429,9 @@ def main() -> None:
                             "mul = nibble pairs placed by one multiply, h = E8M0 factor on the pair values in packed "
                             "bf16, wd = the factor on the int32 pair words by PTX mul.rn.bf16x2 (round 9); "
                             "16 routed rows per MMA pass; tma<R> (round 15) = swap-AB fed by TMA: weight words and "
-                            "scale bytes through a ring of R stages, activations by plain loads")
+                            "scale bytes through a ring of R stages, activations by plain loads; a pairs gate/up with "
+                            "a GEMV down label (e.g. n16k512w4tma3) = run 15c's mixed forward: swap-AB gate/up "
+                            "writing natural-order bf16 SwiGLU rows, then the TMA GEMV down launch")
     result.notes.append("gemv labels: gate/up / down GemvConfig as n<block_n>k<block_k>w<warps>, s<K splits>, "
                         "p = register prefetch of the next K step, st<num_stages> (none: Triton's default 3), f = x_f32 "
                         "(activations as float32 in the word-pair order, multiply-placed nibble pairs), tma<stages> = "

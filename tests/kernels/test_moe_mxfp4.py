@@ -369,13 +369,13 @@ def test_default_upcast_follows_the_h200_numbers():
     for inter, tma in ((full_i, False), (full_i // 2, True), (full_i // 2, False)):
         assert all(moe.default_upcast(b * TOP_K, inter, tma) == "gemv" for b in (1, 3, 7, 8, 12, 16))
         assert moe.default_upcast(16 * TOP_K + 1, inter, tma) == "pairs"
-    assert all(moe.default_upcast(b * TOP_K, full_i) == "gemv" for b in (1, 2, 3))
+    assert all(moe.default_upcast(b * TOP_K, full_i) == "gemv" for b in (1, 3))  # B = 2: run 15c's mixed forward
     assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (4, 5, 8, 12, 16))  # round 15
     assert moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(257 * TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "dot_scaled"  # prefill
-    assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(8 * TOP_K, full_i // 4) == "gemv"
+    assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(7 * TOP_K, full_i // 4) == "gemv"
     assert moe.default_upcast(9 * TOP_K - 1, full_i // 4) == "gemv"
     assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (17, 32, 64, 128, 256))
     assert all(moe.default_upcast(b * TOP_K, full_i // 4) == "pairs" for b in (9, 12, 15, 16, 32, 64, 128, 256))
@@ -702,7 +702,8 @@ def test_gemv_tiles_only_where_measured():
     # (at I = 2048 the TMA-fed swap-AB pairs decode takes B = 4..16 from the TMA GEMV: round 15's test)
     assert moe.default_upcast(16 * TOP_K, full_i, tma=False) == "gemv"
     assert moe.default_upcast(16 * TOP_K + 1, full_i, tma=False) == "pairs"
-    assert moe.default_upcast(8 * TOP_K, full_i // 4) == "gemv" and moe.default_upcast(9 * TOP_K, full_i // 4) == "pairs"
+    assert moe.default_upcast(8 * TOP_K, full_i // 4, tma=False) == "gemv"
+    assert moe.default_upcast(9 * TOP_K, full_i // 4) == "pairs"
     assert moe.default_upcast(16 * TOP_K, full_i // 2) == "gemv"
     assert moe.default_upcast(16 * TOP_K + 1, full_i // 2) == "pairs"
     assert moe.default_upcast(TOP_K, full_i // 8) == "pairs"
@@ -1062,3 +1063,71 @@ def test_pairs_tma_default_forward(monkeypatch):
     assert moe.pairs_configs(2 * TOP_K, inter, tma=False) != tma_tiles
     monkeypatch.setattr(moe, "gemv_tma_usable", lambda *tensors: False)
     assert rel(run(x, experts, weights, ids), ref) < 2e-2 and len(used) == 1
+
+
+# --- run 15c: the mixed forward, swap-AB gate/up (natural-order SwiGLU rows) + the TMA GEMV down launch -------------
+@pytest.mark.parametrize("batch,pattern,per_sm", [(0, "random", 0), (1, "random", 0), (3, "duplicate", 2)])
+def test_pairs_gemv_down_mixed(monkeypatch, batch, pattern, per_sm):
+    """The swap-AB gate/up launch writing plain bf16 SwiGLU rows in natural order, read by the TMA GEMV down launch
+    (one program per column block, or a persistent grid smaller than its work items), against the reference with the
+    clamp active and every scratch tensor NaN-poisoned (B = 3 with duplicate experts: several rows per MMA pass)."""
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 1)  # persistent: 2 programs for 36 (routed row, column block) items
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=batch + 110)
+    weights, ids = make_routing(batch, pattern, seed=batch + 111)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=batch + 112, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    if batch:
+        assert rel(moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0), ref) > 0.1
+    cfgs = (moe.PairsConfig(inter // 2, 512, 4, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2),
+            moe.GemvConfig(TMA_HIDDEN // 2, 512, 4, tma_ring=3, persistent_programs_per_sm=per_sm))
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, configs=cfgs)  # the tiles' types pick the pairs launches
+    assert out.shape == (batch, TMA_HIDDEN) and torch.isfinite(out).all()
+    if batch:
+        assert rel(out, ref) < 2e-2
+
+
+@pytest.mark.parametrize("bad", ["x_f32", "no_tma", "pairs_no_tma", "split_k"])
+def test_pairs_gemv_down_arguments(bad):
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    gu = dict(block_n=256, block_k=512, num_warps=4, tma_ring=2, mul_pairs=True, scale_bf16=True)
+    dn = dict(block_n=256, block_k=512, num_warps=4, tma_ring=3)
+    if bad == "x_f32":
+        dn["x_f32"] = True
+    elif bad == "no_tma":
+        dn["tma_ring"] = 0
+    elif bad == "pairs_no_tma":
+        gu["tma_ring"] = 0
+    else:
+        dn["split_k"] = 2
+    with pytest.raises(ValueError, match="GEMV down"):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="pairs",
+            configs=(moe.PairsConfig(**gu), moe.GemvConfig(**dn)))
+
+
+def test_pairs_gemv_down_default_follows_the_h200_numbers():
+    """Runs 15c / 15c2: the mixed forward is the default at T=1 B = 2, 5, 6 and T=4 B = 4, 5, 6, 8 (>= 2 % faster in
+    every run that measured it), with the swap-AB gate/up tile and gemv_configs' TMA down tile (persistent at T=4),
+    where the operands allow TMA and the GPU has the packed multiply; its gate/up kernel is in the AOT registry."""
+    gate_up = moe.PAIRS_TMA_TILES[0]
+    for inter, batches, others in ((2048, (2, 5, 6), (1, 3, 4, 7, 8, 16)), (512, (4, 5, 6, 8), (1, 2, 3, 7, 9, 16))):
+        for batch in batches:
+            rows = batch * TOP_K
+            gu, dn = moe.pairs_configs(rows, inter)
+            assert gu == gate_up and dn == moe.gemv_configs(rows, inter)[1]
+            assert dn == moe.GemvConfig(16, 512, 4, tma_ring=3, persistent_programs_per_sm=8 if inter == 512 else 0)
+            assert moe.default_upcast(rows, inter) == "pairs"
+            assert isinstance(moe.pairs_configs(rows, inter, tma=False)[1], moe.PairsConfig)
+            assert isinstance(moe.pairs_configs(rows, inter, words_mul=False)[1], moe.PairsConfig)
+            assert moe.default_upcast(rows, inter, tma=False) == "gemv"
+        for batch in others:
+            assert isinstance(moe.pairs_configs(batch * TOP_K, inter)[1], moe.PairsConfig)
+            assert not moe.pairs_gemv_down_default(batch * TOP_K, inter)
+    assert moe.default_upcast(TOP_K, 2048) == moe.default_upcast(7 * TOP_K, 512) == "gemv"
+    names = {c.name: c for c in moe.aot_configs()}
+    aot = names[f"moe_mxfp4_gate_up_pairs_{gate_up.label()}_natural"]
+    assert aot.kernel is moe._gate_up_pairs_tma_kernel and aot.constexprs["NATURAL_ACT"] is True
+    assert not names[f"moe_mxfp4_gate_up_pairs_{gate_up.label()}"].constexprs["NATURAL_ACT"]
+    assert aot.expect_opcodes == ("HMMA.16816.F32.BF16", "UTMALDG") and aot.num_warps == gate_up.num_warps
