@@ -1925,6 +1925,45 @@ GEMV_LAUNCH_NAMES = ("route", "gate_up", "down", "topk_sum")
 GEMV_X_BLOCK = 1024  # activations one program of the x_f32 routing launch converts
 
 
+def _expert_weight_descriptors(w13, w13_scale, w2, w2_scale, hidden, inter, gate_up_rows, gate_up_k, down_rows,
+                               down_k):
+    """TMA descriptors over the experts' int32 weight words and E8M0 bytes, a block being one program's K step:
+    (w13 words [E*2I, H/8], w13 bytes [E*2I, H/32], w2 words [E*H, I/8], w2 bytes [E*H, I/32])."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return (TensorDescriptor.from_tensor(w13.view(torch.int32).view(-1, hidden // 8), [gate_up_rows, gate_up_k // 8]),
+            TensorDescriptor.from_tensor(scale_bytes(w13_scale).view(-1, hidden // 32),
+                                         [gate_up_rows, gate_up_k // 32]),
+            TensorDescriptor.from_tensor(w2.view(torch.int32).view(-1, inter // 8), [down_rows, down_k // 8]),
+            TensorDescriptor.from_tensor(scale_bytes(w2_scale).view(-1, inter // 32), [down_rows, down_k // 32]))
+
+
+def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, expert_start, active_experts,
+                          num_active, y, num_rows, num_experts, hidden, inter, slots, dn_cfg, dn_k, device):
+    """The TMA GEMV's down launch over the bf16 SwiGLU rows ``act`` [B*top_k, I] (natural order) into ``y``, as a
+    callable: on a persistent grid where ``dn_cfg`` asks for one, else one program per (expert slot, column
+    block). Shared by the GEMV forward and the mixed pairs forward."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    act_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2])
+    per_sm = dn_cfg.persistent_programs_per_sm
+    if per_sm:
+        # the program count from shapes and the device only, so a captured graph replays it
+        grid = (min(num_rows * (hidden // dn_cfg.block_n), _sm_count(device) * per_sm),)
+
+        def persistent_down():
+            _down_gemv_tma_persistent_kernel[grid](
+                act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
+                BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring, **dn_cfg.launch_options())
+        return persistent_down
+
+    def slot_down():
+        _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
+            act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
+            hidden, inter, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring, **dn_cfg.launch_options())
+    return slot_down
+
+
 def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
                   configs=None) -> list:
     """The GEMV forward as its four launches ``[(name, fn)]`` (:data:`GEMV_LAUNCH_NAMES`) over buffers
@@ -1984,19 +2023,15 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     if tma_ring:  # host-side descriptors: kernel parameters, so a captured graph replays them as they are
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        w13_desc = TensorDescriptor.from_tensor(w13.view(torch.int32).view(-1, hidden // 8),
-                                                [2 * gu_cfg.block_n, gu_k // 8])
-        w13_s_desc = TensorDescriptor.from_tensor(scale_bytes(w13_scale).view(-1, hidden // 32),
-                                                  [2 * gu_cfg.block_n, gu_k // 32])
+        w13_desc, w13_s_desc, w2_desc, w2_s_desc = _expert_weight_descriptors(
+            w13, w13_scale, w2, w2_scale, hidden, inter, 2 * gu_cfg.block_n, gu_k, dn_cfg.block_n, dn_k)
         x_desc = TensorDescriptor.from_tensor(x.view(torch.int32), [1, gu_k // 2])
-        w2_desc = TensorDescriptor.from_tensor(w2.view(torch.int32).view(-1, inter // 8), [dn_cfg.block_n, dn_k // 8])
-        w2_s_desc = TensorDescriptor.from_tensor(scale_bytes(w2_scale).view(-1, inter // 32),
-                                                 [dn_cfg.block_n, dn_k // 32])
-        act_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2])
+        down_tma = _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, expert_start,
+                                         active_experts, num_active, y, num_rows, num_experts, hidden, inter, slots,
+                                         dn_cfg, dn_k, device)
 
-    # persistent grids: the program count from shapes and the device only, so a captured graph replays it
+    # persistent grid: the program count from shapes and the device only, so a captured graph replays it
     gu_persistent_grid = (min(num_rows * (inter // gu_cfg.block_n), _sm_count(device) * gu_persistent),)
-    dn_persistent_grid = (min(num_rows * (hidden // dn_cfg.block_n), _sm_count(device) * dn_persistent),)
 
     def gate_up():
         if gu_persistent:
@@ -2018,15 +2053,8 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             PREFETCH=gu_cfg.prefetch, X_F32=x_f32, **gu_cfg.launch_options())
 
     def down():
-        if dn_persistent:
-            _down_gemv_tma_persistent_kernel[dn_persistent_grid](
-                act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
-                BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=tma_ring, **dn_cfg.launch_options())
-            return
         if tma_ring:
-            _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
-                act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
-                hidden, inter, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=tma_ring, **dn_cfg.launch_options())
+            down_tma()
             return
         _down_gemv_kernel[(slots, hidden // dn_cfg.block_n, dn_cfg.split_k)](
             act if x_f32 else act.view(torch.int32), w2.view(torch.int32), scale_bytes(w2_scale), weights,
@@ -2234,19 +2262,12 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
     y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)
     slots = min(num_rows, num_experts)
     if tma_ring:  # host-side descriptors: kernel parameters, so a captured graph replays them as they are
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        w13_desc = TensorDescriptor.from_tensor(w13.view(torch.int32).view(-1, hidden // 8),
-                                                [2 * gu_cfg.block_n, gu_k // 8])
-        w13_s_desc = TensorDescriptor.from_tensor(scale_bytes(w13_scale).view(-1, hidden // 32),
-                                                  [2 * gu_cfg.block_n, gu_k // 32])
-        w2_desc = TensorDescriptor.from_tensor(w2.view(torch.int32).view(-1, inter // 8), [dn_cfg.block_n, dn_k // 8])
-        w2_s_desc = TensorDescriptor.from_tensor(scale_bytes(w2_scale).view(-1, inter // 32),
-                                                 [dn_cfg.block_n, dn_k // 32])
+        w13_desc, w13_s_desc, w2_desc, w2_s_desc = _expert_weight_descriptors(
+            w13, w13_scale, w2, w2_scale, hidden, inter, 2 * gu_cfg.block_n, gu_k, dn_cfg.block_n, dn_k)
         if gemv_down:
-            act_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2])
-            dn_per_sm = dn_cfg.persistent_programs_per_sm
-            dn_persistent_grid = (min(num_rows * (hidden // dn_cfg.block_n), _sm_count(device) * dn_per_sm),)
+            down_gemv = _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, expert_start,
+                                              active_experts, num_active, y, num_rows, num_experts, hidden, inter,
+                                              slots, dn_cfg, dn_k, device)
 
     def route_step():
         _route_pairs_kernel[(1 + triton.cdiv(x.numel(), PAIRS_X_BLOCK),)](
@@ -2269,15 +2290,8 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
             SCALE_BF16=gu_cfg.scale_bf16_constexpr(), num_warps=gu_cfg.num_warps, num_stages=gu_cfg.num_stages)
 
     def down():
-        if gemv_down and dn_per_sm:
-            _down_gemv_tma_persistent_kernel[dn_persistent_grid](
-                act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
-                BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring, **dn_cfg.launch_options())
-            return
         if gemv_down:
-            _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
-                act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
-                hidden, inter, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring, **dn_cfg.launch_options())
+            down_gemv()
             return
         if tma_ring:
             _down_pairs_tma_kernel[(slots, hidden // dn_cfg.block_n)](
