@@ -458,6 +458,14 @@ def run13_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def _wo_a_sweep_default(m: int, n: int, k: int, groups: int, g):
+    """default_config's form, the base of the run-15 sweeps; at --smoke's reduced shapes the full wo_a shape's form
+    (2 groups: T=1, else T=2), so the smoke run exercises the same candidates."""
+    if groups * n * k < 1 << 20:
+        return g.default_config(m, 1024, 4096, 8 if groups >= 2 else 4)
+    return g.default_config(m, n, k, groups)
+
+
 def run15_candidates(m: int, n: int, k: int, groups: int, g):
     """--run15-sweep (run 15): default_config's form first; on the FP8 tile: that tile by TMA (the fused-RoPE form
     before run 15), 4 / 5 stages, half / a quarter of the K split, 4 warps, 2 / 4 K blocks per iteration (uN; with 1
@@ -468,9 +476,7 @@ def run15_candidates(m: int, n: int, k: int, groups: int, g):
     import dataclasses
 
     replace = dataclasses.replace
-    cur = g.default_config(m, n, k, groups)
-    if groups * n * k < 1 << 20:  # --smoke's reduced shapes: the full wo_a shape's forms (2 groups: T=1, else T=2)
-        cur = g.default_config(m, 1024, 4096, 8 if groups >= 2 else 4)
+    cur = _wo_a_sweep_default(m, n, k, groups, g)
     out = [("old_default", cur)]
     if not cur.fp8_mma:
         return out
@@ -503,9 +509,7 @@ def run15b_candidates(m: int, n: int, k: int, groups: int, g):
     import dataclasses
 
     replace = dataclasses.replace
-    cur = g.default_config(m, n, k, groups)
-    if groups * n * k < 1 << 20:  # --smoke's reduced shapes: the full wo_a shape's forms (2 groups: T=1, else T=2)
-        cur = g.default_config(m, 1024, 4096, 8 if groups >= 2 else 4)
+    cur = _wo_a_sweep_default(m, n, k, groups, g)
     out = [("old_default", cur)]
     if not cur.fp8_mma:
         return out
