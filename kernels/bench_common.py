@@ -23,6 +23,18 @@ Semantics (each ``reference_*`` is the float32 specification):
 * ``combine(x, a, b, c)``: ``x + a + b + c`` in fp32, rounded once to bf16 (``[M, N]`` bf16 each).
 
 All are CUDA-graph capturable (outputs sized by shapes only, no host syncs).
+
+Programmatic dependent launch: on GPUs that have it (compute capability >= 9.0, ``pdl.pdl_supported``)
+every kernel launches with ``launch_pdl=True`` unless the caller passes ``pdl=False``, because the fused
+kernels SGLang runs for these stages are PDL kernels there (sm_90+, sm_120 included): sgl_kernel's
+rmsnorm / fused_add_rmsnorm call FlashInfer's norm with ``enable_pdl=is_arch_support_pdl()``
+(sgl_kernel/elementwise.py, utils.py), and SGLang's JIT silu_and_mul_clamp takes the same flag
+(sglang/kernels/ops/activation/silu_and_mul_clamp.py). As FlashInfer's norm kernels do
+(flashinfer/include/flashinfer/norm.cuh: ``griddepcontrol.wait`` at the start, ``launch_dependents``
+after the stores), each kernel here waits before it reads the previous kernel's output or stores, and
+lets its dependents launch after its stores. The norm weight and the router bias are read before the
+wait: they are model constants, never written by the kernel just before (callers that write them in
+the same stream must pass ``pdl=False``). The outputs are the same bit for bit either way.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import triton.language as tl
 
 from .dsv4 import HEAD_DIM, HIDDEN_SIZE, NUM_EXPERTS, Q_LORA_RANK, RMS_NORM_EPS, SOFTPLUS_THRESHOLD, TOP_K
 from .harness.aot import AotConfig
+from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
 # elements per program of the elementwise kernels (SwiGLU, combine): 16-byte bf16 accesses
 ELEMENTWISE_BLOCK = 1024
@@ -66,6 +79,12 @@ def _bf16_out(out, shape, device) -> torch.Tensor:
     return out
 
 
+def launch_with_pdl(device: torch.device, pdl: bool) -> bool:
+    """Whether a launch on ``device`` uses programmatic dependent launch: asked for (``pdl``) and supported
+    there (a CUDA device of compute capability >= 9.0; never on the CPU or under the interpreter)."""
+    return bool(pdl) and pdl_supported(device)
+
+
 def _norm_warps(block_n: int) -> int:
     # 8 bf16 (16 bytes) per thread and access for widths up to 2048, at most 8 warps
     return max(1, min(8, block_n // 256))
@@ -75,18 +94,23 @@ def _norm_warps(block_n: int) -> int:
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, N, stride_xm, stride_rm, stride_ym, eps,
-                     BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr):
+                     BLOCK_N: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                     PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_N)
     mask = offs < N
+    if HAS_WEIGHT:  # a model constant: read before the PDL wait, while the previous kernel drains
+        weight = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
     h = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         h += tl.load(r_ptr + row * stride_rm + offs, mask=mask, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / N + eps)
     y = h * inv
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = y * weight
     tl.store(y_ptr + row * stride_ym + offs, y.to(tl.bfloat16), mask=mask)
+    pdl_launch_dependents(PDL)
 
 
 def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, residual: torch.Tensor | None = None,
@@ -98,8 +122,9 @@ def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, resi
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-             eps: float = RMS_NORM_EPS, out: torch.Tensor | None = None) -> torch.Tensor:
-    """bf16 ``[M, N]`` RMSNorm of ``x`` (plus ``residual``, added in fp32), one launch."""
+             eps: float = RMS_NORM_EPS, out: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
+    """bf16 ``[M, N]`` RMSNorm of ``x`` (plus ``residual``, added in fp32), one launch (PDL where supported
+    unless ``pdl=False``)."""
     _check_rows(x, "x", torch.bfloat16)
     m, n = x.shape
     _check(n > 0, "x", "a non-empty last dim", _describe(x))
@@ -114,10 +139,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, residual: torc
         return out
     block_n = triton.next_power_of_2(n)
     dummy = x
+    use_pdl = launch_with_pdl(x.device, pdl)
     _rms_norm_kernel[(m,)](x, residual if residual is not None else dummy, weight if weight is not None else dummy,
                            out, n, x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
                            float(eps), BLOCK_N=block_n, HAS_RESIDUAL=residual is not None,
-                           HAS_WEIGHT=weight is not None, num_warps=_norm_warps(block_n))
+                           HAS_WEIGHT=weight is not None, PDL=use_pdl, num_warps=_norm_warps(block_n),
+                           launch_pdl=use_pdl)
     return out
 
 
@@ -135,13 +162,16 @@ def _softplus(x, THRESHOLD: tl.constexpr):
 
 @triton.jit
 def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, E, stride_lm, stride_im, stride_wm, scale,
-                  TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, THRESHOLD: tl.constexpr):
+                  TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, THRESHOLD: tl.constexpr,
+                  PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     mask = offs < E
+    bias = tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a model constant: before the wait
+    pdl_wait(PDL)
     logits = tl.load(logits_ptr + row * stride_lm + offs, mask=mask, other=0.0).to(tl.float32)
     scores = tl.sqrt(_softplus(logits, THRESHOLD))
-    biased = scores + tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    biased = scores + bias
     biased = tl.where(mask, biased, float("-inf"))
     taken = offs < 0  # all False
     slot = tl.arange(0, BLOCK_K)
@@ -159,6 +189,7 @@ def _route_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, E, stride_lm, stride_im,
     keep = slot < TOP_K
     tl.store(ids_ptr + row * stride_im + slot, picked_ids, mask=keep)
     tl.store(w_ptr + row * stride_wm + slot, picked_scores / total * scale, mask=keep)
+    pdl_launch_dependents(PDL)
 
 
 def reference_route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float):
@@ -172,8 +203,9 @@ def reference_route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale:
 
 
 def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float,
-          out_ids: torch.Tensor | None = None, out_weights: torch.Tensor | None = None):
-    """(ids ``[M, top_k]`` int32, weights ``[M, top_k]`` float32), one launch (see module doc)."""
+          out_ids: torch.Tensor | None = None, out_weights: torch.Tensor | None = None, pdl: bool = True):
+    """(ids ``[M, top_k]`` int32, weights ``[M, top_k]`` float32), one launch (see module doc; PDL where
+    supported unless ``pdl=False``)."""
     _check(isinstance(logits, torch.Tensor) and logits.dtype in (torch.float32, torch.bfloat16),
            "logits", "a float32 or bfloat16 tensor", _describe(logits))
     _check_rows(logits, "logits", logits.dtype)
@@ -193,20 +225,23 @@ def route(logits: torch.Tensor, bias: torch.Tensor, top_k: int, scale: float,
     if m == 0:
         return out_ids, out_weights
     block_e = triton.next_power_of_2(e)
+    use_pdl = launch_with_pdl(logits.device, pdl)
     _route_kernel[(m,)](logits, bias, out_ids, out_weights, e, logits.stride(0), out_ids.stride(0),
                         out_weights.stride(0), float(scale), TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k),
                         BLOCK_E=block_e,
-                        THRESHOLD=SOFTPLUS_THRESHOLD, num_warps=4)
+                        THRESHOLD=SOFTPLUS_THRESHOLD, PDL=use_pdl, num_warps=4, launch_pdl=use_pdl)
     return out_ids, out_weights
 
 
 # --- SwiGLU and combine -----------------------------------------------------------------------
 
 @triton.jit
-def _swiglu_kernel(gu_ptr, y_ptr, I, stride_gm, stride_ym, limit, BLOCK: tl.constexpr, HAS_LIMIT: tl.constexpr):
+def _swiglu_kernel(gu_ptr, y_ptr, I, stride_gm, stride_ym, limit, BLOCK: tl.constexpr, HAS_LIMIT: tl.constexpr,
+                   PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
+    pdl_wait(PDL)
     gate = tl.load(gu_ptr + row * stride_gm + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + row * stride_gm + I + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_LIMIT:
@@ -214,6 +249,7 @@ def _swiglu_kernel(gu_ptr, y_ptr, I, stride_gm, stride_ym, limit, BLOCK: tl.cons
         up = tl.minimum(tl.maximum(up, -limit), limit)
     y = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(y_ptr + row * stride_ym + offs, y.to(tl.bfloat16), mask=mask)
+    pdl_launch_dependents(PDL)
 
 
 def reference_swiglu(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
@@ -225,8 +261,9 @@ def reference_swiglu(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-def swiglu(gate_up: torch.Tensor, limit: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """bf16 ``[M, I]`` clamped SwiGLU of ``gate_up [M, 2I]`` bf16 (``limit <= 0``: no clamp)."""
+def swiglu(gate_up: torch.Tensor, limit: float, out: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
+    """bf16 ``[M, I]`` clamped SwiGLU of ``gate_up [M, 2I]`` bf16 (``limit <= 0``: no clamp), one launch (PDL
+    where supported unless ``pdl=False``)."""
     _check_rows(gate_up, "gate_up", torch.bfloat16)
     m, two_i = gate_up.shape
     _check(two_i > 0 and two_i % 2 == 0, "gate_up", "an even, non-zero last dim [gate | up]", _describe(gate_up))
@@ -234,23 +271,26 @@ def swiglu(gate_up: torch.Tensor, limit: float, out: torch.Tensor | None = None)
     out = _bf16_out(out, (m, inter), gate_up.device)
     if m == 0:
         return out
+    use_pdl = launch_with_pdl(gate_up.device, pdl)
     _swiglu_kernel[(m, triton.cdiv(inter, ELEMENTWISE_BLOCK))](
         gate_up, out, inter, gate_up.stride(0), out.stride(0), float(limit), BLOCK=ELEMENTWISE_BLOCK,
-        HAS_LIMIT=limit > 0, num_warps=ELEMENTWISE_WARPS)
+        HAS_LIMIT=limit > 0, PDL=use_pdl, num_warps=ELEMENTWISE_WARPS, launch_pdl=use_pdl)
     return out
 
 
 @triton.jit
 def _combine_kernel(x_ptr, a_ptr, b_ptr, c_ptr, y_ptr, N, stride_xm, stride_am, stride_bm, stride_cm, stride_ym,
-                    BLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
+    pdl_wait(PDL)
     y = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
     y += tl.load(a_ptr + row * stride_am + offs, mask=mask, other=0.0).to(tl.float32)
     y += tl.load(b_ptr + row * stride_bm + offs, mask=mask, other=0.0).to(tl.float32)
     y += tl.load(c_ptr + row * stride_cm + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_ym + offs, y.to(tl.bfloat16), mask=mask)
+    pdl_launch_dependents(PDL)
 
 
 def reference_combine(x, a, b, c) -> torch.Tensor:
@@ -259,8 +299,9 @@ def reference_combine(x, a, b, c) -> torch.Tensor:
 
 
 def combine(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-            out: torch.Tensor | None = None) -> torch.Tensor:
-    """bf16 ``x + a + b + c`` (residual + attention + routed + shared expert), one launch."""
+            out: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
+    """bf16 ``x + a + b + c`` (residual + attention + routed + shared expert), one launch (PDL where
+    supported unless ``pdl=False``)."""
     _check_rows(x, "x", torch.bfloat16)
     m, n = x.shape
     for name, t in (("a", a), ("b", b), ("c", c)):
@@ -268,19 +309,22 @@ def combine(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
     out = _bf16_out(out, (m, n), x.device)
     if m == 0 or n == 0:
         return out
+    use_pdl = launch_with_pdl(x.device, pdl)
     _combine_kernel[(m, triton.cdiv(n, ELEMENTWISE_BLOCK))](
         x, a, b, c, out, n, x.stride(0), a.stride(0), b.stride(0), c.stride(0), out.stride(0),
-        BLOCK=ELEMENTWISE_BLOCK, num_warps=ELEMENTWISE_WARPS)
+        BLOCK=ELEMENTWISE_BLOCK, PDL=use_pdl, num_warps=ELEMENTWISE_WARPS, launch_pdl=use_pdl)
     return out
 
 
 # --- AOT --------------------------------------------------------------------------------------
 
 def aot_configs() -> list[AotConfig]:
+    """The configs the bench launches on sm_120 (a PDL GPU: every one with PDL, so the griddepcontrol pair,
+    PREEXIT and ACQBULK, must be in the SASS)."""
     configs = []
     norm_sig = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32",
                 "stride_xm": "i32", "stride_rm": "i32", "stride_ym": "i32", "eps": "fp32",
-                "BLOCK_N": "constexpr", "HAS_RESIDUAL": "constexpr", "HAS_WEIGHT": "constexpr"}
+                "BLOCK_N": "constexpr", "HAS_RESIDUAL": "constexpr", "HAS_WEIGHT": "constexpr", "PDL": "constexpr"}
     # (width, residual, weight) as the bench launches them: input / post-attention / q / per-head q norms
     for n, residual, weight in ((HIDDEN_SIZE, False, True), (HIDDEN_SIZE, True, True), (Q_LORA_RANK, False, True),
                                 (HEAD_DIM, False, False)):
@@ -288,29 +332,30 @@ def aot_configs() -> list[AotConfig]:
         configs.append(AotConfig(
             name=f"rms_norm_{n}{'_residual' if residual else ''}{'' if weight else '_noweight'}",
             kernel=_rms_norm_kernel, signature=norm_sig,
-            constexprs={"BLOCK_N": block_n, "HAS_RESIDUAL": residual, "HAS_WEIGHT": weight},
+            constexprs={"BLOCK_N": block_n, "HAS_RESIDUAL": residual, "HAS_WEIGHT": weight, "PDL": True},
             num_warps=_norm_warps(block_n), num_stages=1,
-            div16=("N", "stride_xm", "stride_rm", "stride_ym"), expect_opcodes=()))
+            div16=("N", "stride_xm", "stride_rm", "stride_ym"), expect_opcodes=PDL_OPCODES))
     for logits_type in ("fp32", "bf16"):
         configs.append(AotConfig(
             name=f"route_sqrtsoftplus_{NUM_EXPERTS}_top{TOP_K}_{logits_type}", kernel=_route_kernel,
             signature={"logits_ptr": f"*{logits_type}", "bias_ptr": "*fp32", "ids_ptr": "*i32", "w_ptr": "*fp32",
                        "E": "i32", "stride_lm": "i32", "stride_im": "i32", "stride_wm": "i32", "scale": "fp32",
-                       "TOP_K": "constexpr", "BLOCK_K": "constexpr", "BLOCK_E": "constexpr", "THRESHOLD": "constexpr"},
+                       "TOP_K": "constexpr", "BLOCK_K": "constexpr", "BLOCK_E": "constexpr", "THRESHOLD": "constexpr",
+                       "PDL": "constexpr"},
             constexprs={"TOP_K": TOP_K, "BLOCK_K": triton.next_power_of_2(TOP_K),
-                        "BLOCK_E": triton.next_power_of_2(NUM_EXPERTS), "THRESHOLD": SOFTPLUS_THRESHOLD},
-            num_warps=4, num_stages=1, div16=("E", "stride_lm"), expect_opcodes=()))
+                        "BLOCK_E": triton.next_power_of_2(NUM_EXPERTS), "THRESHOLD": SOFTPLUS_THRESHOLD, "PDL": True},
+            num_warps=4, num_stages=1, div16=("E", "stride_lm"), expect_opcodes=PDL_OPCODES))
     configs.append(AotConfig(
         name="swiglu_clamped", kernel=_swiglu_kernel,
         signature={"gu_ptr": "*bf16", "y_ptr": "*bf16", "I": "i32", "stride_gm": "i32", "stride_ym": "i32",
-                   "limit": "fp32", "BLOCK": "constexpr", "HAS_LIMIT": "constexpr"},
-        constexprs={"BLOCK": ELEMENTWISE_BLOCK, "HAS_LIMIT": True}, num_warps=ELEMENTWISE_WARPS, num_stages=1,
-        div16=("I", "stride_gm", "stride_ym"), expect_opcodes=()))
+                   "limit": "fp32", "BLOCK": "constexpr", "HAS_LIMIT": "constexpr", "PDL": "constexpr"},
+        constexprs={"BLOCK": ELEMENTWISE_BLOCK, "HAS_LIMIT": True, "PDL": True}, num_warps=ELEMENTWISE_WARPS,
+        num_stages=1, div16=("I", "stride_gm", "stride_ym"), expect_opcodes=PDL_OPCODES))
     configs.append(AotConfig(
         name="combine4", kernel=_combine_kernel,
         signature={"x_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "y_ptr": "*bf16",
                    "N": "i32", "stride_xm": "i32", "stride_am": "i32", "stride_bm": "i32", "stride_cm": "i32",
-                   "stride_ym": "i32", "BLOCK": "constexpr"},
-        constexprs={"BLOCK": ELEMENTWISE_BLOCK}, num_warps=ELEMENTWISE_WARPS, num_stages=1,
-        div16=("N", "stride_xm", "stride_am", "stride_bm", "stride_cm", "stride_ym"), expect_opcodes=()))
+                   "stride_ym": "i32", "BLOCK": "constexpr", "PDL": "constexpr"},
+        constexprs={"BLOCK": ELEMENTWISE_BLOCK, "PDL": True}, num_warps=ELEMENTWISE_WARPS, num_stages=1,
+        div16=("N", "stride_xm", "stride_am", "stride_bm", "stride_cm", "stride_ym"), expect_opcodes=PDL_OPCODES))
     return configs

@@ -48,6 +48,9 @@ import triton.language as tl
 from .dsv4 import FP8_BLOCK, HEAD_DIM, ROPE_DIM
 from .harness.aot import AotConfig
 from .harness.interpreter import has_capability, interpreter_enabled
+from .pdl import PDL_MIN_CAPABILITY, PDL_OPCODES
+from .pdl import pdl_launch_dependents as _pdl_launch_dependents
+from .pdl import pdl_wait as _pdl_wait
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -132,23 +135,8 @@ def _prefetch_item_l2(w_ptr, stride_wg, stride_wn, N, K, tile, pid_k, pid_g, k_b
 # attribute, so this kernel's programs may start while the previous kernel in the stream drains. The
 # weight and its scales are constants of the model: they may be read before the wait; the activation
 # (written by the previous kernel) and every store (the output / split partials may reuse memory the
-# previous kernel still reads) come after it. Both instructions are no-ops without the attribute.
-@triton.jit
-def _pdl_launch_dependents(PDL: tl.constexpr):
-    """Let the next kernel's programs launch once every program of this one has started (a hint: the next
-    kernel still waits for this one to complete before it reads what this one writes)."""
-    if PDL:
-        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def _pdl_wait(PDL: tl.constexpr):
-    """Wait until the previous kernel has completed and its writes are visible. The memory clobber keeps
-    the compiler from moving any load or store across it."""
-    if PDL:
-        tl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r,~{memory}", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+# previous kernel still reads) come after it. Both instructions are no-ops without the attribute
+# (_pdl_launch_dependents / _pdl_wait: kernels/pdl.py).
 
 
 @triton.jit
@@ -988,9 +976,6 @@ TMA_MAX_BOX = 256
 TMA_MIN_CAPABILITY = 9
 
 
-PDL_MIN_CAPABILITY = 9  # griddepcontrol (programmatic dependent launch): sm_90 and sm_12x
-
-
 def weight_tma_usable(w3: torch.Tensor) -> bool:
     """Whether a TMA descriptor can be made over the weight ``w3 [G, N, K]`` (e4m3): a GPU with TMA (or the
     CPU interpreter), a 16-byte aligned base, contiguous K and 16-byte multiples as the other strides."""
@@ -1583,9 +1568,7 @@ _AOT_FP8MMA_SIGNATURE = {
 }
 
 
-# SASS of the PDL instructions on sm_120a / sm_121a: griddepcontrol.launch_dependents, griddepcontrol.wait and
-# prefetch.global.L2
-PDL_OPCODES = ("PREEXIT", "ACQBULK")
+# SASS of prefetch.global.L2 on sm_120a / sm_121a (PDL_OPCODES, from kernels/pdl.py: the griddepcontrol pair)
 L2_PREFETCH_OPCODE = "CCTL.E.PF2"
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sglang_sm120.kernels import bench_common as bc
-from sglang_sm120.kernels import moe_mxfp4
+from sglang_sm120.kernels import moe_mxfp4, pdl
 from sglang_sm120.kernels.dsv4 import ROUTED_SCALING_FACTOR, SWIGLU_LIMIT
 
 from ..conftest import DEVICE
@@ -180,3 +180,47 @@ def test_combine_validation():
         bc.combine(x, x, x, torch.zeros(2, 32, dtype=torch.bfloat16, device=DEVICE))
     with pytest.raises(ValueError, match="^b:"):
         bc.combine(x, x, x.float(), x)
+
+
+@pytest.mark.parametrize("capability, expected", [((8, 0), False), ((9, 0), True), ((12, 0), True)])
+def test_pdl_only_on_gpus_with_griddepcontrol(monkeypatch, capability, expected):
+    assert not bc.launch_with_pdl(torch.device("cpu"), True)
+    monkeypatch.setattr(pdl, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert bc.launch_with_pdl(torch.device("cuda", 0), True) is expected
+    assert bc.launch_with_pdl(torch.device("cuda", 0), False) is False
+    assert not bc.launch_with_pdl(torch.device("cpu"), True)
+
+
+class _LaunchRecorder:
+    """Stands in for a jitted kernel: records the keyword arguments of each ``kernel[grid](...)`` launch."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append(kwargs)
+
+
+def _launcher(kernel):
+    """A call of the public function that launches ``kernel`` once, passing on the ``pdl`` keyword if given."""
+    x = torch.zeros(2, 64, dtype=torch.bfloat16, device=DEVICE)
+    logits, bias = torch.zeros(2, 16, device=DEVICE), torch.zeros(16, device=DEVICE)
+    return {"_rms_norm_kernel": lambda **pdl: bc.rms_norm(x, x[0], residual=x, **pdl),
+            "_route_kernel": lambda **pdl: bc.route(logits, bias, 6, 1.0, **pdl),
+            "_swiglu_kernel": lambda **pdl: bc.swiglu(x, SWIGLU_LIMIT, **pdl),
+            "_combine_kernel": lambda **pdl: bc.combine(x, x, x, x, **pdl)}[kernel]
+
+
+@pytest.mark.parametrize("kernel", ["_rms_norm_kernel", "_route_kernel", "_swiglu_kernel", "_combine_kernel"])
+@pytest.mark.parametrize("supported", [False, True])
+def test_pdl_flag_reaches_the_launch(monkeypatch, kernel, supported):
+    """The PDL decision reaches both the launch attribute and the kernel's wait/trigger (constexpr PDL):
+    on by default where the device supports it, off when asked or where it does not."""
+    recorder = _LaunchRecorder()
+    monkeypatch.setattr(bc, kernel, recorder)
+    monkeypatch.setattr(bc, "pdl_supported", lambda device: supported)
+    launch = _launcher(kernel)
+    launch()  # the default
+    launch(pdl=False)
+    assert [(k["PDL"], k["launch_pdl"]) for k in recorder.launches] == [(supported, supported), (False, False)]
