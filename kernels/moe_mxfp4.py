@@ -119,6 +119,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import torch
 import triton
@@ -771,6 +772,210 @@ def _gemv_tma_step(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS: tl.constexpr,
     x4, x5 = _bf16_pair(p2)
     x6, x7 = _bf16_pair(p3)
     return (_gemv_group_dot(q, x0, x1, x2, x3, x4, x5, x6, x7, False) * GEMV_GROUP_UNBIAS) * _e8m0_to_f32(s)
+
+
+# fp16 pair decode (GemvConfig.f16, round 16): shifting a word so that nibbles j and j+4 sit at bits 12..15 and
+# 28..31, ``(t & 0x80008000) | ((t & 0x70007000) >> 3)`` is an fp16 pair holding both values times 2**-14 (the
+# e2m1 exponent lands in the fp16 exponent's low bits, the 0.5 code is the fp16 subnormal 2**-15: exact). The
+# pair multiplies the activation's fp16 pair (values k and k+4 of the word, :func:`_f16_position`) by one packed
+# ``fma.rn.f16x2``, so no pair is split into two float32: a word's 4 packed FMAs leave two fp16 sums of 4 products,
+# converted to float32 once per word. The activations are fp16 times a power of two that keeps them below 2**15
+# (x: per row, from its max |x|; the SwiGLU rows: from the clamp), so no product or sum can overflow (a 4-product
+# sum is at most 4 * 6 * 2**-14 * 2**15 = 48).
+F16_GROUP_UNBIAS: tl.constexpr = tl.constexpr(2.0 ** 14)  # e2m1 placed as fp16 bits is the value times 2**-14
+F16_MAGNITUDE_MASK: tl.constexpr = tl.constexpr(0x70007000)
+F16_ACT_MAX_LOG2 = 15  # prepared activations stay below 2**15 (fp16 max 65504)
+# a row's shift from the float32 exponent field e of its max |x| (< 2**(e - 126)): 2**(e - 126 + shift) = 2**15
+F16_X_SHIFT_BIAS: tl.constexpr = tl.constexpr(126 + F16_ACT_MAX_LOG2)
+
+
+@triton.jit
+def _e2m1_f16_pair(q, SHIFT: tl.constexpr):
+    """Nibbles j and j+4 of each int32 word ``q`` (``SHIFT`` = 12 - 4j) -> int32 fp16 pair words, the values
+    times 2**-14 (exact, signs and the 0.5 subnormal included)."""
+    t = q << SHIFT
+    return (t & SIGN_PAIR_MASK) | ((t & F16_MAGNITUDE_MASK) >> 3)
+
+
+@triton.jit
+def _f16_half(p, HIGH: tl.constexpr):
+    """The low or high fp16 half of int32 words ``p`` as float32 (exact)."""
+    bits = (p >> 16) if HIGH else (p & 0xFFFF)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _round_f16(v):
+    return v.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
+def _f16_word_dot(q, f0, f1, f2, f3, EMULATE: tl.constexpr):
+    """``q`` [R, G, 4] weight words against the activation's fp16 pair words ``f<j>`` [1, G, 4] (values 8w + j
+    and 8w + j + 4 of word w) -> float32 [R, G, 4]: each word's 8 products times 2**-14, summed as two fp16
+    partial sums of 4 (one packed multiply and 3 packed FMAs) and one float32 add. EMULATE: the same fp16
+    roundings in float32 (the CPU interpreter runs no inline PTX; fp16 a*b is exact in float32, so only the
+    add rounds twice)."""
+    w0 = _e2m1_f16_pair(q, 12)
+    w1 = _e2m1_f16_pair(q, 8)
+    w2 = _e2m1_f16_pair(q, 4)
+    w3 = _e2m1_f16_pair(q, 0)
+    if EMULATE:
+        lo = _round_f16(_f16_half(w0, False) * _f16_half(f0, False))
+        hi = _round_f16(_f16_half(w0, True) * _f16_half(f0, True))
+        lo = _round_f16(_f16_half(w1, False) * _f16_half(f1, False) + lo)
+        hi = _round_f16(_f16_half(w1, True) * _f16_half(f1, True) + hi)
+        lo = _round_f16(_f16_half(w2, False) * _f16_half(f2, False) + lo)
+        hi = _round_f16(_f16_half(w2, True) * _f16_half(f2, True) + hi)
+        lo = _round_f16(_f16_half(w3, False) * _f16_half(f3, False) + lo)
+        hi = _round_f16(_f16_half(w3, True) * _f16_half(f3, True) + hi)
+        return lo + hi
+    else:
+        f0 = tl.broadcast_to(f0, q.shape)
+        f1 = tl.broadcast_to(f1, q.shape)
+        f2 = tl.broadcast_to(f2, q.shape)
+        f3 = tl.broadcast_to(f3, q.shape)
+        acc = tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [w0, f0], dtype=tl.int32,
+                                        is_pure=True, pack=1)
+        acc = tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [w1, f1, acc],
+                                        dtype=tl.int32, is_pure=True, pack=1)
+        acc = tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [w2, f2, acc],
+                                        dtype=tl.int32, is_pure=True, pack=1)
+        acc = tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [w3, f3, acc],
+                                        dtype=tl.int32, is_pure=True, pack=1)
+        total = tl.inline_asm_elementwise(
+            "{ .reg .f16 lo16, hi16; .reg .f32 lo32, hi32, sum32; mov.b32 {lo16, hi16}, $1; "
+            "cvt.f32.f16 lo32, lo16; cvt.f32.f16 hi32, hi16; add.f32 sum32, lo32, hi32; mov.b32 $0, sum32; }",
+            "=r,r", [acc], dtype=tl.int32, is_pure=True, pack=1)
+        return total.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_tma_f16_step(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+                       EMULATE: tl.constexpr):
+    """:func:`_gemv_tma_step` on the fp16 pair decode (:func:`_f16_word_dot`): ``x_desc`` over the activation's
+    fp16 pair words in the :func:`_f16_position` order; [ROWS, BLOCK_K/32] scaled per-group partial dots (times
+    the activation row's power of two)."""
+    q = tl.reshape(w_desc.load([w_row, k0 // 8]), [ROWS, BLOCK_K // 32, 4])
+    s = s_desc.load([w_row, k0 // 32])
+    # the 4 fp16 pair words of each weight word: [1, G, 4 words, 4 pairs] -> pair j as [1, G, 4]
+    xw = tl.reshape(x_desc.load([x_row, k0 // 2]), [1, BLOCK_K // 32, 4, 2, 2])
+    x_even, x_odd = tl.split(xw)  # pairs 0, 2 / 1, 3
+    f0, f2 = tl.split(x_even)
+    f1, f3 = tl.split(x_odd)
+    dots = tl.sum(_f16_word_dot(q, f0, f1, f2, f3, EMULATE), 2)
+    return (dots * F16_GROUP_UNBIAS) * _e8m0_to_f32(s)
+
+
+@triton.jit
+def _f16_position(k):
+    """Index of value ``k`` of a row in the fp16 pair order: within each 8 values (one weight word), value
+    ``j`` (< 4) and ``j + 4`` are fp16 pair word j (low, high half)."""
+    return (k // 8) * 8 + (k % 4) * 2 + (k % 8) // 4
+
+
+@triton.jit
+def _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, mask):
+    """The clamped SwiGLU of one routed row's columns times ``act_scale`` as fp16 in the pair order (what the
+    fp16 down GEMV reads; the host picks ``act_scale`` so the clamped values stay below 2**15)."""
+    act = _swiglu(gate, up, swiglu_limit) * act_scale
+    tl.store(act_ptr + row.to(tl.int64) * inter + _f16_position(cols), act.to(tl.float16), mask=mask)
+
+
+@triton.jit
+def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                        num_active_ptr, x_ptr, x16_ptr, x_unscale_ptr, hidden, NUM_EXPERTS: tl.constexpr,
+                        BLOCK_ROWS: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_H: tl.constexpr,
+                        ROUTE: tl.constexpr):
+    """Launch 1 of the fp16 TMA GEMV: program 0 routes (``_route_kernel``; not with ROUTE False, when the torch
+    sort of :func:`route` did), program ``1 + b`` writes row b of the bf16 activations ``x [B, H]`` times 2**S_b
+    as fp16 in the pair order (exact) and ``2**-S_b`` to ``x_unscale [B]``: S_b = 141 - (the float32 exponent
+    field of the row's max |x|), so the row's values stay below 2**15 whatever their size (clamped to +-100:
+    an all-zero row)."""
+    pid = tl.program_id(0)
+    if ROUTE and pid == 0:
+        _route_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                      num_active_ptr, NUM_EXPERTS, BLOCK_ROWS, NUM_BINS)
+    else:
+        row = (pid - (1 if ROUTE else 0)).to(tl.int64)
+        k = tl.arange(0, BLOCK_H)
+        ok = k < hidden
+        x = tl.load(x_ptr + row * hidden + k, mask=ok, other=0.0).to(tl.float32)
+        exponent = tl.max(tl.abs(x), 0).to(tl.int32, bitcast=True) >> 23
+        shift = tl.minimum(tl.maximum(0 - exponent + F16_X_SHIFT_BIAS, -100), 100)
+        scale = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        tl.store(x16_ptr + row * hidden + _f16_position(k), (x * scale).to(tl.float16), mask=ok)
+        tl.store(x_unscale_ptr + row, ((127 - shift) << 23).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr, sorted_rows_ptr, expert_start_ptr,
+                                 active_experts_ptr, num_active_ptr, act_ptr, hidden, inter, swiglu_limit, act_scale,
+                                 TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 RING: tl.constexpr, EMULATE: tl.constexpr):
+    """:func:`_gate_up_gemv_tma_kernel` on the fp16 pair decode: ``x_desc`` over the prepared fp16 pair words
+    [B, H/2] (:func:`_route_x_f16_kernel`), each row's sums times its ``x_unscale``; the SwiGLU rows stored by
+    :func:`_f16_act_store` (fp16 [B*top_k, I] in the pair order, times ``act_scale``)."""
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+    w_row = (expert * (2 * inter) + tl.program_id(1) * (2 * BLOCK_N)).to(tl.int32)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    for m in range(row_begin, row_end):
+        row = tl.load(sorted_rows_ptr + m)
+        acc = tl.zeros([2 * BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
+        x_row = (row // TOP_K).to(tl.int32)
+        for k0 in tl.range(0, hidden, BLOCK_K, num_stages=RING):
+            acc += _gemv_tma_f16_step(w13_desc, w13_scale_desc, x_desc, w_row, x_row, k0, 2 * BLOCK_N, BLOCK_K,
+                                      EMULATE)
+        out = tl.sum(acc, 1) * tl.load(x_unscale_ptr + row // TOP_K)
+        gate, up = tl.split(tl.reshape(out, [BLOCK_N, 2]))
+        _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, cols >= 0)
+
+
+@triton.jit
+def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
+                              active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, act_unscale,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
+                              EMULATE: tl.constexpr):
+    """:func:`_down_gemv_tma_kernel` on the fp16 pair decode: ``act_desc`` over the fp16 SwiGLU pair words
+    [B*top_k, I/2] of :func:`_f16_act_store`, the sums times ``act_unscale`` (1 / its ``act_scale``)."""
+    slot = tl.program_id(0)
+    if slot >= tl.load(num_active_ptr):
+        return
+    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+    w_row = (expert * hidden + tl.program_id(1) * BLOCK_N).to(tl.int32)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    for m in range(row_begin, row_end):
+        row = tl.load(sorted_rows_ptr + m)
+        acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
+        for k0 in tl.range(0, inter, BLOCK_K, num_stages=RING):
+            acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row.to(tl.int32), k0, BLOCK_N,
+                                      BLOCK_K, EMULATE)
+        tl.store(y_ptr + row.to(tl.int64) * hidden + n,
+                 tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)))
+
+
+@triton.jit
+def _down_gemv_tma_persistent_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, topk_ids_ptr,
+                                         sorted_rows_ptr, y_ptr, num_rows, num_experts, hidden, inter, act_unscale,
+                                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
+                                         EMULATE: tl.constexpr):
+    """:func:`_down_gemv_tma_persistent_kernel` on the fp16 pair decode (as :func:`_down_gemv_tma_f16_kernel`)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    items = num_rows * (hidden // BLOCK_N)
+    for t in tl.range(pid, items, nprog, flatten=True, num_stages=RING):
+        block, row, expert, valid = _persistent_item(t, num_rows, sorted_rows_ptr, topk_ids_ptr, num_experts)
+        w_row = expert * hidden + block * BLOCK_N
+        acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
+        for k0 in range(0, inter, BLOCK_K):
+            acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row, k0, BLOCK_N, BLOCK_K, EMULATE)
+        n = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(y_ptr + row.to(tl.int64) * hidden + n,
+                 tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)),
+                 mask=(n >= 0) & valid)
 
 
 @triton.jit
@@ -1538,7 +1743,11 @@ class GemvConfig:
     split, block_k >= 512 so a row's scale bytes of a step are the 16 bytes TMA needs);
     ``persistent_programs_per_sm`` (> 0, with ``tma_ring``; per launch): the TMA kernel as a persistent
     grid of min(work items, SMs x this) programs looping over (routed row, column block) work items, item
-    and K loops flattened into one ring (:func:`_gate_up_gemv_tma_persistent_kernel`)."""
+    and K loops flattened into one ring (:func:`_gate_up_gemv_tma_persistent_kernel`); ``f16`` (with
+    ``tma_ring``, both configs alike, round 16; persistent for the down launch only): the fp16 pair decode
+    (:func:`_f16_word_dot`: packed fp16 FMAs on the weight words, the activations prepared once per call as
+    scaled fp16 pairs) where the SwiGLU clamp bounds the activations (:func:`f16_act_shift`; else the bf16
+    decode runs)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1549,10 +1758,12 @@ class GemvConfig:
     x_f32: bool = False
     tma_ring: int = 0
     persistent_programs_per_sm: int = 0
+    f16: bool = False
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
         tag += f"tma{self.tma_ring}" if self.tma_ring else ""
+        tag += "h" if self.f16 else ""
         if self.persistent_programs_per_sm:
             tag += f"pers{self.persistent_programs_per_sm}"
         tag += "x2" if self.two_rows else ""
@@ -1605,6 +1816,17 @@ GEMV_TMA_RING = 3
 # (per-rank I, most routed rows, programs per SM):
 GEMV_TMA_PERSISTENT_DOWN_WHERE = ((MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K, 8),)
 GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
+
+
+def f16_act_shift(swiglu_limit: float) -> int | None:
+    """Power of two by which the fp16 GEMV scales the SwiGLU rows (fp16, :func:`_f16_act_store`): the clamp bounds
+    ``|silu(min(g, L)) * clamp(u, -L, L)| < L * max(L, 1)``, so the largest shift keeping that bound at or below
+    2**F16_ACT_MAX_LOG2 (capped at 100). None where no clamp bounds them (``L <= 0``) or the shift would be negative
+    (L > 181): the forward then runs the bf16 decode."""
+    if not swiglu_limit > 0:
+        return None
+    shift = math.floor(F16_ACT_MAX_LOG2 - math.log2(swiglu_limit * max(swiglu_limit, 1.0)))
+    return min(shift, 100) if shift >= 0 else None
 
 
 def gemv_tma_usable(*tensors: torch.Tensor) -> bool:
@@ -1939,10 +2161,12 @@ def _expert_weight_descriptors(w13, w13_scale, w2, w2_scale, hidden, inter, gate
 
 
 def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, expert_start, active_experts,
-                          num_active, y, num_rows, num_experts, hidden, inter, slots, dn_cfg, dn_k, device):
+                          num_active, y, num_rows, num_experts, hidden, inter, slots, dn_cfg, dn_k, device,
+                          act_unscale=None):
     """The TMA GEMV's down launch over the bf16 SwiGLU rows ``act`` [B*top_k, I] (natural order) into ``y``, as a
     callable: on a persistent grid where ``dn_cfg`` asks for one, else one program per (expert slot, column
-    block). Shared by the GEMV forward and the mixed pairs forward."""
+    block). Shared by the GEMV forward and the mixed pairs forward. ``act_unscale`` (not None): ``act`` holds the
+    fp16 pair words of :func:`_f16_act_store` times 1 / act_unscale, read by the fp16 pair decode."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     act_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2])
@@ -1952,12 +2176,24 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
         grid = (min(num_rows * (hidden // dn_cfg.block_n), _sm_count(device) * per_sm),)
 
         def persistent_down():
+            if act_unscale is not None:
+                _down_gemv_tma_persistent_f16_kernel[grid](
+                    act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
+                    act_unscale, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring,
+                    EMULATE=interpreter_enabled(), **dn_cfg.launch_options())
+                return
             _down_gemv_tma_persistent_kernel[grid](
                 act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
                 BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring, **dn_cfg.launch_options())
         return persistent_down
 
     def slot_down():
+        if act_unscale is not None:
+            _down_gemv_tma_f16_kernel[(slots, hidden // dn_cfg.block_n)](
+                act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
+                hidden, inter, act_unscale, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring,
+                EMULATE=interpreter_enabled(), **dn_cfg.launch_options())
+            return
         _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
             act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
             hidden, inter, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring, **dn_cfg.launch_options())
@@ -1996,10 +2232,18 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     if (gu_persistent or dn_persistent) and (not tma_ring or min(gu_persistent, dn_persistent) < 0):
         raise ValueError(f"GEMV persistent_programs_per_sm needs tma_ring (either launch may take it, >= 0), "
                          f"got {configs!r}")
+    if (gu_cfg.f16 or dn_cfg.f16) and (gu_cfg.f16 != dn_cfg.f16 or not tma_ring or gu_persistent):
+        raise ValueError(f"GEMV f16 needs both configs alike, tma_ring and no persistent gate/up, got {configs!r}")
+    act_shift = f16_act_shift(swiglu_limit) if gu_cfg.f16 else None
+    f16 = act_shift is not None  # where the clamp does not bound the SwiGLU rows, the bf16 decode runs
     device = x.device
     route_kernel = num_rows <= ROUTE_TRITON_MAX_ROWS
-    if x_f32:
-        x_in = torch.empty(batch, hidden, dtype=torch.float32, device=device)
+    if x_f32 or f16:
+        if x_f32:
+            x_in = torch.empty(batch, hidden, dtype=torch.float32, device=device)
+        else:  # the activations as scaled fp16 pairs, and each row's 2**-shift
+            x_in = torch.empty(batch, hidden, dtype=torch.float16, device=device)
+            x_unscale = torch.empty(batch, dtype=torch.float32, device=device)
         if route_kernel:
             sorted_rows = torch.empty(num_rows, dtype=torch.int32, device=device)
             expert_start = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
@@ -2011,7 +2255,8 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         x_in = x.view(torch.int32)
         sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)  # launch 1, run now
     slots = min(num_rows, num_experts)
-    act = torch.empty(num_rows, inter, dtype=torch.float32 if x_f32 else torch.bfloat16, device=device)
+    act_dtype = torch.float32 if x_f32 else (torch.float16 if f16 else torch.bfloat16)
+    act = torch.empty(num_rows, inter, dtype=act_dtype, device=device)
     y = torch.empty(dn_cfg.split_k, num_rows, hidden, dtype=torch.float32, device=device)
     gu_grid = (slots, inter // gu_cfg.block_n, gu_cfg.split_k)
     if gu_cfg.split_k > 1:
@@ -2025,10 +2270,10 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
 
         w13_desc, w13_s_desc, w2_desc, w2_s_desc = _expert_weight_descriptors(
             w13, w13_scale, w2, w2_scale, hidden, inter, 2 * gu_cfg.block_n, gu_k, dn_cfg.block_n, dn_k)
-        x_desc = TensorDescriptor.from_tensor(x.view(torch.int32), [1, gu_k // 2])
+        x_desc = TensorDescriptor.from_tensor((x_in if f16 else x).view(torch.int32), [1, gu_k // 2])
         down_tma = _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, expert_start,
                                          active_experts, num_active, y, num_rows, num_experts, hidden, inter, slots,
-                                         dn_cfg, dn_k, device)
+                                         dn_cfg, dn_k, device, act_unscale=2.0 ** -act_shift if f16 else None)
 
     # persistent grid: the program count from shapes and the device only, so a captured graph replays it
     gu_persistent_grid = (min(num_rows * (inter // gu_cfg.block_n), _sm_count(device) * gu_persistent),)
@@ -2039,6 +2284,12 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                 x_desc, w13_desc, w13_s_desc, ids, sorted_rows, act, num_rows, num_experts, hidden, inter,
                 float(swiglu_limit), TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, RING=tma_ring,
                 **gu_cfg.launch_options())
+            return
+        if f16:
+            _gate_up_gemv_tma_f16_kernel[gu_grid](
+                x_desc, w13_desc, w13_s_desc, x_unscale, sorted_rows, expert_start, active_experts, num_active, act,
+                hidden, inter, float(swiglu_limit), 2.0 ** act_shift, TOP_K=top_k, BLOCK_N=gu_cfg.block_n,
+                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), **gu_cfg.launch_options())
             return
         if tma_ring:
             _gate_up_gemv_tma_kernel[gu_grid](
@@ -2074,13 +2325,21 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             NUM_BINS=triton.next_power_of_2(num_experts + 1), BLOCK_X=GEMV_X_BLOCK, ROUTE=route_kernel,
             num_warps=4)
 
-    if x_f32:
-        route_x_f32()
+    def route_x_f16():  # routing (unless the torch sort did it) and x -> scaled fp16 pairs, one launch
+        _route_x_f16_kernel[(int(route_kernel) + batch,)](
+            ids, num_rows, sorted_rows, expert_start, active_experts, num_active, x, x_in, x_unscale, hidden,
+            NUM_EXPERTS=num_experts, BLOCK_ROWS=triton.next_power_of_2(max(num_rows, 16)),
+            NUM_BINS=triton.next_power_of_2(num_experts + 1), BLOCK_H=triton.next_power_of_2(hidden),
+            ROUTE=route_kernel, num_warps=4)
+
+    route_x = route_x_f32 if x_f32 else (route_x_f16 if f16 else None)
+    if route_x:
+        route_x()
     pending = [True]  # the routing above is this forward's first launch
 
     def route_step():  # later calls re-run the routing kernel into the same buffers (per-launch timing)
-        if x_f32 and not pending[0]:
-            route_x_f32()
+        if route_x and not pending[0]:
+            route_x()
         elif pending[0]:
             pending[0] = False
         elif num_rows <= ROUTE_TRITON_MAX_ROWS:  # beyond, the torch sort above is reused (same ids)
@@ -2414,6 +2673,26 @@ def _gemv_tma_persistent_sig(kind, rows, block_k):
             **shapes, "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr"}
 
 
+def _gemv_tma_f16_sig(kind, rows, block_k, persistent=False):
+    """Signature of the fp16 pair decode's TMA GEMV kernels: as the bf16 ones (:func:`_gemv_tma_sig`,
+    :func:`_gemv_tma_persistent_sig`) with the activation scales (gate/up: each x row's ``x_unscale`` and the
+    SwiGLU rows' ``act_scale``, fp16 rows; down: ``act_unscale``) and EMULATE."""
+    if persistent:
+        sig = _gemv_tma_persistent_sig(kind, rows, block_k)
+        return {**{k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}, "act_unscale": "fp32", "BLOCK_N": "constexpr",
+                "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr"}
+    sig = _gemv_tma_sig(kind, rows, block_k)
+    if kind == "gate_up":
+        head = {k: sig[k] for k in ("x_desc", "w13_desc", "w13_scale_desc")}
+        rest = {k: v for k, v in sig.items() if k not in head and k not in ("TOP_K", "BLOCK_N", "BLOCK_K", "RING")}
+        return {**head, "x_unscale_ptr": "*fp32", **rest, "act_ptr": "*fp16", "act_scale": "fp32",
+                "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr",
+                "EMULATE": "constexpr"}
+    rest = {k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}
+    return {**rest, "act_unscale": "fp32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr",
+            "EMULATE": "constexpr"}
+
+
 def _gate_up_pairs_sig():
     return {"x_ptr": "*bf16", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32",
             "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "act_ptr": "*bf16",
@@ -2459,6 +2738,9 @@ GEMV_TMA_AOT = (GemvConfig(8, 512, 4, tma_ring=GEMV_TMA_RING), GemvConfig(16, 51
 # the persistent down launch as gemv_configs ships it (GEMV_TMA_PERSISTENT_DOWN_WHERE; the program count is a
 # launch choice, not compiled in)
 GEMV_TMA_PERSISTENT_DOWN_AOT = GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, persistent_programs_per_sm=8)
+# the fp16 pair decode at the same tiles (GemvConfig.f16)
+GEMV_TMA_F16_AOT = tuple(dataclasses.replace(c, f16=True) for c in GEMV_TMA_AOT)
+GEMV_TMA_F16_PERSISTENT_DOWN_AOT = dataclasses.replace(GEMV_TMA_PERSISTENT_DOWN_AOT, f16=True)
 
 
 def aot_configs() -> list[AotConfig]:
@@ -2576,6 +2858,30 @@ def aot_configs() -> list[AotConfig]:
         num_stages=cfg.tma_ring, div16=("hidden", "inter"), expect_opcodes=("UTMALDG",),
         forbid_opcodes=TENSOR_CORE_OPCODES,
         note="CUDA-core GEMV decode, operands by TMA, persistent grid (the down launch at T=4 B<=8)"))
+    # the fp16 pair decode of the TMA GEMV (GemvConfig.f16): its routing + x preparation launch, HFMA2 on the weights
+    configs.append(AotConfig(
+        name="moe_mxfp4_route_x_f16", kernel=_route_x_f16_kernel,
+        signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32",
+                   "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "x_ptr": "*bf16", "x16_ptr": "*fp16",
+                   "x_unscale_ptr": "*fp32", "hidden": "i32", "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr",
+                   "NUM_BINS": "constexpr", "BLOCK_H": "constexpr", "ROUTE": "constexpr"},
+        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": triton.next_power_of_2(16 * TOP_K),
+                    "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True},
+        num_warps=4, div16=("hidden",), note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)"))
+    for kind, kernel, cfg, persistent in (
+            ("gate_up", _gate_up_gemv_tma_f16_kernel, GEMV_TMA_F16_AOT[0], False),
+            ("down", _down_gemv_tma_f16_kernel, GEMV_TMA_F16_AOT[1], False),
+            ("down", _down_gemv_tma_persistent_f16_kernel, GEMV_TMA_F16_PERSISTENT_DOWN_AOT, True)):
+        rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
+        constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False}
+        if kind == "gate_up":
+            constexprs["TOP_K"] = TOP_K
+        configs.append(AotConfig(
+            name=f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}", kernel=kernel,
+            signature=_gemv_tma_f16_sig(kind, rows, cfg.block_k, persistent), constexprs=constexprs,
+            num_warps=cfg.num_warps, num_stages=cfg.tma_ring, div16=("hidden", "inter"),
+            expect_opcodes=("UTMALDG", "HFMA2"), forbid_opcodes=TENSOR_CORE_OPCODES,
+            note="CUDA-core GEMV, fp16 pair decode, operands by TMA (selectable, not a default)"))
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp

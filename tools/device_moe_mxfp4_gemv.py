@@ -24,6 +24,11 @@ weight words and scale bytes by TMA through the TMA GEMV's ring, on its small ti
 shipped default and the pairs default tiles at T = 1 / 4, B = 1, 2, 4, 8, 16, 32, 64, launch by launch everywhere.
 Run 15c (``--swap-ab3``): the mixed forward (swap-AB gate/up + TMA GEMV down) and more swap-AB tiles, B = 1..4, 8.
 
+Round 16 (``--f16``, issue 4): the TMA GEMV's fp16 pair decode (``GemvConfig(f16=True)``: fp16 pair words built from
+the e2m1 nibbles, packed fma.rn.f16x2 with the activations prepared once per call as scaled fp16 pairs) at the shipped
+GEMV tiles (down persistent where the default is), the same tiles in bf16 and, at T=4, the fp16 decode with the plain
+down launch, beside the shipped default at T = 1 / 4, B = 1, 2, 4, 8; launch by launch at B = 1.
+
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
 
@@ -224,6 +229,26 @@ SWAP_AB3_CANDIDATES = [(_SWAP_AB_GU[16], G(16, 512, 4, tma_ring=3)),
                        (_SWAP_AB_GU[16], _swap_ab_down(64, 512, 4))]
 
 
+F16_DEADLINE_S = 230  # for a 300 s device limit
+F16_EXTRA_ROWS = (TOP_K, 8 * TOP_K)  # B = 1 and 8: two more fp16 tilings
+
+
+def f16_candidates(rows, inter):
+    """Round 16: the shipped GEMV tiles at (rows, inter) in bf16 and in the fp16 pair decode, and (where the shipped
+    down launch is persistent) the fp16 decode with the one-program-per-block down launch."""
+    import dataclasses
+
+    tiles = moe.gemv_configs(rows, inter)
+    f16 = tuple(dataclasses.replace(c, f16=True) for c in tiles)
+    out = [tiles, f16]
+    if tiles[1].persistent_programs_per_sm:
+        out.append((f16[0], dataclasses.replace(f16[1], persistent_programs_per_sm=0)))
+    if rows in F16_EXTRA_ROWS:  # the fp16 decode at 2 stages, and on twice the rows per program
+        out.append(tuple(dataclasses.replace(c, tma_ring=2) for c in f16))
+        out.append(tuple(dataclasses.replace(c, block_n=2 * c.block_n) for c in f16))
+    return out
+
+
 def label(cfgs) -> str:
     kind = "pairs" if isinstance(cfgs[0], moe.PairsConfig) else "gemv"
     return f"{kind} {cfgs[0].label()} / {cfgs[1].label()}"
@@ -255,6 +280,8 @@ def main() -> None:
                         help="run 15b: swap-AB with one warp per 16 weight rows (no replicated dequant)")
     parser.add_argument("--swap-ab3", action="store_true",
                         help="run 15c: swap-AB gate/up + TMA GEMV down (mixed), more swap-AB tiles, T=1/4 B=1..4, 8")
+    parser.add_argument("--f16", action="store_true",
+                        help="round 16: the TMA GEMV's fp16 pair decode, T=1/4 B=1, 2, 4, 8 (device only: K >= 512)")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
                         help="--words: GEMV candidates up to this B, pairs candidates above it")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
@@ -296,6 +323,12 @@ def main() -> None:
                 candidates = [(gu, G(256, 512, 4, tma_ring=2)),
                               (gu, G(256, 512, 4, tma_ring=2, persistent_programs_per_sm=2))]
                 moe.CPU_SM_COUNT = 5
+        if args.f16:  # TMA needs K >= 512; fp16 and bf16 at the same tiles, the down launch persistent or not
+            hidden, base_inter, tps, batches = 512, 512, (1,), (1, 3)
+            tiles = (G(128, 512, 4, tma_ring=2), G(256, 512, 4, tma_ring=2, persistent_programs_per_sm=2))
+            candidates = [tiles, tuple(G(**{**c.__dict__, "f16": True}) for c in tiles),
+                          (G(128, 512, 4, tma_ring=2, f16=True), G(256, 512, 4, tma_ring=2, f16=True))]
+            moe.CPU_SM_COUNT = 5
     else:
         device, num_experts, hidden, tps, copies, base_inter = (
             "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
@@ -313,7 +346,9 @@ def main() -> None:
             batches, candidates = (1, 2, 4, 8, 16, 32, 64), SWAP_AB2_CANDIDATES if args.swap_ab2 else SWAP_AB_CANDIDATES
             if args.swap_ab3:
                 batches, candidates = (1, 2, 3, 4, 8), SWAP_AB3_CANDIDATES
-    if args.only:
+        if args.f16:
+            batches, candidates = (1, 2, 4, 8), None  # per case: f16_candidates
+    if args.only and candidates is not None:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
         batches = tuple(int(b) for b in args.batches.split(","))
@@ -321,15 +356,16 @@ def main() -> None:
         tps = tuple(int(t) for t in args.tps.split(","))
     if args.words or args.swap_ab:
         args.pairs = True  # the pairs form, labels and notes
-    deadline = (SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
+    deadline = (F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
                 else PERSISTENT_DEADLINE_S if args.persistent else TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, round 15: swap-AB on tensor cores with TMA-fed weights, DSv4-Flash shapes, H200"
+        title=("sm120 MoE decode, round 16: the TMA GEMV's fp16 pair decode (packed HFMA2), DSv4-Flash shapes, H200"
+               if args.f16 else "sm120 MoE decode, round 15: swap-AB on tensor cores with TMA-fed weights, DSv4-Flash shapes, H200"
                if args.swap_ab else "sm120 MoE decode, round 11: persistent TMA GEMV, DSv4-Flash shapes, H200" if args.persistent else
                "sm120 MoE decode, round 9: pairs decode with the E8M0 scale on the int32 pair words, DSv4-Flash shapes, H200"
                if args.words else
@@ -381,6 +417,10 @@ def main() -> None:
         if args.words:  # pairs candidates from B = 16, GEMV candidates up to B = 8
             candidates_here = [c for c in candidates
                                if isinstance(c[0], moe.PairsConfig) == (batch > gemv_max_batch)]
+        elif candidates is None:  # --f16 on the device: the tiles shipped at this (T, B)
+            candidates_here = f16_candidates(rows, inter)
+            if args.only:
+                candidates_here = [c for c in candidates_here if any(part in label(c) for part in args.only.split(","))]
         else:
             candidates_here = candidates
         variants += [(label(c), {"upcast": moe.PAIRS if isinstance(c[0], moe.PairsConfig) else moe.GEMV,
@@ -437,7 +477,8 @@ def main() -> None:
                         "(activations as float32 in the word-pair order, multiply-placed nibble pairs), tma<stages> = "
                         "weights, scales and activations by TMA through a ring of that many stages, pers<P> = "
                         "persistent grid of min(work items, SMs x P) programs (item and K loops flattened into one "
-                        "ring; run 11's 'nest': nested, the K loop the ring, since removed); "
+                        "ring; run 11's 'nest': nested, the K loop the ring, since removed); h (after tma<stages>, round 16) = the "
+                        "fp16 pair decode (packed fma.rn.f16x2, activations as scaled fp16 pairs); "
                         "*_us columns: each launch alone in its own CUDA graph (B = 1 only; --persistent2: everywhere)")
     result.extra["wall seconds"] = round(time.time() - t_start, 1)
     paths = result.write(args.out)

@@ -6,6 +6,7 @@ around 2**0; the activations are large enough that the SwiGLU clamp (limit 10) i
 """
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -532,6 +533,76 @@ def test_gemv_tma_persistent(monkeypatch, per_sm, batch, pattern, seed, launches
                     configs=(moe.GemvConfig(gu_n, 512, 4, tma_ring=3), moe.GemvConfig(dn_n, 512, 4, tma_ring=3)))
     assert torch.equal(out, per_block)
 
+
+# fp16 pair decode of the TMA GEMV (GemvConfig.f16): packed fp16 FMAs on the weight words, activations as scaled fp16
+@pytest.mark.parametrize("batch,pattern,persistent_down,x_scale,seed", [
+    (0, "random", 0, 4.0, 0), (1, "random", 0, 4.0, 1), (3, "duplicate", 0, 4.0, 2), (3, "random", 1, 4.0, 3),
+    (2, "invalid", 1, 4.0, 4), (1, "random", 0, 3.0e5, 5), (3, "duplicate", 0, 1.0e-3, 6)])
+def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, seed):
+    """The fp16 pair decode (one and several programs per weight block, the down launch persistent or not) against
+    the reference with the clamp active (x at 4: most gate values beyond the limit) and every scratch tensor
+    NaN-poisoned; x at 3e5 (beyond fp16's 65504: each row's power of two brings it below 2**15) and at 1e-3 (fp16
+    subnormals without it): within the bf16 TMA decode's error plus fp16's (2**-11 per sum of 4 products)."""
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=seed + 70)
+    weights, ids = make_routing(batch, pattern, seed=seed + 80)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=seed + 90, scale=x_scale)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    if batch and x_scale > 1:
+        assert rel(moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0), ref) > 0.1
+    gu_n, dn_n = inter // 2, TMA_HIDDEN // 2
+    bf16 = (moe.GemvConfig(gu_n, 512, 4, tma_ring=3),
+            moe.GemvConfig(dn_n, 512, 4, tma_ring=3, persistent_programs_per_sm=persistent_down))
+    f16 = tuple(dataclasses.replace(c, f16=True) for c in bf16)
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, upcast="gemv", configs=f16)
+    if not batch:
+        assert out.numel() == 0
+        return
+    bf16_err = rel(run(x, experts, weights, ids, upcast="gemv", configs=bf16), ref)
+    f16_err = rel(out, ref)
+    assert torch.isfinite(out).all() and f16_err < bf16_err + 4e-3 and f16_err < 2e-2
+    assert not torch.equal(out, run(x, experts, weights, ids, upcast="gemv", configs=bf16))  # the fp16 path ran
+
+
+@pytest.mark.parametrize("limit", [0.0, -1.0, 200.0])
+def test_gemv_tma_f16_runs_the_bf16_decode_where_the_clamp_does_not_bound(limit):
+    """No clamp (limit <= 0) or one too wide for fp16 SwiGLU rows (L * L > 2**15): the f16 configs run the bf16
+    decode, bit for bit."""
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN, seed=5)
+    weights, ids = make_routing(2, "random", seed=6)
+    x = make_x(2, hidden=TMA_HIDDEN, seed=7)
+    bf16 = (moe.GemvConfig(TMA_HIDDEN // 2, 512, 4, tma_ring=3), moe.GemvConfig(TMA_HIDDEN // 2, 512, 4, tma_ring=3))
+    f16 = tuple(dataclasses.replace(c, f16=True) for c in bf16)
+    out = run(x, experts, weights, ids, upcast="gemv", configs=f16, swiglu_limit=limit)
+    assert torch.equal(out, run(x, experts, weights, ids, upcast="gemv", configs=bf16, swiglu_limit=limit))
+
+
+@pytest.mark.parametrize("limit,shift", [(SWIGLU_LIMIT, 8), (1.0, 15), (0.25, 17), (181.0, 0), (1e-30, 100),
+                                         (182.0, None), (0.0, None), (float("nan"), None)])
+def test_f16_act_shift_keeps_the_clamped_swiglu_below_2_to_15(limit, shift):
+    assert moe.f16_act_shift(limit) == shift
+    if shift is not None and shift < 100:  # the largest such shift: one more would pass 2**15
+        bound = limit * max(limit, 1.0)
+        assert bound * 2.0 ** shift <= 2.0 ** 15 < bound * 2.0 ** (shift + 1)
+
+
+@pytest.mark.parametrize("bad", ["no_tma", "mixed", "persistent_gate_up"])
+def test_gemv_tma_f16_arguments(bad):
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    gu = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2, f16=True)
+    dn = dict(gu)
+    if bad == "no_tma":
+        gu["tma_ring"] = dn["tma_ring"] = 0
+    elif bad == "mixed":
+        dn["f16"] = False
+    else:
+        gu["persistent_programs_per_sm"] = 2
+    with pytest.raises(ValueError, match="f16"):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
+            configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
 
 @pytest.mark.parametrize("bad", ["no_tma", "no_tma_down_only", "negative", "negative_gate_up"])
 def test_gemv_tma_persistent_arguments(bad):

@@ -28,3 +28,28 @@ def test_gemv_streams_weights_in_16_byte_loads_without_tensor_cores(reports, nam
     assert report.wide_loads >= words_per_thread // 4, report.summary()  # 4 int32 words per 16-byte load
     assert report.count("LDL") == 0 and report.count("STL") == 0
     assert report.shared_bytes <= 101376
+
+
+F16 = {c.name: c for c in moe.aot_configs() if "_gemvtma_" in c.name and c.constexprs.get("EMULATE") is False}
+
+
+@pytest.fixture(scope="module")
+def f16_reports():
+    """The fp16 pair decode's TMA GEMV configs compiled once per arch, interpreter off."""
+    return {(r.config, r.arch): (r, p) for r, p in run_isolated(["moe_mxfp4"], archs=[120, 121], only=["tma3h"])}
+
+
+@pytest.mark.parametrize("arch", [120, 121])
+@pytest.mark.parametrize("name", sorted(F16))
+def test_gemv_f16_decode_runs_every_weight_word_through_packed_fp16_math(f16_reports, name, arch):
+    """Each weight word a thread holds per K step takes its 4 packed fp16 products (HMUL2 + 3 HFMA2, not split into
+    float32 FMAs) and one fp16x2 -> float32 conversion, with no spills."""
+    cfg = F16[name]
+    report, problems = f16_reports[(name, arch)]
+    assert problems == [], report.summary()
+    rows = cfg.constexprs["BLOCK_N"] * (2 if cfg.kernel is moe._gate_up_gemv_tma_f16_kernel else 1)
+    words_per_thread = rows * cfg.constexprs["BLOCK_K"] // 8 // (32 * cfg.num_warps)
+    assert report.count("HFMA2") + report.count("HMUL2") >= 4 * words_per_thread, report.summary()
+    assert report.count("HADD2.F32") >= words_per_thread, report.summary()
+    assert report.count("LDL") == 0 and report.count("STL") == 0
+    assert report.shared_bytes <= 101376
