@@ -6,7 +6,9 @@ times). Stages the plugin does not replace (norms, the router gate GEMM and top-
 compressor projections, weights_proj, the shared expert's activation, the combine) are the *same
 code* in both paths, so the difference between the paths is the plugin's. The elementwise ones run
 as one fused Triton launch each (``kernels/bench_common.py``), standing in for the fused JIT kernels
-SGLang runs there, so that the step's absolute time is not inflated by unfused torch.
+SGLang runs there, so that the step's absolute time is not inflated by unfused torch. Like SGLang's
+kernels for these stages on sm_90+ (sm_120 included), they launch with programmatic dependent launch
+by default (``common_pdl``; see kernels/bench_common.py for the SGLang/FlashInfer sources).
 
 Not modelled (the same in both paths on a real server, and not runnable here): the mHC boundary
 kernels (TileLang), RoPE and the KV/compressor cache writes (JIT CUDA), and the TP all-reduce.
@@ -23,8 +25,16 @@ from ..kernels import dsv4
 from . import model, upstream_ops
 
 PLUGIN, UPSTREAM = "plugin", "upstream"
-COMMON_NAME = ("Triton fused norms/router/SwiGLU/combine + torch bf16 GEMMs (same code in both paths), "
-               "standing in for SGLang's fused JIT kernels")
+
+
+def common_name(pdl: bool = True) -> str:
+    """What the shared 'common' component runs, with or without PDL on its Triton stand-ins."""
+    launch = "PDL kernels like SGLang's" if pdl else "launched without PDL"
+    return (f"Triton fused norms/router/SwiGLU/combine ({launch}) + torch bf16 GEMMs (same code in both paths), "
+            "standing in for SGLang's fused JIT kernels")
+
+
+COMMON_NAME = common_name()
 PATHS = (PLUGIN, UPSTREAM)
 # what each replaced component is, per path (printed with the results)
 COMPONENT_NAMES = {
@@ -80,8 +90,10 @@ def _dequant_experts(packed, scale):
 
 
 def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, x: torch.Tensor,
-                 state: dict) -> list[Stage]:
-    """The decode step of one ``kind`` layer on ``x [B, hidden]`` as stages of ``path``."""
+                 state: dict, common_pdl: bool = True, attention_pdl: bool = False) -> list[Stage]:
+    """The decode step of one ``kind`` layer on ``x [B, hidden]`` as stages of ``path``; ``common_pdl``: the
+    shared bench_common kernels launch with PDL where the GPU has it (both paths alike); ``attention_pdl``:
+    so does the plugin's sparse_mla_decode (upstream's attention is launched as SGLang launches it)."""
     from ..kernels import bench_common, fp8_gemv, indexer, moe_mxfp4, sparse_mla_decode
 
     if path not in PATHS:
@@ -130,7 +142,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     act_bytes = batch * d.hidden * 2 * 2
 
     def input_norm():
-        st["h"] = bench_common.rms_norm(st["x"], w.norms["attn"])
+        st["h"] = bench_common.rms_norm(st["x"], w.norms["attn"], pdl=common_pdl)
 
     def check_input_norm():
         return {"rel_err": _relerr(st["h"], bench_common.reference_rms_norm(st["x"], w.norms["attn"]))}
@@ -138,7 +150,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     dense("wqkv_a", "h", "qkv")
 
     def q_norm():
-        st["q_lora"] = bench_common.rms_norm(st["qkv"][:, :d.q_lora], w.norms["q"])
+        st["q_lora"] = bench_common.rms_norm(st["qkv"][:, :d.q_lora], w.norms["q"], pdl=common_pdl)
 
     def check_q_norm():
         return {"rel_err": _relerr(st["q_lora"], bench_common.reference_rms_norm(st["qkv"][:, :d.q_lora],
@@ -181,7 +193,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     dense("wq_b", "q_lora", "q_raw")
 
     def q_head_norm():  # per-head RMSNorm without weight (RoPE not modelled)
-        heads = bench_common.rms_norm(st["q_raw"].reshape(batch * rank.heads, d.head_dim))
+        heads = bench_common.rms_norm(st["q_raw"].reshape(batch * rank.heads, d.head_dim), pdl=common_pdl)
         st["q"] = heads.view(batch, 1, rank.heads, d.head_dim)
 
     def check_q_head_norm():
@@ -194,7 +206,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
 
     def attention():
         if path == PLUGIN:
-            st["o"] = sparse_mla_decode.sparse_mla_decode(*attn_args())[0]
+            st["o"] = sparse_mla_decode.sparse_mla_decode(*attn_args(), pdl=attention_pdl)[0]
         else:
             st["o"] = ups.sparse_decode(*attn_args())[0]
 
@@ -220,7 +232,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     dense("wo_b", "oa", "attn_out", view=lambda t: t.reshape(batch, rank.groups * d.o_rank))
 
     def post_norm():  # residual add + RMSNorm (the mHC boundary is not modelled)
-        st["h2"] = bench_common.rms_norm(st["attn_out"], w.norms["ffn"], residual=st["x"])
+        st["h2"] = bench_common.rms_norm(st["attn_out"], w.norms["ffn"], residual=st["x"], pdl=common_pdl)
 
     def check_post_norm():
         ref = bench_common.reference_rms_norm(st["attn_out"], w.norms["ffn"], residual=st["x"])
@@ -231,7 +243,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     def router_topk():
         # sqrtsoftplus + bias top-k + renormalise x routed scale, on the gate GEMM's bf16 logits
         st["topk_ids"], st["topk_weights"] = bench_common.route(st["router_logits"], w.gate_bias, d.top_k,
-                                                                dsv4.ROUTED_SCALING_FACTOR)
+                                                                dsv4.ROUTED_SCALING_FACTOR, pdl=common_pdl)
     def check_router():
         return router_check(st["topk_ids"], st["topk_weights"], st["router_logits"], w.gate_bias, d.top_k)
     add("router_topk", "common", router_topk, batch * d.experts * 2 + d.experts * 4 + batch * d.top_k * 8,
@@ -255,7 +267,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     dense("shared_gate_up", "h2", "shared_gu")
 
     def shared_act():
-        st["shared_act"] = bench_common.swiglu(st["shared_gu"], dsv4.SWIGLU_LIMIT)
+        st["shared_act"] = bench_common.swiglu(st["shared_gu"], dsv4.SWIGLU_LIMIT, pdl=common_pdl)
 
     def check_shared_act():
         return {"rel_err": _relerr(st["shared_act"], bench_common.reference_swiglu(st["shared_gu"],
@@ -264,7 +276,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     dense("shared_down", "shared_act", "shared_out")
 
     def combine():
-        st["out"] = bench_common.combine(st["x"], st["attn_out"], st["routed"], st["shared_out"])
+        st["out"] = bench_common.combine(st["x"], st["attn_out"], st["routed"], st["shared_out"], pdl=common_pdl)
 
     def check_combine():
         ref = bench_common.reference_combine(st["x"], st["attn_out"], st["routed"], st["shared_out"])

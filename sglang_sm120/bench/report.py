@@ -117,6 +117,20 @@ def _f(x, nd=1):
     return str(x)
 
 
+# Why the shared stand-ins are PDL kernels (the sources are SGLang 0.5.23's and its FlashInfer's)
+PDL_NOTE = ("The shared Triton stand-ins (norms, router top-k, shared-expert SwiGLU, combine) launch with programmatic "
+            "dependent launch (`griddepcontrol.wait` before reading the previous kernel's output, "
+            "`launch_dependents` after their stores) on GPUs that have it (cc >= 9.0, sm_120 included), as SGLang's "
+            "own kernels for those stages do: sgl_kernel's rmsnorm / fused_add_rmsnorm call FlashInfer's norm with "
+            "`enable_pdl=is_arch_support_pdl()` (sgl_kernel/elementwise.py, utils.py; the wait and trigger are in "
+            "flashinfer/include/flashinfer/norm.cuh), and SGLang's JIT silu_and_mul_clamp takes the same flag "
+            "(sglang/kernels/ops/activation/silu_and_mul_clamp.py). The replaced components run as each path "
+            "launches them: the plugin's FP8 GEMVs with PDL where their defaults say so, upstream's kernels as "
+            "SGLang 0.5.23 launches them.")
+PDL_OFF_NOTE = ("The shared Triton stand-ins were launched WITHOUT programmatic dependent launch in this run "
+                "(`--common-pdl off`); SGLang launches its own kernels for those stages with it on sm_90+.")
+
+
 def markdown(results, steps, projections, targets, allreduce_us) -> str:
     env = results["env"]
     timed = results["timed"]
@@ -133,13 +147,20 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
                   f"**{results['copy_bandwidth_gbs']:.0f} GB/s**. All times are medians of CUDA-graph replays "
                   f"after an L2 flush; a layer is one graph of all its stages (the layer µs and step figures), a "
                   f"stage its own one-call graph (the per-component µs, which therefore each carry one graph launch "
-                  f"and sum to more than the layer). 'common' is the unfused torch code both paths share (norms, "
-                  f"router, bf16 compressor GEMMs, SwiGLU of the shared expert). Bytes: what each piece must read in "
-                  f"the checkpoint formats (FP8 + block scales, MXFP4 + E8M0, KV rows touched), the same figure for "
+                  f"and sum to more than the layer). 'common' is the code both paths share (fused Triton norms, "
+                  f"router, SwiGLU of the shared expert and combine; torch bf16 compressor GEMMs). Bytes: what each "
+                  f"piece must read in the checkpoint formats (FP8 + block scales, MXFP4 + E8M0, KV rows touched), the same figure for "
                   f"both paths; upstream actually reads more (bf16 wo_a and experts).", ""]
     lines += ["## What each path runs", "", "| component | plugin | upstream |", "|---|---|---|"]
+    names = {path: {**{c: L.COMPONENT_NAMES[c][path] for c in L.COMPONENTS}, **results.get("paths", {}).get(path, {})}
+             for path in L.PATHS}
     for comp in L.COMPONENTS:
-        lines.append(f"| {comp} | {L.COMPONENT_NAMES[comp][L.PLUGIN]} | {L.COMPONENT_NAMES[comp][L.UPSTREAM]} |")
+        lines.append(f"| {comp} | {names[L.PLUGIN][comp]} | {names[L.UPSTREAM][comp]} |")
+    if results.get("common_pdl") is not None:  # results of runs before the flag do not say
+        lines += ["", PDL_NOTE if results["common_pdl"] else PDL_OFF_NOTE]
+    if results.get("attention_pdl"):
+        lines += ["", "The plugin's sparse_mla_decode and its split-K merge were also launched with programmatic "
+                  "dependent launch in this run (`--attention-pdl on`)."]
     lines += ["", f"Upstream code source: {results['upstream_source']}. Not modelled in either path: mHC boundaries, "
               "RoPE, KV/compressor cache writes, the TP all-reduce (see the projection for the latter).", ""]
     if timed and steps:
