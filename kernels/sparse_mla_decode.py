@@ -90,7 +90,6 @@ from .dsv4 import (E8M0_BIAS, HEAD_DIM, KV_DATA_BYTES, KV_GROUPS, KV_NUM_TILES, 
                    KV_TOKEN_BYTES, NOPE_DIM, ROPE_DIM, SPARSE_MLA_MAX_HEADS, kv_page_bytes)
 from .harness.aot import AotConfig
 from .harness.interpreter import interpreter_enabled
-from .pdl import pdl_launch_dependents, pdl_supported, pdl_wait
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -374,7 +373,7 @@ def sparse_mla_decode_kernel(
         HAS_EXTRA: tl.constexpr, HAS_X_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT_K: tl.constexpr,
         PREFETCH_KV: tl.constexpr, MID_PREFETCH: tl.constexpr, EMIT_ASM: tl.constexpr, D: tl.constexpr,
         TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
-        DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, PDL: tl.constexpr = False):
+        DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
     """Grid ``(HEAD_BLOCKS * splits, B * s_q)``; see the module docstring. Split ``j`` of a query
     row takes live tiles ``[j * tiles_per_split, (j + 1) * tiles_per_split)`` of the row's
     candidate list (main cache, then extra cache), prefetching slots two tiles and KV one tile
@@ -386,9 +385,6 @@ def sparse_mla_decode_kernel(
     row = tl.program_id(1)
     b = row // s_q
     sq = row - b * s_q
-    # PDL (sparse_mla_decode(pdl=True)): q, the indices, the lengths and the caches may all be written by
-    # earlier kernels, so nothing is read before the wait
-    pdl_wait(PDL)
 
     n_live = topk
     if HAS_LEN:
@@ -467,7 +463,6 @@ def sparse_mla_decode_kernel(
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend(q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, c_valid,
                                                        c0, c1, c2, c3, c_rope, c_scales, qk_scale, TILE, NOPE_TILES)
 
-    pdl_launch_dependents(PDL)  # after the main loop: the stores overlap the next kernel's launch
     if SPLIT_K:  # publish (acc, max, sum); sparse_mla_combine_kernel merges the splits
         unit = row * HEAD_BLOCKS + head_block
         local = tl.arange(0, BLOCK_H)
@@ -494,11 +489,9 @@ def sparse_mla_decode_kernel(
 @triton.jit
 def sparse_mla_combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, sink_ptr, num_heads, num_splits,
                               BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, SUB_H: tl.constexpr,
-                              COLS: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr,
-                              PDL: tl.constexpr = False):
+                              COLS: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr):
     """Merge the splits of one (query row, head block): grid ``(units, BLOCK_H / SUB_H, D / COLS)``,
     each program one [SUB_H, COLS] block, all splits loaded at once (one round trip to L2)."""
-    pdl_wait(PDL)  # the partials are the decode kernel's
     unit = tl.program_id(0)
     local = tl.program_id(1) * SUB_H + tl.arange(0, SUB_H)
     c0 = tl.program_id(2) * COLS
@@ -522,7 +515,6 @@ def sparse_mla_combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, sink_
     tl.store(out_ptr + (row * num_heads + heads)[:, None] * D + cols[None, :], (acc * scale[:, None]).to(tl.bfloat16),
              mask=head_ok[:, None])
     tl.store(lse_ptr + row * num_heads + heads, lse, mask=head_ok & (c0 == 0))
-    pdl_launch_dependents(PDL)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -640,17 +632,13 @@ def choose_splits(units: int, total_tiles: int, device, max_splits: int = MAX_SP
 
 def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
                       extra_k_cache=None, extra_indices=None, extra_topk_length=None, *, num_splits=None,
-                      launch_config=None, pdl=False):
+                      launch_config=None):
     """Sparse MLA decode over V4-layout paged caches. Returns ``(out [B, s_q, H, 512] bf16,
     lse [B, H, s_q] fp32)`` with the semantics of upstream's ``_sm120_sparse_decode_fwd``.
 
     ``num_splits`` overrides the split-K count and ``launch_config`` (a dict like the values of
     ``LAUNCH_CONFIGS``) the launch configuration (tests, tuning); by default both follow the
     shapes and the GPU's SM count.
-
-    ``pdl=True`` launches both kernels with programmatic dependent launch where the GPU has it
-    (``griddepcontrol.wait`` before the first read, ``launch_dependents`` after the main loop / the
-    combine's stores): off by default (A/B: ``sglang-sm120 bench --attention-pdl on``).
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.dtype != torch.bfloat16 or q.shape[-1] != HEAD_DIM:
         _fail("q", f"[B, s_q, H, {HEAD_DIM}] bfloat16", _describe(q))
@@ -725,7 +713,6 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         x_nope, x_rope, x_scale, x_idx = nope, rope, scale, indices
         x_geometry = (1, 0, 0)
 
-    use_pdl = bool(pdl) and pdl_supported(device)
     sparse_mla_decode_kernel[(head_blocks * splits, rows)](
         q, out, lse, attn_sink if attn_sink is not None else lse,
         nope, rope, scale, indices, topk_length if topk_length is not None else indices,
@@ -739,15 +726,15 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, BLOCK_N=block_n, HAS_LEN=topk_length is not None,
         HAS_EXTRA=has_extra, HAS_X_LEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT_K=splits > 1, PREFETCH_KV=cfg.get("PREFETCH_KV", False), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
-        EMIT_ASM=not interpreter_enabled(), **_LAYOUT, PDL=use_pdl, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], launch_pdl=use_pdl)
+        EMIT_ASM=not interpreter_enabled(), **_LAYOUT, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     if splits > 1:
         cols = _combine_width(cfg, splits)
         sparse_mla_combine_kernel[(units, block_h // COMBINE_SUB_H, HEAD_DIM // cols)](
             part_acc, part_ml, out, lse, attn_sink if attn_sink is not None else lse, num_heads, splits,
             BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, SUB_H=COMBINE_SUB_H, COLS=cols,
-            SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=attn_sink is not None, PDL=use_pdl,
-            num_warps=COMBINE_WARPS, launch_pdl=use_pdl)
+            SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=attn_sink is not None,
+            num_warps=COMBINE_WARPS)
     return out, lse.permute(0, 2, 1)
 
 
@@ -849,7 +836,7 @@ def _signature(cfg: dict) -> dict:
     sig.update(pointers)
     sig["qk_scale"] = "fp32"
     for name in ("BLOCK_H", "HEAD_BLOCKS", "BLOCK_N", "HAS_LEN", "HAS_EXTRA", "HAS_X_LEN", "HAS_SINK", "SPLIT_K",
-                 "PREFETCH_KV", "MID_PREFETCH", "EMIT_ASM", *_LAYOUT, "PDL"):
+                 "PREFETCH_KV", "MID_PREFETCH", "EMIT_ASM", *_LAYOUT):
         sig[name] = "constexpr"
     return sig
 
@@ -881,7 +868,7 @@ def aot_configs() -> list[AotConfig]:
         constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                           HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
                           PREFETCH_KV=cfg.get("PREFETCH_KV", False), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
-                          EMIT_ASM=True, **_LAYOUT, PDL=False)
+                          EMIT_ASM=True, **_LAYOUT)
         configs.append(AotConfig(
             name=f"sparse_mla_decode_{suffix}", kernel=sparse_mla_decode_kernel, signature=_signature(cfg),
             constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,
@@ -903,9 +890,9 @@ def aot_configs() -> list[AotConfig]:
                            "lse_ptr": "*fp32",
                            "sink_ptr": "*fp32", "num_heads": "i32", "num_splits": "i32", "BLOCK_H": "constexpr",
                            "HEAD_BLOCKS": "constexpr", "SUB_H": "constexpr", "COLS": "constexpr",
-                           "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr", "PDL": "constexpr"},
+                           "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr"},
                 constexprs=dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], SUB_H=COMBINE_SUB_H,
-                                COLS=cols, SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=True, PDL=False),
+                                COLS=cols, SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=True),
                 num_warps=COMBINE_WARPS, num_stages=1, div16=("num_heads",),
                 note=f"split-K merge + sink + LSE, up to {splits} splits (no tensor cores: a reduction)"))
     return configs

@@ -32,9 +32,6 @@ def add_bench_parser(subparsers) -> None:
                    help="launch the shared norm/router/SwiGLU/combine kernels of both paths with programmatic "
                         "dependent launch where the GPU has it (cc >= 9.0), as SGLang's own kernels for those "
                         "stages are launched (default on; off for an A/B)")
-    p.add_argument("--attention-pdl", choices=("on", "off"), default="off",
-                   help="launch the plugin's sparse MLA decode (and its split-K merge) with programmatic dependent "
-                        "launch where the GPU has it (default off; on for an A/B)")
     p.add_argument("--replays", type=int, default=7, help="CUDA-graph replays per timing (median)")
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="stop starting new grid points after this many seconds (the rest are listed as skipped)")
@@ -112,7 +109,6 @@ def run_bench(args) -> int:
         cfg.check = args.check
     cfg.replays = args.replays
     cfg.common_pdl = args.common_pdl == "on"
-    cfg.attention_pdl = args.attention_pdl == "on"
     cfg.time_budget_s = args.time_budget_s
     cfg.upstream_source = args.upstream
     cfg.upstream_dir = args.upstream_dir

@@ -90,10 +90,9 @@ def _dequant_experts(packed, scale):
 
 
 def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, x: torch.Tensor,
-                 state: dict, common_pdl: bool = True, attention_pdl: bool = False) -> list[Stage]:
+                 state: dict, common_pdl: bool = True) -> list[Stage]:
     """The decode step of one ``kind`` layer on ``x [B, hidden]`` as stages of ``path``; ``common_pdl``: the
-    shared bench_common kernels launch with PDL where the GPU has it (both paths alike); ``attention_pdl``:
-    so does the plugin's sparse_mla_decode (upstream's attention is launched as SGLang launches it)."""
+    shared bench_common kernels launch with PDL where the GPU has it (both paths alike)."""
     from ..kernels import bench_common, fp8_gemv, indexer, moe_mxfp4, sparse_mla_decode
 
     if path not in PATHS:
@@ -206,7 +205,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
 
     def attention():
         if path == PLUGIN:
-            st["o"] = sparse_mla_decode.sparse_mla_decode(*attn_args(), pdl=attention_pdl)[0]
+            st["o"] = sparse_mla_decode.sparse_mla_decode(*attn_args())[0]
         else:
             st["o"] = ups.sparse_decode(*attn_args())[0]
 

@@ -158,9 +158,6 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
         lines.append(f"| {comp} | {names[L.PLUGIN][comp]} | {names[L.UPSTREAM][comp]} |")
     if results.get("common_pdl") is not None:  # results of runs before the flag do not say
         lines += ["", PDL_NOTE if results["common_pdl"] else PDL_OFF_NOTE]
-    if results.get("attention_pdl"):
-        lines += ["", "The plugin's sparse_mla_decode and its split-K merge were also launched with programmatic "
-                  "dependent launch in this run (`--attention-pdl on`)."]
     lines += ["", f"Upstream code source: {results['upstream_source']}. Not modelled in either path: mHC boundaries, "
               "RoPE, KV/compressor cache writes, the TP all-reduce (see the projection for the latter).", ""]
     if timed and steps:

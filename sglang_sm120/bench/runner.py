@@ -51,7 +51,6 @@ class BenchConfig:
     upstream_dir: str = ".upstream"
     seed: int = 0
     common_pdl: bool = True  # the shared bench_common kernels launch with PDL where the GPU has it
-    attention_pdl: bool = False  # the plugin's sparse_mla_decode launches with PDL where the GPU has it
 
     @property
     def timed(self) -> bool:
@@ -144,7 +143,7 @@ def run(cfg: BenchConfig, log=print, on_point=None) -> dict:
         "layer_counts": dict(dsv4.LAYER_COUNTS),
         "paths": {p: {c: L.common_name(cfg.common_pdl) if c == "common" else L.COMPONENT_NAMES[c][p]
                       for c in L.COMPONENTS} for p in cfg.paths},
-        "common_pdl": cfg.common_pdl, "attention_pdl": cfg.attention_pdl,
+        "common_pdl": cfg.common_pdl,
         "upstream_source": ups.source if ups else None,
         "layers": [], "lm_head": [], "checks_failed": [], "errors": [], "skipped": [], "notes": notes,
     }
@@ -208,8 +207,7 @@ def _run_point(cfg, point, state_w, timeit, copy_gbs, failures) -> list[dict]:
     rows = []
     for path in cfg.paths:
         state: dict = {}
-        stages = L.build_stages(path, kind, state_w, caches, x, state, common_pdl=cfg.common_pdl,
-                                attention_pdl=cfg.attention_pdl)
+        stages = L.build_stages(path, kind, state_w, caches, x, state, common_pdl=cfg.common_pdl)
         for stage in stages:  # eager: compiles, autotunes, and leaves every intermediate in state
             stage.fn()
         moe_stage = stages[state["_moe_stage"]]

@@ -52,11 +52,10 @@ def test_cpu_report_says_nothing_was_timed(cpu_results, tmp_path):
     assert "Nothing was timed" in md and "png" not in paths
     data = json.load(open(paths["json"]))
     for key in ("env", "dims", "layers", "checks_failed", "paths", "upstream_source", "steps", "projection",
-                "common_pdl", "attention_pdl"):
+                "common_pdl"):
         assert key in data
-    # the bench's default: the shared stand-ins are PDL kernels like SGLang's (a no-op on the CPU), the
-    # plugin's attention is not
-    assert data["common_pdl"] is True and data["attention_pdl"] is False
+    # the bench's default: the shared stand-ins are PDL kernels like SGLang's (a no-op on the CPU)
+    assert data["common_pdl"] is True
     assert report.PDL_NOTE in md and "PDL kernels like SGLang's" in data["paths"][L.PLUGIN]["common"]
     assert data["env"]["torch"] and data["env"]["triton"] and data["env"]["date"]
     assert data["projection"] == [] and all("plugin_step_us" not in s for s in data["steps"])
@@ -89,10 +88,10 @@ def _as_timed(results):
 
 def test_report_says_when_pdl_was_off(cpu_results, tmp_path):
     res = copy.deepcopy(cpu_results)
-    res.update(common_pdl=False, attention_pdl=True)
+    res["common_pdl"] = False
     md = open(report.write(res, str(tmp_path), "bench-pdl-off")["md"]).read()
-    assert report.PDL_OFF_NOTE in md and report.PDL_NOTE not in md and "--attention-pdl on" in md
-    del res["common_pdl"], res["attention_pdl"]  # results of runs before the flags: no claim either way
+    assert report.PDL_OFF_NOTE in md and report.PDL_NOTE not in md
+    del res["common_pdl"]  # results of runs before the flag: no claim either way
     md = open(report.write(res, str(tmp_path), "bench-old")["md"]).read()
     assert report.PDL_OFF_NOTE not in md and report.PDL_NOTE not in md
 
