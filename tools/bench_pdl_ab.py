@@ -1,6 +1,6 @@
 """Layer-time A/B of `sglang-sm120 bench` runs with PDL variants (used for benchmarks/bench-pdl-h200-*).
 
-    python3 benchmarks/bench-pdl-ab.py DIR     # DIR holds bench-pdl-<variant>-<round>.json
+    python3 tools/bench_pdl_ab.py DIR     # DIR holds bench-pdl-<variant>-<round>.json
 
 Prints, per (kind, T, B, path), each variant's median layer µs over the rounds and its ratio to the
 first variant (the baseline, e.g. coff-aoff: no PDL on the shared kernels nor on attention), plus
