@@ -81,6 +81,10 @@ weight rows per program with one warp per 16 rows (more warps than 16-row MMA ti
 ``PairsConfig`` gate/up and a TMA ``GemvConfig`` down): the swap-AB gate/up launch stores natural-order bf16 SwiGLU
 rows (``NATURAL_ACT``) for the TMA GEMV down launch; 1.02-1.14x at T = 1, B = 2 / 5 / 6 and T = 4, B = 4 / 5 / 6 / 8
 and the default there (:data:`PAIRS_GEMV_DOWN_WHERE`, ``benchmarks/moe_mxfp4-h200-run15c-summary.md``).
+``GemvConfig(f16=True)`` (round 16, the TMA GEMV's fp16 pair decode): fp16 pair words from the nibbles and packed
+``fma.rn.f16x2`` against activations prepared once per call as scaled fp16 pairs (:func:`_f16_word_dot`); 1.03-1.36x
+on the H200 at T = 1, B = 1 / 2 / 4 / 8 and T = 4, B = 1 / 2 / 8 and the default there, taking some of those points
+from the mixed forward and swap-AB (:data:`GEMV_TMA_F16_WHERE`, ``benchmarks/moe_mxfp4-h200-run16-summary.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -1684,7 +1688,9 @@ def default_upcast(num_rows: int, inter: int, tma: bool = True) -> str:
     """The decode/prefill variant :func:`moe_mxfp4_forward` runs when not told: the tensor-core pairs
     decode and the CUDA-core GEMV where the H200 measured them faster (:data:`PAIRS_TMA_WHERE` where ``tma``
     says the operands allow its TMA-fed form, :data:`PAIRS_DEFAULT_WHERE`, :data:`GEMV_DEFAULT_WHERE`), else
-    :func:`default_gemm_upcast`."""
+    :func:`default_gemm_upcast`; the fp16 TMA GEMV first where ``tma`` and :data:`GEMV_TMA_F16_WHERE` say."""
+    if tma and gemv_f16_default(num_rows, inter):
+        return GEMV
     if tma and pairs_tma_default(num_rows, inter):
         return PAIRS
     for where_inter, min_rows, max_rows in PAIRS_DEFAULT_WHERE:
@@ -1816,6 +1822,35 @@ GEMV_TMA_RING = 3
 # (per-rank I, most routed rows, programs per SM):
 GEMV_TMA_PERSISTENT_DOWN_WHERE = ((MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K, 8),)
 GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
+# Round 16 (benchmarks/moe_mxfp4-h200-run16-summary.md, H200 run 16, every point reference-checked, rel_err 1.80-1.90e-3
+# against the bf16 decode's 1.77-1.86e-3): the fp16 pair decode (GemvConfig.f16) beside the defaults, kept where the
+# whole forward was >= 2 % faster. On twice the rows per program (gate/up 16 columns, down 32 rows; the fp16 decode
+# needs 48-52 registers against 68-94): I = 2048 (T=1) B = 1 / 8 in 39.90 / 200.1 us against 49.50 (TMA GEMV) / 272.6
+# (swap-AB), I = 512 (T=4, down persistent, P = 8) B = 1 / 8 in 20.75 / 67.88 against 22.27 (TMA GEMV) / 86.95
+# (mixed); at the shipped tiles (only these measured there): T=1 B = 2 / 4 80.19 / 144.9 against 82.98 (mixed) /
+# 151.0 (swap-AB), T=4 B = 2 29.02 against 31.84 (TMA GEMV). Not: T=4 B = 4 (0.94x against the mixed forward); at
+# the shipped tiles T=1 B = 1 was 0.978x. Other B are not measured. (per-rank I, routed rows) -> (gate/up, down):
+_F16_WIDE = (GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, f16=True), GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING,
+                                                                                   f16=True))
+_F16_SHIPPED = (GemvConfig(8, 512, 4, tma_ring=GEMV_TMA_RING, f16=True), GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING,
+                                                                                    f16=True))
+
+
+def _persistent_down(tiles):
+    return tiles[0], dataclasses.replace(tiles[1], persistent_programs_per_sm=8)
+
+
+GEMV_TMA_F16_WHERE = {(MOE_INTERMEDIATE_SIZE, TOP_K): _F16_WIDE, (MOE_INTERMEDIATE_SIZE, 2 * TOP_K): _F16_SHIPPED,
+                      (MOE_INTERMEDIATE_SIZE, 4 * TOP_K): _F16_SHIPPED, (MOE_INTERMEDIATE_SIZE, 8 * TOP_K): _F16_WIDE,
+                      (MOE_INTERMEDIATE_SIZE // 4, TOP_K): _persistent_down(_F16_WIDE),
+                      (MOE_INTERMEDIATE_SIZE // 4, 2 * TOP_K): _persistent_down(_F16_SHIPPED),
+                      (MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K): _persistent_down(_F16_WIDE)}
+
+
+def gemv_f16_default(num_rows: int, inter: int) -> bool:
+    """Whether the fp16 pair decode of the TMA GEMV is the default at this shape (:data:`GEMV_TMA_F16_WHERE`; the
+    operands must allow TMA as well)."""
+    return (inter, num_rows) in GEMV_TMA_F16_WHERE
 
 
 def f16_act_shift(swiglu_limit: float) -> int | None:
@@ -1837,7 +1872,7 @@ def gemv_tma_usable(*tensors: torch.Tensor) -> bool:
     return has_capability(tensors[0].device, GEMV_TMA_MIN_CAPABILITY)
 
 
-def gemv_configs(num_rows: int, inter: int, tma: bool = True) -> tuple[GemvConfig, GemvConfig]:
+def gemv_configs(num_rows: int, inter: int, tma: bool = True, f16: bool = True) -> tuple[GemvConfig, GemvConfig]:
     """(gate/up, down) GEMV tiles: the fastest of the H200 runs at every measured (T, B). Where
     :data:`GEMV_TMA_WHERE` says (and ``tma``: the operands allow it, :func:`gemv_tma_usable`) the TMA
     ring form, its down launch on a persistent grid where :data:`GEMV_TMA_PERSISTENT_DOWN_WHERE` says; else
@@ -1846,7 +1881,10 @@ def gemv_configs(num_rows: int, inter: int, tma: bool = True) -> tuple[GemvConfi
     benchmarks/moe_mxfp4-h200-gemv.md), halved N tiles where :data:`GEMV_SMALL_TILES_WHERE` says
     (benchmarks/moe_mxfp4-h200-gemv2.md; register prefetch, K splits, longer K steps and num_stages 1
     were slower or equal everywhere else), in the ``x_f32`` form where :data:`GEMV_X_F32_WHERE` says
-    (benchmarks/moe_mxfp4-h200-gemv3.md)."""
+    (benchmarks/moe_mxfp4-h200-gemv3.md). With ``tma`` and ``f16``, the fp16 pair decode's tiles where
+    :data:`GEMV_TMA_F16_WHERE` lists the shape (``f16`` False: the bf16 decode's, as the mixed forward takes)."""
+    if tma and f16 and gemv_f16_default(num_rows, inter):
+        return GEMV_TMA_F16_WHERE[(inter, num_rows)]
     if tma and any(inter == i and num_rows <= rows for i, rows in GEMV_TMA_WHERE):
         per_sm = next((p for i, rows, p in GEMV_TMA_PERSISTENT_DOWN_WHERE if inter == i and num_rows <= rows), 0)
         return (GemvConfig(8, 512, 4, tma_ring=GEMV_TMA_RING),
@@ -2457,7 +2495,7 @@ def pairs_configs(num_rows: int, inter: int, words_mul: bool = True,
     faster (:data:`PAIRS_SCALE_ON_WORDS_MIN_ROWS`) and ``words_mul`` says the GPU has the packed bf16 multiply it
     needs (:func:`pair_words_mul_usable`)."""
     if tma and words_mul and pairs_gemv_down_default(num_rows, inter):
-        return PAIRS_TMA_TILES[0], gemv_configs(num_rows, inter)[1]
+        return PAIRS_TMA_TILES[0], gemv_configs(num_rows, inter, f16=False)[1]
     if tma and words_mul and pairs_tma_default(num_rows, inter):
         return PAIRS_TMA_TILES
     on_words = words_mul and num_rows >= PAIRS_SCALE_ON_WORDS_MIN_ROWS.get(inter, 0)
@@ -2500,9 +2538,11 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
     tma_ring = gu_cfg.tma_ring
     if gemv_down:
         if (tma_ring <= 0 or dn_cfg.tma_ring <= 0 or min(gu_k, dn_k) < 512 or not gu_cfg.scale_bf16 or dn_cfg.x_f32
-                or dn_cfg.two_rows or dn_cfg.prefetch or dn_cfg.split_k > 1 or dn_cfg.persistent_programs_per_sm < 0):
+                or dn_cfg.two_rows or dn_cfg.prefetch or dn_cfg.split_k > 1 or dn_cfg.persistent_programs_per_sm < 0
+                or dn_cfg.f16):
             raise ValueError(f"pairs gate/up with a GEMV down needs tma_ring > 0 in both, block_k >= 512 (K >= 512), "
-                             f"scale_bf16, and a plain one-row GEMV down (no x_f32 / two_rows / prefetch / K split); "
+                             f"scale_bf16, and a plain one-row GEMV down (no x_f32 / f16 / two_rows / prefetch / K "
+                             f"split); "
                              f"got {configs!r} at H={hidden}, I={inter}")
     elif (gu_cfg.tma_ring or dn_cfg.tma_ring) and (dn_cfg.tma_ring != tma_ring or tma_ring < 0
                                                    or min(gu_k, dn_k) < 512
@@ -2741,6 +2781,9 @@ GEMV_TMA_PERSISTENT_DOWN_AOT = GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, pe
 # the fp16 pair decode at the same tiles (GemvConfig.f16)
 GEMV_TMA_F16_AOT = tuple(dataclasses.replace(c, f16=True) for c in GEMV_TMA_AOT)
 GEMV_TMA_F16_PERSISTENT_DOWN_AOT = dataclasses.replace(GEMV_TMA_PERSISTENT_DOWN_AOT, f16=True)
+# every fp16 tile GEMV_TMA_F16_WHERE ships: (kind, config)
+GEMV_TMA_F16_SHIPPED_AOT = sorted({("gate_up", gu) for gu, _ in GEMV_TMA_F16_WHERE.values()}
+                                  | {("down", dn) for _, dn in GEMV_TMA_F16_WHERE.values()}, key=lambda kc: (kc[0], kc[1].label()))
 
 
 def aot_configs() -> list[AotConfig]:
@@ -2868,10 +2911,12 @@ def aot_configs() -> list[AotConfig]:
         constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": triton.next_power_of_2(16 * TOP_K),
                     "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True},
         num_warps=4, div16=("hidden",), note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)"))
-    for kind, kernel, cfg, persistent in (
-            ("gate_up", _gate_up_gemv_tma_f16_kernel, GEMV_TMA_F16_AOT[0], False),
-            ("down", _down_gemv_tma_f16_kernel, GEMV_TMA_F16_AOT[1], False),
-            ("down", _down_gemv_tma_persistent_f16_kernel, GEMV_TMA_F16_PERSISTENT_DOWN_AOT, True)):
+    f16_forms = {("gate_up", GEMV_TMA_F16_AOT[0]), ("down", GEMV_TMA_F16_AOT[1]), ("down", GEMV_TMA_F16_PERSISTENT_DOWN_AOT)}
+    f16_forms |= set(GEMV_TMA_F16_SHIPPED_AOT)
+    for kind, cfg in sorted(f16_forms, key=lambda kc: (kc[0], kc[1].label())):
+        persistent = cfg.persistent_programs_per_sm > 0
+        kernel = (_gate_up_gemv_tma_f16_kernel if kind == "gate_up" else
+                  _down_gemv_tma_persistent_f16_kernel if persistent else _down_gemv_tma_f16_kernel)
         rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
         constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False}
         if kind == "gate_up":
@@ -2881,7 +2926,7 @@ def aot_configs() -> list[AotConfig]:
             signature=_gemv_tma_f16_sig(kind, rows, cfg.block_k, persistent), constexprs=constexprs,
             num_warps=cfg.num_warps, num_stages=cfg.tma_ring, div16=("hidden", "inter"),
             expect_opcodes=("UTMALDG", "HFMA2"), forbid_opcodes=TENSOR_CORE_OPCODES,
-            note="CUDA-core GEMV, fp16 pair decode, operands by TMA (selectable, not a default)"))
+            note="CUDA-core GEMV, fp16 pair decode, operands by TMA (the default where GEMV_TMA_F16_WHERE says)"))
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp

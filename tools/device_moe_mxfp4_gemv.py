@@ -238,7 +238,7 @@ def f16_candidates(rows, inter):
     down launch is persistent) the fp16 decode with the one-program-per-block down launch."""
     import dataclasses
 
-    tiles = moe.gemv_configs(rows, inter)
+    tiles = moe.gemv_configs(rows, inter, f16=False)  # the bf16 tiles shipped at the time of run 16
     f16 = tuple(dataclasses.replace(c, f16=True) for c in tiles)
     out = [tiles, f16]
     if tiles[1].persistent_programs_per_sm:

@@ -370,8 +370,8 @@ def test_default_upcast_follows_the_h200_numbers():
     for inter, tma in ((full_i, False), (full_i // 2, True), (full_i // 2, False)):
         assert all(moe.default_upcast(b * TOP_K, inter, tma) == "gemv" for b in (1, 3, 7, 8, 12, 16))
         assert moe.default_upcast(16 * TOP_K + 1, inter, tma) == "pairs"
-    assert all(moe.default_upcast(b * TOP_K, full_i) == "gemv" for b in (1, 3))  # B = 2: run 15c's mixed forward
-    assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (4, 5, 8, 12, 16))  # round 15
+    assert all(moe.default_upcast(b * TOP_K, full_i) == "gemv" for b in (1, 2, 3, 4, 8))  # B = 1, 2, 4, 8: round 16
+    assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (5, 6, 7, 12, 16))  # round 15 / run 15c
     assert moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(257 * TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
@@ -564,6 +564,30 @@ def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, see
     f16_err = rel(out, ref)
     assert torch.isfinite(out).all() and f16_err < bf16_err + 4e-3 and f16_err < 2e-2
     assert not torch.equal(out, run(x, experts, weights, ids, upcast="gemv", configs=bf16))  # the fp16 path ran
+
+
+def test_gemv_f16_default_follows_the_h200_numbers():
+    """Run 16: the fp16 TMA GEMV is the default where the whole forward was >= 2 % faster -- T=1 B = 1 and 8 and T=4
+    B = 1 and 8 on twice the rows per program (gate/up 16 columns, down 32 rows), T=1 B = 2 and 4 and T=4 B = 2 on
+    the shipped tiles, the down launch persistent (P = 8) at T=4 -- only where the operands allow TMA; not at T=4 B = 4
+    (slower) nor at unmeasured B; every shipped tile in the AOT registry with HFMA2."""
+    wide = (moe.GemvConfig(16, 512, 4, tma_ring=3, f16=True), moe.GemvConfig(32, 512, 4, tma_ring=3, f16=True))
+    shipped = (moe.GemvConfig(8, 512, 4, tma_ring=3, f16=True), moe.GemvConfig(16, 512, 4, tma_ring=3, f16=True))
+    expected = {(2048, 1): wide, (2048, 2): shipped, (2048, 4): shipped, (2048, 8): wide, (512, 1): wide,
+                (512, 2): shipped, (512, 8): wide}
+    names = {c.name: c for c in moe.aot_configs()}
+    for (inter, batch), (gu, dn) in expected.items():
+        rows = batch * TOP_K
+        if inter == 512:
+            dn = dataclasses.replace(dn, persistent_programs_per_sm=8)
+        assert moe.gemv_configs(rows, inter) == (gu, dn) and moe.default_upcast(rows, inter) == "gemv"
+        assert not moe.gemv_configs(rows, inter, tma=False)[0].f16
+        for kind, cfg in (("gate_up", gu), ("down", dn)):
+            assert "HFMA2" in names[f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}"].expect_opcodes
+    for inter, batch in ((2048, 3), (2048, 5), (2048, 16), (512, 3), (512, 4), (1024, 1), (256, 1)):
+        assert not moe.gemv_f16_default(batch * TOP_K, inter)
+        assert not moe.gemv_configs(batch * TOP_K, inter)[0].f16
+    assert moe.default_upcast(4 * TOP_K, 512) == "pairs"
 
 
 @pytest.mark.parametrize("limit", [0.0, -1.0, 200.0])
@@ -759,10 +783,12 @@ def test_gemv_tiles_only_where_measured():
     tma = (moe.GemvConfig(8, 512, 4, tma_ring=3), moe.GemvConfig(16, 512, 4, tma_ring=3))
     tma_persistent_down = (tma[0], moe.GemvConfig(16, 512, 4, tma_ring=3, persistent_programs_per_sm=8))
     plain = (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
-    for rows in (TOP_K, 8 * TOP_K, 16 * TOP_K):
-        assert moe.gemv_configs(rows, full_i) == tma and moe.gemv_configs(rows, full_i // 2) == tma
+    for rows in (TOP_K, 8 * TOP_K, 16 * TOP_K):  # f16=False: the bf16 decode's tiles (round 16's fp16 ones aside)
+        assert moe.gemv_configs(rows, full_i, f16=False) == tma and moe.gemv_configs(rows, full_i // 2) == tma
+    assert moe.gemv_configs(3 * TOP_K, full_i) == moe.gemv_configs(16 * TOP_K, full_i) == tma
     for rows in (TOP_K, 3 * TOP_K, 8 * TOP_K):
-        assert moe.gemv_configs(rows, full_i // 4) == tma_persistent_down
+        assert moe.gemv_configs(rows, full_i // 4, f16=False) == tma_persistent_down
+    assert moe.gemv_configs(3 * TOP_K, full_i // 4) == tma_persistent_down
     assert moe.gemv_configs(8 * TOP_K + 1, full_i // 4) == plain
     assert not moe.gemv_configs(TOP_K, full_i // 8)[0].tma_ring  # K = 256 < 512 at T=8
     assert moe.gemv_configs(TOP_K, full_i // 4, tma=False) == (moe.GemvConfig(4, 512, 4, x_f32=True),
@@ -786,11 +812,13 @@ def test_gemv_tma_needs_16_byte_aligned_operands():
     assert not moe.gemv_tma_usable(base[:32], base[8:40])
 
 
-@pytest.mark.parametrize("aligned,persistent_down", [(True, False), (True, True), (False, True)])
-def test_gemv_default_takes_tma_where_listed(monkeypatch, aligned, persistent_down):
+@pytest.mark.parametrize("aligned,persistent_down,f16", [(True, False, False), (True, True, False),
+                                                       (False, True, False), (True, True, True), (False, True, True)])
+def test_gemv_default_takes_tma_where_listed(monkeypatch, aligned, persistent_down, f16):
     """The default forward runs the TMA kernels where GEMV_TMA_WHERE lists the shape and the operands
-    allow TMA (the down launch on the persistent grid where GEMV_TMA_PERSISTENT_DOWN_WHERE lists it), the
-    plain GEMV kernels otherwise; each matches the reference."""
+    allow TMA (the down launch on the persistent grid where GEMV_TMA_PERSISTENT_DOWN_WHERE lists it; the fp16 pair
+    decode's kernels where GEMV_TMA_F16_WHERE lists it), the plain GEMV kernels otherwise; each matches the
+    reference."""
     inter = TMA_HIDDEN
     experts = make_experts(inter, hidden=TMA_HIDDEN, seed=5)
     weights, ids = make_routing(1, "random")
@@ -800,17 +828,23 @@ def test_gemv_default_takes_tma_where_listed(monkeypatch, aligned, persistent_do
     monkeypatch.setattr(moe, "GEMV_DEFAULT_WHERE", ((inter, TOP_K, TOP_K),))
     monkeypatch.setattr(moe, "PAIRS_DEFAULT_WHERE", ())
     monkeypatch.setattr(moe, "GEMV_TMA_PERSISTENT_DOWN_WHERE", ((inter, TOP_K, 8),) if persistent_down else ())
+    f16_tiles = (moe.GemvConfig(inter // 2, 512, 4, tma_ring=3, f16=True),
+                 moe.GemvConfig(TMA_HIDDEN // 2, 512, 4, tma_ring=3, f16=True, persistent_programs_per_sm=8))
+    monkeypatch.setattr(moe, "GEMV_TMA_F16_WHERE", {(inter, TOP_K): f16_tiles} if f16 else {})
     if not aligned:
         monkeypatch.setattr(moe, "gemv_tma_usable", lambda *tensors: False)
     launched = []
     for name in ("_gate_up_gemv_tma_kernel", "_down_gemv_tma_kernel", "_down_gemv_tma_persistent_kernel",
-                 "_gate_up_gemv_kernel", "_down_gemv_kernel"):
+                 "_gate_up_gemv_kernel", "_down_gemv_kernel", "_gate_up_gemv_tma_f16_kernel",
+                 "_down_gemv_tma_persistent_f16_kernel"):
         kernel = getattr(moe, name)
         monkeypatch.setattr(moe, name, _LaunchSpy(kernel, name, launched))
     with poisoned_scratch():
         out = run(x, experts, weights, ids)
     assert rel(out, ref) < 2e-2
     tma = ["_gate_up_gemv_tma_kernel", "_down_gemv_tma_persistent_kernel" if persistent_down else "_down_gemv_tma_kernel"]
+    if f16:
+        tma = ["_gate_up_gemv_tma_f16_kernel", "_down_gemv_tma_persistent_f16_kernel"]
     assert launched == (tma if aligned else ["_gate_up_gemv_kernel", "_down_gemv_kernel"])
 
 
@@ -1094,7 +1128,8 @@ def test_pairs_tma_default_follows_the_h200_numbers():
     for inter, first in ((2048, 4), (512, 16)):
         for batch in (first, 17, 32, 64):
             assert moe.pairs_configs(batch * TOP_K, inter) == tma_tiles
-            assert moe.default_upcast(batch * TOP_K, inter) == "pairs"
+            # round 16: the fp16 TMA GEMV took I = 2048 B = 4 / 8
+            assert moe.default_upcast(batch * TOP_K, inter) == ("gemv" if (inter, batch) == (2048, 4) else "pairs")
             assert moe.pairs_configs(batch * TOP_K, inter, tma=False) != tma_tiles
             assert moe.pairs_configs(batch * TOP_K, inter, words_mul=False) != tma_tiles
         for rows in (first * TOP_K - 1, 64 * TOP_K + 1, 256 * TOP_K):
@@ -1123,6 +1158,7 @@ def test_pairs_tma_default_forward(monkeypatch):
                  moe.PairsConfig(TMA_HIDDEN, 512, 1, tma_ring=2, **form))
     monkeypatch.setattr(moe, "PAIRS_TMA_WHERE", ((inter, 2 * TOP_K, 2 * TOP_K),))
     monkeypatch.setattr(moe, "PAIRS_TMA_TILES", tma_tiles)
+    monkeypatch.setattr(moe, "GEMV_TMA_F16_WHERE", {})  # I = 512 B = 2 is the fp16 TMA GEMV's since round 16
     used = []
     real = moe._gate_up_pairs_tma_kernel
     monkeypatch.setattr(moe, "_gate_up_pairs_tma_kernel", type("Spy", (), {
@@ -1159,14 +1195,14 @@ def test_pairs_gemv_down_mixed(monkeypatch, batch, pattern, per_sm):
         assert rel(out, ref) < 2e-2
 
 
-@pytest.mark.parametrize("bad", ["x_f32", "no_tma", "pairs_no_tma", "split_k"])
+@pytest.mark.parametrize("bad", ["x_f32", "f16", "no_tma", "pairs_no_tma", "split_k"])
 def test_pairs_gemv_down_arguments(bad):
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
     weights, ids = make_routing(1, "random")
     gu = dict(block_n=256, block_k=512, num_warps=4, tma_ring=2, mul_pairs=True, scale_bf16=True)
     dn = dict(block_n=256, block_k=512, num_warps=4, tma_ring=3)
-    if bad == "x_f32":
-        dn["x_f32"] = True
+    if bad in ("x_f32", "f16"):  # the swap-AB gate/up writes bf16 SwiGLU rows
+        dn[bad] = True
     elif bad == "no_tma":
         dn["tma_ring"] = 0
     elif bad == "pairs_no_tma":
@@ -1187,9 +1223,10 @@ def test_pairs_gemv_down_default_follows_the_h200_numbers():
         for batch in batches:
             rows = batch * TOP_K
             gu, dn = moe.pairs_configs(rows, inter)
-            assert gu == gate_up and dn == moe.gemv_configs(rows, inter)[1]
+            assert gu == gate_up and dn == moe.gemv_configs(rows, inter, f16=False)[1]
             assert dn == moe.GemvConfig(16, 512, 4, tma_ring=3, persistent_programs_per_sm=8 if inter == 512 else 0)
-            assert moe.default_upcast(rows, inter) == "pairs"
+            # round 16: the fp16 TMA GEMV took T=1 B = 2 and T=4 B = 8 from the mixed forward
+            assert moe.default_upcast(rows, inter) == ("gemv" if (inter, batch) in ((2048, 2), (512, 8)) else "pairs")
             assert isinstance(moe.pairs_configs(rows, inter, tma=False)[1], moe.PairsConfig)
             assert isinstance(moe.pairs_configs(rows, inter, words_mul=False)[1], moe.PairsConfig)
             assert moe.default_upcast(rows, inter, tma=False) == "gemv"
