@@ -85,6 +85,8 @@ and the default there (:data:`PAIRS_GEMV_DOWN_WHERE`, ``benchmarks/moe_mxfp4-h20
 ``fma.rn.f16x2`` against activations prepared once per call as scaled fp16 pairs (:func:`_f16_word_dot`); 1.03-1.36x
 on the H200 at T = 1, B = 1 / 2 / 4 / 8 and T = 4, B = 1 / 2 / 8 and the default there, taking some of those points
 from the mixed forward and swap-AB (:data:`GEMV_TMA_F16_WHERE`, ``benchmarks/moe_mxfp4-h200-run16-summary.md``).
+Run 16b: on twice (at three points 4x) the rows per program it is the default at T = 1 / 2 / 4, B = 1..32, 1.08-1.57x
+over the defaults it replaced (``benchmarks/moe_mxfp4-h200-run16b-summary.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -1829,22 +1831,35 @@ GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
 # (swap-AB), I = 512 (T=4, down persistent, P = 8) B = 1 / 8 in 20.75 / 67.88 against 22.27 (TMA GEMV) / 86.95
 # (mixed); at the shipped tiles (only these measured there): T=1 B = 2 / 4 80.19 / 144.9 against 82.98 (mixed) /
 # 151.0 (swap-AB), T=4 B = 2 29.02 against 31.84 (TMA GEMV). Not: T=4 B = 4 (0.94x against the mixed forward); at
-# the shipped tiles T=1 B = 1 was 0.978x. Other B are not measured. (per-rank I, routed rows) -> (gate/up, down):
-_F16_WIDE = (GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, f16=True), GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING,
-                                                                                   f16=True))
-_F16_SHIPPED = (GemvConfig(8, 512, 4, tma_ring=GEMV_TMA_RING, f16=True), GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING,
-                                                                                    f16=True))
+# the shipped tiles T=1 B = 1 was 0.978x. Other B were not measured there; run 16b's table below replaces it.
+# Run 16b (benchmarks/moe_mxfp4-h200-run16b-summary.md, one H200 run, all 129 rows reference-checked, rel_err
+# 1.77-1.90e-3): the fp16 decode on 1x / 2x / 4x-row tiles at T = 1 / 2 / 4, B = 1-6, 8, 12, 16, 32, 64. The 2x-row
+# tiles won at every B <= 32 (1.08-1.57x against the defaults of the time, e.g. T=1 B=16 377.6 us against 475.2 swap-AB,
+# T=2 B=8 115.6 against 169.4, T=4 B=12 94.0 against 147.5); the bf16 decode on the same tiles was 0.66-0.84x of the
+# fp16 one (T=1 B=1 49.46 vs 39.84 us): the tile pays only with the fp16 decode's fewer registers. 4x rows (gate/up 32
+# columns, down 64 rows; 128 registers on sm_120a, no spills) where they beat 2x by >= 2 %: T=1 B=1 37.71 against
+# 39.84, T=2 B=2 39.18 against 40.61, T=4 B=16 116.99 against 119.97. Not at B = 64 (0.80-0.99x of the pairs
+# forward). Unmeasured B between two measured ones whose default both became the fp16 GEMV take it too (B = 7, 9-11,
+# 13-15, 17-31, on the 2x-row tiles); B = 33-63 keep theirs. T = 8 (I = 256) cannot run the TMA GEMV (K >= 512).
+_F16_2X = (GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, f16=True),
+           GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True))
+_F16_4X = (GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True),
+           GemvConfig(64, 512, 4, tma_ring=GEMV_TMA_RING, f16=True))
+F16_MAX_BATCH = 32  # the largest B (per rank) at which the fp16 TMA GEMV is the default
 
 
 def _persistent_down(tiles):
     return tiles[0], dataclasses.replace(tiles[1], persistent_programs_per_sm=8)
 
 
-GEMV_TMA_F16_WHERE = {(MOE_INTERMEDIATE_SIZE, TOP_K): _F16_WIDE, (MOE_INTERMEDIATE_SIZE, 2 * TOP_K): _F16_SHIPPED,
-                      (MOE_INTERMEDIATE_SIZE, 4 * TOP_K): _F16_SHIPPED, (MOE_INTERMEDIATE_SIZE, 8 * TOP_K): _F16_WIDE,
-                      (MOE_INTERMEDIATE_SIZE // 4, TOP_K): _persistent_down(_F16_WIDE),
-                      (MOE_INTERMEDIATE_SIZE // 4, 2 * TOP_K): _persistent_down(_F16_SHIPPED),
-                      (MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K): _persistent_down(_F16_WIDE)}
+# (per-rank I, B) -> tiles where the 4x-row tiles are the default; the 2x-row ones at every other B <= F16_MAX_BATCH
+_F16_4X_AT = {(MOE_INTERMEDIATE_SIZE, 1): _F16_4X, (MOE_INTERMEDIATE_SIZE // 2, 2): _F16_4X,
+              (MOE_INTERMEDIATE_SIZE // 4, 16): _persistent_down(_F16_4X)}
+_F16_2X_AT = {MOE_INTERMEDIATE_SIZE: _F16_2X, MOE_INTERMEDIATE_SIZE // 2: _F16_2X,
+              MOE_INTERMEDIATE_SIZE // 4: _persistent_down(_F16_2X)}  # the down launch persistent (P = 8) at I = 512
+# (per-rank I, routed rows) -> (gate/up, down)
+GEMV_TMA_F16_WHERE = {(inter, batch * TOP_K): _F16_4X_AT.get((inter, batch), tiles)
+                      for inter, tiles in _F16_2X_AT.items() for batch in range(1, F16_MAX_BATCH + 1)}
 
 
 def gemv_f16_default(num_rows: int, inter: int) -> bool:
@@ -2901,16 +2916,19 @@ def aot_configs() -> list[AotConfig]:
         num_stages=cfg.tma_ring, div16=("hidden", "inter"), expect_opcodes=("UTMALDG",),
         forbid_opcodes=TENSOR_CORE_OPCODES,
         note="CUDA-core GEMV decode, operands by TMA, persistent grid (the down launch at T=4 B<=8)"))
-    # the fp16 pair decode of the TMA GEMV (GemvConfig.f16): its routing + x preparation launch, HFMA2 on the weights
-    configs.append(AotConfig(
-        name="moe_mxfp4_route_x_f16", kernel=_route_x_f16_kernel,
-        signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32",
-                   "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "x_ptr": "*bf16", "x16_ptr": "*fp16",
-                   "x_unscale_ptr": "*fp32", "hidden": "i32", "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr",
-                   "NUM_BINS": "constexpr", "BLOCK_H": "constexpr", "ROUTE": "constexpr"},
-        constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": triton.next_power_of_2(16 * TOP_K),
-                    "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True},
-        num_warps=4, div16=("hidden",), note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)"))
+    # the fp16 pair decode of the TMA GEMV (GemvConfig.f16): its routing + x preparation launch (at B <= 16 and at the
+    # largest B of GEMV_TMA_F16_WHERE: BLOCK_ROWS 128 / 256), HFMA2 on the weights
+    for block_rows in (triton.next_power_of_2(16 * TOP_K), triton.next_power_of_2(F16_MAX_BATCH * TOP_K)):
+        configs.append(AotConfig(
+            name="moe_mxfp4_route_x_f16" + ("" if block_rows == 128 else f"_r{block_rows}"),
+            kernel=_route_x_f16_kernel,
+            signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32",
+                       "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "x_ptr": "*bf16", "x16_ptr": "*fp16",
+                       "x_unscale_ptr": "*fp32", "hidden": "i32", "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr",
+                       "NUM_BINS": "constexpr", "BLOCK_H": "constexpr", "ROUTE": "constexpr"},
+            constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": block_rows,
+                        "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True},
+            num_warps=4, div16=("hidden",), note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)"))
     f16_forms = {("gate_up", GEMV_TMA_F16_AOT[0]), ("down", GEMV_TMA_F16_AOT[1]), ("down", GEMV_TMA_F16_PERSISTENT_DOWN_AOT)}
     f16_forms |= set(GEMV_TMA_F16_SHIPPED_AOT)
     for kind, cfg in sorted(f16_forms, key=lambda kc: (kc[0], kc[1].label())):

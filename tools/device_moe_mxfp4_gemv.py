@@ -29,6 +29,10 @@ the e2m1 nibbles, packed fma.rn.f16x2 with the activations prepared once per cal
 GEMV tiles (down persistent where the default is), the same tiles in bf16 and, at T=4, the fp16 decode with the plain
 down launch, beside the shipped default at T = 1 / 4, B = 1, 2, 4, 8; launch by launch at B = 1.
 
+Run 16b (``--f16b``): the fp16 TMA GEMV on 1x / 2x / 4x-row tiles (gate/up 8 / 16 / 32 columns, down 16 / 32 / 64
+rows, the down launch persistent at T=4) beside the default at T = 1 / 2 / 4, B = 1-6, 8, 12, 16, 32, 64, and the bf16
+decode on the 2x tiles at T = 1 / 4, B = 1 / 8 (T = 8 cannot run the TMA GEMV: K = 256 < 512).
+
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
 
@@ -249,6 +253,28 @@ def f16_candidates(rows, inter):
     return out
 
 
+F16B_DEADLINE_S = 250  # for a 330 s device limit
+F16B_BATCHES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 32, 64)
+F16B_TPS = (1, 2, 4)  # T = 8 (I = 256) cannot run the TMA GEMV: its down launch needs K >= 512
+F16B_BF16_CASES = ((1, 1), (1, 8), (4, 1), (4, 8))  # (T, B): the bf16 decode on the 2x-row tiles as well
+
+
+def f16b_candidates(tp, batch, inter):
+    """Run 16b: the fp16 TMA GEMV on the shipped tiles (gate/up 8 columns, down 16 rows), 2x rows (16 / 32) and 4x
+    rows (32 / 64), the down launch persistent (P = 8) at I = 512 as GEMV_TMA_F16_WHERE ships it there; at
+    F16B_BF16_CASES the bf16 decode on the 2x-row tiles too (how much of the gain is the tile, how much fp16)."""
+    per_sm = 8 if inter == MOE_INTERMEDIATE_SIZE // 4 else 0
+
+    def tiles(gu_n, f16):
+        return (G(gu_n, 512, 4, tma_ring=moe.GEMV_TMA_RING, f16=f16),
+                G(2 * gu_n, 512, 4, tma_ring=moe.GEMV_TMA_RING, f16=f16, persistent_programs_per_sm=per_sm))
+
+    out = [tiles(8, True), tiles(16, True), tiles(32, True)]
+    if (tp, batch) in F16B_BF16_CASES:
+        out.append(tiles(16, False))
+    return out
+
+
 def label(cfgs) -> str:
     kind = "pairs" if isinstance(cfgs[0], moe.PairsConfig) else "gemv"
     return f"{kind} {cfgs[0].label()} / {cfgs[1].label()}"
@@ -282,6 +308,8 @@ def main() -> None:
                         help="run 15c: swap-AB gate/up + TMA GEMV down (mixed), more swap-AB tiles, T=1/4 B=1..4, 8")
     parser.add_argument("--f16", action="store_true",
                         help="round 16: the TMA GEMV's fp16 pair decode, T=1/4 B=1, 2, 4, 8 (device only: K >= 512)")
+    parser.add_argument("--f16b", action="store_true",
+                        help="run 16b: the fp16 TMA GEMV on 1x / 2x / 4x-row tiles, T=1/2/4 B=1..64 (device only: K >= 512)")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
                         help="--words: GEMV candidates up to this B, pairs candidates above it")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
@@ -329,6 +357,9 @@ def main() -> None:
             candidates = [tiles, tuple(G(**{**c.__dict__, "f16": True}) for c in tiles),
                           (G(128, 512, 4, tma_ring=2, f16=True), G(256, 512, 4, tma_ring=2, f16=True))]
             moe.CPU_SM_COUNT = 5
+        if args.f16b:  # TMA needs K >= 512; I = 512 = the T=4 shape: the persistent down launch on 5 programs
+            hidden, base_inter, tps, batches, candidates = 512, 512, (1,), (1, 3), None
+            moe.CPU_SM_COUNT = 5
     else:
         device, num_experts, hidden, tps, copies, base_inter = (
             "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
@@ -348,6 +379,8 @@ def main() -> None:
                 batches, candidates = (1, 2, 3, 4, 8), SWAP_AB3_CANDIDATES
         if args.f16:
             batches, candidates = (1, 2, 4, 8), None  # per case: f16_candidates
+        if args.f16b:
+            tps, batches, candidates = F16B_TPS, F16B_BATCHES, None  # per case: f16b_candidates
     if args.only and candidates is not None:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
@@ -356,15 +389,16 @@ def main() -> None:
         tps = tuple(int(t) for t in args.tps.split(","))
     if args.words or args.swap_ab:
         args.pairs = True  # the pairs form, labels and notes
-    deadline = (F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
+    deadline = (F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
                 else PERSISTENT_DEADLINE_S if args.persistent else TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, round 16: the TMA GEMV's fp16 pair decode (packed HFMA2), DSv4-Flash shapes, H200"
+        title=("sm120 MoE decode, run 16b: the fp16 TMA GEMV on 1x / 2x / 4x-row tiles, T=1/2/4 B=1..64, H200"
+               if args.f16b else "sm120 MoE decode, round 16: the TMA GEMV's fp16 pair decode (packed HFMA2), DSv4-Flash shapes, H200"
                if args.f16 else "sm120 MoE decode, round 15: swap-AB on tensor cores with TMA-fed weights, DSv4-Flash shapes, H200"
                if args.swap_ab else "sm120 MoE decode, round 11: persistent TMA GEMV, DSv4-Flash shapes, H200" if args.persistent else
                "sm120 MoE decode, round 9: pairs decode with the E8M0 scale on the int32 pair words, DSv4-Flash shapes, H200"
@@ -417,8 +451,8 @@ def main() -> None:
         if args.words:  # pairs candidates from B = 16, GEMV candidates up to B = 8
             candidates_here = [c for c in candidates
                                if isinstance(c[0], moe.PairsConfig) == (batch > gemv_max_batch)]
-        elif candidates is None:  # --f16 on the device: the tiles shipped at this (T, B)
-            candidates_here = f16_candidates(rows, inter)
+        elif candidates is None:  # --f16 on the device / --f16b: per (T, B)
+            candidates_here = f16b_candidates(tp, batch, inter) if args.f16b else f16_candidates(rows, inter)
             if args.only:
                 candidates_here = [c for c in candidates_here if any(part in label(c) for part in args.only.split(","))]
         else:

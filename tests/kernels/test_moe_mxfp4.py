@@ -370,17 +370,18 @@ def test_default_upcast_follows_the_h200_numbers():
     for inter, tma in ((full_i, False), (full_i // 2, True), (full_i // 2, False)):
         assert all(moe.default_upcast(b * TOP_K, inter, tma) == "gemv" for b in (1, 3, 7, 8, 12, 16))
         assert moe.default_upcast(16 * TOP_K + 1, inter, tma) == "pairs"
-    assert all(moe.default_upcast(b * TOP_K, full_i) == "gemv" for b in (1, 2, 3, 4, 8))  # B = 1, 2, 4, 8: round 16
-    assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (5, 6, 7, 12, 16))  # round 15 / run 15c
+    # the fp16 TMA GEMV at B = 1..32 for I = 2048 / 1024 / 512 (round 16, run 16b)
+    assert all(moe.default_upcast(b * TOP_K, full_i // tp) == "gemv" for b in range(1, 33) for tp in (1, 2, 4))
     assert moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(257 * TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "dot_scaled"  # prefill
     assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(7 * TOP_K, full_i // 4) == "gemv"
     assert moe.default_upcast(9 * TOP_K - 1, full_i // 4) == "gemv"
-    assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (17, 32, 64, 128, 256))
-    assert all(moe.default_upcast(b * TOP_K, full_i // 4) == "pairs" for b in (9, 12, 15, 16, 32, 64, 128, 256))
-    assert all(moe.default_upcast(b * TOP_K, full_i // 2) == "pairs" for b in (17, 32, 64))
+    assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (33, 64, 128, 256))
+    assert all(moe.default_upcast(b * TOP_K, full_i // 4) == "pairs" for b in (33, 64, 128, 256))
+    assert all(moe.default_upcast(b * TOP_K, full_i // 4, tma=False) == "pairs" for b in (9, 12, 15, 16, 32))
+    assert all(moe.default_upcast(b * TOP_K, full_i // 2) == "pairs" for b in (33, 64))
     assert all(moe.default_upcast(b * TOP_K, full_i // 8) == "pairs" for b in (1, 8, 16, 32, 64))
     assert moe.default_upcast(65 * TOP_K, full_i // 2) == "dot_scaled"  # T=2 beyond B=64: not measured
     assert moe.default_upcast(65 * TOP_K, full_i // 8) == "regs"  # T=8 beyond B=64: not measured
@@ -567,27 +568,31 @@ def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, see
 
 
 def test_gemv_f16_default_follows_the_h200_numbers():
-    """Run 16: the fp16 TMA GEMV is the default where the whole forward was >= 2 % faster -- T=1 B = 1 and 8 and T=4
-    B = 1 and 8 on twice the rows per program (gate/up 16 columns, down 32 rows), T=1 B = 2 and 4 and T=4 B = 2 on
-    the shipped tiles, the down launch persistent (P = 8) at T=4 -- only where the operands allow TMA; not at T=4 B = 4
-    (slower) nor at unmeasured B; every shipped tile in the AOT registry with HFMA2."""
-    wide = (moe.GemvConfig(16, 512, 4, tma_ring=3, f16=True), moe.GemvConfig(32, 512, 4, tma_ring=3, f16=True))
-    shipped = (moe.GemvConfig(8, 512, 4, tma_ring=3, f16=True), moe.GemvConfig(16, 512, 4, tma_ring=3, f16=True))
-    expected = {(2048, 1): wide, (2048, 2): shipped, (2048, 4): shipped, (2048, 8): wide, (512, 1): wide,
-                (512, 2): shipped, (512, 8): wide}
+    """Runs 16 / 16b: the fp16 TMA GEMV is the default at B = 1..32 for I = 2048 / 1024 / 512 (T = 1 / 2 / 4) where
+    the operands allow TMA: on twice the rows per program (gate/up 16 columns, down 32 rows), on 4x rows (32 / 64)
+    at T=1 B=1, T=2 B=2 and T=4 B=16, the down launch persistent (P = 8) at T=4; not at B > 32 (B = 64 slower), not
+    at T = 8 (K = 256 < 512), not between multiples of top_k; every shipped tile in the AOT registry with HFMA2."""
+    rows2 = (moe.GemvConfig(16, 512, 4, tma_ring=3, f16=True), moe.GemvConfig(32, 512, 4, tma_ring=3, f16=True))
+    rows4 = (moe.GemvConfig(32, 512, 4, tma_ring=3, f16=True), moe.GemvConfig(64, 512, 4, tma_ring=3, f16=True))
+    four = {(2048, 1), (1024, 2), (512, 16)}
     names = {c.name: c for c in moe.aot_configs()}
-    for (inter, batch), (gu, dn) in expected.items():
-        rows = batch * TOP_K
-        if inter == 512:
-            dn = dataclasses.replace(dn, persistent_programs_per_sm=8)
-        assert moe.gemv_configs(rows, inter) == (gu, dn) and moe.default_upcast(rows, inter) == "gemv"
-        assert not moe.gemv_configs(rows, inter, tma=False)[0].f16
-        for kind, cfg in (("gate_up", gu), ("down", dn)):
-            assert "HFMA2" in names[f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}"].expect_opcodes
-    for inter, batch in ((2048, 3), (2048, 5), (2048, 16), (512, 3), (512, 4), (1024, 1), (256, 1)):
+    assert "moe_mxfp4_route_x_f16" in names and "moe_mxfp4_route_x_f16_r256" in names  # BLOCK_ROWS 128 / 256
+    for inter in (2048, 1024, 512):
+        for batch in (1, 2, 3, 7, 9, 16, 17, 31, 32):
+            rows = batch * TOP_K
+            gu, dn = rows4 if (inter, batch) in four else rows2
+            if inter == 512:
+                dn = dataclasses.replace(dn, persistent_programs_per_sm=8)
+            assert moe.gemv_configs(rows, inter) == (gu, dn) and moe.default_upcast(rows, inter) == "gemv"
+            assert not moe.gemv_configs(rows, inter, tma=False)[0].f16
+            assert not moe.gemv_configs(rows, inter, f16=False)[0].f16
+            for kind, cfg in (("gate_up", gu), ("down", dn)):
+                assert "HFMA2" in names[f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}"].expect_opcodes
+    for inter, batch in ((2048, 33), (2048, 64), (1024, 64), (512, 33), (512, 64), (256, 1), (256, 8)):
         assert not moe.gemv_f16_default(batch * TOP_K, inter)
         assert not moe.gemv_configs(batch * TOP_K, inter)[0].f16
-    assert moe.default_upcast(4 * TOP_K, 512) == "pairs"
+    assert not moe.gemv_f16_default(TOP_K + 1, 2048)
+    assert moe.default_upcast(64 * TOP_K, 2048) == "pairs"
 
 
 @pytest.mark.parametrize("limit", [0.0, -1.0, 200.0])
@@ -784,11 +789,11 @@ def test_gemv_tiles_only_where_measured():
     tma_persistent_down = (tma[0], moe.GemvConfig(16, 512, 4, tma_ring=3, persistent_programs_per_sm=8))
     plain = (moe.GemvConfig(8, 512, 4), moe.GemvConfig(16, 512, 4))
     for rows in (TOP_K, 8 * TOP_K, 16 * TOP_K):  # f16=False: the bf16 decode's tiles (round 16's fp16 ones aside)
-        assert moe.gemv_configs(rows, full_i, f16=False) == tma and moe.gemv_configs(rows, full_i // 2) == tma
-    assert moe.gemv_configs(3 * TOP_K, full_i) == moe.gemv_configs(16 * TOP_K, full_i) == tma
+        assert moe.gemv_configs(rows, full_i, f16=False) == tma == moe.gemv_configs(rows, full_i // 2, f16=False)
+    assert moe.gemv_configs(3 * TOP_K, full_i, f16=False) == moe.gemv_configs(16 * TOP_K, full_i, f16=False) == tma
     for rows in (TOP_K, 3 * TOP_K, 8 * TOP_K):
         assert moe.gemv_configs(rows, full_i // 4, f16=False) == tma_persistent_down
-    assert moe.gemv_configs(3 * TOP_K, full_i // 4) == tma_persistent_down
+    assert moe.gemv_configs(3 * TOP_K, full_i // 4, f16=False) == tma_persistent_down
     assert moe.gemv_configs(8 * TOP_K + 1, full_i // 4) == plain
     assert not moe.gemv_configs(TOP_K, full_i // 8)[0].tma_ring  # K = 256 < 512 at T=8
     assert moe.gemv_configs(TOP_K, full_i // 4, tma=False) == (moe.GemvConfig(4, 512, 4, x_f32=True),
@@ -800,7 +805,7 @@ def test_gemv_tiles_only_where_measured():
     assert moe.default_upcast(16 * TOP_K, full_i, tma=False) == "gemv"
     assert moe.default_upcast(16 * TOP_K + 1, full_i, tma=False) == "pairs"
     assert moe.default_upcast(8 * TOP_K, full_i // 4, tma=False) == "gemv"
-    assert moe.default_upcast(9 * TOP_K, full_i // 4) == "pairs"
+    assert moe.default_upcast(9 * TOP_K, full_i // 4, tma=False) == "pairs"
     assert moe.default_upcast(16 * TOP_K, full_i // 2) == "gemv"
     assert moe.default_upcast(16 * TOP_K + 1, full_i // 2) == "pairs"
     assert moe.default_upcast(TOP_K, full_i // 8) == "pairs"
@@ -1128,8 +1133,8 @@ def test_pairs_tma_default_follows_the_h200_numbers():
     for inter, first in ((2048, 4), (512, 16)):
         for batch in (first, 17, 32, 64):
             assert moe.pairs_configs(batch * TOP_K, inter) == tma_tiles
-            # round 16: the fp16 TMA GEMV took I = 2048 B = 4 / 8
-            assert moe.default_upcast(batch * TOP_K, inter) == ("gemv" if (inter, batch) == (2048, 4) else "pairs")
+            # round 16 / run 16b: the fp16 TMA GEMV took B <= 32 at I = 2048 and 512
+            assert moe.default_upcast(batch * TOP_K, inter) == ("gemv" if batch <= 32 else "pairs")
             assert moe.pairs_configs(batch * TOP_K, inter, tma=False) != tma_tiles
             assert moe.pairs_configs(batch * TOP_K, inter, words_mul=False) != tma_tiles
         for rows in (first * TOP_K - 1, 64 * TOP_K + 1, 256 * TOP_K):
@@ -1215,8 +1220,9 @@ def test_pairs_gemv_down_arguments(bad):
 
 
 def test_pairs_gemv_down_default_follows_the_h200_numbers():
-    """Runs 15c / 15c2: the mixed forward is the default at T=1 B = 2, 5, 6 and T=4 B = 4, 5, 6, 8 (>= 2 % faster in
-    every run that measured it), with the swap-AB gate/up tile and gemv_configs' TMA down tile (persistent at T=4),
+    """Runs 15c / 15c2: the mixed forward is the pairs form at T=1 B = 2, 5, 6 and T=4 B = 4, 5, 6, 8 (>= 2 % faster in
+    every run that measured it; since runs 16 / 16b the fp16 TMA GEMV is the default there), with the swap-AB gate/up
+    tile and gemv_configs' TMA down tile (persistent at T=4),
     where the operands allow TMA and the GPU has the packed multiply; its gate/up kernel is in the AOT registry."""
     gate_up = moe.PAIRS_TMA_TILES[0]
     for inter, batches, others in ((2048, (2, 5, 6), (1, 3, 4, 7, 8, 16)), (512, (4, 5, 6, 8), (1, 2, 3, 7, 9, 16))):
@@ -1225,8 +1231,7 @@ def test_pairs_gemv_down_default_follows_the_h200_numbers():
             gu, dn = moe.pairs_configs(rows, inter)
             assert gu == gate_up and dn == moe.gemv_configs(rows, inter, f16=False)[1]
             assert dn == moe.GemvConfig(16, 512, 4, tma_ring=3, persistent_programs_per_sm=8 if inter == 512 else 0)
-            # round 16: the fp16 TMA GEMV took T=1 B = 2 and T=4 B = 8 from the mixed forward
-            assert moe.default_upcast(rows, inter) == ("gemv" if (inter, batch) in ((2048, 2), (512, 8)) else "pairs")
+            assert moe.default_upcast(rows, inter) == "gemv" and moe.gemv_configs(rows, inter)[0].f16  # runs 16 / 16b
             assert isinstance(moe.pairs_configs(rows, inter, tma=False)[1], moe.PairsConfig)
             assert isinstance(moe.pairs_configs(rows, inter, words_mul=False)[1], moe.PairsConfig)
             assert moe.default_upcast(rows, inter, tma=False) == "gemv"
