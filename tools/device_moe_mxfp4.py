@@ -475,7 +475,10 @@ def main() -> None:
             touched = moe.touched_expert_bytes(ids, hidden, inter, num_experts)
             ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids)
             fns = {
-                "ours": (lambda: moe.moe_mxfp4_forward(x, *layers[0], weights, ids, dot_scaled=True),
+                # the forward as the seam runs it: default_upcast picks the decode (fp16 / bf16 TMA GEMV, pairs, ...)
+                "ours (default)": (lambda: moe.moe_mxfp4_forward(x, *layers[0], weights, ids),
+                                   cycling(ours_fn(x, weights, ids), layers), False),
+                "ours, tl.dot_scaled GEMM": (lambda: moe.moe_mxfp4_forward(x, *layers[0], weights, ids, dot_scaled=True),
                          cycling(ours_fn(x, weights, ids, dot_scaled=True), layers), False),
                 "ours, register dequant": (lambda: moe.moe_mxfp4_forward(x, *layers[0], weights, ids, dot_scaled=False),
                                            cycling(ours_fn(x, weights, ids, dot_scaled=False), layers), False),
