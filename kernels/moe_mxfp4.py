@@ -143,6 +143,7 @@ from .dsv4 import (
 )
 from .harness.aot import TENSOR_CORE_OPCODES, AotConfig
 from .harness.interpreter import has_capability, interpreter_enabled
+from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude codes 0..7; bit 3 is the sign
 E4M3_MAX = 448.0
@@ -889,16 +890,37 @@ def _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter,
 
 
 @triton.jit
+def _bulk_prefetch_l2(ptr, nbytes):
+    """Thread 0 of the program asks L2 for ``nbytes`` (a multiple of 16) from 16-byte aligned ``ptr`` with one
+    ``cp.async.bulk.prefetch.L2`` (the copy engine fetches them; no registers, nothing to wait for)."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred pf_first; .reg .b32 pf_tid; mov.u32 pf_tid, %tid.x; setp.eq.u32 pf_first, pf_tid, 0; "
+        "@pf_first cp.async.bulk.prefetch.L2.global [$1], $2; } // dummy $0",
+        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, w_row, inter, BLOCK_N: tl.constexpr):
+    """L2 prefetch of the down weight block of BLOCK_N rows from row ``w_row`` of the experts' w2 [E*H, I/2] bytes
+    and their E8M0 bytes [E*H, I/32] (both blocks contiguous: whole rows)."""
+    _bulk_prefetch_l2(w2_ptr + w_row * (inter // 2), BLOCK_N * (inter // 2))
+    _bulk_prefetch_l2(w2_scale_ptr + w_row * (inter // 32), BLOCK_N * (inter // 32))
+
+
+@triton.jit
 def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                         num_active_ptr, x_ptr, x16_ptr, x_unscale_ptr, hidden, NUM_EXPERTS: tl.constexpr,
                         BLOCK_ROWS: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_H: tl.constexpr,
-                        ROUTE: tl.constexpr):
+                        ROUTE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False):
     """Launch 1 of the fp16 TMA GEMV: program 0 routes (``_route_kernel``; not with ROUTE False, when the torch
     sort of :func:`route` did), program ``1 + b`` writes row b of the bf16 activations ``x [B, H]`` times 2**S_b
     as fp16 in the pair order (exact) and ``2**-S_b`` to ``x_unscale [B]``: S_b = 141 - (the float32 exponent
     field of the row's max |x|), so the row's values stay below 2**15 whatever their size (clamped to +-100:
-    an all-zero row)."""
+    an all-zero row). PDL (:data:`GemvConfig.pdl`): ids and x come from the kernels before the MoE, so every program
+    waits first."""
     pid = tl.program_id(0)
+    pdl_wait(PDL)
+    pdl_launch_dependents(PDL and not PDL_LATE)
     if ROUTE and pid == 0:
         _route_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                       num_active_ptr, NUM_EXPERTS, BLOCK_ROWS, NUM_BINS)
@@ -912,17 +934,23 @@ def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
         scale = ((shift + 127) << 23).to(tl.float32, bitcast=True)
         tl.store(x16_ptr + row * hidden + _f16_position(k), (x * scale).to(tl.float16), mask=ok)
         tl.store(x_unscale_ptr + row, ((127 - shift) << 23).to(tl.float32, bitcast=True))
+    pdl_launch_dependents(PDL and PDL_LATE)
 
 
 @triton.jit
 def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr, sorted_rows_ptr, expert_start_ptr,
                                  active_experts_ptr, num_active_ptr, act_ptr, hidden, inter, swiglu_limit, act_scale,
                                  TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                 RING: tl.constexpr, EMULATE: tl.constexpr):
+                                 RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
+                                 PDL_LATE: tl.constexpr = False):
     """:func:`_gate_up_gemv_tma_kernel` on the fp16 pair decode: ``x_desc`` over the prepared fp16 pair words
     [B, H/2] (:func:`_route_x_f16_kernel`), each row's sums times its ``x_unscale``; the SwiGLU rows stored by
-    :func:`_f16_act_store` (fp16 [B*top_k, I] in the pair order, times ``act_scale``)."""
+    :func:`_f16_act_store` (fp16 [B*top_k, I] in the pair order, times ``act_scale``). PDL: the trigger comes
+    after the wait in every program, so once the down launch starts, the routing launch has completed (the down
+    launch reads its routing before its own wait)."""
     slot = tl.program_id(0)
+    pdl_wait(PDL)
+    pdl_launch_dependents(PDL and not PDL_LATE)
     if slot >= tl.load(num_active_ptr):
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
@@ -938,16 +966,27 @@ def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr
         out = tl.sum(acc, 1) * tl.load(x_unscale_ptr + row // TOP_K)
         gate, up = tl.split(tl.reshape(out, [BLOCK_N, 2]))
         _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, cols >= 0)
+    pdl_launch_dependents(PDL and PDL_LATE)
 
 
 @triton.jit
 def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
-                              active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, act_unscale,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
-                              EMULATE: tl.constexpr):
+                              active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, act_unscale, w2_ptr,
+                              w2_scale_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
+                              EMULATE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
+                              L2_PREFETCH: tl.constexpr = False):
     """:func:`_down_gemv_tma_kernel` on the fp16 pair decode: ``act_desc`` over the fp16 SwiGLU pair words
-    [B*top_k, I/2] of :func:`_f16_act_store`, the sums times ``act_unscale`` (1 / its ``act_scale``)."""
+    [B*top_k, I/2] of :func:`_f16_act_store`, the sums times ``act_unscale`` (1 / its ``act_scale``).
+    L2_PREFETCH (with PDL): before the wait, the program asks L2 for its weight block (``w2_ptr`` / ``w2_scale_ptr``:
+    the same bytes as the descriptors), whose expert the routing launch (complete by then) names."""
     slot = tl.program_id(0)
+    if L2_PREFETCH:
+        if slot < tl.load(num_active_ptr, cache_modifier=".cg"):
+            expert = tl.load(active_experts_ptr + slot, cache_modifier=".cg").to(tl.int64)
+            _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, expert * hidden + tl.program_id(1) * BLOCK_N, inter,
+                                    BLOCK_N)
+    pdl_wait(PDL)
+    pdl_launch_dependents(PDL and not PDL_LATE)
     if slot >= tl.load(num_active_ptr):
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
@@ -961,17 +1000,29 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
                                       BLOCK_K, EMULATE)
         tl.store(y_ptr + row.to(tl.int64) * hidden + n,
                  tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)))
+    pdl_launch_dependents(PDL and PDL_LATE)
 
 
 @triton.jit
 def _down_gemv_tma_persistent_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, topk_ids_ptr,
                                          sorted_rows_ptr, y_ptr, num_rows, num_experts, hidden, inter, act_unscale,
-                                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
-                                         EMULATE: tl.constexpr):
-    """:func:`_down_gemv_tma_persistent_kernel` on the fp16 pair decode (as :func:`_down_gemv_tma_f16_kernel`)."""
+                                         w2_ptr, w2_scale_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                         RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
+                                         PDL_LATE: tl.constexpr = False, L2_PREFETCH: tl.constexpr = False):
+    """:func:`_down_gemv_tma_persistent_kernel` on the fp16 pair decode (as :func:`_down_gemv_tma_f16_kernel`;
+    L2_PREFETCH: the program's first work item's weight block)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     items = num_rows * (hidden // BLOCK_N)
+    if L2_PREFETCH:
+        if pid < items:
+            row = tl.load(sorted_rows_ptr + pid % num_rows, cache_modifier=".cg")
+            expert = tl.load(topk_ids_ptr + row, cache_modifier=".cg")
+            expert = tl.where((expert >= 0) & (expert < num_experts), expert, 0).to(tl.int64)
+            _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, expert * hidden + (pid // num_rows) * BLOCK_N, inter,
+                                    BLOCK_N)
+    pdl_wait(PDL)
+    pdl_launch_dependents(PDL and not PDL_LATE)
     for t in tl.range(pid, items, nprog, flatten=True, num_stages=RING):
         block, row, expert, valid = _persistent_item(t, num_rows, sorted_rows_ptr, topk_ids_ptr, num_experts)
         w_row = expert * hidden + block * BLOCK_N
@@ -982,6 +1033,7 @@ def _down_gemv_tma_persistent_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_
         tl.store(y_ptr + row.to(tl.int64) * hidden + n,
                  tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)),
                  mask=(n >= 0) & valid)
+    pdl_launch_dependents(PDL and PDL_LATE)
 
 
 @triton.jit
@@ -1586,8 +1638,11 @@ def _to_bf16_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
 
 @triton.jit
 def _topk_sum_kernel(y_ptr, topk_ids_ptr, out_ptr, hidden, split_stride, NUM_EXPERTS: tl.constexpr,
-                     TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, SPLITS: tl.constexpr):
+                     TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = False,
+                     PDL_LATE: tl.constexpr = False):
     """out[token] = sum over its top-k rows (and SPLITS K splits ``split_stride`` floats apart) of y."""
+    pdl_wait(PDL)
+    pdl_launch_dependents(PDL and not PDL_LATE)
     token = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -1598,6 +1653,7 @@ def _topk_sum_kernel(y_ptr, topk_ids_ptr, out_ptr, hidden, split_stride, NUM_EXP
             acc += tl.load(y_ptr + split * split_stride + (token * TOP_K + k) * hidden + h,
                            mask=valid & (h < hidden), other=0.0)
     tl.store(out_ptr + token * hidden + h, acc.to(tl.bfloat16), mask=h < hidden)
+    pdl_launch_dependents(PDL and PDL_LATE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1755,7 +1811,12 @@ class GemvConfig:
     ``tma_ring``, both configs alike, round 16; persistent for the down launch only): the fp16 pair decode
     (:func:`_f16_word_dot`: packed fp16 FMAs on the weight words, the activations prepared once per call as
     scaled fp16 pairs) where the SwiGLU clamp bounds the activations (:func:`f16_act_shift`; else the bf16
-    decode runs)."""
+    decode runs). ``pdl`` (with ``f16``, both configs alike, run 17): the forward's four launches carry programmatic
+    dependent launch where the device has it (:func:`pdl_supported`; the rules in ``kernels/pdl.py``): each program
+    waits before its first read of an earlier launch's output and before its first store, and triggers its
+    dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (the down
+    config, with ``pdl``): each down program asks L2 for its weight block before its wait (its expert is known:
+    the routing launch completed before any gate/up program passed its wait, and those trigger only after it)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1767,11 +1828,15 @@ class GemvConfig:
     tma_ring: int = 0
     persistent_programs_per_sm: int = 0
     f16: bool = False
+    pdl: bool = False
+    pdl_late: bool = False
+    pdl_l2: bool = False
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
         tag += f"tma{self.tma_ring}" if self.tma_ring else ""
         tag += "h" if self.f16 else ""
+        tag += ("pdl" + ("late" if self.pdl_late else "") + ("l2" if self.pdl_l2 else "")) if self.pdl else ""
         if self.persistent_programs_per_sm:
             tag += f"pers{self.persistent_programs_per_sm}"
         tag += "x2" if self.two_rows else ""
@@ -2215,11 +2280,13 @@ def _expert_weight_descriptors(w13, w13_scale, w2, w2_scale, hidden, inter, gate
 
 def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, expert_start, active_experts,
                           num_active, y, num_rows, num_experts, hidden, inter, slots, dn_cfg, dn_k, device,
-                          act_unscale=None):
+                          act_unscale=None, w2_bytes=None, w2_scale_bytes=None, pdl_args=None):
     """The TMA GEMV's down launch over the bf16 SwiGLU rows ``act`` [B*top_k, I] (natural order) into ``y``, as a
     callable: on a persistent grid where ``dn_cfg`` asks for one, else one program per (expert slot, column
     block). Shared by the GEMV forward and the mixed pairs forward. ``act_unscale`` (not None): ``act`` holds the
-    fp16 pair words of :func:`_f16_act_store` times 1 / act_unscale, read by the fp16 pair decode."""
+    fp16 pair words of :func:`_f16_act_store` times 1 / act_unscale, read by the fp16 pair decode; then ``w2_bytes`` /
+    ``w2_scale_bytes`` (the descriptors' tensors, for the L2 prefetch) and ``pdl_args`` (the fp16 kernels' PDL
+    constexprs and ``launch_pdl``) are given too."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     act_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2])
@@ -2232,8 +2299,8 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
             if act_unscale is not None:
                 _down_gemv_tma_persistent_f16_kernel[grid](
                     act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
-                    act_unscale, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring,
-                    EMULATE=interpreter_enabled(), **dn_cfg.launch_options())
+                    act_unscale, w2_bytes, w2_scale_bytes, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring,
+                    EMULATE=interpreter_enabled(), **pdl_args, **dn_cfg.launch_options())
                 return
             _down_gemv_tma_persistent_kernel[grid](
                 act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
@@ -2244,8 +2311,8 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
         if act_unscale is not None:
             _down_gemv_tma_f16_kernel[(slots, hidden // dn_cfg.block_n)](
                 act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
-                hidden, inter, act_unscale, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring,
-                EMULATE=interpreter_enabled(), **dn_cfg.launch_options())
+                hidden, inter, act_unscale, w2_bytes, w2_scale_bytes, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
+                RING=dn_cfg.tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **dn_cfg.launch_options())
             return
         _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
             act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
@@ -2289,7 +2356,15 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         raise ValueError(f"GEMV f16 needs both configs alike, tma_ring and no persistent gate/up, got {configs!r}")
     act_shift = f16_act_shift(swiglu_limit) if gu_cfg.f16 else None
     f16 = act_shift is not None  # where the clamp does not bound the SwiGLU rows, the bf16 decode runs
+    if (gu_cfg.pdl != dn_cfg.pdl or gu_cfg.pdl_late != dn_cfg.pdl_late or gu_cfg.pdl_l2
+            or ((gu_cfg.pdl or dn_cfg.pdl) and not gu_cfg.f16)
+            or ((dn_cfg.pdl_late or dn_cfg.pdl_l2) and not dn_cfg.pdl)):
+        raise ValueError(f"GEMV pdl needs f16, both configs alike in pdl and pdl_late (which need pdl), pdl_l2 on the "
+                         f"down config only (with pdl); got {configs!r}")
     device = x.device
+    # the instructions need griddepcontrol (cc >= 9, not the interpreter); the bf16 decode (no clamp) launches without
+    pdl = gu_cfg.pdl and f16 and pdl_supported(device)
+    pdl_args = dict(PDL=pdl, PDL_LATE=pdl and gu_cfg.pdl_late, launch_pdl=pdl)
     route_kernel = num_rows <= ROUTE_TRITON_MAX_ROWS
     if x_f32 or f16:
         if x_f32:
@@ -2326,7 +2401,9 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         x_desc = TensorDescriptor.from_tensor((x_in if f16 else x).view(torch.int32), [1, gu_k // 2])
         down_tma = _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, expert_start,
                                          active_experts, num_active, y, num_rows, num_experts, hidden, inter, slots,
-                                         dn_cfg, dn_k, device, act_unscale=2.0 ** -act_shift if f16 else None)
+                                         dn_cfg, dn_k, device, act_unscale=2.0 ** -act_shift if f16 else None,
+                                         w2_bytes=w2, w2_scale_bytes=scale_bytes(w2_scale),
+                                         pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2))
 
     # persistent grid: the program count from shapes and the device only, so a captured graph replays it
     gu_persistent_grid = (min(num_rows * (inter // gu_cfg.block_n), _sm_count(device) * gu_persistent),)
@@ -2342,7 +2419,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             _gate_up_gemv_tma_f16_kernel[gu_grid](
                 x_desc, w13_desc, w13_s_desc, x_unscale, sorted_rows, expert_start, active_experts, num_active, act,
                 hidden, inter, float(swiglu_limit), 2.0 ** act_shift, TOP_K=top_k, BLOCK_N=gu_cfg.block_n,
-                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), **gu_cfg.launch_options())
+                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **gu_cfg.launch_options())
             return
         if tma_ring:
             _gate_up_gemv_tma_kernel[gu_grid](
@@ -2369,7 +2446,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     def topk_sum():
         _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
             y, ids, out, hidden, num_rows * hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK,
-            SPLITS=dn_cfg.split_k, num_warps=4)
+            SPLITS=dn_cfg.split_k, num_warps=4, **pdl_args)
 
     def route_x_f32():  # routing (unless the torch sort did it) and x -> float32 word-pair order, one launch
         _route_x_f32_kernel[(int(route_kernel) + triton.cdiv(x.numel(), GEMV_X_BLOCK),)](
@@ -2383,7 +2460,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             ids, num_rows, sorted_rows, expert_start, active_experts, num_active, x, x_in, x_unscale, hidden,
             NUM_EXPERTS=num_experts, BLOCK_ROWS=triton.next_power_of_2(max(num_rows, 16)),
             NUM_BINS=triton.next_power_of_2(num_experts + 1), BLOCK_H=triton.next_power_of_2(hidden),
-            ROUTE=route_kernel, num_warps=4)
+            ROUTE=route_kernel, num_warps=4, **pdl_args)
 
     route_x = route_x_f32 if x_f32 else (route_x_f16 if f16 else None)
     if route_x:
@@ -2732,20 +2809,22 @@ def _gemv_tma_f16_sig(kind, rows, block_k, persistent=False):
     """Signature of the fp16 pair decode's TMA GEMV kernels: as the bf16 ones (:func:`_gemv_tma_sig`,
     :func:`_gemv_tma_persistent_sig`) with the activation scales (gate/up: each x row's ``x_unscale`` and the
     SwiGLU rows' ``act_scale``, fp16 rows; down: ``act_unscale``) and EMULATE."""
+    pdl = {"PDL": "constexpr", "PDL_LATE": "constexpr"}
     if persistent:
         sig = _gemv_tma_persistent_sig(kind, rows, block_k)
-        return {**{k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}, "act_unscale": "fp32", "BLOCK_N": "constexpr",
-                "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr"}
+        return {**{k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}, "act_unscale": "fp32",
+                "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
     sig = _gemv_tma_sig(kind, rows, block_k)
     if kind == "gate_up":
         head = {k: sig[k] for k in ("x_desc", "w13_desc", "w13_scale_desc")}
         rest = {k: v for k, v in sig.items() if k not in head and k not in ("TOP_K", "BLOCK_N", "BLOCK_K", "RING")}
         return {**head, "x_unscale_ptr": "*fp32", **rest, "act_ptr": "*fp16", "act_scale": "fp32",
                 "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr",
-                "EMULATE": "constexpr"}
+                "EMULATE": "constexpr", **pdl}
     rest = {k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}
-    return {**rest, "act_unscale": "fp32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr",
-            "EMULATE": "constexpr"}
+    return {**rest, "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr",
+            "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
 
 
 def _gate_up_pairs_sig():
@@ -2799,6 +2878,15 @@ GEMV_TMA_F16_PERSISTENT_DOWN_AOT = dataclasses.replace(GEMV_TMA_PERSISTENT_DOWN_
 # every fp16 tile GEMV_TMA_F16_WHERE ships: (kind, config)
 GEMV_TMA_F16_SHIPPED_AOT = sorted({("gate_up", gu) for gu, _ in GEMV_TMA_F16_WHERE.values()}
                                   | {("down", dn) for _, dn in GEMV_TMA_F16_WHERE.values()}, key=lambda kc: (kc[0], kc[1].label()))
+
+
+# the PDL form of the fp16 TMA GEMV's routing and top-k sum launches in the AOT registry (None: without PDL)
+F16_AOT_PDL = None
+
+
+def _aot_pdl(cfg) -> dict:
+    """PDL constexprs of an AOT config: those of GemvConfig ``cfg`` (None: no PDL)."""
+    return {"PDL": bool(cfg and cfg.pdl), "PDL_LATE": bool(cfg and cfg.pdl and cfg.pdl_late)}
 
 
 def aot_configs() -> list[AotConfig]:
@@ -2925,9 +3013,11 @@ def aot_configs() -> list[AotConfig]:
             signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32",
                        "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "x_ptr": "*bf16", "x16_ptr": "*fp16",
                        "x_unscale_ptr": "*fp32", "hidden": "i32", "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr",
-                       "NUM_BINS": "constexpr", "BLOCK_H": "constexpr", "ROUTE": "constexpr"},
+                       "NUM_BINS": "constexpr", "BLOCK_H": "constexpr", "ROUTE": "constexpr", "PDL": "constexpr",
+                       "PDL_LATE": "constexpr"},
             constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": block_rows,
-                        "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True},
+                        "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True,
+                        **_aot_pdl(F16_AOT_PDL)},
             num_warps=4, div16=("hidden",), note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)"))
     f16_forms = {("gate_up", GEMV_TMA_F16_AOT[0]), ("down", GEMV_TMA_F16_AOT[1]), ("down", GEMV_TMA_F16_PERSISTENT_DOWN_AOT)}
     f16_forms |= set(GEMV_TMA_F16_SHIPPED_AOT)
@@ -2936,14 +3026,17 @@ def aot_configs() -> list[AotConfig]:
         kernel = (_gate_up_gemv_tma_f16_kernel if kind == "gate_up" else
                   _down_gemv_tma_persistent_f16_kernel if persistent else _down_gemv_tma_f16_kernel)
         rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
-        constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False}
+        constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False,
+                      **_aot_pdl(cfg)}
         if kind == "gate_up":
             constexprs["TOP_K"] = TOP_K
+        else:
+            constexprs["L2_PREFETCH"] = cfg.pdl_l2
         configs.append(AotConfig(
             name=f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}", kernel=kernel,
             signature=_gemv_tma_f16_sig(kind, rows, cfg.block_k, persistent), constexprs=constexprs,
             num_warps=cfg.num_warps, num_stages=cfg.tma_ring, div16=("hidden", "inter"),
-            expect_opcodes=("UTMALDG", "HFMA2"), forbid_opcodes=TENSOR_CORE_OPCODES,
+            expect_opcodes=("UTMALDG", "HFMA2") + (PDL_OPCODES if cfg.pdl else ()), forbid_opcodes=TENSOR_CORE_OPCODES,
             note="CUDA-core GEMV, fp16 pair decode, operands by TMA (the default where GEMV_TMA_F16_WHERE says)"))
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
@@ -3024,8 +3117,9 @@ def aot_configs() -> list[AotConfig]:
             name=name, kernel=_topk_sum_kernel,
             signature={"y_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
                        "split_stride": "i32", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr",
-                       "BLOCK_H": "constexpr", "SPLITS": "constexpr"},
-            constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK, "SPLITS": splits},
+                       "BLOCK_H": "constexpr", "SPLITS": "constexpr", "PDL": "constexpr", "PDL_LATE": "constexpr"},
+            constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK, "SPLITS": splits,
+                        **_aot_pdl(F16_AOT_PDL if splits == 1 else None)},
             num_warps=4, div16=div16, note=note))
     return configs
 

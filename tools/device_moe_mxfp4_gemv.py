@@ -33,6 +33,15 @@ Run 16b (``--f16b``): the fp16 TMA GEMV on 1x / 2x / 4x-row tiles (gate/up 8 / 1
 rows, the down launch persistent at T=4) beside the default at T = 1 / 2 / 4, B = 1-6, 8, 12, 16, 32, 64, and the bf16
 decode on the 2x tiles at T = 1 / 4, B = 1 / 8 (T = 8 cannot run the TMA GEMV: K = 256 < 512).
 
+Run 17 (``--pdl``, issue 4): programmatic dependent launch on the fp16 TMA GEMV forward's four launches
+(``GemvConfig(pdl=True)``: triggers right after each program's wait; ``pdl_l2``: the down programs prefetch their
+weight block into L2 before the wait; ``pdl_late``: triggers after the last store) beside the same forward without
+PDL, T = 1 / 2 / 4 x B = 1, 2, 4, 8, 16, 32, 64 (B = 64: the pairs default beside the fp16 GEMV's 2x-row tiles with and
+without PDL). Each forward is checked against the float32 reference, then timed as a chain of 12 forwards in one CUDA
+graph (each launch the PDL dependent of the one before, forward after forward, weights rotating over 3 layer copies),
+the variants interleaved over ``PDL_ROUNDS`` rounds; a captured chain of 12 forwards into separate outputs must give
+every output bit for bit as the forward without PDL does (``chain_equal``).
+
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
 
@@ -275,6 +284,154 @@ def f16b_candidates(tp, batch, inter):
     return out
 
 
+PDL_TPS = (1, 2, 4)
+PDL_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+PDL_ROUNDS = 2
+PDL_CHAIN = 12  # forwards per timed graph (time_in_cuda_graph in timer()) and in the chain check
+PDL_DEADLINE_S = 215  # for a 280 s device limit
+
+
+def pdl_variants(rows, inter):
+    """Run 17: (label, forward keywords) -- the default, then on the fp16 TMA GEMV tiles (the default's where it is the
+    fp16 GEMV, else the 2x-row tiles, the down launch persistent at I = 512, shown without PDL first) PDL with early
+    triggers, with the down launch's L2 prefetch, and with late triggers and the prefetch."""
+    import dataclasses
+
+    up = moe.default_upcast(rows, inter)
+    out = [("default", {"upcast": up} if up in (moe.GEMV, moe.PAIRS) else {})]
+    if moe.gemv_f16_default(rows, inter):
+        tiles = moe.gemv_configs(rows, inter)
+    else:
+        per_sm = 8 if inter == MOE_INTERMEDIATE_SIZE // 4 else 0
+        tiles = (G(16, 512, 4, tma_ring=moe.GEMV_TMA_RING, f16=True),
+                 G(32, 512, 4, tma_ring=moe.GEMV_TMA_RING, f16=True, persistent_programs_per_sm=per_sm))
+        out.append((label(tiles), {"upcast": moe.GEMV, "configs": tiles}))
+    shipped = {moe.GEMV: moe.gemv_configs, moe.PAIRS: moe.pairs_configs}.get(up)
+    out[0] = (f"{label(shipped(rows, inter)) if shipped else up} (default)", out[0][1])
+    for late, l2 in ((False, False), (False, True), (True, True)):
+        cfgs = (dataclasses.replace(tiles[0], pdl=True, pdl_late=late),
+                dataclasses.replace(tiles[1], pdl=True, pdl_late=late, pdl_l2=l2))
+        out.append((label(cfgs), {"upcast": moe.GEMV, "configs": cfgs}))
+    return out, tiles
+
+
+def pdl_comparison(args) -> None:
+    """Run 17 (--pdl): see the module docstring."""
+    import dataclasses
+
+    from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
+
+    if args.smoke:  # TMA needs K >= 512; I = 512 at T = 1 runs the persistent down launch of the I = 512 tiles too
+        from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
+
+        patch_bf16_dot()
+        device, num_experts, hidden, tps, batches, copies, base_inter = "cpu", 8, 512, (1,), (1, 3), 2, 512
+        moe.CPU_SM_COUNT = 5
+    else:
+        device, num_experts, hidden, tps, batches, copies, base_inter = (
+            "cuda", NUM_EXPERTS, HIDDEN_SIZE, PDL_TPS, PDL_BATCHES, 3, MOE_INTERMEDIATE_SIZE)
+    if args.batches:
+        batches = tuple(int(b) for b in args.batches.split(","))
+    if args.tps:
+        tps = tuple(int(t) for t in args.tps.split(","))
+    chain_len = 2 if args.smoke else PDL_CHAIN  # a forward takes seconds under the interpreter
+    run = timer(args.smoke)
+    t_start = time.time()
+    copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
+    result = BenchResult(
+        name=args.name or "moe_mxfp4-h200-run17",
+        title="sm120 MoE decode, run 17: programmatic dependent launch on the fp16 TMA GEMV forward, H200",
+        columns=["T", "B", "variant", "us", "us_rounds", "touched_MB", "GB/s", "%copy", "rel_err", "chain_equal",
+                 "vs_default"])
+    result.extra.update({"copy bandwidth (GB/s, read+write, eager)": round(copy_gbs, 1),
+                         "launches per forward": moe.LAUNCHES_PER_FORWARD,
+                         "PDL active on this device": moe.pdl_supported(torch.device(device))})
+    for tp in tps:
+        inter = base_inter // tp
+        layers = [make_layer(num_experts, hidden, inter, device, seed=100 * tp + c) for c in range(copies)]
+        ckpt = [t.clone() for t in layers[0]]
+        for layer in layers:
+            moe.repack_w13_(layer[0], layer[1])
+        for batch in batches:
+            if time.time() - t_start > PDL_DEADLINE_S:
+                result.notes.append(f"T={tp} B={batch}: skipped, past {PDL_DEADLINE_S} s into the run")
+                continue
+            x, weights, ids = make_routing(batch, num_experts, hidden, device, seed=batch + tp)
+            touched = moe.touched_expert_bytes(ids, hidden, inter, num_experts)
+            ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids)
+            rows = batch * TOP_K
+            variants, tiles = pdl_variants(rows, inter)
+
+            def forward(layer, kw, out=None):
+                return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, out=out, **kw)
+
+            # each layer's output of the fp16 GEMV tiles without PDL, launch after launch (the bits PDL must keep)
+            plain = []
+            for layer in layers:
+                plain.append(forward(layer, {"upcast": moe.GEMV, "configs": tiles}).clone())
+                if device == "cuda":
+                    torch.cuda.synchronize()
+            errs, chain, times, ok = {}, {}, {}, []
+            for name, kw in variants:
+                try:
+                    errs[name] = relative_error(forward(layers[0], kw), ref)
+                    if kw.get("configs") and kw["configs"][0].pdl:
+                        outs = [torch.empty_like(x) for _ in range(chain_len)]
+                        calls = [lambda i=i: forward(layers[i % copies], kw, outs[i]) for i in range(chain_len)]
+                        if device == "cuda":
+                            for c in calls:  # compile and warm up outside the capture
+                                c()
+                            torch.cuda.synchronize()
+                            graph = torch.cuda.CUDAGraph()
+                            with torch.cuda.graph(graph):
+                                for c in calls:
+                                    c()
+                            for o in outs:
+                                o.fill_(float("nan"))
+                            graph.replay()
+                            torch.cuda.synchronize()
+                            del graph
+                        else:
+                            for c in calls:
+                                c()
+                        chain[name] = all(torch.equal(o, plain[i % copies]) for i, o in enumerate(outs))
+                    ok.append((name, kw))
+                except Exception as exc:  # one broken variant must not lose the run
+                    result.notes.append(f"T={tp} B={batch} {name}: {type(exc).__name__}: {str(exc)[:300]}")
+                    print("FAILED", tp, batch, name, exc, flush=True)
+            for _ in range(PDL_ROUNDS):  # interleaved: every variant once per round
+                for name, kw in ok:
+                    times.setdefault(name, []).append(run(cycling(lambda layer, kw=kw: forward(layer, kw), layers)))
+            default_us = sum(times[variants[0][0]]) / PDL_ROUNDS if variants[0][0] in times else float("nan")
+            for name, _ in ok:
+                us = sum(times[name]) / PDL_ROUNDS
+                gbs = touched / (us * 1e-6) / 1e9
+                result.add(T=tp, B=batch, variant=name, us=us, us_rounds=" / ".join(f"{t:.2f}" for t in times[name]),
+                           touched_MB=touched / 1e6, rel_err=errs[name], chain_equal=chain.get(name, ""),
+                           **{"GB/s": gbs, "%copy": 100 * gbs / copy_gbs if copy_gbs else 0.0,
+                              "vs_default": default_us / us})
+                print(f"T={tp} B={batch} {name}: {us:.2f} us ({times[name]}), err {errs[name]:.2e}, "
+                      f"chain {chain.get(name, '-')}", flush=True)
+            result.extra["wall seconds"] = round(time.time() - t_start, 1)
+            result.write(args.out)  # partial results survive a timeout
+        del layers, ckpt
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    result.notes.append(f"us = mean over {PDL_ROUNDS} interleaved rounds (us_rounds: each round's median of 15 replays of "
+                        f"a CUDA graph of {PDL_CHAIN} forwards, weights rotating over {copies} layer copies); "
+                        "vs_default = default us / this us (> 1: faster); touched_MB = distinct experts x (w13 + w2 + "
+                        "E8M0 scales)")
+    result.notes.append("labels: GemvConfig as in earlier runs, then pdl = the four launches with programmatic dependent "
+                        "launch, each program's trigger right after its wait (late: after its last store), l2 = each "
+                        "down program's weight block (and E8M0 bytes) prefetched into L2 by cp.async.bulk.prefetch "
+                        "before its wait; chain_equal = a captured chain of 12 PDL forwards into separate outputs "
+                        "gives each output bit for bit as the same tiles without PDL")
+    result.extra["wall seconds"] = round(time.time() - t_start, 1)
+    paths = result.write(args.out)
+    print(result.markdown())
+    print("wrote", paths)
+
+
 def label(cfgs) -> str:
     kind = "pairs" if isinstance(cfgs[0], moe.PairsConfig) else "gemv"
     return f"{kind} {cfgs[0].label()} / {cfgs[1].label()}"
@@ -310,6 +467,8 @@ def main() -> None:
                         help="round 16: the TMA GEMV's fp16 pair decode, T=1/4 B=1, 2, 4, 8 (device only: K >= 512)")
     parser.add_argument("--f16b", action="store_true",
                         help="run 16b: the fp16 TMA GEMV on 1x / 2x / 4x-row tiles, T=1/2/4 B=1..64 (device only: K >= 512)")
+    parser.add_argument("--pdl", action="store_true",
+                        help="run 17: PDL on the fp16 TMA GEMV forward vs without, T=1/2/4 B=1..64")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
                         help="--words: GEMV candidates up to this B, pairs candidates above it")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "
@@ -320,6 +479,9 @@ def main() -> None:
     parser.add_argument("--batches", default=None, help="comma-separated B values (default: the round's)")
     parser.add_argument("--tps", default=None, help="comma-separated tensor-parallel sizes T (default: 1,4)")
     args = parser.parse_args()
+    if args.pdl:
+        pdl_comparison(args)
+        return
     if args.persistent2:
         args.persistent = True
     if args.swap_ab2 or args.swap_ab3:

@@ -633,6 +633,101 @@ def test_gemv_tma_f16_arguments(bad):
         run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
             configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
 
+# programmatic dependent launch of the fp16 TMA GEMV forward (GemvConfig.pdl, run 17)
+def _f16_tiles(persistent_down, **pdl):
+    down_pdl = dict(pdl)
+    gate_up_pdl = {k: v for k, v in pdl.items() if k != "pdl_l2"}
+    return (moe.GemvConfig(TMA_HIDDEN // 2, 512, 4, tma_ring=3, f16=True, **gate_up_pdl),
+            moe.GemvConfig(TMA_HIDDEN // 2, 512, 4, tma_ring=3, f16=True, persistent_programs_per_sm=persistent_down,
+                           **down_pdl))
+
+
+@pytest.mark.parametrize("batch,pattern,persistent_down,late,l2", [
+    (1, "random", 0, False, True), (3, "duplicate", 0, True, True), (3, "random", 1, False, True),
+    (2, "invalid", 1, True, False), (0, "random", 0, False, True)])
+def test_gemv_tma_f16_pdl_forward(monkeypatch, batch, pattern, persistent_down, late, l2):
+    """The PDL configs reorder each program (the wait first, the down launch's routing reads and prefetch before it):
+    without griddepcontrol (here the interpreter) they compute the same bits as the fp16 forward without PDL, every
+    scratch tensor NaN-poisoned, one and several programs per weight block, invalid ids included."""
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN, seed=batch + 40)
+    weights, ids = make_routing(batch, pattern, seed=batch + 41)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=batch + 42, scale=4.0)
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, configs=_f16_tiles(persistent_down, pdl=True, pdl_late=late, pdl_l2=l2))
+    if not batch:
+        assert out.numel() == 0
+        return
+    assert torch.equal(out, run(x, experts, weights, ids, configs=_f16_tiles(persistent_down)))
+    assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
+
+
+class _LaunchRecorder:
+    """Stands in for a jitted kernel: records the keyword arguments of each ``kernel[grid](...)`` launch."""
+
+    def __init__(self, name, launches):
+        self.name, self.launches = name, launches
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((self.name, kwargs))
+
+
+F16_KERNELS = ("_route_x_f16_kernel", "_gate_up_gemv_tma_f16_kernel", "_down_gemv_tma_f16_kernel",
+               "_down_gemv_tma_persistent_f16_kernel", "_topk_sum_kernel")
+
+
+@pytest.mark.parametrize("supported", [False, True])
+@pytest.mark.parametrize("persistent_down,late,l2", [(0, False, False), (0, False, True), (1, True, True)])
+def test_gemv_pdl_reaches_every_launch(monkeypatch, supported, persistent_down, late, l2):
+    """Where the device has griddepcontrol, all four launches of a PDL config carry the launch attribute and the
+    kernels' PDL / PDL_LATE constexprs (the down launch its L2_PREFETCH); elsewhere, and without pdl, none does."""
+    launches = []
+    for name in F16_KERNELS:
+        monkeypatch.setattr(moe, name, _LaunchRecorder(name, launches))
+    monkeypatch.setattr(moe, "pdl_supported", lambda device: supported)
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(2, "random")
+    x = make_x(2, hidden=TMA_HIDDEN)
+    for pdl in (True, False):
+        launches.clear()
+        tiles = _f16_tiles(persistent_down, pdl=True, pdl_late=late, pdl_l2=l2) if pdl else _f16_tiles(persistent_down)
+        run(x, experts, weights, ids, configs=tiles)
+        down = "_down_gemv_tma_persistent_f16_kernel" if persistent_down else "_down_gemv_tma_f16_kernel"
+        assert [name for name, _ in launches] == ["_route_x_f16_kernel", "_gate_up_gemv_tma_f16_kernel", down,
+                                                  "_topk_sum_kernel"]
+        on = pdl and supported
+        for name, kw in launches:
+            assert (kw["launch_pdl"], kw["PDL"], kw["PDL_LATE"]) == (on, on, on and late), name
+        assert launches[2][1]["L2_PREFETCH"] == (on and l2)
+
+
+@pytest.mark.parametrize("bad", ["no_f16", "gate_up_only", "late_down_only", "l2_on_gate_up", "l2_without_pdl",
+                                 "late_without_pdl"])
+def test_gemv_pdl_arguments(bad):
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    gu = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2, f16=True, pdl=True)
+    dn = dict(gu)
+    if bad == "no_f16":
+        gu["f16"] = dn["f16"] = False
+    elif bad == "gate_up_only":
+        dn["pdl"] = False
+    elif bad == "late_down_only":
+        dn["pdl_late"] = True
+    elif bad == "l2_on_gate_up":
+        gu["pdl_l2"] = True
+    elif bad == "l2_without_pdl":
+        gu["pdl"] = dn["pdl"] = False
+        dn["pdl_l2"] = True
+    else:
+        gu["pdl"] = dn["pdl"] = False
+        gu["pdl_late"] = dn["pdl_late"] = True
+    with pytest.raises(ValueError, match="pdl"):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
+            configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
+
+
 @pytest.mark.parametrize("bad", ["no_tma", "no_tma_down_only", "negative", "negative_gate_up"])
 def test_gemv_tma_persistent_arguments(bad):
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
