@@ -90,6 +90,76 @@ def _load_activation(row_ptr, freq_row, k, mask, k_first, INV_ROPE: tl.constexpr
     return x
 
 
+# ROPE_HOIST values (fused inverse RoPE): 0 the branch per chunk (_load_activation), 1 the factors hoisted
+# (_rope_chunk_factors), 2 (FP8 tensor-core form, GemvConfig.rope_preload) the split's rotated rope block preloaded
+ROPE_FACTORS_HOISTED = tl.constexpr(1)
+ROPE_PRELOAD = tl.constexpr(2)
+
+
+def rope_preloadable(k_blocks_per_split: int, k: int, head: int, rope: int) -> bool:
+    """Whether every K split of a [.., k] weight is exactly one head whose rope dims all lie in its last 128-block
+    (GemvConfig.rope_preload): DSv4 wo_a at K split 8 (4096 = 8 heads of 512, 64 rope dims)."""
+    return (k_blocks_per_split * FP8_BLOCK == head and k % head == 0 and head % FP8_BLOCK == 0
+            and rope <= FP8_BLOCK)
+
+
+def rope_mode(cfg, inv_rope: bool, width: int, k_blocks_per_split: int, k: int, head: int, rope: int) -> int:
+    """The ROPE_HOIST value a launch of ``cfg`` runs (0 where its hoisting does not apply to the geometry)."""
+    if not inv_rope:
+        return 0
+    if cfg.rope_preload and rope_preloadable(k_blocks_per_split, k, head, rope):
+        return ROPE_PRELOAD.value
+    if (cfg.rope_hoist or cfg.rope_preload) and rope_hoistable(width, head, rope):
+        return ROPE_FACTORS_HOISTED.value
+    return 0
+
+
+def rope_hoistable(width: int, head: int, rope: int) -> bool:
+    """Whether the inverse RoPE's factors can be loaded once per program (GemvConfig.rope_hoist) for activation chunks
+    ``width`` wide that start at multiples of ``width``: every chunk holds whole heads, or (chunks inside a head) only
+    the head's last chunk holds rope dims. Then each column's position in its head is the same in every rope-bearing
+    chunk, so its cos / sin are too."""
+    return width % head == 0 or (head % width == 0 and rope <= width)
+
+
+@triton.jit
+def _rope_chunk_factors(freq_row, rk, valid, HEAD: tl.constexpr, ROPE: tl.constexpr, WIDTH: tl.constexpr):
+    """GemvConfig.rope_hoist: the inverse RoPE's per-column factors of a rope-bearing WIDTH-wide chunk (see
+    rope_hoistable), loaded once per program before the K loop so that no chunk waits on the position -> freqs
+    gather: (cos, the sin with the rotation's sign of each column's pair slot, the rope-column mask). ``freq_row``:
+    the row's freqs pointer (scalar or [R, 1]); ``rk``: chunk columns ([WIDTH] or [1, WIDTH]); ``valid``: rows."""
+    tl.static_assert(WIDTH % HEAD == 0 or (HEAD % WIDTH == 0 and ROPE <= WIDTH))
+    if WIDTH >= HEAD:
+        in_head = rk % HEAD
+    else:  # the head's last chunk
+        in_head = rk + (HEAD - WIDTH)
+    r = in_head - (HEAD - ROPE)
+    is_rope = r >= 0
+    pair = tl.where(is_rope, r // 2, 0)
+    load_mask = valid & is_rope
+    cos = tl.load(freq_row + 2 * pair, mask=load_mask, other=1.0)
+    sin = tl.load(freq_row + 2 * pair + 1, mask=load_mask, other=0.0)
+    # re' = re*c + im*s, im' = im*c - re*s: the partner's term carries +s on even columns, -s on odd ones (a chunk
+    # starts at an even column)
+    return cos, tl.where((rk % 2) == 0, sin, -sin), is_rope
+
+
+@triton.jit
+def _load_activation_hoisted(row_ptr, k, mask, k_first, cos, signed_sin, is_rope, HEAD: tl.constexpr,
+                             WIDTH: tl.constexpr):
+    """_load_activation with the inverse RoPE's factors from _rope_chunk_factors: no branch; the partner load is
+    predicated off outside rope columns of rope-bearing chunks, and the rotation is a select. The same arithmetic
+    and bf16 rounding as _load_activation."""
+    x = tl.load(row_ptr + k, mask=mask, other=0.0)
+    if WIDTH >= HEAD:
+        rope_mask = mask & is_rope
+    else:
+        rope_mask = mask & is_rope & ((k_first % HEAD) == HEAD - WIDTH)
+    partner = tl.load(row_ptr + (k ^ 1), mask=rope_mask, other=0.0).to(tl.float32)
+    xf = x.to(tl.float32)
+    return tl.where(rope_mask, xf * cos + partner * signed_sin, xf).to(tl.bfloat16)
+
+
 # Row counts and split sizes vary call to call: no 1 / multiple-of-16 specialisation (one compile).
 @triton.jit
 def _sum_split_partials(part_base, split_stride, tile_part, y_ptrs, y_mask, counter_ptr, tile, num_splits,
@@ -200,7 +270,7 @@ def _block_fp8_gemv_kernel(
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
-    PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False, ROPE_HOIST: tl.constexpr = 0,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g,
     over K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), K_UNROLL blocks per iteration.
@@ -229,13 +299,13 @@ def _block_fp8_gemv_kernel(
                        stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                        stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                        BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, USE_DOT, SWAP_AB, INV_ROPE, HEAD, ROPE,
-                       PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT)
+                       PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST)
     else:
         _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
                    stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                    stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                    BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, USE_DOT, SWAP_AB, INV_ROPE, HEAD, ROPE,
-                   PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT)
+                   PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST)
 
 
 @triton.jit
@@ -245,9 +315,10 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
                IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, SWAP_AB: tl.constexpr, INV_ROPE: tl.constexpr,
                HEAD: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
-               W_TMA: tl.constexpr, PERSISTENT: tl.constexpr):
+               W_TMA: tl.constexpr, PERSISTENT: tl.constexpr, ROPE_HOIST: tl.constexpr):
     """One work item of _block_fp8_gemv_kernel: tile ``pid`` (rows-major over column tiles) of group pid_g, K split
-    pid_k; after the PDL wait."""
+    pid_k; after the PDL wait. ROPE_HOIST (with INV_ROPE): the inverse RoPE's factors loaded once, before the K loop
+    (_rope_chunk_factors)."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     tl.static_assert(USE_DOT or BLOCK_M <= 2)
     BLOCK_KI: tl.constexpr = BLOCK_K * K_UNROLL
@@ -286,6 +357,9 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
         if INV_ROPE:
             pos = tl.load(pos_ptr + rm, mask=m_mask, other=0)
             freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
+            if ROPE_HOIST:
+                cos, signed_sin, is_rope = _rope_chunk_factors(freq_rows, rk[None, :], m_mask[:, None], HEAD, ROPE,
+                                                               BLOCK_KI)
         if SWAP_AB:
             acc_t = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
         else:
@@ -296,8 +370,12 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
             k_mask = k < k_stop
             w = _weight_tile(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
                              pid_n * BLOCK_N, kb * BLOCK_K, W_TMA, BLOCK_N, BLOCK_KI)
-            x = _load_activation(x_rows, freq_rows, k[None, :], m_mask[:, None] & k_mask[None, :],
-                                 kb * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+            if INV_ROPE and ROPE_HOIST:
+                x = _load_activation_hoisted(x_rows, k[None, :], m_mask[:, None] & k_mask[None, :], kb * BLOCK_K,
+                                             cos, signed_sin, is_rope, HEAD, BLOCK_KI)
+            else:
+                x = _load_activation(x_rows, freq_rows, k[None, :], m_mask[:, None] & k_mask[None, :],
+                                     kb * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_KI)
             if K_UNROLL == 1:
                 scale = tl.load(s_row + kb)
                 if SWAP_AB:
@@ -323,6 +401,10 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
             if BLOCK_M == 2:
                 pos1 = tl.load(pos_ptr + row1, mask=row1 < M, other=0)
                 freq1 = freqs_ptr + pos1.to(tl.int64) * stride_freq
+            if ROPE_HOIST:
+                cos0, signed_sin0, is_rope = _rope_chunk_factors(freq0, rk, row0 < M, HEAD, ROPE, BLOCK_KI)
+                if BLOCK_M == 2:
+                    cos1, signed_sin1, is_rope = _rope_chunk_factors(freq1, rk, row1 < M, HEAD, ROPE, BLOCK_KI)
         acc0 = tl.zeros((BLOCK_N, BLOCK_KI), tl.float32)
         acc1 = tl.zeros((BLOCK_N, BLOCK_KI), tl.float32)
         for kb_it in tl.range(loop_begin, loop_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
@@ -332,12 +414,20 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
             w = _weight_tile(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
                              pid_n * BLOCK_N, kb * BLOCK_K, W_TMA, BLOCK_N, BLOCK_KI).to(tl.float32)
             s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
-            x0 = _load_activation(x_base + row0 * stride_xm, freq0, k, k_mask, kb * BLOCK_K, INV_ROPE, HEAD,
-                                  ROPE, BLOCK_KI)
+            if INV_ROPE and ROPE_HOIST:
+                x0 = _load_activation_hoisted(x_base + row0 * stride_xm, k, k_mask, kb * BLOCK_K, cos0, signed_sin0,
+                                              is_rope, HEAD, BLOCK_KI)
+            else:
+                x0 = _load_activation(x_base + row0 * stride_xm, freq0, k, k_mask, kb * BLOCK_K, INV_ROPE, HEAD,
+                                      ROPE, BLOCK_KI)
             acc0 += w * (x0.to(tl.float32) * s_cols)[None, :]
             if BLOCK_M == 2:
-                x1 = _load_activation(x_base + row1 * stride_xm, freq1, k, k_mask & (row1 < M), kb * BLOCK_K,
-                                      INV_ROPE, HEAD, ROPE, BLOCK_KI)
+                if INV_ROPE and ROPE_HOIST:
+                    x1 = _load_activation_hoisted(x_base + row1 * stride_xm, k, k_mask & (row1 < M), kb * BLOCK_K,
+                                                  cos1, signed_sin1, is_rope, HEAD, BLOCK_KI)
+                else:
+                    x1 = _load_activation(x_base + row1 * stride_xm, freq1, k, k_mask & (row1 < M), kb * BLOCK_K,
+                                          INV_ROPE, HEAD, ROPE, BLOCK_KI)
                 acc1 += w * (x1.to(tl.float32) * s_cols)[None, :]
         acc = tl.sum(acc0, axis=1)[None, :]
         if BLOCK_M == 2:
@@ -670,7 +760,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     CHAIN: tl.constexpr = False, PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
     PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
-    SPLIT_SUM_BATCH: tl.constexpr = 1,
+    SPLIT_SUM_BATCH: tl.constexpr = 1, ROPE_HOIST: tl.constexpr = 0,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
@@ -709,13 +799,13 @@ def _block_fp8_gemv_fp8mma_kernel(
                          stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                          stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                          BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, JOIN, IS_SPLIT, INV_ROPE, HEAD, ROPE, CHAIN, PDL,
-                         PDL_LATE_TRIGGER, W_TMA, PERSISTENT, SPLIT_SUM_BATCH)
+                         PDL_LATE_TRIGGER, W_TMA, PERSISTENT, SPLIT_SUM_BATCH, ROPE_HOIST)
     else:
         _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
                      stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                      stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                      BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, JOIN, IS_SPLIT, INV_ROPE, HEAD, ROPE, CHAIN, PDL,
-                     PDL_LATE_TRIGGER, W_TMA, PERSISTENT, SPLIT_SUM_BATCH)
+                     PDL_LATE_TRIGGER, W_TMA, PERSISTENT, SPLIT_SUM_BATCH, ROPE_HOIST)
 
 
 @triton.jit
@@ -725,9 +815,12 @@ def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, 
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
                  JOIN: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
                  ROPE: tl.constexpr, CHAIN: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
-                 W_TMA: tl.constexpr, PERSISTENT: tl.constexpr, SPLIT_SUM_BATCH: tl.constexpr):
+                 W_TMA: tl.constexpr, PERSISTENT: tl.constexpr, SPLIT_SUM_BATCH: tl.constexpr,
+                 ROPE_HOIST: tl.constexpr):
     """One work item of _block_fp8_gemv_fp8mma_kernel (tile ``pid`` of group pid_g, K split pid_k), after the PDL
-    wait. With split-K the last arriver sums the partials, SPLIT_SUM_BATCH of them loaded per step."""
+    wait. With split-K the last arriver sums the partials, SPLIT_SUM_BATCH of them loaded per step. ROPE_HOIST (with
+    INV_ROPE): the inverse RoPE's factors loaded once, before the K loop (_rope_chunk_factors); ROPE_PRELOAD: the split
+    is one head, whose rotated last block is loaded before the loop and selected in it (no rope work in the loop)."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     TWO_M: tl.constexpr = 2 * BLOCK_M
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -759,6 +852,13 @@ def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, 
     if INV_ROPE:
         pos = tl.load(pos_ptr + x_row_ids, mask=x_valid, other=0)
         freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
+        if ROPE_HOIST:
+            cos, signed_sin, is_rope = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE,
+                                                           BLOCK_K)
+        if ROPE_HOIST == ROPE_PRELOAD:  # the split is one head: its last block is the only one with rope dims
+            k_rope = (kb_end - 1) * BLOCK_K + rk
+            x_rope = _load_activation_hoisted(x_rows, k_rope[None, :], x_valid[:, None] & (k_rope < k_stop)[None, :],
+                                              (kb_end - 1) * BLOCK_K, cos, signed_sin, is_rope, HEAD, BLOCK_K)
 
     if CHAIN:
         row_scale = _chain_row_scale(x_rows, x_valid, s_row, kb_begin, kb_end, k_stop, INV_ROPE, BLOCK_K)
@@ -781,8 +881,15 @@ def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, 
             k_mask = k < k_stop  # past the split: zero weight and activation, zero scale
             w = _weight_tile(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
                              pid_n * BLOCK_N, kb * BLOCK_K, W_TMA, BLOCK_N, BLOCK_K)
-            x = _load_activation(x_rows, freq_rows, k[None, :], x_valid[:, None] & k_mask[None, :], kb * BLOCK_K,
-                                 INV_ROPE, HEAD, ROPE, BLOCK_K)
+            if INV_ROPE and ROPE_HOIST == ROPE_PRELOAD:
+                x = tl.load(x_rows + k[None, :], mask=x_valid[:, None] & k_mask[None, :], other=0.0)
+                x = tl.where(kb == kb_end - 1, x_rope, x)
+            elif INV_ROPE and ROPE_HOIST:
+                x = _load_activation_hoisted(x_rows, k[None, :], x_valid[:, None] & k_mask[None, :], kb * BLOCK_K,
+                                             cos, signed_sin, is_rope, HEAD, BLOCK_K)
+            else:
+                x = _load_activation(x_rows, freq_rows, k[None, :], x_valid[:, None] & k_mask[None, :],
+                                     kb * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_K)
             w_scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
             if CHAIN:
                 v = x.to(tl.float32) * (w_scale * inv_row_scale)[:, None]
@@ -878,12 +985,19 @@ class GemvConfig:
     # FP8 tensor-core form, split-K epilogue: the last arriver loads this many partials per step (all in flight at
     # once) instead of one, summed in the same order (the same result)
     split_sum_batch: int = 1
+    # fused inverse RoPE (not the rows form): each row's cos / sin loaded once per program before the K loop
+    # (_rope_chunk_factors) and the rotation applied branch-free, where rope_hoistable holds for the chunk width;
+    # elsewhere (and without RoPE) the form is unchanged
+    rope_hoist: bool = False
+    # FP8 tensor-core form with the fused inverse RoPE where every K split is one head (rope_preloadable): the split's
+    # rotated rope block is loaded before the K loop and selected in it; elsewhere as rope_hoist
+    rope_preload: bool = False
 
     def __post_init__(self):
-        if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M)) or (
+        if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M or self.rope_hoist)) or (
                 not self.rows_form and (self.prefetch or self.evict_first or self.x_broadcast)):
-            raise ValueError(f"config: rows form needs use_dot=False and block_m in {ROWS_FORM_BLOCK_M}; prefetch, "
-                             f"evict_first and x_broadcast need the rows form; got {self}")
+            raise ValueError(f"config: rows form needs use_dot=False and block_m in {ROWS_FORM_BLOCK_M} and has no "
+                             f"rope_hoist; prefetch, evict_first and x_broadcast need the rows form; got {self}")
         if (self.fp8_mma and (not self.use_dot or self.rows_form or self.swap_ab
                               or self.block_m not in FP8_MMA_BLOCK_M or self.block_n < 16)) or (
                 self.fp8_join and not self.fp8_mma) or (self.fp8_chain and not self.fp8_mma):
@@ -900,6 +1014,8 @@ class GemvConfig:
                 self.rows_form or self.fp8_chain)):
             raise ValueError(f"config: persistent_programs_per_sm >= 0, and the persistent form excludes the rows "
                              f"form and fp8_chain; got {self}")
+        if self.rope_preload and not self.fp8_mma:
+            raise ValueError(f"config: rope_preload needs fp8_mma; got {self}")
         if self.split_sum_batch < 1 or (self.split_sum_batch > 1 and not self.fp8_mma):
             raise ValueError(f"config: split_sum_batch >= 1, and above 1 needs fp8_mma; got {self}")
 
@@ -922,6 +1038,7 @@ class GemvConfig:
         if self.persistent_programs_per_sm:
             extra += f"_pp{self.persistent_programs_per_sm}"
         extra += (f"_sb{self.split_sum_batch}" if self.split_sum_batch > 1 else "")
+        extra += ("_rh" if self.rope_hoist else "") + ("_rp" if self.rope_preload else "")
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -1141,6 +1258,20 @@ WO_A_ROPE_FMA_MIN_WEIGHT_BYTES = 8 << 20
 #   13.54 / 13.60 (0.951 / 0.959x, run 15b; without the batched sum 0.972-0.978x in runs 15 and 15b). At 8 rows it
 #   was 0.982x (13.57 vs 13.82 us): under the 2 % bar, so 5..8 rows keep default_config's form.
 WO_A_ROPE_FP8_MMA_WARPS = 4
+# wo_a with the fused inverse RoPE, H200 runs 17 / 17b (benchmarks/fp8_gemv-h200-run17-summary.md), each beside the
+# forms above in the same graph-timed harness (copy 4246.2 / 4129.1 GB/s):
+# * the RoPE cost was latency, not arithmetic: a rope block's activation, partner and cos / sin loads (cos / sin after
+#   the position load) ran inside the K loop, where nothing else hides them. Hoisting the cos / sin out of the loop
+#   (GemvConfig.rope_hoist) and, where a K split is one head (wo_a at split 8), rotating the split's rope block before
+#   the loop (rope_preload) take them off the loop's path;
+# * 1 row, T=1: the plain form (64-column FMA tile by TMA) with hoisted factors, 12.39 / 12.39 us against 13.39 / 13.42
+#   for the 64-column tile with plain loads (0.925 / 0.923x; by TMA without hoisting 19.61 / 20.48);
+# * 2..8 rows, T=1: the one-shot program of the plain form (WO_A_ONE_SHOT) with the rope block preloaded, 13.55 / 13.80
+#   / 14.68 us at 2 / 4 / 8 rows against 15.09 / 15.27 / 16.12 for the 4-warp TMA tile (run 17b: 0.898 / 0.904 /
+#   0.911x); the one-shot with hoisted factors only was 19.1-20.6 us, the TMA tile with them 14.7-16.1. 3 and 5..7 rows
+#   run the same 8-row tile and grid (not timed);
+# * T=2 (the 8-warp FP8 tile without PDL, 3..8 rows): the rope block preloaded, 11.54 / 11.79 us at 4 / 8 rows against
+#   11.85 / 12.19 (0.974 / 0.967x). The dense seam fuses the RoPE at T=2 only at 1..2 rows (rows / FMA forms).
 WO_A_ONE_SHOT_MAX_ROWS = 4
 WO_A_ONE_SHOT_K_BLOCKS = 4  # K blocks per split where the one-shot program was measured (K 4096, split 8)
 WO_A_ONE_SHOT = dict(num_warps=4, k_unroll=WO_A_ONE_SHOT_K_BLOCKS, num_stages=1, split_sum_batch=8)
@@ -1151,15 +1282,23 @@ def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvCo
     (above): with the fused inverse RoPE, and on the 128-column FP8 tile at T=1."""
     cfg = default_config(b, r, d, groups)
     wide_pdl_tile = cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"]
+    one_shot = (wide_pdl_tile and cfg.split_k > 1
+                and triton.cdiv(d, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k)
     if not fused_rope:
-        if (wide_pdl_tile and b <= WO_A_ONE_SHOT_MAX_ROWS and cfg.split_k > 1
-                and triton.cdiv(d, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k):
+        if one_shot and b <= WO_A_ONE_SHOT_MAX_ROWS:
             return dataclasses.replace(cfg, **WO_A_ONE_SHOT)
         return cfg
+    # runs 17 / 17b: the one-shot program (2..8 rows) and the FP8 tile without PDL (T=2) with the rope block preloaded
+    if one_shot:
+        return dataclasses.replace(cfg, rope_preload=True, **WO_A_ONE_SHOT)
+    if cfg.fp8_mma and not cfg.pdl:
+        return dataclasses.replace(cfg, rope_preload=True)
     if not USE_TMA:
         return cfg
     weight_bytes = groups * r * d
     if b == 1 and not cfg.use_dot and not cfg.rows_form and weight_bytes >= WO_A_ROPE_FMA_MIN_WEIGHT_BYTES:
+        if cfg.w_tma:  # T=1: default_config's 64-column tile by TMA, the RoPE factors hoisted (runs 17 / 17b)
+            return dataclasses.replace(cfg, rope_hoist=True)
         return dataclasses.replace(cfg, block_n=TMA_FMA_BLOCK_N, w_tma=False)
     if wide_pdl_tile:
         return dataclasses.replace(cfg, w_tma=True, num_warps=WO_A_ROPE_FP8_MMA_WARPS)
@@ -1293,6 +1432,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             JOIN=cfg.fp8_join, IS_SPLIT=split > 1, CHAIN=cfg.fp8_chain,
             SPLIT_SUM_BATCH=cfg.split_sum_batch,
+            ROPE_HOIST=rope_mode(cfg, inv_rope, FP8_BLOCK, per_split, k, head_dim, rope_dim),
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args, **persistent_args,
         )
@@ -1309,6 +1449,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
         IS_SPLIT=split > 1, USE_DOT=cfg.use_dot, SWAP_AB=cfg.swap_ab,
         INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
+        ROPE_HOIST=rope_mode(cfg, inv_rope, FP8_BLOCK * cfg.k_unroll, per_split, k, head_dim, rope_dim),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args, **persistent_args,
     )
 
@@ -1533,6 +1674,11 @@ _TMA_FORMS = (  # runs 11 / 11b: default_config's and wo_a_config's TMA and 64-c
 )
 _WO_A_FORMS = (  # runs 15 / 15b: wo_a_config's one-shot FP8 tile at T=1, 2..4 rows without the fused RoPE (split-K)
     (GemvConfig(8, 128, 4, True, fp8_mma=True, fp8_join=True, pdl=True, **WO_A_ONE_SHOT), False),
+    # runs 17 / 17b, with the fused RoPE: T=1 1 row, the 64-column FMA tile by TMA with hoisted RoPE factors; T=1 2..8
+    # rows, the one-shot tile with the rope block preloaded; T=2 3..8 rows, the 8-warp FP8 tile with it (no PDL)
+    (GemvConfig(1, TMA_FMA_BLOCK_N, 4, False, k_unroll=2, w_tma=True, rope_hoist=True, **_FMA_PDL), True),
+    (GemvConfig(8, 128, 4, True, fp8_mma=True, fp8_join=True, pdl=True, rope_preload=True, **WO_A_ONE_SHOT), True),
+    (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, rope_preload=True), True),
 )
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS
 
@@ -1552,6 +1698,7 @@ _AOT_SIGNATURE = {
     "IS_SPLIT": "constexpr", "USE_DOT": "constexpr", "SWAP_AB": "constexpr", "INV_ROPE": "constexpr",
     "HEAD": "constexpr", "ROPE": "constexpr", "PDL": "constexpr", "L2_PREFETCH_BLOCKS": "constexpr",
     "PDL_LATE_TRIGGER": "constexpr", "W_TMA": "constexpr", "PERSISTENT": "constexpr", "FLATTEN": "constexpr",
+    "ROPE_HOIST": "constexpr",
 }
 _AOT_ROWS_SIGNATURE = {  # the rows kernel has no persistent form (no num_groups)
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr" and key != "num_groups"},
@@ -1564,7 +1711,8 @@ _AOT_FP8MMA_SIGNATURE = {
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr"},
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
                                     "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS",
-                                    "PDL_LATE_TRIGGER", "W_TMA", "PERSISTENT", "FLATTEN", "SPLIT_SUM_BATCH")},
+                                    "PDL_LATE_TRIGGER", "W_TMA", "PERSISTENT", "FLATTEN", "SPLIT_SUM_BATCH",
+                                    "ROPE_HOIST")},
 }
 
 
@@ -1612,7 +1760,10 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_fp8mma_kernel, signature=_AOT_FP8MMA_SIGNATURE,
             constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common,
-                        **persistent, "SPLIT_SUM_BATCH": cfg.split_sum_batch},
+                        **persistent, "SPLIT_SUM_BATCH": cfg.split_sum_batch,
+                        # the wo_a geometry: K split 8 of 4096 (4 blocks, one head, per split)
+                        "ROPE_HOIST": rope_mode(cfg, rope, FP8_BLOCK, HEAD_DIM // FP8_BLOCK, 8 * HEAD_DIM, HEAD_DIM,
+                                                ROPE_DIM)},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),
@@ -1623,7 +1774,9 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
         )
     return AotConfig(
         name=name, kernel=_block_fp8_gemv_kernel, signature=_AOT_SIGNATURE,
-        constexprs={"BLOCK_M": cfg.block_m, "USE_DOT": cfg.use_dot, "SWAP_AB": cfg.swap_ab, **common, **persistent},
+        constexprs={"BLOCK_M": cfg.block_m, "USE_DOT": cfg.use_dot, "SWAP_AB": cfg.swap_ab, **common, **persistent,
+                    "ROPE_HOIST": rope_mode(cfg, rope, FP8_BLOCK * cfg.k_unroll, HEAD_DIM // FP8_BLOCK, 8 * HEAD_DIM,
+                                            HEAD_DIM, ROPE_DIM)},
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # the JIT sees these as multiples of 16 for DSv4's shapes (K, N multiples of 128)
         div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",

@@ -80,6 +80,16 @@ RUN15_POINTS = {("wo_a", 1): (2, 4, 8), ("wo_a", 2): (4, 8)}
 # --run15b-sweep (run 15b): run 15's leads combined -- the fp32-atomic split-K sum, 4 warps, the one-shot 4-block
 # program on 4 warps -- on the cp.async and TMA (fused-RoPE) forms, the fused RoPE timed at T=2 too
 RUN15B_NAME = "fp8_gemv-h200-run15b"
+# --run17-sweep (run 17): wo_a as the dense seam runs it (T=1, 1..8 rows, the inverse RoPE fused) and without the RoPE:
+# the RoPE's cos / sin loaded once per program before the K loop (GemvConfig.rope_hoist, branch-free rotation) on the
+# current forms and on the plain defaults; without the RoPE the FP8 tile with evict-first weight loads and 64-column
+# tiles with long K splits (2 / 4); T=2 at 4 / 8 rows as a check
+RUN17_NAME = "fp8_gemv-h200-run17"
+RUN17_POINTS = {("wo_a", 1): (1, 2, 4, 8), ("wo_a", 2): (4, 8)}
+# --run17b-sweep (run 17b): run 17's lead (1 row: the plain 64-column TMA tile with hoisted RoPE factors) again, and on
+# the FP8 tile the split's rotated rope block loaded before the K loop (rp: GemvConfig.rope_preload) or the rope block
+# known at compile time in the one-shot program (rs: GemvConfig.rope_static); same points
+RUN17B_NAME = "fp8_gemv-h200-run17b"
 
 
 def prepare() -> None:
@@ -525,6 +535,78 @@ def run15b_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def _wo_a_full_shape(m: int, n: int, k: int, groups: int):
+    """(m, n, k, groups) of wo_a; at --smoke's reduced shapes the full shape's (2 groups: T=1, else T=2), so that the
+    smoke run picks the same forms."""
+    if groups * n * k < 1 << 20:
+        return m, 1024, 4096, 8 if groups >= 2 else 4
+    return m, n, k, groups
+
+
+def run17_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run17-sweep (run 17): wo_a_config's plain form first (old_default), then the seam's (wo_a_config with the
+    fused RoPE); both and the FP8 tile's forms with the RoPE factors hoisted (rh: GemvConfig.rope_hoist); without the
+    RoPE: the one-shot program at every row count, 64-column tiles on 4 warps with split 2 / 4 (16 / 8 K blocks per
+    program) by TMA, early or late PDL trigger. T=2: the plain form with rh. Run 17 also timed evict-first weight loads
+    on the FP8 tile (``ef``: 0.98-1.01x without the RoPE), since removed, so not generated here."""
+    import dataclasses
+
+    replace = dataclasses.replace
+    shape = _wo_a_full_shape(m, n, k, groups)
+    plain = g.wo_a_config(*shape, fused_rope=False)
+    seam = g.wo_a_config(*shape, fused_rope=True)
+    out = [("old_default", plain), ("plain_rh", replace(plain, rope_hoist=True))]
+    if not plain.pdl:  # T=2 (no PDL at 4..8 rows): the check
+        return distinct_configs(out)
+    out += [("seam_default", seam), ("seam_rh", replace(seam, rope_hoist=True))]
+    if seam.fp8_mma:
+        base = g.default_config(*shape)  # the 8-warp 3-stage cp.async tile
+        one_shot = replace(base, **g.WO_A_ONE_SHOT)
+        n64 = replace(base, block_n=64, num_warps=4, w_tma=True)
+        out += [("one_shot", one_shot), ("one_shot_rh", replace(one_shot, rope_hoist=True)),
+                ("w8_rh", replace(base, rope_hoist=True)), ("w4_rh", replace(base, num_warps=4, rope_hoist=True)),
+                ("tma_w8_rh", replace(base, w_tma=True, rope_hoist=True)),
+                ("n64_s2_tma", replace(n64, split_k=2)), ("n64_s2_tma_late", replace(n64, split_k=2, pdl_late=True)),
+                ("n64_s4_tma", replace(n64, split_k=4))]
+    else:  # 1 row: the FMA tile
+        out += [("plain_rh_st4", replace(plain, rope_hoist=True, num_stages=4))]
+    return distinct_configs(out)
+
+
+def run17b_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run17b-sweep (run 17b): as run 17, old_default = wo_a_config's plain form, seam_default = wo_a_config with
+    the fused RoPE; 1 row: the plain form with hoisted RoPE factors (rh, run 17's lead) on 4 / 8 warps; FP8 tile: the
+    one-shot program, the 4-warp TMA tile (the seam's) and the 8- / 4-warp cp.async tiles with the split's rotated rope
+    block preloaded (rp), the TMA tile with rh (run 17); the one-shot
+    with its 4 weight blocks prefetched into L2 before the PDL wait (l2p4) or the PDL trigger after its main loop
+    (late). T=2: the plain form with rh / rp. Run 17b also timed the one-shot with its rope block known at compile
+    time and rotated in the loop (``rs``: 19.3-20.4 us with the RoPE), since removed, so not generated here."""
+    import dataclasses
+
+    replace = dataclasses.replace
+    shape = _wo_a_full_shape(m, n, k, groups)
+    plain = g.wo_a_config(*shape, fused_rope=False)
+    seam = g.wo_a_config(*shape, fused_rope=True)
+    out = [("old_default", plain), ("plain_rh", replace(plain, rope_hoist=True))]
+    if not plain.pdl:  # T=2
+        return distinct_configs(out + [("plain_rp", replace(plain, rope_preload=True))])
+    out += [("seam_default", seam)]
+    if seam.fp8_mma:
+        base = g.default_config(*shape)  # the 8-warp 3-stage cp.async tile
+        one_shot = replace(base, **g.WO_A_ONE_SHOT)
+        out = [("old_default", plain), ("seam_default", seam), ("seam_rh", replace(seam, rope_hoist=True)),
+               ("seam_rp", replace(seam, rope_preload=True)),
+               ("one_shot", one_shot), ("one_shot_rp", replace(one_shot, rope_preload=True)),
+               ("w8_rp", replace(base, rope_preload=True)), ("w4_rp", replace(base, num_warps=4, rope_preload=True)),
+               ("one_shot_l2p4", replace(one_shot, pdl_l2_blocks=4)),
+               ("one_shot_rp_l2p4", replace(one_shot, pdl_l2_blocks=4, rope_preload=True)),
+               ("one_shot_late", replace(one_shot, pdl_late=True))]
+    else:  # 1 row
+        w8 = replace(plain, num_warps=8)
+        out += [("w8", w8), ("w8_rh", replace(w8, rope_hoist=True))]
+    return distinct_configs(out)
+
+
 def wo_pair_timing(g, torch, dsv4, timed, make_weights, m_values, with_tma: bool = False) -> dict:
     """wo_a then wo_b on its output (the attention output projection, each call reading the previous one's
     result), T=1, in one graph over distinct weight copies: both without PDL (launch_form) against both as
@@ -630,7 +712,8 @@ ROPE_LABELS = ("old_default", "rows_n32_u2", "rows_n16_u4", "current_default", "
 def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = False, q8_sweep: bool = False,
          q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False,
          tma_sweep: bool = False, tma2_sweep: bool = False, run12_sweep: bool = False,
-         run13_sweep: bool = False, run15_sweep: bool = False, run15b_sweep: bool = False) -> None:
+         run13_sweep: bool = False, run15_sweep: bool = False, run15b_sweep: bool = False,
+         run17_sweep: bool = False, run17b_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -640,7 +723,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "170" if run17_sweep or run17b_sweep else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
@@ -675,6 +758,10 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         rows, tps = (2, 4, 8), (1, 2)
         run_name, pick = (RUN15B_NAME, run15b_candidates) if run15b_sweep else (RUN15_NAME, run15_candidates)
         points13, run13_sweep = RUN15_POINTS, True  # run 13's point filter and fused-RoPE timing of every variant
+    if run17_sweep or run17b_sweep:
+        rows, tps = (1, 2, 4, 8), (1, 2)
+        run_name, pick = (RUN17B_NAME, run17b_candidates) if run17b_sweep else (RUN17_NAME, run17_candidates)
+        points13, run13_sweep, run17_sweep = RUN17_POINTS, True, True
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -710,6 +797,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                   else "2..8-row forms at T=1 (PDL as shipped)" if run12_sweep
                   else "wo_a FP8 tile: ring, split, one-shot loads, split-K sums (PDL as shipped)"
                   if run15_sweep or run15b_sweep
+                  else "wo_a with the fused inverse RoPE as the seam runs it: RoPE factors hoisted; plain-form variants"
+                  if run17_sweep
                   else "persistent forms at T=1 (PDL as shipped)" if run13_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
@@ -778,7 +867,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                     or (run13_sweep and (name, tp) not in points13)):
                 continue
             if smoke:
-                n, k = min(n, 256), min(k, 1024 if run15_sweep else 512)  # run 15: 8 K blocks, split-K at u4
+                n, k = min(n, 256), min(k, 1024 if run15_sweep or run17_sweep else 512)  # run 15: 8 K blocks, split-K at u4
             shapes.append((name, tp, n, k))
 
     if chain_final:  # the wo_a target first, in case the time budget cuts the run short
@@ -855,7 +944,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                                       or (pdl2_sweep and m in PDL2_MIXED_ROWS)):
                         sweep_log[-1]["mixed_us"] = round(timed([(lambda w=w, s=s, c=cfg: (run(w, s, c), plain_op()))
                                                                  for w, s in weights]), 3)
-                    if is_wo_a and with_rope and (label in ROPE_LABELS or run12_sweep or (run13_sweep and (tp == 1 or run15b_sweep))):
+                    if is_wo_a and with_rope and (label in ROPE_LABELS or run12_sweep or (run13_sweep and (tp == 1 or run15b_sweep or run17_sweep))):
                         rope_times[label] = timed([(lambda w=w, s=s, c=cfg: run(w, s, c, True)) for w, s in weights])
                         sweep_log[-1]["rope_us"] = round(rope_times[label], 3)
                 except Exception as exc:
@@ -943,6 +1032,25 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "q8j_n64_tma = the 64-column FP8 tile on 4 warps by TMA; fma2_* = the 1-row default's "
                          "64-column FMA tile by TMA with 2 rows; rowsR_* = the rows form, R rows per program, on that "
                          "tile. wo_a rope_us: every variant with the fused inverse RoPE.")
+    if run17b_sweep:
+        res.notes.append("run 17b variants (see run17b_candidates): old_default = wo_a_config's plain form (no RoPE) "
+                         "as shipped; seam_default = wo_a_config with the fused RoPE as shipped; rh = RoPE cos / sin "
+                         "loaded once per program before the K loop (GemvConfig.rope_hoist); rp = the split's rotated "
+                         "rope block loaded before the K loop and selected in it (rope_preload; the split is one "
+                         "head); rs = the one-shot program's rope block known at compile time (removed after this run); w8 / w4 "
+                         "= the 3-stage cp.async FP8 tile on 8 / 4 warps (1 row: the FMA tile on 8 warps); l2p4 = the "
+                         "split's 4 weight blocks prefetched into L2 before the PDL wait; late = PDL trigger after the "
+                         "main loop. rope_us: "
+                         "every variant with the fused inverse RoPE.")
+    elif run17_sweep:
+        res.notes.append("run 17 variants (see run17_candidates): old_default = wo_a_config's plain form (no RoPE) as "
+                         "shipped; seam_default = wo_a_config with the fused RoPE as shipped (the dense seam's T=1 "
+                         "path); rh = the RoPE's cos / sin loaded once per program before the K loop, rotation "
+                         "branch-free (GemvConfig.rope_hoist); one_shot = 4 warps, a split's 4 K blocks in one "
+                         "unpipelined iteration, 8 partials per sum step; w8 / w4 = the 3-stage cp.async FP8 tile on "
+                         "8 / 4 warps; tma = by TMA; ef = evict-first weight loads (removed after this run); n64_sN_tma = 64-column FP8 tile, 4 "
+                         "warps, K split N, by TMA (late: PDL trigger after the main loop). rope_us: every variant "
+                         "with the fused inverse RoPE (T=1 and T=2).")
     if run15b_sweep:
         res.notes.append("run 15b variants (see run15b_candidates): old_default = default_config as shipped; sb8 = "
                          "the last arriver loads 8 partials per step; w4 = 4 warps; uN = N 128-wide K blocks per loop "
@@ -1087,6 +1195,12 @@ if __name__ == "__main__":
     parser.add_argument("--run15b-sweep", action="store_true",
                         help="run 15b: run 15's leads combined (atomic split-K sum, 4 warps, one-shot 4-block program "
                              "on 4 warps, by TMA) at wo_a T=1 M 2/4/8 and T=2 M 4/8, fused RoPE at both")
+    parser.add_argument("--run17-sweep", action="store_true",
+                        help="run 17: wo_a T=1 M 1/2/4/8 as the seam runs it (fused RoPE) with the RoPE factors hoisted "
+                             "out of the K loop, plain-form variants (evict-first, 64-column long splits); T=2 M 4/8")
+    parser.add_argument("--run17b-sweep", action="store_true",
+                        help="run 17b: run 17's 1-row lead again; the FP8 tile with the split's rotated rope block "
+                             "preloaded / the one-shot's rope block static; same points")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -1102,4 +1216,4 @@ if __name__ == "__main__":
     else:
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
              args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep, args.run13_sweep,
-             args.run15_sweep, args.run15b_sweep)
+             args.run15_sweep, args.run15b_sweep, args.run17_sweep, args.run17b_sweep)

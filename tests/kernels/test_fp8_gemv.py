@@ -354,6 +354,80 @@ def test_wo_a_one_shot_form(rope):
     assert y.shape == (0, 2, 128)
 
 
+# --- inverse RoPE factors hoisted out of the K loop (GemvConfig.rope_hoist) ---------------------------------------
+
+def rope_freqs(rope_dim, gen, max_pos=64):
+    angles = torch.rand(max_pos, rope_dim // 2, generator=gen) * 6.3
+    return torch.view_as_real(torch.polar(torch.ones_like(angles), angles)).flatten(1).contiguous().to(DEVICE)
+
+
+ROPE_HOIST_FORMS = [
+    g.GemvConfig(1, 64, 2, False, k_unroll=2),  # FMA, 256-wide chunks
+    g.GemvConfig(2, 32, 1, False),  # FMA, 2 rows, 128-wide chunks
+    g.GemvConfig(16, 64, 2, True),  # bf16 tensor-core tile
+    q8(block_n=128, split=2, warps=4),  # FP8 tile (the fused-RoPE default's form, plain loads)
+    q8(block_n=128, split=2, join=False),
+    dataclasses.replace(q8(block_n=128, split=2), pdl=True, **g.WO_A_ONE_SHOT),  # one-shot
+    # the split's rotated rope block preloaded where a split is one head (head 256 at split 2 / head 512 one-shot)
+    dataclasses.replace(q8(block_n=128, split=2, warps=4), rope_preload=True),
+    dataclasses.replace(q8(block_n=128, split=2, warps=4), rope_preload=True, w_tma=True),
+    dataclasses.replace(q8(block_n=128, split=2), pdl=True, rope_preload=True, **g.WO_A_ONE_SHOT),
+]
+# (head, rope): a chunk is one head (128-wide chunks), two heads (256-wide), half a head (rope in its last
+# chunk), or rope dims in more than one chunk of a head (not hoistable: the branch form runs)
+ROPE_GEOMETRIES = [(128, 32), (256, 64), (512, 128), (512, 192)]
+
+
+@pytest.mark.parametrize("head,rope", ROPE_GEOMETRIES)
+@pytest.mark.parametrize("cfg", ROPE_HOIST_FORMS, ids=lambda c: c.name)
+def test_wo_a_rope_hoist_matches_branch_form(cfg, head, rope):
+    """The hoisted factors (and the preloaded rope block) give the branch form's result bit for bit (same arithmetic,
+    the partner's sign moved onto the sin) and stay within OUTPUT_TOL of the reference: ragged R, strided o, rows past
+    M masked."""
+    gen = torch.Generator().manual_seed(head + rope + cfg.block_m)
+    b, groups, r, d = 3, 2, 160, 512
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    o = torch.randn(b, groups, d + 64, generator=gen).to(torch.bfloat16).to(DEVICE)[..., :d]
+    pos = torch.randint(0, 64, (b,), generator=gen).to(DEVICE)
+    freqs = rope_freqs(rope, gen)
+    kw = dict(positions=pos, freqs=freqs, head_dim=head, rope_dim=rope)
+    hoisted = cfg if cfg.rope_preload else dataclasses.replace(cfg, rope_hoist=True)
+    y = g.grouped_fp8_wo_a(o, w, s, out=poisoned((b, groups, r)), config=hoisted, **kw)
+    ref = g.reference_grouped_wo_a(o, w, s, pos, freqs, head, rope)
+    assert torch.isfinite(y).all() and rel_err(y, ref) < OUTPUT_TOL
+    branch = dataclasses.replace(cfg, rope_preload=False)
+    assert torch.equal(y, g.grouped_fp8_wo_a(o, w, s, config=branch, **kw))
+    assert rel_err(g.reference_grouped_wo_a(o, w, s), ref) > 10 * OUTPUT_TOL  # the rotation matters
+
+
+def test_rope_hoistable_geometry():
+    assert g.rope_hoistable(128, 512, 64) and g.rope_hoistable(256, 512, 64) and g.rope_hoistable(512, 512, 64)
+    assert g.rope_hoistable(1024, 512, 64) and g.rope_hoistable(128, 128, 32)
+    assert not g.rope_hoistable(128, 512, 192)  # rope dims in two chunks of a head
+    assert not g.rope_hoistable(384, 512, 64)  # chunks straddle heads
+
+
+def test_rope_mode_per_geometry():
+    """Which RoPE form a launch runs: preload only where every split is one head with its rope dims in its last
+    block (wo_a at split 8: 4 blocks of 128 per 512-wide head), hoisted factors where rope_hoistable, else the branch."""
+    pre = dataclasses.replace(q8(block_n=128, split=8, warps=4), rope_preload=True)
+    rh = dataclasses.replace(q8(block_n=128, split=8, warps=4), rope_hoist=True)
+    assert g.rope_mode(pre, True, 128, 4, 4096, 512, 64) == 2
+    assert g.rope_mode(pre, True, 128, 8, 4096, 512, 64) == 1  # two heads per split
+    assert g.rope_mode(pre, True, 128, 4, 4096, 512, 192) == 0  # rope dims in two blocks
+    assert g.rope_mode(rh, True, 128, 4, 4096, 512, 64) == 1
+    assert g.rope_mode(rh, False, 128, 4, 4096, 512, 64) == 0
+    assert g.rope_mode(q8(block_n=128, split=8), True, 128, 4, 4096, 512, 64) == 0
+    with pytest.raises(ValueError, match="rope_preload needs fp8_mma"):
+        g.GemvConfig(1, 64, 2, False, k_unroll=2, rope_preload=True)
+
+
+def test_rope_hoist_config():
+    with pytest.raises(ValueError, match="no rope_hoist"):
+        g.GemvConfig(2, 32, 1, False, rows_form=True, rope_hoist=True)
+    cfg = dataclasses.replace(q8(block_n=128, split=2), pdl=True, rope_preload=True, **g.WO_A_ONE_SHOT)
+    assert cfg.name.endswith("_pdl_sb8_rp") and dataclasses.replace(cfg, rope_hoist=True).name.endswith("_sb8_rh_rp")
+
 def test_split_sum_batch_validation():
     with pytest.raises(ValueError, match="split_sum_batch >= 1"):
         dataclasses.replace(q8(split=2), split_sum_batch=0)

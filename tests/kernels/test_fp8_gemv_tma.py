@@ -147,29 +147,33 @@ def test_default_config_tma_where_measured_faster(monkeypatch):
 
 
 def test_wo_a_config_with_fused_rope_where_measured_faster(monkeypatch):
-    """With the fused inverse RoPE: 1 row on 64-column FMA tiles with plain loads at T = 1 / 2 / 4 (not T=8), 2..8
-    rows on the 128-column FP8 tile by TMA on 4 warps at T=1 (run 15b); without it, at T=1 the one-shot FP8 tile at
-    2..4 rows (runs 15 / 15b), else default_config."""
-    for groups in (8, 4, 2):
+    """With the fused inverse RoPE: 1 row at T=1 on default_config's 64-column FMA tile by TMA with the RoPE factors
+    hoisted (runs 17 / 17b), at T = 2 / 4 on 64-column FMA tiles with plain loads (not T=8); 2..8 rows at T=1 on the
+    one-shot FP8 tile with the rope block preloaded (run 17b), 3..8 rows at T=2 on default_config's FP8 tile with it;
+    without it, at T=1 the one-shot FP8 tile at 2..4 rows (runs 15 / 15b), else default_config."""
+    cfg = g.wo_a_config(1, 1024, 4096, 8, fused_rope=True)
+    assert cfg == dataclasses.replace(g.default_config(1, 1024, 4096, 8), rope_hoist=True) and cfg.w_tma
+    for groups in (4, 2):
         cfg = g.wo_a_config(1, 1024, 4096, groups, fused_rope=True)
-        assert cfg.block_n == 64 and not cfg.w_tma and not cfg.use_dot and cfg.split_k == g.default_config(
-            1, 1024, 4096, groups).split_k
+        assert cfg.block_n == 64 and not cfg.w_tma and not cfg.use_dot and not cfg.rope_hoist
+        assert cfg.split_k == g.default_config(1, 1024, 4096, groups).split_k
     assert g.wo_a_config(1, 1024, 4096, 1, fused_rope=True) == g.default_config(1, 1024, 4096, 1)
     for m in range(2, 9):
         default = g.default_config(m, 1024, 4096, 8)
-        cfg = g.wo_a_config(m, 1024, 4096, 8, fused_rope=True)
-        assert cfg == dataclasses.replace(default, w_tma=True, num_warps=4) and cfg.fp8_mma and default.num_warps == 8
+        one_shot = dataclasses.replace(default, num_warps=4, k_unroll=4, num_stages=1, split_sum_batch=8)
+        assert default.split_k == 8 and default.fp8_mma  # 32 K blocks: one iteration of 4 per program, one head
+        assert g.wo_a_config(m, 1024, 4096, 8, fused_rope=True) == dataclasses.replace(one_shot, rope_preload=True)
         plain = g.wo_a_config(m, 1024, 4096, 8, fused_rope=False)
-        if m <= 4:
-            assert plain == dataclasses.replace(default, num_warps=4, k_unroll=4, num_stages=1, split_sum_batch=8)
-            assert default.split_k == 8  # 32 K blocks: one iteration of 4 per program
-        else:
-            assert plain == default
-        assert not g.wo_a_config(m, 1024, 4096, 4, fused_rope=True).w_tma  # T=2: equal, not used
-        assert g.wo_a_config(m, 1024, 4096, 4, fused_rope=False) == g.default_config(m, 1024, 4096, 4)
+        assert plain == (one_shot if m <= 4 else default)
+        t2 = g.default_config(m, 1024, 4096, 4)
+        assert g.wo_a_config(m, 1024, 4096, 4, fused_rope=False) == t2
+        assert g.wo_a_config(m, 1024, 4096, 4, fused_rope=True) == (
+            dataclasses.replace(t2, rope_preload=True) if t2.fp8_mma else t2)
+        assert t2.fp8_mma == (m >= 3) and not (t2.fp8_mma and t2.pdl)
     assert g.wo_a_config(1, 1024, 4096, 8, fused_rope=False) == g.default_config(1, 1024, 4096, 8)
-    monkeypatch.setattr(g, "USE_TMA", False)
-    assert g.wo_a_config(2, 1024, 4096, 8, fused_rope=True) == g.default_config(2, 1024, 4096, 8)
+    monkeypatch.setattr(g, "USE_TMA", False)  # the one-shot / preload forms load the weight without TMA
+    assert g.wo_a_config(1, 1024, 4096, 8, fused_rope=True) == g.default_config(1, 1024, 4096, 8)
+    assert g.wo_a_config(2, 1024, 4096, 8, fused_rope=True).rope_preload
 
 
 def test_grouped_wo_a_picks_wo_a_config(monkeypatch):
