@@ -87,6 +87,12 @@ on the H200 at T = 1, B = 1 / 2 / 4 / 8 and T = 4, B = 1 / 2 / 8 and the default
 from the mixed forward and swap-AB (:data:`GEMV_TMA_F16_WHERE`, ``benchmarks/moe_mxfp4-h200-run16-summary.md``).
 Run 16b: on twice (at three points 4x) the rows per program it is the default at T = 1 / 2 / 4, B = 1..32, 1.08-1.57x
 over the defaults it replaced (``benchmarks/moe_mxfp4-h200-run16b-summary.md``).
+Run 17 (``GemvConfig(pdl=True)``): the fp16 TMA GEMV forward's four launches with programmatic dependent launch (each
+program waits before its first read of an earlier launch's output and its first store, and triggers its dependents
+right after; ``pdl_l2``: each down program prefetches its weight block into L2 before its wait, its expert known from
+the completed routing); in chains of forwards 1.02-1.17x on the H200 at T = 1 B <= 4, T = 2 B <= 8 (with the prefetch)
+and T = 4 B <= 16 but 15 (with the prefetch) and the default there (:data:`GEMV_PDL_WHERE`,
+``benchmarks/moe_mxfp4-h200-run17-summary.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -1922,8 +1928,32 @@ _F16_4X_AT = {(MOE_INTERMEDIATE_SIZE, 1): _F16_4X, (MOE_INTERMEDIATE_SIZE // 2, 
               (MOE_INTERMEDIATE_SIZE // 4, 16): _persistent_down(_F16_4X)}
 _F16_2X_AT = {MOE_INTERMEDIATE_SIZE: _F16_2X, MOE_INTERMEDIATE_SIZE // 2: _F16_2X,
               MOE_INTERMEDIATE_SIZE // 4: _persistent_down(_F16_2X)}  # the down launch persistent (P = 8) at I = 512
+# Run 17 (benchmarks/moe_mxfp4-h200-run17-summary.md, one H200 run, every forward reference-checked and a captured chain
+# of 12 PDL forwards bit-identical to the forward without PDL): the fp16 TMA GEMV forward with programmatic dependent
+# launch (GemvConfig.pdl) beside the same tiles without it, timed as chains of 12 forwards in one CUDA graph (each
+# launch the PDL dependent of the one before), two interleaved rounds. Triggers right after each program's wait
+# against the default: T=1 B = 1 / 2 / 4 / 8 / 16 / 32 1.075 / 1.041 / 1.023 / 1.019 / 1.010 / 0.990x (37.85 -> 35.22
+# us at B = 1); with the down launch's L2 prefetch (pdl_l2) T=2 B = 1 / 2 / 4 / 8 / 16 / 32 1.123 / 1.090 / 1.039 /
+# 1.022 / 1.010 / 0.994x (26.22 -> 23.36 us), T=4 1.176 / 1.136 / 1.072 / 1.047 / 1.021 / 0.990x (20.86 -> 17.74 us);
+# the prefetch at T=1 1.074 / 1.008 / 1.021 / 1.010 / 1.004 / 0.955x; triggers after the last store (pdl_late, with
+# the prefetch) 0.97-1.03x everywhere. Run 17b timed the resulting table (the best form per I up to the largest B with
+# >= 2 %) as shipped at every B in it against the forward without PDL: T=1 B = 1..4 1.078 / 1.038 / 1.030 / 1.022x,
+# T=2 B = 1..8 1.117-1.021x, T=4 B = 1..16 1.167-1.021x except B = 15 (1.019x, below the bar like T=1 B = 8: both
+# launch without PDL). (per-rank I) -> (the B with PDL, pdl_l2):
+GEMV_PDL_WHERE = {MOE_INTERMEDIATE_SIZE: (range(1, 5), False), MOE_INTERMEDIATE_SIZE // 2: (range(1, 9), True),
+                  MOE_INTERMEDIATE_SIZE // 4: ((*range(1, 15), 16), True)}
+
+
+def _with_pdl(tiles, inter, batch):
+    """``tiles`` with the PDL form :data:`GEMV_PDL_WHERE` ships at (per-rank I, B), else as they are."""
+    batches, l2 = GEMV_PDL_WHERE.get(inter, ((), False))
+    if batch not in batches:
+        return tiles
+    return dataclasses.replace(tiles[0], pdl=True), dataclasses.replace(tiles[1], pdl=True, pdl_l2=l2)
+
+
 # (per-rank I, routed rows) -> (gate/up, down)
-GEMV_TMA_F16_WHERE = {(inter, batch * TOP_K): _F16_4X_AT.get((inter, batch), tiles)
+GEMV_TMA_F16_WHERE = {(inter, batch * TOP_K): _with_pdl(_F16_4X_AT.get((inter, batch), tiles), inter, batch)
                       for inter, tiles in _F16_2X_AT.items() for batch in range(1, F16_MAX_BATCH + 1)}
 
 
@@ -2880,13 +2910,9 @@ GEMV_TMA_F16_SHIPPED_AOT = sorted({("gate_up", gu) for gu, _ in GEMV_TMA_F16_WHE
                                   | {("down", dn) for _, dn in GEMV_TMA_F16_WHERE.values()}, key=lambda kc: (kc[0], kc[1].label()))
 
 
-# the PDL form of the fp16 TMA GEMV's routing and top-k sum launches in the AOT registry (None: without PDL)
-F16_AOT_PDL = None
-
-
 def _aot_pdl(cfg) -> dict:
-    """PDL constexprs of an AOT config: those of GemvConfig ``cfg`` (None: no PDL)."""
-    return {"PDL": bool(cfg and cfg.pdl), "PDL_LATE": bool(cfg and cfg.pdl and cfg.pdl_late)}
+    """PDL constexprs of the AOT config of GemvConfig ``cfg``."""
+    return {"PDL": cfg.pdl, "PDL_LATE": cfg.pdl and cfg.pdl_late}
 
 
 def aot_configs() -> list[AotConfig]:
@@ -3006,9 +3032,10 @@ def aot_configs() -> list[AotConfig]:
         note="CUDA-core GEMV decode, operands by TMA, persistent grid (the down launch at T=4 B<=8)"))
     # the fp16 pair decode of the TMA GEMV (GemvConfig.f16): its routing + x preparation launch (at B <= 16 and at the
     # largest B of GEMV_TMA_F16_WHERE: BLOCK_ROWS 128 / 256), HFMA2 on the weights
-    for block_rows in (triton.next_power_of_2(16 * TOP_K), triton.next_power_of_2(F16_MAX_BATCH * TOP_K)):
+    for block_rows, pdl in ((triton.next_power_of_2(16 * TOP_K), False), (triton.next_power_of_2(F16_MAX_BATCH * TOP_K), False),
+                            (triton.next_power_of_2(16 * TOP_K), True)):
         configs.append(AotConfig(
-            name="moe_mxfp4_route_x_f16" + ("" if block_rows == 128 else f"_r{block_rows}"),
+            name="moe_mxfp4_route_x_f16" + ("" if block_rows == 128 else f"_r{block_rows}") + ("_pdl" if pdl else ""),
             kernel=_route_x_f16_kernel,
             signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32",
                        "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "x_ptr": "*bf16", "x16_ptr": "*fp16",
@@ -3017,8 +3044,9 @@ def aot_configs() -> list[AotConfig]:
                        "PDL_LATE": "constexpr"},
             constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": block_rows,
                         "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True,
-                        **_aot_pdl(F16_AOT_PDL)},
-            num_warps=4, div16=("hidden",), note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)"))
+                        "PDL": pdl, "PDL_LATE": False},
+            num_warps=4, div16=("hidden",), expect_opcodes=PDL_OPCODES if pdl else (),
+            note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)" + (", PDL" if pdl else "")))
     f16_forms = {("gate_up", GEMV_TMA_F16_AOT[0]), ("down", GEMV_TMA_F16_AOT[1]), ("down", GEMV_TMA_F16_PERSISTENT_DOWN_AOT)}
     f16_forms |= set(GEMV_TMA_F16_SHIPPED_AOT)
     for kind, cfg in sorted(f16_forms, key=lambda kc: (kc[0], kc[1].label())):
@@ -3110,17 +3138,19 @@ def aot_configs() -> list[AotConfig]:
                    "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
                    "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr", "NUM_BINS": "constexpr"},
         constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": 2048, "NUM_BINS": 512}, num_warps=4))
-    for splits, name, div16, note in ((1, "moe_mxfp4_topk_sum", ("hidden",), ""),
-                                      (2, "moe_mxfp4_topk_sum_splits2", ("hidden", "split_stride"),
-                                       "top-k sum of a GEMV down with 2 K splits")):
+    for splits, name, div16, note, pdl in ((1, "moe_mxfp4_topk_sum", ("hidden",), "", False),
+                                           (1, "moe_mxfp4_topk_sum_pdl", ("hidden",),
+                                            "top-k sum of the fp16 TMA GEMV with PDL (GEMV_PDL_WHERE)", True),
+                                           (2, "moe_mxfp4_topk_sum_splits2", ("hidden", "split_stride"),
+                                            "top-k sum of a GEMV down with 2 K splits", False)):
         configs.append(AotConfig(
             name=name, kernel=_topk_sum_kernel,
             signature={"y_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
                        "split_stride": "i32", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr",
                        "BLOCK_H": "constexpr", "SPLITS": "constexpr", "PDL": "constexpr", "PDL_LATE": "constexpr"},
             constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK, "SPLITS": splits,
-                        **_aot_pdl(F16_AOT_PDL if splits == 1 else None)},
-            num_warps=4, div16=div16, note=note))
+                        "PDL": pdl, "PDL_LATE": False},
+            num_warps=4, div16=div16, note=note, expect_opcodes=PDL_OPCODES if pdl else ()))
     return configs
 
 

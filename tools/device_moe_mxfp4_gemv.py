@@ -40,7 +40,10 @@ PDL, T = 1 / 2 / 4 x B = 1, 2, 4, 8, 16, 32, 64 (B = 64: the pairs default besid
 without PDL). Each forward is checked against the float32 reference, then timed as a chain of 12 forwards in one CUDA
 graph (each launch the PDL dependent of the one before, forward after forward, weights rotating over 3 layer copies),
 the variants interleaved over ``PDL_ROUNDS`` rounds; a captured chain of 12 forwards into separate outputs must give
-every output bit for bit as the forward without PDL does (``chain_equal``).
+every output bit for bit as the forward without PDL does (``chain_equal``). Run 17b (``--pdl --shipped``): the
+default forward as shipped after run 17 (``moe_mxfp4_forward`` without tiles) beside the previous default (the same
+tiles without PDL) at every B where ``GEMV_PDL_WHERE`` ships PDL, the B between run 17's measured ones included (run
+17b itself timed T=1 B = 1..4, T=2 B = 1..8, T=4 B = 1..16; T=4 B = 15 was taken out after it).
 
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
@@ -291,6 +294,16 @@ PDL_CHAIN = 12  # forwards per timed graph (time_in_cuda_graph in timer()) and i
 PDL_DEADLINE_S = 215  # for a 280 s device limit
 
 
+def pdl_shipped_variants(rows, inter):
+    """Run 17b: the previous default (the shipped fp16 tiles without PDL), then the forward as shipped (no tiles given)."""
+    import dataclasses
+
+    tiles = moe.gemv_configs(rows, inter)
+    plain = tuple(dataclasses.replace(c, pdl=False, pdl_late=False, pdl_l2=False) for c in tiles)
+    return [(f"{label(plain)} (previous default)", {"upcast": moe.GEMV, "configs": plain}),
+            (f"{label(tiles)} (shipped default)", {})], plain
+
+
 def pdl_variants(rows, inter):
     """Run 17: (label, forward keywords) -- the default, then on the fp16 TMA GEMV tiles (the default's where it is the
     fp16 GEMV, else the 2x-row tiles, the down launch persistent at I = 512, shown without PDL first) PDL with early
@@ -334,13 +347,17 @@ def pdl_comparison(args) -> None:
         batches = tuple(int(b) for b in args.batches.split(","))
     if args.tps:
         tps = tuple(int(t) for t in args.tps.split(","))
+    if args.shipped and not args.batches:  # every B where PDL ships (smoke: I = 512 at T = 1)
+        batches = None
     chain_len = 2 if args.smoke else PDL_CHAIN  # a forward takes seconds under the interpreter
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or "moe_mxfp4-h200-run17",
-        title="sm120 MoE decode, run 17: programmatic dependent launch on the fp16 TMA GEMV forward, H200",
+        name=args.name or ("moe_mxfp4-h200-run17b" if args.shipped else "moe_mxfp4-h200-run17"),
+        title=("sm120 MoE decode, run 17b: the shipped PDL defaults of the fp16 TMA GEMV forward vs the previous ones, H200"
+               if args.shipped else
+               "sm120 MoE decode, run 17: programmatic dependent launch on the fp16 TMA GEMV forward, H200"),
         columns=["T", "B", "variant", "us", "us_rounds", "touched_MB", "GB/s", "%copy", "rel_err", "chain_equal",
                  "vs_default"])
     result.extra.update({"copy bandwidth (GB/s, read+write, eager)": round(copy_gbs, 1),
@@ -352,7 +369,8 @@ def pdl_comparison(args) -> None:
         ckpt = [t.clone() for t in layers[0]]
         for layer in layers:
             moe.repack_w13_(layer[0], layer[1])
-        for batch in batches:
+        inter_batches = batches or tuple(moe.GEMV_PDL_WHERE.get(inter, ((), False))[0])
+        for batch in inter_batches:
             if time.time() - t_start > PDL_DEADLINE_S:
                 result.notes.append(f"T={tp} B={batch}: skipped, past {PDL_DEADLINE_S} s into the run")
                 continue
@@ -360,7 +378,7 @@ def pdl_comparison(args) -> None:
             touched = moe.touched_expert_bytes(ids, hidden, inter, num_experts)
             ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids)
             rows = batch * TOP_K
-            variants, tiles = pdl_variants(rows, inter)
+            variants, tiles = pdl_shipped_variants(rows, inter) if args.shipped else pdl_variants(rows, inter)
 
             def forward(layer, kw, out=None):
                 return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, out=out, **kw)
@@ -375,7 +393,7 @@ def pdl_comparison(args) -> None:
             for name, kw in variants:
                 try:
                     errs[name] = relative_error(forward(layers[0], kw), ref)
-                    if kw.get("configs") and kw["configs"][0].pdl:
+                    if (kw.get("configs") or moe.gemv_configs(rows, inter))[0].pdl:
                         outs = [torch.empty_like(x) for _ in range(chain_len)]
                         calls = [lambda i=i: forward(layers[i % copies], kw, outs[i]) for i in range(chain_len)]
                         if device == "cuda":
@@ -469,6 +487,8 @@ def main() -> None:
                         help="run 16b: the fp16 TMA GEMV on 1x / 2x / 4x-row tiles, T=1/2/4 B=1..64 (device only: K >= 512)")
     parser.add_argument("--pdl", action="store_true",
                         help="run 17: PDL on the fp16 TMA GEMV forward vs without, T=1/2/4 B=1..64")
+    parser.add_argument("--shipped", action="store_true",
+                        help="with --pdl (run 17b): the shipped PDL defaults vs the previous defaults")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
                         help="--words: GEMV candidates up to this B, pairs candidates above it")
     parser.add_argument("--breakdown", default="", help="comma-separated variant labels (or 'default') timed "

@@ -567,6 +567,10 @@ def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, see
     assert not torch.equal(out, run(x, experts, weights, ids, upcast="gemv", configs=bf16))  # the fp16 path ran
 
 
+# runs 17 / 17b: per-rank I -> (the B with the PDL forward, whether its down launch prefetches its weights into L2)
+PDL_DEFAULT_AT = {2048: ((1, 2, 3, 4), False), 1024: (tuple(range(1, 9)), True), 512: ((*range(1, 15), 16), True)}
+
+
 def test_gemv_f16_default_follows_the_h200_numbers():
     """Runs 16 / 16b: the fp16 TMA GEMV is the default at B = 1..32 for I = 2048 / 1024 / 512 (T = 1 / 2 / 4) where
     the operands allow TMA: on twice the rows per program (gate/up 16 columns, down 32 rows), on 4x rows (32 / 64)
@@ -577,12 +581,17 @@ def test_gemv_f16_default_follows_the_h200_numbers():
     four = {(2048, 1), (1024, 2), (512, 16)}
     names = {c.name: c for c in moe.aot_configs()}
     assert "moe_mxfp4_route_x_f16" in names and "moe_mxfp4_route_x_f16_r256" in names  # BLOCK_ROWS 128 / 256
+    for name in ("moe_mxfp4_route_x_f16_pdl", "moe_mxfp4_topk_sum_pdl"):  # the PDL forward's other two launches
+        assert names[name].constexprs["PDL"] and set(moe.PDL_OPCODES) <= set(names[name].expect_opcodes)
     for inter in (2048, 1024, 512):
         for batch in (1, 2, 3, 7, 9, 16, 17, 31, 32):
             rows = batch * TOP_K
             gu, dn = rows4 if (inter, batch) in four else rows2
             if inter == 512:
                 dn = dataclasses.replace(dn, persistent_programs_per_sm=8)
+            if batch in PDL_DEFAULT_AT[inter][0]:  # run 17
+                gu = dataclasses.replace(gu, pdl=True)
+                dn = dataclasses.replace(dn, pdl=True, pdl_l2=PDL_DEFAULT_AT[inter][1])
             assert moe.gemv_configs(rows, inter) == (gu, dn) and moe.default_upcast(rows, inter) == "gemv"
             assert not moe.gemv_configs(rows, inter, tma=False)[0].f16
             assert not moe.gemv_configs(rows, inter, f16=False)[0].f16
@@ -726,6 +735,25 @@ def test_gemv_pdl_arguments(bad):
     with pytest.raises(ValueError, match="pdl"):
         run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
             configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
+
+
+def test_gemv_pdl_default_follows_the_h200_numbers():
+    """Runs 17 / 17b: the fp16 TMA GEMV forward launches with PDL (triggers after the waits) by default at T=1 B <= 4,
+    with the down launch's L2 prefetch at T=2 B <= 8 and T=4 B <= 16 but 15 (>= 2 % faster there); not beyond (T=1
+    B = 8: 1.9 %) nor at T=4 B = 15 (1.9 %), never the late triggers; every shipped PDL tile in the AOT registry with
+    PREEXIT / ACQBULK."""
+    names = {c.name: c for c in moe.aot_configs()}
+    for inter, (at, l2) in PDL_DEFAULT_AT.items():
+        for batch in range(1, moe.F16_MAX_BATCH + 1):
+            gu, dn = moe.gemv_configs(batch * TOP_K, inter)
+            assert gu.pdl == dn.pdl == (batch in at) and dn.pdl_l2 == (l2 and batch in at)
+            assert not (gu.pdl_late or dn.pdl_late or gu.pdl_l2)
+            for kind, cfg in (("gate_up", gu), ("down", dn)):
+                aot = names[f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}"]
+                assert aot.constexprs["PDL"] == cfg.pdl and (set(moe.PDL_OPCODES) <= set(aot.expect_opcodes)) == cfg.pdl
+                assert kind == "gate_up" or aot.constexprs["L2_PREFETCH"] == cfg.pdl_l2
+    assert [moe.gemv_configs(b * TOP_K, 2048)[0].pdl for b in (4, 5, 8)] == [True, False, False]
+    assert [moe.gemv_configs(b * TOP_K, 512)[0].pdl for b in (14, 15, 16, 17)] == [True, False, True, False]
 
 
 @pytest.mark.parametrize("bad", ["no_tma", "no_tma_down_only", "negative", "negative_gate_up"])
