@@ -34,6 +34,14 @@ select (:func:`hist_select`) instead counts the keys' top 11 bits per row inside
 sends everything above the K-th key's bin out in one split pass whose last program per row
 finishes the row from two more digit histograms. :class:`SelectForm` (search or histogram,
 largest chunk, warps) is chosen per shape in :data:`PLAN_TABLE`.
+
+Launches (H200 run 9, :data:`USE_PDL`): the two-kernel path launches with programmatic dependent launch
+at B <= 16 with the histogram select or the double-warp search (:func:`launch_pdl`). Every kernel waits
+(``griddepcontrol.wait``) before its first load: the logits kernel's inputs (q and the weights, lengths,
+page table, index-K cache) may all be written by the kernels just before it, and the later launches of
+the chain read only the previous launch's output, so there is no independent prologue to overlap (no
+later launch reads the index-K cache); what PDL saves is each launch's start-up behind the previous
+kernel's tail.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from .dsv4 import (
     INDEX_TOPK,
 )
 from .harness.aot import AotConfig
+from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
 FP8 = torch.float8_e4m3fn
 E8M0_ONE = 127  # E8M0 exponent byte of 1.0: unit block scales for the full-rate sm_120 fp8 MMA
@@ -90,6 +99,11 @@ WS_THR1 = tl.constexpr(3)  # the first digit's threshold bin
 WS_ABOVE1 = tl.constexpr(4)  # entries in the bins above it
 WS_SPLIT_DONE = tl.constexpr(5)  # split programs finished (folded form: the last one finishes the row)
 HIST_REDUCE_BLOCK = tl.constexpr(256)  # first-digit bins the reducing program sums at a time
+# How the last counting program of a row reduces the first digit's copies (_finish_first_digit)
+REDUCE_BLOCKS = tl.constexpr(0)
+REDUCE_ONE_SHOT = tl.constexpr(1)
+REDUCE_EARLY_EXIT = tl.constexpr(2)
+_REDUCE_NAMES = {0: "blocks", 1: "one_shot", 2: "early_exit"}
 WS_H2 = 16
 WS_H3 = WS_H2 + (1 << HIST_DIGITS[1])
 WS_H1 = WS_H3 + (1 << HIST_DIGITS[2])  # the counters and H2/H3 lie below: the final program zeroes them
@@ -101,6 +115,38 @@ HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores
 # per row finishing it over 1024-entry blocks of the threshold bin.
 HIST_SPLIT_MAX_CHUNK = 2048
 HIST_FINAL_BLOCK = 1024
+# Launch options by shape, from H200 runs 9 / 9b (benchmarks/indexer-h200-run9-summary.md); module-level so
+# that tools/device_indexer.py can time other settings beside them in one run. Run 9b, us, the shipped
+# rules against each with one part undone (PDL off; block reduce instead of early exit; not lean):
+#
+#   B   context  shipped  no PDL  blocks  not lean    B   context  shipped  no PDL  blocks  not lean
+#   1   8K       11.9     13.0    11.9    11.9        1   256K     22.1     23.4    22.1    24.1
+#   16  8K       13.6     14.7    13.6    13.6        16  256K     75.3     76.0    79.1    78.7
+#   1   64K      16.0     17.2    16.0    17.7        32  256K     131.9    131.2   135.1   131.6
+#   16  64K      34.2     34.7    34.1    37.1        64  256K     216.5    216.5   219.1   216.3
+#   4   64K      22.2*    23.1*   22.4*   24.4*       10  256K     56.8     57.8    59.7    55.0
+#   10  64K      29.3     30.0    29.2    31.4        8   256K     46.3     47.4    49.5    49.3
+#   (* the histogram select forced; the bitwise search at B=4 x 64K: 30.2 without PDL, 31.6 with)
+#
+# PDL lost with the plain and 8192-entry searches (run 9: B=64 8K 19.0 -> 22.1, B=64 64K 72.9 -> 78.8,
+# B=16 256K 82.1 -> 88.4; run 9b: B=4 64K bitwise 30.2 -> 31.6) and is off there and above B=16. The
+# one-shot reduce costs the sm_90 logits kernel 31 registers (65 -> 96: 7 -> 5 programs per SM); run 9:
+# logits + count at B=1 8K 12.2 -> 6.5 us, B=16 64K 26.7 -> 23.8 (4 pages per program), but B=64 64K
+# 58.8 -> 65.3, B=64 256K 172.3 -> 219.3 (16 and 64 pages); the early-exit reduce has the block reduce's
+# registers (run 9b, logits + count: B=64 256K 173.7 -> 169.6, B=16 256K 61.3 -> 58.1). The lean select
+# lost at B=10 x 256K (56.8 vs 55.0) and won at the other eight shapes where it runs.
+# - PDL (programmatic dependent launch) on the two-kernel path's launches (logits, select levels,
+#   histogram select; each waits before its first load) at B <= PDL_MAX_BATCH unless the select is the
+#   8192-entry search (launch_pdl).
+# - The logits kernel's first-digit reduce (_finish_first_digit): one-shot where its programs hold at
+#   most HIST_ONE_SHOT_MAX_PAGES pages, else HIST_LONG_REDUCE.
+# - The histogram select's lean split programs and one-block finish (_hist_select_kernel) where it runs
+#   at most HIST_LEAN_MAX_PROGRAMS programs.
+USE_PDL = True
+PDL_MAX_BATCH = 16
+HIST_ONE_SHOT_MAX_PAGES = 4
+HIST_LONG_REDUCE = 2  # REDUCE_EARLY_EXIT
+HIST_LEAN_MAX_PROGRAMS = 512
 
 
 def use_scaled_dot(device: torch.device | str | None = None) -> bool:
@@ -159,13 +205,18 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
                    max_seq_len, pt_width, pages_per_split, stride_qb, stride_wb, stride_ptb, stride_ob, stride_wsb,
                    D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                    PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr,
-                   HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0):
+                   HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0,
+                   PDL: tl.constexpr = False, REDUCE: tl.constexpr = 0):
     """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row.
     HIST_BITS > 0 also counts each live logit into its row's first-digit histogram in the
-    workspace ``ws_ptr`` (see :func:`_count_first_digit`); the row's last program reduces it."""
+    workspace ``ws_ptr`` (see :func:`_count_first_digit`); the row's last program reduces it.
+    PDL: every input (q and the weights from the projection just before, lengths, page table,
+    index-K cache) may be written by earlier kernels, so the wait comes before any load."""
     b = tl.program_id(0)
     split = tl.program_id(1)
     b64 = b.to(tl.int64)
+    pdl_wait(PDL)
+    pdl_launch_dependents(PDL)
     length = _row_length(lens_ptr, b, max_seq_len, pt_width, PAGE)
     q_t, w = _load_query(q_ptr, w_ptr, b64, stride_qb, stride_wb, D, H)
     tok = tl.arange(0, PAGE)
@@ -185,7 +236,7 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.full((PAGE,), float("-inf"), tl.float32), mask=pos < max_seq_len)
     if HIST_BITS > 0:
-        _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1)
+        _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1, REDUCE)
 
 
 @triton.jit
@@ -213,13 +264,30 @@ def _count_first_digit(ws_row, vals, pos, valid, B1: tl.constexpr, R: tl.constex
 
 @triton.jit
 def _finish_first_digit(ws_row, length, K: tl.constexpr, B1: tl.constexpr, R: tl.constexpr,
-                        WS_H1: tl.constexpr):
+                        WS_H1: tl.constexpr, REDUCE: tl.constexpr = 0):
     """Called by every counting program of a row at its end; the last one to finish sums the R
     copies of the first-digit histogram (zeroing them for the next call), and stores the bin of
-    the K-th largest key and how many keys lie above that bin."""
+    the K-th largest key and how many keys lie above that bin. How (:data:`REDUCE_BLOCKS` ...):
+    in 256-bin blocks from the top, each block's loads one L2 round trip after the previous block's
+    (its zeroing stores lie between); the same with the loads of the blocks below the threshold's
+    masked off (they only need zeroing: round trips only down to the threshold's block); or all R
+    copies of all bins loaded before any is used (one round trip, but about 30 more registers on
+    sm_90, which cost the page loop occupancy when it is long)."""
     tl.debug_barrier()  # all of this program's counts performed before its arrival is published
     arrived = tl.atomic_add(ws_row + WS_DONE, 1, sem="acq_rel")
-    if arrived == tl.num_programs(1) - 1:
+    if REDUCE == REDUCE_ONE_SHOT and arrived == tl.num_programs(1) - 1:
+        NBINS: tl.constexpr = 1 << B1
+        bins = tl.arange(0, NBINS)
+        hist = tl.zeros((NBINS,), tl.int32)
+        for c in tl.static_range(R):
+            hist += tl.load(ws_row + WS_H1 + c * NBINS + bins, cache_modifier=".cg")
+        for c in tl.static_range(R):
+            tl.store(ws_row + WS_H1 + c * NBINS + bins, tl.zeros((NBINS,), tl.int32))
+        thr, above = _threshold_bin(hist, tl.sum(hist, axis=0), K, NBINS)
+        tl.store(ws_row + WS_THR1, thr)
+        tl.store(ws_row + WS_ABOVE1, tl.where(thr < 0, 0, above))
+        tl.store(ws_row + WS_DONE, 0)  # every program has arrived: ready for the next call
+    if REDUCE != REDUCE_ONE_SHOT and arrived == tl.num_programs(1) - 1:
         BLOCK: tl.constexpr = HIST_REDUCE_BLOCK
         bins = tl.arange(0, BLOCK)
         copies = tl.arange(0, R)
@@ -229,7 +297,10 @@ def _finish_first_digit(ws_row, length, K: tl.constexpr, B1: tl.constexpr, R: tl
         for i in tl.static_range((1 << B1) // BLOCK):
             base = ((1 << B1) // BLOCK - 1 - i) * BLOCK  # from the top block down
             ptrs = ws_row + WS_H1 + copies[None, :] * (1 << B1) + (base + bins)[:, None]
-            hist = tl.sum(tl.load(ptrs, cache_modifier=".cg"), axis=1)
+            if REDUCE == REDUCE_EARLY_EXIT:
+                hist = tl.sum(tl.load(ptrs, mask=thr < 0, other=0, cache_modifier=".cg"), axis=1)
+            else:
+                hist = tl.sum(tl.load(ptrs, cache_modifier=".cg"), axis=1)
             tl.store(ptrs, tl.zeros((BLOCK, R), tl.int32))
             at_or_above = running + tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
             hits = tl.sum((at_or_above >= K).to(tl.int32), axis=0)
@@ -327,7 +398,7 @@ def _fused_split_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, 
 def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_pos_ptr, out_raw_ptr,
                    n_in, pt_width, stride_inb, stride_outb, stride_ptb, stride_rawb,
                    CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, IMPLICIT_POS: tl.constexpr,
-                   FINAL: tl.constexpr, HAS_RAW: tl.constexpr):
+                   FINAL: tl.constexpr, HAS_RAW: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (B, groups): the top-K of CHUNK consecutive entries of a row.
 
     Input is a logits row (IMPLICIT_POS: position = column, valid below the row's length) or
@@ -337,6 +408,8 @@ def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_po
     b = tl.program_id(0)
     g = tl.program_id(1)
     b64 = b.to(tl.int64)
+    pdl_wait(PDL)  # the input row is the previous launch's output
+    pdl_launch_dependents(PDL)
     idx = g * CHUNK + tl.arange(0, CHUNK)
     inside = idx < n_in
     vals = tl.load(in_val_ptr + b64 * stride_inb + idx, mask=inside, other=float("-inf"))
@@ -384,18 +457,21 @@ def _store_slots(out_row, raw_row, pt_row, pos, slot, sel, PAGE: tl.constexpr, H
 @triton.jit
 def _score_hist_kernel(scores_ptr, lens_ptr, ws_ptr, n_in, pt_width, stride_sb, stride_wsb,
                        CHUNK: tl.constexpr, PAGE: tl.constexpr, K: tl.constexpr, B1: tl.constexpr,
-                       R: tl.constexpr, WS_H1: tl.constexpr):
+                       R: tl.constexpr, WS_H1: tl.constexpr, PDL: tl.constexpr = False,
+                       REDUCE: tl.constexpr = 0):
     """Grid (B, groups): the first-digit histogram of a given scores row (the logits kernel builds
     it in passing when it computes the scores itself)."""
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
+    pdl_wait(PDL)
+    pdl_launch_dependents(PDL)
     length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
     idx = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
     valid = idx < length
     vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=valid, other=float("-inf"))
     ws_row = ws_ptr + b64 * stride_wsb
     _count_first_digit(ws_row, vals, idx, valid, B1, R, WS_H1)
-    _finish_first_digit(ws_row, length, K, B1, R, WS_H1)
+    _finish_first_digit(ws_row, length, K, B1, R, WS_H1, REDUCE)
 
 
 @triton.jit
@@ -429,35 +505,77 @@ def _hist_split_part(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out
 
 
 @triton.jit
+def _hist_split_part_lean(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
+                          stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                          CHUNK: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
+                          B1: tl.constexpr, B2: tl.constexpr, WS_H2: tl.constexpr):
+    """:func:`_hist_split_part` on scores and threshold already loaded (beside the row length, not
+    after it), claiming its output and candidate slots with one two-lane atomic (the above and tie
+    counters are adjacent) instead of two in sequence: two round trips fewer per program."""
+    ws_row = ws_ptr + b64 * stride_wsb
+    idx = g * CHUNK + tl.arange(0, CHUNK)
+    valid = idx < length
+    key_u = _order_key(vals)
+    digit1 = _key_bits(key_u, 0, B1)
+    above = valid & (digit1 > thr1)
+    tie = valid & (digit1 == thr1)
+    lane = tl.arange(0, 2)
+    counts = tl.where(lane == 0, tl.sum(above.to(tl.int32), axis=0), tl.sum(tie.to(tl.int32), axis=0))
+    claimed = tl.atomic_add(ws_row + WS_ABOVE + lane, counts, sem="relaxed")  # WS_TIE == WS_ABOVE + 1
+    base = tl.sum(tl.where(lane == 0, claimed, 0), axis=0)
+    tie_base = tl.sum(tl.where(lane == 1, claimed, 0), axis=0)
+    _store_slots(out_ptr + b64 * stride_outb, raw_ptr + b64 * stride_rawb, pt_ptr + b64 * stride_ptb, idx,
+                 base + tl.cumsum(above.to(tl.int32), axis=0) - 1, above, PAGE, HAS_RAW)
+    tie_slot = tie_base + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+    keep = tie & (tie_slot < CAP)
+    tl.store(cand_val_ptr + b64 * stride_cb + tie_slot, vals, mask=keep)
+    tl.store(cand_pos_ptr + b64 * stride_cb + tie_slot, idx, mask=keep)
+    tl.atomic_add(ws_row + WS_H2 + _key_bits(key_u, B1, B2), tl.full((CHUNK,), 1, tl.int32), mask=tie,
+                  sem="relaxed")
+
+
+@triton.jit
 def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr,
                         n_in, pt_width, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
                         CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr,
                         HAS_RAW: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr,
-                        WS_H2: tl.constexpr, WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr):
+                        WS_H2: tl.constexpr, WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr = False, LEAN: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False):
     """Grid (B, groups): the histogram select after the first digit, in one launch. The split
     programs of a long row (:func:`_hist_split_part`) count their arrivals; the last to arrive
     finishes the row (:func:`_hist_finish_row`), so no launch of one program per row follows (H200
     run 7: B=64 x 256K 219.5 vs 233.0 us). A row of at most K positions is finished by its first
-    program alone."""
+    program alone. LEAN: the split programs load their scores and the threshold bin beside the row
+    length and claim slots with one atomic (:func:`_hist_split_part_lean`). ONE_BLOCK: a threshold
+    bin of at most BLOCK entries is finished from one register block (:func:`_hist_finish_one_block`)."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     b64 = b.to(tl.int64)
+    pdl_wait(PDL)  # the scores and the first-digit threshold come from the logits launch just before
+    pdl_launch_dependents(PDL)
     length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
-    if length <= K:
-        if g == 0:
-            _hist_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, length,
-                             stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                             K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK)
-    elif g * CHUNK < length:
-        _hist_split_part(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
-                         stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                         CHUNK, PAGE, CAP, HAS_RAW, B1, B2, WS_H2)
+    if LEAN:
+        idx = g * CHUNK + tl.arange(0, CHUNK)
+        vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=idx < n_in, other=float("-inf"))
+        thr1 = tl.load(ws_ptr + b64 * stride_wsb + WS_THR1)
+    if (length > K) & (g * CHUNK < length):
+        if LEAN:
+            _hist_split_part_lean(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g,
+                                  length, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                                  CHUNK, PAGE, CAP, HAS_RAW, B1, B2, WS_H2)
+        else:
+            _hist_split_part(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g,
+                             length, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                             CHUNK, PAGE, CAP, HAS_RAW, B1, B2, WS_H2)
         tl.debug_barrier()  # all of this program's stores and counts performed before its arrival
         arrived = tl.atomic_add(ws_ptr + b64 * stride_wsb + WS_SPLIT_DONE, 1, sem="acq_rel")
         if arrived == tl.cdiv(length, CHUNK) - 1:
             _hist_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, length,
                              stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                             K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK)
+                             K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK, ONE_BLOCK)
+    if (length <= K) & (g == 0):  # after the long-row branch: the scores loaded early are dead here
+        _hist_short_row(pt_ptr, ws_ptr, out_ptr, raw_ptr, b64, length, stride_ptb, stride_wsb, stride_outb,
+                        stride_rawb, K, PAGE, HAS_RAW, WS_CLEAN)
 
 
 @triton.jit
@@ -476,8 +594,9 @@ def _hist_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out
                      stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
                      K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
                      B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, WS_H2: tl.constexpr,
-                     WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr):
-    """The rest of one row's top-K. Rows of at most K positions list them in order. Longer rows:
+                     WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
+                     ONE_BLOCK: tl.constexpr = False):
+    """The rest of one row's top-K (a row longer than K; :func:`_hist_short_row` lists shorter ones):
     from the second-digit histogram, the threshold bin's entries with a higher second digit go
     out; the third (last) digit of those with the threshold's second digit is counted here, then
     the exact K-th key is known and equal keys are taken in list order. Both passes hold BLOCK
@@ -489,66 +608,127 @@ def _hist_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out
     out_row = out_ptr + b64 * stride_outb
     raw_row = raw_ptr + b64 * stride_rawb
     pt_row = pt_ptr + b64 * stride_ptb
-    j = tl.arange(0, K)
-    if length <= K:
-        _store_slots(out_row, raw_row, pt_row, j, j, j < length, PAGE, HAS_RAW)
-        tl.store(out_row + j, tl.full((K,), -1, tl.int32), mask=j >= length)
-        if HAS_RAW:
-            tl.store(raw_row + j, tl.full((K,), -1, tl.int32), mask=j >= length)
-    else:
-        ws_row = ws_ptr + b64 * stride_wsb
-        thr1 = tl.load(ws_row + WS_THR1)
-        n_above1 = tl.load(ws_row + WS_ABOVE1)
-        n_tie = tl.load(ws_row + WS_TIE, cache_modifier=".cg")  # counted by the split programs
-        hist2 = tl.load(ws_row + WS_H2 + tl.arange(0, 1 << B2), cache_modifier=".cg")
-        thr2, n_above2 = _threshold_bin(hist2, n_tie, K - n_above1, 1 << B2)
-        n_tie2 = tl.sum(tl.where(tl.arange(0, 1 << B2) == thr2, hist2, 0), axis=0)
-        from_row = n_tie > CAP
-        n_src = tl.where(from_row, length, n_tie)
-        scores_row = scores_ptr + b64 * stride_sb
-        cand_val_row = cand_val_ptr + b64 * stride_cb
-        cand_pos_row = cand_pos_ptr + b64 * stride_cb
-        written = n_above1
-        for start in range(0, n_src, BLOCK):
-            idx = start + tl.arange(0, BLOCK)
-            inside = idx < n_src
-            vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
-            key_u = _order_key(vals)
-            in_bin = inside & (_key_bits(key_u, 0, B1) == thr1)
-            digit2 = _key_bits(key_u, B1, B2)
-            take = in_bin & (digit2 > thr2)
-            _store_slots(out_row, raw_row, pt_row, pos, written + tl.cumsum(take.to(tl.int32), axis=0) - 1, take,
-                         PAGE, HAS_RAW)
-            written += tl.sum(take.to(tl.int32), axis=0)
-            tl.atomic_add(ws_row + WS_H3 + _key_bits(key_u, B1 + B2, B3), tl.full((BLOCK,), 1, tl.int32),
-                          mask=in_bin & (digit2 == thr2), sem="relaxed")
-        tl.debug_barrier()  # this program's counts, performed at L2, before it reads them back
-        need3 = K - n_above1 - n_above2
-        thr3, n_above3 = _threshold_bin(tl.load(ws_row + WS_H3 + tl.arange(0, 1 << B3), cache_modifier=".cg"),
-                                        n_tie2, need3, 1 << B3)
-        n_equal = need3 - n_above3  # entries with exactly the K-th key still to take
-        equal_seen = tl.full((), 0, tl.int32)
-        for start in range(0, n_src, BLOCK):
-            idx = start + tl.arange(0, BLOCK)
-            inside = idx < n_src
-            vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
-            key_u = _order_key(vals)
-            in_tie2 = inside & (_key_bits(key_u, 0, B1) == thr1) & (_key_bits(key_u, B1, B2) == thr2)
-            digit3 = _key_bits(key_u, B1 + B2, B3)
-            equal = in_tie2 & (digit3 == thr3)
-            equal_rank = equal_seen + tl.cumsum(equal.to(tl.int32), axis=0) - 1
-            take = in_tie2 & ((digit3 > thr3) | (equal & (equal_rank < n_equal)))
-            _store_slots(out_row, raw_row, pt_row, pos, written + tl.cumsum(take.to(tl.int32), axis=0) - 1, take,
-                         PAGE, HAS_RAW)
-            written += tl.sum(take.to(tl.int32), axis=0)
-            equal_seen += tl.sum(equal.to(tl.int32), axis=0)
-    # Leave the row's counters and second/third-digit histograms zero for the next call (the
-    # first digit's copies were zeroed when they were reduced).
-    tl.debug_barrier()
     ws_row = ws_ptr + b64 * stride_wsb
+    thr1 = tl.load(ws_row + WS_THR1)
+    n_above1 = tl.load(ws_row + WS_ABOVE1)
+    n_tie = tl.load(ws_row + WS_TIE, cache_modifier=".cg")  # counted by the split programs
+    hist2 = tl.load(ws_row + WS_H2 + tl.arange(0, 1 << B2), cache_modifier=".cg")
+    thr2, n_above2 = _threshold_bin(hist2, n_tie, K - n_above1, 1 << B2)
+    n_tie2 = tl.sum(tl.where(tl.arange(0, 1 << B2) == thr2, hist2, 0), axis=0)
+    from_row = n_tie > CAP
+    n_src = tl.where(from_row, length, n_tie)
+    scores_row = scores_ptr + b64 * stride_sb
+    cand_val_row = cand_val_ptr + b64 * stride_cb
+    cand_pos_row = cand_pos_ptr + b64 * stride_cb
+    if ONE_BLOCK:
+        if n_src <= BLOCK:
+            _hist_finish_one_block(cand_val_row, cand_pos_row, ws_row, out_row, raw_row, pt_row, n_tie, thr2,
+                                   n_above1, n_above2, n_tie2, K, PAGE, HAS_RAW, B1, B2, B3, WS_H3, BLOCK)
+        else:
+            _hist_finish_blocks(scores_row, cand_val_row, cand_pos_row, ws_row, out_row, raw_row, pt_row, n_src,
+                                from_row, thr1, thr2, n_above1, n_above2, n_tie2, K, PAGE, HAS_RAW, B1, B2, B3,
+                                WS_H3, BLOCK)
+    else:
+        _hist_finish_blocks(scores_row, cand_val_row, cand_pos_row, ws_row, out_row, raw_row, pt_row, n_src,
+                            from_row, thr1, thr2, n_above1, n_above2, n_tie2, K, PAGE, HAS_RAW, B1, B2, B3,
+                            WS_H3, BLOCK)
+    _clean_row_workspace(ws_ptr + b64 * stride_wsb, WS_CLEAN)
+
+
+@triton.jit
+def _hist_short_row(pt_ptr, ws_ptr, out_ptr, raw_ptr, b64, length, stride_ptb, stride_wsb, stride_outb, stride_rawb,
+                    K: tl.constexpr, PAGE: tl.constexpr, HAS_RAW: tl.constexpr, WS_CLEAN: tl.constexpr):
+    """A row of at most K positions: all of them, in order, then -1."""
+    out_row = out_ptr + b64 * stride_outb
+    raw_row = raw_ptr + b64 * stride_rawb
+    j = tl.arange(0, K)
+    _store_slots(out_row, raw_row, pt_ptr + b64 * stride_ptb, j, j, j < length, PAGE, HAS_RAW)
+    tl.store(out_row + j, tl.full((K,), -1, tl.int32), mask=j >= length)
+    if HAS_RAW:
+        tl.store(raw_row + j, tl.full((K,), -1, tl.int32), mask=j >= length)
+    _clean_row_workspace(ws_ptr + b64 * stride_wsb, WS_CLEAN)
+
+
+@triton.jit
+def _clean_row_workspace(ws_row, WS_CLEAN: tl.constexpr):
+    """Leave the row's counters and second/third-digit histograms zero for the next call (the first
+    digit's copies were zeroed when they were reduced)."""
+    tl.debug_barrier()
     for off in tl.static_range(0, WS_CLEAN, 1024):
         i = off + tl.arange(0, 1024)
         tl.store(ws_row + i, tl.zeros((1024,), tl.int32), mask=i < WS_CLEAN)
+
+
+@triton.jit
+def _hist_finish_one_block(cand_val_row, cand_pos_row, ws_row, out_row, raw_row, pt_row, n_tie, thr2, n_above1,
+                           n_above2, n_tie2, K: tl.constexpr, PAGE: tl.constexpr, HAS_RAW: tl.constexpr,
+                           B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, WS_H3: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """:func:`_hist_finish_blocks` for a candidate list of at most BLOCK entries: read once and kept
+    in registers, the page-table gather issued before the third digit is counted (its round trip
+    overlaps the count's), one store of every taken entry."""
+    idx = tl.arange(0, BLOCK)
+    inside = idx < n_tie
+    vals = tl.load(cand_val_row + idx, mask=inside, other=float("-inf"), cache_modifier=".cg")
+    pos = tl.load(cand_pos_row + idx, mask=inside, other=0, cache_modifier=".cg")
+    key_u = _order_key(vals)
+    digit2 = _key_bits(key_u, B1, B2)
+    digit3 = _key_bits(key_u, B1 + B2, B3)
+    tie2 = inside & (digit2 == thr2)
+    tl.atomic_add(ws_row + WS_H3 + digit3, tl.full((BLOCK,), 1, tl.int32), mask=tie2, sem="relaxed")
+    tl.debug_barrier()  # this program's counts, performed at L2, before it reads them back
+    need3 = K - n_above1 - n_above2
+    thr3, n_above3 = _threshold_bin(tl.load(ws_row + WS_H3 + tl.arange(0, 1 << B3), cache_modifier=".cg"),
+                                    n_tie2, need3, 1 << B3)
+    equal = tie2 & (digit3 == thr3)
+    equal_rank = tl.cumsum(equal.to(tl.int32), axis=0) - 1
+    take = inside & ((digit2 > thr2) | (tie2 & (digit3 > thr3)) | (equal & (equal_rank < need3 - n_above3)))
+    _store_slots(out_row, raw_row, pt_row, pos, n_above1 + tl.cumsum(take.to(tl.int32), axis=0) - 1, take, PAGE,
+                 HAS_RAW)
+
+
+@triton.jit
+def _hist_finish_blocks(scores_row, cand_val_row, cand_pos_row, ws_row, out_row, raw_row, pt_row, n_src, from_row,
+                        thr1, thr2, n_above1, n_above2, n_tie2, K: tl.constexpr, PAGE: tl.constexpr,
+                        HAS_RAW: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr,
+                        WS_H3: tl.constexpr, BLOCK: tl.constexpr):
+    """The threshold bin's entries (candidate list, or the whole row when it overflowed) in blocks
+    of BLOCK: those above the second digit's threshold out, the third digit of those at it counted,
+    then a second pass takes the rest by the third digit (equal keys in list order)."""
+    written = n_above1
+    for start in range(0, n_src, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        inside = idx < n_src
+        vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
+        key_u = _order_key(vals)
+        in_bin = inside & (_key_bits(key_u, 0, B1) == thr1)
+        digit2 = _key_bits(key_u, B1, B2)
+        take = in_bin & (digit2 > thr2)
+        _store_slots(out_row, raw_row, pt_row, pos, written + tl.cumsum(take.to(tl.int32), axis=0) - 1, take,
+                     PAGE, HAS_RAW)
+        written += tl.sum(take.to(tl.int32), axis=0)
+        tl.atomic_add(ws_row + WS_H3 + _key_bits(key_u, B1 + B2, B3), tl.full((BLOCK,), 1, tl.int32),
+                      mask=in_bin & (digit2 == thr2), sem="relaxed")
+    tl.debug_barrier()  # this program's counts, performed at L2, before it reads them back
+    need3 = K - n_above1 - n_above2
+    thr3, n_above3 = _threshold_bin(tl.load(ws_row + WS_H3 + tl.arange(0, 1 << B3), cache_modifier=".cg"),
+                                    n_tie2, need3, 1 << B3)
+    n_equal = need3 - n_above3  # entries with exactly the K-th key still to take
+    equal_seen = tl.full((), 0, tl.int32)
+    for start in range(0, n_src, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        inside = idx < n_src
+        vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
+        key_u = _order_key(vals)
+        in_tie2 = inside & (_key_bits(key_u, 0, B1) == thr1) & (_key_bits(key_u, B1, B2) == thr2)
+        digit3 = _key_bits(key_u, B1 + B2, B3)
+        equal = in_tie2 & (digit3 == thr3)
+        equal_rank = equal_seen + tl.cumsum(equal.to(tl.int32), axis=0) - 1
+        take = in_tie2 & ((digit3 > thr3) | (equal & (equal_rank < n_equal)))
+        _store_slots(out_row, raw_row, pt_row, pos, written + tl.cumsum(take.to(tl.int32), axis=0) - 1, take,
+                     PAGE, HAS_RAW)
+        written += tl.sum(take.to(tl.int32), axis=0)
+        equal_seen += tl.sum(equal.to(tl.int32), axis=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -671,6 +851,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def launch_pdl(device, batch: int, form: "SelectForm") -> bool:
+    """Whether a two-kernel-path launch of ``batch`` rows whose select is ``form`` uses programmatic
+    dependent launch on ``device`` (see :data:`PDL_MAX_BATCH`): the histogram select and the
+    double-warp search only, where H200 run 9 measured PDL faster."""
+    pdl_form = form.method == "histogram" or form.warps_mul == 2
+    return USE_PDL and batch <= PDL_MAX_BATCH and pdl_form and pdl_supported(torch.device(device))
+
+
+def hist_reduce_mode(pages_per_split: int) -> int:
+    """How the logits kernel's last program per row reduces the first digit (see :data:`USE_PDL`)."""
+    return int(REDUCE_ONE_SHOT) if pages_per_split <= HIST_ONE_SHOT_MAX_PAGES else HIST_LONG_REDUCE
+
+
+def hist_lean(programs: int) -> bool:
+    return programs <= HIST_LEAN_MAX_PROGRAMS
+
+
 def _kv_views(kv):
     flat = kv.view(kv.shape[0], INDEX_PAGE_BYTES) if kv.shape[0] else kv.reshape(0, INDEX_PAGE_BYTES)
     return flat.view(FP8), flat.view(torch.float32)
@@ -708,11 +905,14 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     pps = logits_pages_per_split(batch, max_seq_len)
     splits = -(-_cdiv(max_seq_len, INDEX_PAGE_SIZE) // pps)
     ws = hist_workspace if hist_workspace is not None else out
-    hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=hist_k, WS_H1=WS_H1) if hist_workspace is not None else {}
+    hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=hist_k, WS_H1=WS_H1,
+                REDUCE=hist_reduce_mode(pps)) if hist_workspace is not None else {}
+    pdl = launch_pdl(q.device, batch, choose_plan(batch, max_seq_len).select)
     _logits_kernel[(batch, splits)](
         q, kv_fp8, kv_f32, weights, lens, page_table, out, ws, max_seq_len, page_table.shape[1], pps,
         q.stride(0), weights.stride(0), page_table.stride(0), out.stride(0), ws.stride(0), **_page_consts(),
-        USE_SCALED_DOT=scaled, **hist, num_warps=LOGITS_NUM_WARPS, num_stages=LOGITS_NUM_STAGES)
+        USE_SCALED_DOT=scaled, **hist, PDL=pdl, num_warps=LOGITS_NUM_WARPS, num_stages=LOGITS_NUM_STAGES,
+        launch_pdl=pdl)
     return out
 
 
@@ -760,9 +960,10 @@ def _hist_digit_consts():
     return dict(B1=b1, B2=b2, WS_H2=WS_H2)
 
 
-def _hist_select_consts(k, has_raw, chunk):
+def _hist_select_consts(k, has_raw, chunk, lean=False, one_block=False):
     return dict(CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=has_raw, B3=HIST_DIGITS[2],
-                WS_H3=WS_H3, WS_CLEAN=WS_H1, BLOCK=HIST_FINAL_BLOCK, **_hist_digit_consts())
+                WS_H3=WS_H3, WS_CLEAN=WS_H1, BLOCK=HIST_FINAL_BLOCK, LEAN=lean, ONE_BLOCK=one_block,
+                **_hist_digit_consts())
 
 
 def hist_select(scores, lens, page_table, out, raw, workspace):
@@ -776,21 +977,25 @@ def hist_select(scores, lens, page_table, out, raw, workspace):
     cand_val = torch.empty(batch, HIST_CAP, dtype=torch.float32, device=scores.device)
     cand_pos = torch.empty(batch, HIST_CAP, dtype=torch.int32, device=scores.device)
     raw_arg = raw if raw is not None else out
+    pdl = launch_pdl(scores.device, batch, _HISTOGRAM)
+    lean = hist_lean(batch * _cdiv(width, chunk))
     _hist_select_kernel[(batch, _cdiv(width, chunk))](
         scores, lens, page_table, workspace, cand_val, cand_pos, out, raw_arg, width, page_table.shape[1],
         scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
-        raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk),
-        num_warps=_hist_num_warps(max(chunk, HIST_FINAL_BLOCK)), num_stages=1)
+        raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk, lean, lean),
+        PDL=pdl, num_warps=_hist_num_warps(max(chunk, HIST_FINAL_BLOCK)), num_stages=1, launch_pdl=pdl)
     return out
 
 
 def _hist_topk_from_scores(scores, lens, page_table, out, raw):
     workspace = hist_workspace(scores.shape[0], scores.device)
     chunk = hist_chunk(scores.shape[1])
+    pdl = launch_pdl(scores.device, scores.shape[0], _HISTOGRAM)
     _score_hist_kernel[(scores.shape[0], _cdiv(scores.shape[1], chunk))](
         scores, lens, workspace, scores.shape[1], page_table.shape[1], scores.stride(0), workspace.stride(0),
         CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=out.shape[1], B1=HIST_DIGITS[0], R=HIST_COPIES, WS_H1=WS_H1,
-        num_warps=_hist_num_warps(chunk), num_stages=1)
+        PDL=pdl, REDUCE=hist_reduce_mode(chunk // INDEX_PAGE_SIZE), num_warps=_hist_num_warps(chunk), num_stages=1,
+        launch_pdl=pdl)
     return hist_select(scores, lens, page_table, out, raw, workspace)
 
 
@@ -815,6 +1020,7 @@ def _merge(vals, pos, lens, page_table, out, raw, implicit, form):
     final slot ids in ``out`` through levels of :func:`_select_kernel`."""
     batch, k = out.shape
     n = vals.shape[1]
+    pdl = launch_pdl(vals.device, batch, form)
     while True:
         chunk = select_chunk(n, k, form.max_chunk)
         groups = -(-n // chunk)
@@ -829,8 +1035,8 @@ def _merge(vals, pos, lens, page_table, out, raw, implicit, form):
             raw if raw is not None else out, n, page_table.shape[1], vals.stride(0), dst_pos.stride(0),
             page_table.stride(0), raw.stride(0) if raw is not None else 0,
             CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit and pos is None, FINAL=final,
-            HAS_RAW=raw is not None, num_warps=_select_warps(chunk, form.warps_mul),
-            num_stages=1)
+            HAS_RAW=raw is not None, PDL=pdl, num_warps=_select_warps(chunk, form.warps_mul),
+            num_stages=1, launch_pdl=pdl)
         if final:
             return out
         vals, pos, n = dst_val, dst_pos, groups * k
@@ -1006,24 +1212,41 @@ def _select_form(batch, width, select):
 # 16385-32768, B <= 8 up to 65536 and B > 16 at 32769-65536; each limit sits between a timed size
 # where it won by >= 8 % and one where it did not win by 2 %. A logits row computed elsewhere keeps the
 # search form the bucket had (its top-k alone was not re-timed).
+#
+# With run 9's launches (PDL, first-digit reduce, lean select: see USE_PDL) the histogram select takes
+# three more buckets (H200 run 9b, us, the default as of run 8 with its launches, 'run8', against today's):
+#
+#   B   context  positions  run8 default      shipped (histogram)
+#   4   64K      16384      30.2 (bitwise)    22.2   <- 26 % faster   (B 3-4 x 8193-16384)
+#   10  64K      16384      33.9 (2x warps)   29.3   <- 14 % faster   (B 9-16 x 8193-16384)
+#   16  64K      16384      37.7 (2x warps)   34.2   <- 9 % faster
+#   10  256K     65536      68.0 (8192)       56.8   <- 16 % faster   (B 9-16 x 32769-65536)
+#   16  256K     65536      82.7 (8192)       75.3   <- 9 % faster
+#
+# B 5-8 x 8193-16384 (not timed) keeps the double-warp search; a logits row from elsewhere keeps each
+# bucket's search form.
 _BITWISE = SelectForm()
 _BITWISE_2XW = SelectForm(warps_mul=2)
 _CHUNK8K = SelectForm(max_chunk=8192)
 _HISTOGRAM = SelectForm(method="histogram")
 _HIST_UNFUSED_BITWISE = Plan("two_kernel", select=_HISTOGRAM, unfused_select=_BITWISE)
+_HIST_UNFUSED_BITWISE_2XW = Plan("two_kernel", select=_HISTOGRAM, unfused_select=_BITWISE_2XW)
 _HIST_UNFUSED_CHUNK8K = Plan("two_kernel", select=_HISTOGRAM, unfused_select=_CHUNK8K)
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE_2XW)),
     (2, 8192, Plan("two_kernel", select=_BITWISE)),
     (2, 65536, _HIST_UNFUSED_BITWISE),
-    (4, 16384, Plan("two_kernel", select=_BITWISE)),
+    (4, 8192, Plan("two_kernel", select=_BITWISE)),
+    (4, 65536, _HIST_UNFUSED_BITWISE),
+    (8, 16384, Plan("two_kernel", select=_BITWISE_2XW)),
+    (16, 8192, Plan("two_kernel", select=_BITWISE_2XW)),
+    (16, 16384, _HIST_UNFUSED_BITWISE_2XW),
     (32, 16384, Plan("two_kernel", select=_BITWISE_2XW)),
     (INDEX_MAX_BATCH, 16384, Plan("two_kernel", select=_CHUNK8K)),
-    (4, 65536, _HIST_UNFUSED_BITWISE),
     (16, 32768, _HIST_UNFUSED_CHUNK8K),
     (8, 65536, _HIST_UNFUSED_CHUNK8K),
     (32, 32768, Plan("two_kernel", select=_CHUNK8K)),
-    (16, 65536, Plan("two_kernel", select=_CHUNK8K)),
+    (16, 65536, _HIST_UNFUSED_CHUNK8K),
     (INDEX_MAX_BATCH, 65536, _HIST_UNFUSED_CHUNK8K),
     (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel", select=_BITWISE)),
 )
@@ -1141,45 +1364,67 @@ def _sig(base, constexprs):
     return sig
 
 
+def _pdl_settings():
+    """(PDL flag, name suffix, opcodes it must compile to) for each launch form that ships."""
+    forms = [(False, "", ())]
+    if USE_PDL:
+        forms.append((True, "_pdl", PDL_OPCODES))
+    return forms
+
+
 def aot_configs() -> list[AotConfig]:
     """Every shipped config, as sm_120 runs it: the block-scaled fp8 MMA (QMMA.SF) for the product;
-    the plain fp8 dot (QMMA without .SF) must not appear."""
+    the plain fp8 dot (QMMA without .SF) must not appear; the two-kernel path's launches with and
+    without PDL (griddepcontrol: PREEXIT + ACQBULK; see :func:`launch_pdl`), the first-digit reduce
+    and the histogram select in each form :func:`hist_reduce_mode` / :func:`hist_lean` pick."""
     configs = []
     page = _page_consts()
-    hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1)
-    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0)  # the kernel's defaults: no histogram code
-    for name, extra in (("indexer_logits", no_hist), ("indexer_logits_hist", hist)):
-        c = dict(page, USE_SCALED_DOT=True, **extra)
-        configs.append(AotConfig(
-            name, _logits_kernel, _sig(_LOGITS_SIG, c), c, num_warps=LOGITS_NUM_WARPS,
-            num_stages=LOGITS_NUM_STAGES, div16=("stride_qb", "stride_ob", "stride_wsb"),
-            expect_opcodes=("QMMA.SF",), forbid_opcodes=("QMMA.16832",)))
-    digits = _hist_digit_consts()
-    for chunk in HIST_CHUNKS:
-        c = dict(CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=INDEX_TOPK, B1=digits["B1"], R=HIST_COPIES, WS_H1=WS_H1)
-        configs.append(AotConfig(
-            f"indexer_score_hist_c{chunk}", _score_hist_kernel, _sig(_SCORE_HIST_SIG, c), c,
-            num_warps=_hist_num_warps(chunk), num_stages=1, div16=("stride_sb", "stride_wsb")))
-    for chunk in sorted({hist_chunk(n, HIST_SPLIT_MAX_CHUNK) for n in HIST_CHUNKS}):
-        c = _hist_select_consts(INDEX_TOPK, False, chunk)
-        configs.append(AotConfig(
-            f"indexer_hist_select_c{chunk}", _hist_select_kernel, _sig(_HIST_SIG, c), c,
-            num_warps=_hist_num_warps(max(chunk, HIST_FINAL_BLOCK)), num_stages=1,
-            div16=("stride_sb", "stride_wsb", "stride_cb")))
+    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0, REDUCE=0)  # the defaults: no histogram code
+    logits_forms = [("indexer_logits", no_hist)]
+    for mode in sorted({int(REDUCE_ONE_SHOT), HIST_LONG_REDUCE}):
+        logits_forms.append((f"indexer_logits_hist_{_REDUCE_NAMES[mode]}",
+                             dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=mode)))
+    for pdl, suffix, pdl_ops in _pdl_settings():
+        for name, extra in logits_forms:
+            c = dict(page, USE_SCALED_DOT=True, **extra, PDL=pdl)
+            configs.append(AotConfig(
+                name + suffix, _logits_kernel, _sig(_LOGITS_SIG, c), c, num_warps=LOGITS_NUM_WARPS,
+                num_stages=LOGITS_NUM_STAGES, div16=("stride_qb", "stride_ob", "stride_wsb"),
+                expect_opcodes=("QMMA.SF", *pdl_ops), forbid_opcodes=("QMMA.16832",)))
+        digits = _hist_digit_consts()
+        for chunk in HIST_CHUNKS:
+            c = dict(CHUNK=chunk, PAGE=INDEX_PAGE_SIZE, K=INDEX_TOPK, B1=digits["B1"], R=HIST_COPIES, WS_H1=WS_H1,
+                     REDUCE=hist_reduce_mode(chunk // INDEX_PAGE_SIZE), PDL=pdl)
+            configs.append(AotConfig(
+                f"indexer_score_hist_c{chunk}{suffix}", _score_hist_kernel, _sig(_SCORE_HIST_SIG, c), c,
+                num_warps=_hist_num_warps(chunk), num_stages=1, div16=("stride_sb", "stride_wsb"),
+                expect_opcodes=pdl_ops))
+        for chunk in sorted({hist_chunk(n, HIST_SPLIT_MAX_CHUNK) for n in HIST_CHUNKS}):
+            for lean in sorted({False, HIST_LEAN_MAX_PROGRAMS > 0}):
+                c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, lean, lean), PDL=pdl)
+                configs.append(AotConfig(
+                    f"indexer_hist_select_c{chunk}{'_lean' if lean else ''}{suffix}", _hist_select_kernel,
+                    _sig(_HIST_SIG, c), c, num_warps=_hist_num_warps(max(chunk, HIST_FINAL_BLOCK)), num_stages=1,
+                    div16=("stride_sb", "stride_wsb", "stride_cb"), expect_opcodes=pdl_ops))
+        for chunk in SELECT_CHUNKS:
+            # with PDL: only the double-warp search's programs (launch_pdl), up to 4096 entries
+            muls = [2] if pdl else SELECT_WARPS_MULS
+            if pdl and chunk > SELECT_MAX_CHUNK:
+                continue
+            warps = sorted({_select_warps(chunk, mul) for mul in muls})
+            for implicit, final in ((True, True), (True, False), (False, False), (False, True)):
+                c = dict(CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit, FINAL=final,
+                         HAS_RAW=False, PDL=pdl)
+                name = f"indexer_select_c{chunk}_{'logits' if implicit else 'cand'}_{'final' if final else 'level'}"
+                for w in warps:
+                    configs.append(AotConfig(
+                        name + ("" if w == _select_warps(chunk) else f"_w{w}") + suffix, _select_kernel,
+                        _sig(_SELECT_SIG, c), c, num_warps=w, num_stages=1, div16=("stride_inb", "stride_outb"),
+                        expect_opcodes=pdl_ops))
     for r in FUSED_SPLIT_PAGES:
         c = dict(page, R_PAGES=r, K=INDEX_TOPK, CB=min(INDEX_TOPK, r * INDEX_PAGE_SIZE), USE_SCALED_DOT=True)
         configs.append(AotConfig(
             f"indexer_fused_r{r}", _fused_split_kernel, _sig(_FUSED_SIG, c), c, num_warps=fused_num_warps(r),
             num_stages=LOGITS_NUM_STAGES, div16=("stride_qb", "stride_cb"),
             expect_opcodes=("QMMA.SF",), forbid_opcodes=("QMMA.16832",)))
-    for chunk in SELECT_CHUNKS:
-        warps = sorted({_select_warps(chunk, mul) for mul in SELECT_WARPS_MULS})
-        for implicit, final in ((True, True), (True, False), (False, False), (False, True)):
-            c = dict(CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit, FINAL=final,
-                     HAS_RAW=False)
-            name = f"indexer_select_c{chunk}_{'logits' if implicit else 'cand'}_{'final' if final else 'level'}"
-            for w in warps:
-                configs.append(AotConfig(
-                    name + ("" if w == _select_warps(chunk) else f"_w{w}"), _select_kernel, _sig(_SELECT_SIG, c),
-                    c, num_warps=w, num_stages=1, div16=("stride_inb", "stride_outb")))
     return configs

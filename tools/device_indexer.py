@@ -13,6 +13,7 @@ tables into one cache), after an L2 flush, so every call reads cold pages as con
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -53,8 +54,54 @@ FORM_CATALOG = {
 SELECT_FORMS = {"hist": FORM_CATALOG["hist"]}  # --forms replaces it
 TOPK_ONLY_FORMS = ["hist"]  # top-k alone from a given logits row (the seam's unfused call); --no-topk-only drops it
 FUSED_VARIANTS = {}  # (pages per split, select form of the merge); none timed since run 4
+# Launch settings of kernels/indexer.py (module attributes) timed against each other in one run: every
+# variant runs the default plan (and each --forms form) with these attributes set, then restores them.
+# Run 9 timed on/off flags one at a time (variants pdl, one_shot, lean, pdl_lean: PDL, one-shot first-digit
+# reduce, lean histogram select), which became the shape rules of kernels/indexer.py (the flags and
+# variants are gone); run 9b timed those rules against run 8's launches and plan table (run8) and against
+# the rules less one part (benchmarks/indexer-h200-run9-summary.md).
+_S, _B2, _B8, _H = ix.SelectForm(), ix.SelectForm(warps_mul=2), ix.SelectForm(max_chunk=8192), ix.SelectForm(
+    method="histogram")
+RUN8_PLAN_TABLE = (
+    (256, 2048, ix.Plan("two_kernel", select=_B2)), (2, 8192, ix.Plan("two_kernel", select=_S)),
+    (2, 65536, ix.Plan("two_kernel", select=_H, unfused_select=_S)), (4, 16384, ix.Plan("two_kernel", select=_S)),
+    (32, 16384, ix.Plan("two_kernel", select=_B2)), (256, 16384, ix.Plan("two_kernel", select=_B8)),
+    (4, 65536, ix.Plan("two_kernel", select=_H, unfused_select=_S)),
+    (16, 32768, ix.Plan("two_kernel", select=_H, unfused_select=_B8)),
+    (8, 65536, ix.Plan("two_kernel", select=_H, unfused_select=_B8)), (32, 32768, ix.Plan("two_kernel", select=_B8)),
+    (16, 65536, ix.Plan("two_kernel", select=_B8)), (256, 65536, ix.Plan("two_kernel", select=_H, unfused_select=_B8)),
+    (256, 262144, ix.Plan("two_kernel", select=_S)),
+)
+RUN8_LAUNCHES = dict(USE_PDL=False, HIST_ONE_SHOT_MAX_PAGES=0, HIST_LONG_REDUCE=0, HIST_LEAN_MAX_PROGRAMS=0)
+VARIANT_CATALOG = {
+    "run8": dict(RUN8_LAUNCHES, PLAN_TABLE=RUN8_PLAN_TABLE),  # run 8's launches and plan table
+    "run8_launches": RUN8_LAUNCHES,  # today's plan table with run 8's launches
+    "no_pdl": dict(USE_PDL=False),
+    "long_blocks": dict(HIST_LONG_REDUCE=0),  # the block reduce (not early exit) where the one-shot is not used
+    "no_lean": dict(HIST_LEAN_MAX_PROGRAMS=0),
+    "early_exit_all": dict(HIST_ONE_SHOT_MAX_PAGES=0),  # the early-exit reduce also where the one-shot is used
+}
+VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
            "logits_rel_err", "sel_violations", "exact_overlap", "note")
+
+
+@contextlib.contextmanager
+def use_variant(name):
+    """Set kernels/indexer.py's launch flags to variant ``name`` for the calls (and graph captures) inside."""
+    overrides = {} if name == "shipped" else VARIANT_CATALOG[name]
+    saved = {attr: getattr(ix, attr) for attr in overrides}
+    for attr, value in overrides.items():
+        setattr(ix, attr, value)
+    try:
+        yield
+    finally:
+        for attr, value in saved.items():
+            setattr(ix, attr, value)
+
+
+def variant_name(base, variant):
+    return base if variant == "shipped" else f"{base}[{variant}]"
 
 
 def prepare() -> None:
@@ -146,15 +193,22 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
     raw = torch.empty_like(out)
     calls = {f"ours_topk_only_{name}": lambda o, r, f=SELECT_FORMS[name]: ix.topk_transform_paged(
         logits, lens, pt, o, INDEX_PAGE_SIZE, r, select=f) for name in TOPK_ONLY_FORMS if name in SELECT_FORMS}
-    calls["default_plan"] = lambda o, r: ix.indexer_topk(q, kv, w, lens, pt, c4_len, o, r)
-    for name, form in SELECT_FORMS.items():  # the full indexer call (hist: histogram counted by the logits kernel)
-        calls[two_kernel_name(name)] = lambda o, r, f=form: ix.indexer_topk(
-            q, kv, w, lens, pt, c4_len, o, r, plan=ix.Plan("two_kernel", select=f))
+    variant_of = {name: "shipped" for name in calls}
+    for variant in VARIANTS:
+        calls[variant_name("default_plan", variant)] = lambda o, r: ix.indexer_topk(q, kv, w, lens, pt, c4_len, o, r)
+        with use_variant(variant):
+            result.extra.setdefault("plan_by_variant", {})[f"B={batch} ctx={ctx} {variant}"] = str(
+                ix.choose_plan(batch, c4_len).select)
+        for name, form in SELECT_FORMS.items():  # the full indexer call (hist: histogram counted by the logits kernel)
+            calls[variant_name(two_kernel_name(name), variant)] = lambda o, r, f=form: ix.indexer_topk(
+                q, kv, w, lens, pt, c4_len, o, r, plan=ix.Plan("two_kernel", select=f))
+        variant_of.update({name: variant for name in calls if name not in variant_of})
     for name, call in calls.items():
         try:
             raw.fill_(12345)
-            for _ in range(2):  # twice: the workspace must be left clean by the first call
-                call(out, raw)
+            with use_variant(variant_of[name]):
+                for _ in range(2):  # twice: the workspace must be left clean by the first call
+                    call(out, raw)
             checks[name] = check_selection(raw, ref, lens)
         except Exception as exc:
             traceback.print_exc()
@@ -198,26 +252,33 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
 
     errors = {}
     timed("ours_logits_only", loop(lambda t: ix.paged_mqa_logits(q, kv, w, lens, t, c4_len, out=logits_buf)))
-    timed("ours_logits_with_hist", loop(lambda t: ix.paged_mqa_logits(
-        q, kv, w, lens, t, c4_len, out=logits_buf, hist_workspace=ix.hist_workspace(batch, device))))
-    ix.hist_workspace(batch, device).zero_()  # the logits-only calls leave the reduced counters behind
-    timed("default_plan", loop(lambda t: ix.indexer_topk(q, kv, w, lens, t, c4_len, outs)))
+    for variant in VARIANTS:
+        with use_variant(variant):
+            timed(variant_name("ours_logits_with_hist", variant), loop(lambda t: ix.paged_mqa_logits(
+                q, kv, w, lens, t, c4_len, out=logits_buf, hist_workspace=ix.hist_workspace(batch, device))))
+            ix.hist_workspace(batch, device).zero_()  # the logits-only calls leave the reduced counters behind
     timed("ours_topk_only_default", loop(lambda t: ix.topk_transform_paged(logits_buf, lens, t, outs, INDEX_PAGE_SIZE)))
     for name, form in SELECT_FORMS.items():
         if name in TOPK_ONLY_FORMS:
             timed(f"ours_topk_only_{name}", loop(lambda t, f=form: ix.topk_transform_paged(
                 logits_buf, lens, t, outs, INDEX_PAGE_SIZE, select=f)))
-        timed(two_kernel_name(name), loop(lambda t, f=form: ix.indexer_topk(
-            q, kv, w, lens, t, c4_len, outs, plan=ix.Plan("two_kernel", select=f))))
+    for variant in VARIANTS:
+        with use_variant(variant):
+            timed(variant_name("default_plan", variant), loop(lambda t: ix.indexer_topk(q, kv, w, lens, t, c4_len, outs)))
+            for name, form in SELECT_FORMS.items():
+                timed(variant_name(two_kernel_name(name), variant), loop(lambda t, f=form: ix.indexer_topk(
+                    q, kv, w, lens, t, c4_len, outs, plan=ix.Plan("two_kernel", select=f))))
     for name, (split, form) in FUSED_VARIANTS.items():
         timed(name, loop(lambda t, s=split, f=SELECT_FORMS[form]: ix.fused_logits_topk(
             q, kv, w, lens, t, c4_len, outs, split_pages=s, select=f)))
     after = {}
-    hist_forms = [name for name, form in SELECT_FORMS.items() if form.method == "histogram"]
+    hist_forms = [variant_name(two_kernel_name(name), variant) for variant in VARIANTS
+                  for name, form in SELECT_FORMS.items() if form.method == "histogram"]
     for name in hist_forms:  # after hundreds of timed calls the shared workspace must still be clean
         try:
             raw.fill_(12345)
-            calls[two_kernel_name(name)](out, raw)
+            with use_variant(variant_of[name]):
+                calls[name](out, raw)
             after[name] = check_selection(raw, ref, lens)[0]
         except Exception as exc:
             traceback.print_exc()
@@ -268,16 +329,22 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--name", default="indexer-h200-run8", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--name", default="indexer-h200-run9", help="result file stem (run 4 was the select-form sweep)")
     parser.add_argument("--forms", default="hist", help=f"comma-separated select forms forced beside the default "
                         f"(two_kernel_<form> rows), from {sorted(FORM_CATALOG)}")
     parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")
     parser.add_argument("--skip-upstream", action="store_true", help="time only ours (upstream timed in runs 1-5)")
     parser.add_argument("--no-topk-only", action="store_true", help="skip the top-k-alone timings")
+    parser.add_argument("--variants", default="shipped", help=f"comma-separated launch-flag variants timed "
+                        f"(default_plan[<variant>] rows), from shipped, {sorted(VARIANT_CATALOG)}")
     args = parser.parse_args()
     unknown = [name for name in args.forms.split(",") if name not in FORM_CATALOG]
     if unknown:
         parser.error(f"unknown --forms {unknown}; choose from {sorted(FORM_CATALOG)}")
+    unknown = [name for name in args.variants.split(",") if name != "shipped" and name not in VARIANT_CATALOG]
+    if unknown:
+        parser.error(f"unknown --variants {unknown}; choose from shipped, {sorted(VARIANT_CATALOG)}")
+    VARIANTS[:] = args.variants.split(",")
     SELECT_FORMS.clear()
     SELECT_FORMS.update({name: FORM_CATALOG[name] for name in args.forms.split(",")})
     if args.no_topk_only:
@@ -302,6 +369,12 @@ def main() -> None:
     result.extra["copy_bandwidth_GBps (read+write)"] = round(copy_gbs, 1) if copy_gbs else "n/a"
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
+    shipped = ("USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_LEAN_MAX_PROGRAMS")
+    result.extra["variants"] = {
+        name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
+               {attr: ("run-8 table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})
+        for name in VARIANTS}
+    result.extra["pdl_supported (cc >= 9.0)"] = False if args.smoke else ix.pdl_supported(torch.device("cuda"))
     result.extra["fused_variants (split pages, select form)"] = FUSED_VARIANTS
     result.extra["default_plan"] = "ix.indexer_topk with choose_plan (the PLAN_TABLE this run started with)"
     result.extra["timing"] = (f"one CUDA graph of {ROTATIONS} calls, each over its own pages, replayed after an L2 "

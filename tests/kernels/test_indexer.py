@@ -211,6 +211,23 @@ def test_default_select_forms_and_fused_merge_forms_agree():
 HISTOGRAM = ix.SelectForm(method="histogram")
 
 
+# (HIST_ONE_SHOT_MAX_PAGES, HIST_LONG_REDUCE, HIST_LEAN_MAX_PROGRAMS): the launch forms the shipped rules
+# pick by shape, forced at the interpreter's shapes (the defaults give the one-shot reduce in the logits
+# kernel, the early-exit reduce in the scores-histogram kernel and the lean histogram select).
+LAUNCH_FORMS = {
+    "blocks_reduce_not_lean": (0, 0, 0),
+    "early_exit_reduce_not_lean": (0, 2, 0),
+    "one_shot_reduce_lean": (1 << 20, 2, 1 << 20),
+}
+
+
+def force_launch_forms(monkeypatch, name):
+    one_shot_max_pages, long_reduce, lean_max_programs = LAUNCH_FORMS[name]
+    monkeypatch.setattr(ix, "HIST_ONE_SHOT_MAX_PAGES", one_shot_max_pages)
+    monkeypatch.setattr(ix, "HIST_LONG_REDUCE", long_reduce)
+    monkeypatch.setattr(ix, "HIST_LEAN_MAX_PROGRAMS", lean_max_programs)
+
+
 def assert_histogram_selection(raw, out, scores, lens, table, k=INDEX_TOPK):
     """The histogram select's contract: rows of at most k positions in order and -1 padded; longer
     rows k distinct positions below the length (in no fixed order) whose scores, sorted, equal the
@@ -327,6 +344,39 @@ def test_histogram_plan_matches_reference_and_search(lens, max_seq_len):
     assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
 
 
+@pytest.mark.parametrize("forms", list(LAUNCH_FORMS))
+@pytest.mark.parametrize("case", ["extreme", "clustered", "tied", "plan"])
+def test_histogram_launch_forms_match_reference(case, forms, monkeypatch):
+    """Every first-digit reduce and both histogram-select forms (lean split programs and one-block
+    finish, or not), forced where the shipped rules would not pick them at these shapes: short rows,
+    a threshold bin of several finishing blocks, an overflowing one, the full indexer call twice."""
+    force_launch_forms(monkeypatch, forms)
+    if case == "plan":
+        test_histogram_plan_matches_reference_and_search([4100, 4160, 513, 64], 4160)
+        return
+    lens, width = {"extreme": ([0, 1, 511, 512, 513, 600], 600), "clustered": ([6000, 5999, 4800], 6000),
+                   "tied": ([9000, 9000, 8999, 8000], 9000)}[case]
+    test_histogram_select_matches_reference(lens, width, case)
+
+
+def test_launch_rules(monkeypatch):
+    """PDL at B <= PDL_MAX_BATCH with the histogram select or the double-warp search only, and never
+    where the device has no PDL (the CPU); the one-shot reduce up to HIST_ONE_SHOT_MAX_PAGES pages per logits program;
+    the lean histogram select up to HIST_LEAN_MAX_PROGRAMS programs."""
+    assert not ix.launch_pdl(torch.device("cpu"), 1, ix.SelectForm())
+    monkeypatch.setattr(ix, "pdl_supported", lambda device: True)
+    assert ix.launch_pdl("cpu", ix.PDL_MAX_BATCH, ix.SelectForm(warps_mul=2))
+    assert ix.launch_pdl("cpu", 1, HISTOGRAM)
+    assert not ix.launch_pdl("cpu", ix.PDL_MAX_BATCH + 1, ix.SelectForm())
+    assert not ix.launch_pdl("cpu", 1, ix.SelectForm(max_chunk=8192))
+    assert not ix.launch_pdl("cpu", 1, ix.SelectForm())
+    monkeypatch.setattr(ix, "USE_PDL", False)
+    assert not ix.launch_pdl("cpu", 1, HISTOGRAM)
+    assert ix.hist_reduce_mode(ix.HIST_ONE_SHOT_MAX_PAGES) == ix.REDUCE_ONE_SHOT
+    assert ix.hist_reduce_mode(ix.HIST_ONE_SHOT_MAX_PAGES + 1) == ix.HIST_LONG_REDUCE
+    assert ix.hist_lean(ix.HIST_LEAN_MAX_PROGRAMS) and not ix.hist_lean(ix.HIST_LEAN_MAX_PROGRAMS + 1)
+
+
 def test_histogram_plan_with_equal_logits_and_edge_batches():
     """Identical index-K rows and scales give every position the same logit: the candidate list
     overflows and the final program rescans the row; B=0 and all-zero lengths."""
@@ -353,11 +403,14 @@ def test_histogram_plan_with_equal_logits_and_edge_batches():
     assert (out == -1).all()
 
 
+@pytest.mark.parametrize("forms", ["shipped", *LAUNCH_FORMS])
 @pytest.mark.parametrize("k", [512, 64])
-def test_logits_first_digit_threshold(k):
-    """The logits kernel's histogram, reduced by each row's last program: the bin of the k-th
-    largest key and the count above it, the first digit's copies zeroed again. Lengths not a
-    multiple of 64 leave dead positions in a row's last page (not counted)."""
+def test_logits_first_digit_threshold(k, forms, monkeypatch):
+    """The logits kernel's histogram, reduced by each row's last program (each reduce form): the bin
+    of the k-th largest key and the count above it, the first digit's copies zeroed again. Lengths
+    not a multiple of 64 leave dead positions in a row's last page (not counted)."""
+    if forms != "shipped":
+        force_launch_forms(monkeypatch, forms)
     lens, max_seq_len = [700, 0, 1000, 64, 513], 1000
     q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=21 + k)
     workspace = torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32)
@@ -388,13 +441,15 @@ def test_bad_select_form_raises(kwargs, match):
         ix.SelectForm(**kwargs)
 
 
-# (batch, compressed positions, select form): the H200 runs 6-8 decisions (benchmarks/indexer-h200-run8-summary.md).
+# (batch, compressed positions, select form): the H200 runs 6-9 decisions (benchmarks/indexer-h200-run8-summary.md,
+# -run9-summary.md).
 PLAN_BUCKETS = [
-    (1, 8192, "bitwise"), (2, 8193, "histogram"), (1, 16384, "histogram"), (3, 16384, "bitwise"),
-    (4, 16384, "bitwise"), (4, 16385, "histogram"), (4, 40000, "histogram"), (1, 65536, "histogram"),
+    (1, 8192, "bitwise"), (2, 8193, "histogram"), (1, 16384, "histogram"), (3, 16384, "histogram"),
+    (4, 8192, "bitwise"), (3, 8193, "histogram"), (4, 16384, "histogram"), (4, 16385, "histogram"), (4, 40000, "histogram"), (1, 65536, "histogram"),
     (8, 32768, "histogram"), (16, 32768, "histogram"), (32, 32768, "chunk8k"), (8, 65536, "histogram"),
-    (16, 65536, "chunk8k"), (17, 65536, "histogram"), (64, 16385, "histogram"), (64, 65536, "histogram"),
-    (16, 16384, "bitwise_2xw"), (64, 16384, "chunk8k"), (256, 2048, "bitwise_2xw"), (1, 262144, "bitwise"),
+    (16, 65536, "histogram"), (9, 32769, "histogram"), (17, 65536, "histogram"), (64, 16385, "histogram"),
+    (64, 65536, "histogram"), (8, 16384, "bitwise_2xw"), (9, 8193, "histogram"), (16, 8192, "bitwise_2xw"), (16, 16384, "histogram"),
+    (17, 16384, "bitwise_2xw"), (64, 16384, "chunk8k"), (256, 2048, "bitwise_2xw"), (1, 262144, "bitwise"),
 ]
 FORMS_BY_NAME = {"bitwise": ix.SelectForm(), "bitwise_2xw": ix.SelectForm(warps_mul=2),
                  "chunk8k": ix.SelectForm(max_chunk=8192), "histogram": ix.SelectForm(method="histogram")}
@@ -405,7 +460,12 @@ def test_plan_buckets(batch, length, form):
     plan = ix.choose_plan(batch, length)
     assert plan.path == "two_kernel" and plan.select == FORMS_BY_NAME[form]
     if form == "histogram":  # a logits row from elsewhere keeps the bucket's earlier search form
-        expected = ix.SelectForm() if batch <= 4 else ix.SelectForm(max_chunk=8192)
+        if batch <= 4:
+            expected = ix.SelectForm()
+        elif 8 < batch <= 16 and length <= 16384:
+            expected = ix.SelectForm(warps_mul=2)
+        else:
+            expected = ix.SelectForm(max_chunk=8192)
         assert plan.scores_select == expected
     else:
         assert plan.scores_select == plan.select
