@@ -212,12 +212,11 @@ HISTOGRAM = ix.SelectForm(method="histogram")
 
 
 # (HIST_ONE_SHOT_MAX_PAGES, HIST_LONG_REDUCE, HIST_LEAN_MAX_PROGRAMS): the launch forms the shipped rules
-# pick by shape, forced at the interpreter's shapes (the defaults give the one-shot reduce in the logits
+# pick at larger shapes, forced at the interpreter's (whose defaults give the one-shot reduce in the logits
 # kernel, the early-exit reduce in the scores-histogram kernel and the lean histogram select).
 LAUNCH_FORMS = {
     "blocks_reduce_not_lean": (0, 0, 0),
     "early_exit_reduce_not_lean": (0, 2, 0),
-    "one_shot_reduce_lean": (1 << 20, 2, 1 << 20),
 }
 
 
