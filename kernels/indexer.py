@@ -475,6 +475,21 @@ def _score_hist_kernel(scores_ptr, lens_ptr, ws_ptr, n_in, pt_width, stride_sb, 
 
 
 @triton.jit
+def _push_threshold_bin(vals, key_u, idx, tie, tie_base, ws_row, cand_val_ptr, cand_pos_ptr, b64, stride_cb,
+                        CHUNK: tl.constexpr, CAP: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
+                        WS_H2: tl.constexpr):
+    """The threshold bin's entries of a split program (``tie``), their candidate slots claimed from
+    ``tie_base``: the first CAP kept in the row's candidate list, all counted into its second-digit
+    histogram."""
+    tie_slot = tie_base + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+    keep = tie & (tie_slot < CAP)
+    tl.store(cand_val_ptr + b64 * stride_cb + tie_slot, vals, mask=keep)
+    tl.store(cand_pos_ptr + b64 * stride_cb + tie_slot, idx, mask=keep)
+    tl.atomic_add(ws_row + WS_H2 + _key_bits(key_u, B1, B2), tl.full((CHUNK,), 1, tl.int32), mask=tie,
+                  sem="relaxed")
+
+
+@triton.jit
 def _hist_split_part(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
                      stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
                      CHUNK: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
@@ -496,12 +511,8 @@ def _hist_split_part(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out
     _store_slots(out_ptr + b64 * stride_outb, raw_ptr + b64 * stride_rawb, pt_ptr + b64 * stride_ptb, idx,
                  base + tl.cumsum(above.to(tl.int32), axis=0) - 1, above, PAGE, HAS_RAW)
     tie_base = tl.atomic_add(ws_row + WS_TIE, tl.sum(tie.to(tl.int32), axis=0), sem="relaxed")
-    tie_slot = tie_base + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-    keep = tie & (tie_slot < CAP)
-    tl.store(cand_val_ptr + b64 * stride_cb + tie_slot, vals, mask=keep)
-    tl.store(cand_pos_ptr + b64 * stride_cb + tie_slot, idx, mask=keep)
-    tl.atomic_add(ws_row + WS_H2 + _key_bits(key_u, B1, B2), tl.full((CHUNK,), 1, tl.int32), mask=tie,
-                  sem="relaxed")
+    _push_threshold_bin(vals, key_u, idx, tie, tie_base, ws_row, cand_val_ptr, cand_pos_ptr, b64, stride_cb,
+                        CHUNK, CAP, B1, B2, WS_H2)
 
 
 @triton.jit
@@ -526,12 +537,8 @@ def _hist_split_part_lean(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr
     tie_base = tl.sum(tl.where(lane == 1, claimed, 0), axis=0)
     _store_slots(out_ptr + b64 * stride_outb, raw_ptr + b64 * stride_rawb, pt_ptr + b64 * stride_ptb, idx,
                  base + tl.cumsum(above.to(tl.int32), axis=0) - 1, above, PAGE, HAS_RAW)
-    tie_slot = tie_base + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-    keep = tie & (tie_slot < CAP)
-    tl.store(cand_val_ptr + b64 * stride_cb + tie_slot, vals, mask=keep)
-    tl.store(cand_pos_ptr + b64 * stride_cb + tie_slot, idx, mask=keep)
-    tl.atomic_add(ws_row + WS_H2 + _key_bits(key_u, B1, B2), tl.full((CHUNK,), 1, tl.int32), mask=tie,
-                  sem="relaxed")
+    _push_threshold_bin(vals, key_u, idx, tie, tie_base, ws_row, cand_val_ptr, cand_pos_ptr, b64, stride_cb,
+                        CHUNK, CAP, B1, B2, WS_H2)
 
 
 @triton.jit
