@@ -1570,22 +1570,61 @@ def _down_pairs_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_r
 # each K step fetched by TMA through a ring of RING shared-memory stages and the TMA GEMV's grid (16-64 weight rows
 # per program, K steps of 512) -- so the MMA does the multiply-adds the GEMV spends two FP32 instructions per pair on.
 @triton.jit
+def _column_halves(t, ROWS: tl.constexpr, N: tl.constexpr):
+    """[ROWS, N] -> its first N/2 columns and its last N/2 columns (register reshapes, no memory)."""
+    return tl.split(tl.permute(tl.reshape(t, [ROWS, 2, N // 2]), [0, 2, 1]))
+
+
+@triton.jit
+def _pairs_sub_step(w_desc, w_row, kw, s, a_ptrs, a_ok, acc, ROWS: tl.constexpr, SUB_K: tl.constexpr,
+                    MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr):
+    """One MMA of SUB_K values of K: the weight words [ROWS, SUB_K/8] at word column ``kw`` of ``w_desc`` (TMA), their
+    E8M0 bytes ``s`` [ROWS, SUB_K/32], the activations at ``a_ptrs`` [BLOCK_M, SUB_K] -> ``acc`` + W A^T."""
+    q = w_desc.load([w_row, kw])
+    if SCALE_BF16 >= 3:  # the scale on the int32 pair words (3: PTX, 4: emulated)
+        w = _pairs_tile_scaled(q, s, ROWS, SUB_K, MUL_PAIRS, SCALE_BF16 == 4)
+    else:
+        w = _scale_pairs_bf16(_pairs_tile(q, ROWS, SUB_K, MUL_PAIRS), s, ROWS, SUB_K, SCALE_BF16)
+    a = tl.load(a_ptrs, mask=a_ok, other=0.0)
+    return tl.dot(w, tl.trans(a), acc)
+
+
+@triton.jit
 def _pairs_rows_tma(w_desc, s_desc, w_row, a_ptrs, a_ok, k_len, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr, RING: tl.constexpr):
-    """:func:`_pairs_rows_bf16` with the weight words [ROWS, BLOCK_K/8] (int32, row ``w_row`` of ``w_desc``) and
+                    BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr, RING: tl.constexpr,
+                    SUB_K: tl.constexpr):
+    """:func:`_pairs_rows_bf16` with the weight words (int32, row ``w_row`` of ``w_desc``, blocks [ROWS, SUB_K/8]) and
     their E8M0 bytes [ROWS, BLOCK_K/32] (``s_desc``) fetched by TMA through a ``tl.range`` of RING stages; the
-    pair-ordered activations ``a_ptrs`` [BLOCK_M, BLOCK_K] of step 0 by plain (masked) loads. Same result scale."""
+    pair-ordered activations ``a_ptrs`` [BLOCK_M, SUB_K] of step 0 by plain (masked) loads. A K step of BLOCK_K is
+    BLOCK_K / SUB_K (1, 2 or 4) MMAs of SUB_K (round 18): the dequantised operand of a 512-wide MMA alone is 128
+    registers per thread, so smaller MMAs hold fewer registers (more resident warps); the scale bytes stay one TMA
+    block of 16 bytes per row (TMA's smallest). Same result scale."""
+    CHUNKS: tl.constexpr = BLOCK_K // SUB_K
+    G: tl.constexpr = SUB_K // 32  # scale bytes per row of one MMA
     acc = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
     w_row = w_row.to(tl.int32)  # descriptor coordinates are 32-bit
     for k0 in tl.range(0, k_len, BLOCK_K, num_stages=RING):
-        q = w_desc.load([w_row, k0 // 8])
         s = s_desc.load([w_row, k0 // 32])
-        if SCALE_BF16 >= 3:  # the scale on the int32 pair words (3: PTX, 4: emulated)
-            w = _pairs_tile_scaled(q, s, ROWS, BLOCK_K, MUL_PAIRS, SCALE_BF16 == 4)
+        kw = k0 // 8
+        if CHUNKS == 1:
+            acc = _pairs_sub_step(w_desc, w_row, kw, s, a_ptrs + k0, a_ok, acc, ROWS, SUB_K, MUL_PAIRS, SCALE_BF16)
+        elif CHUNKS == 2:
+            s0, s1 = _column_halves(s, ROWS, 2 * G)
+            acc = _pairs_sub_step(w_desc, w_row, kw, s0, a_ptrs + k0, a_ok, acc, ROWS, SUB_K, MUL_PAIRS, SCALE_BF16)
+            acc = _pairs_sub_step(w_desc, w_row, kw + SUB_K // 8, s1, a_ptrs + (k0 + SUB_K), a_ok, acc, ROWS, SUB_K,
+                                  MUL_PAIRS, SCALE_BF16)
         else:
-            w = _scale_pairs_bf16(_pairs_tile(q, ROWS, BLOCK_K, MUL_PAIRS), s, ROWS, BLOCK_K, SCALE_BF16)
-        a = tl.load(a_ptrs + k0, mask=a_ok, other=0.0)
-        acc = tl.dot(w, tl.trans(a), acc)
+            tl.static_assert(CHUNKS == 4, "BLOCK_K / SUB_K must be 1, 2 or 4")
+            h0, h1 = _column_halves(s, ROWS, 4 * G)
+            s0, s1 = _column_halves(h0, ROWS, 2 * G)
+            s2, s3 = _column_halves(h1, ROWS, 2 * G)
+            acc = _pairs_sub_step(w_desc, w_row, kw, s0, a_ptrs + k0, a_ok, acc, ROWS, SUB_K, MUL_PAIRS, SCALE_BF16)
+            acc = _pairs_sub_step(w_desc, w_row, kw + SUB_K // 8, s1, a_ptrs + (k0 + SUB_K), a_ok, acc, ROWS, SUB_K,
+                                  MUL_PAIRS, SCALE_BF16)
+            acc = _pairs_sub_step(w_desc, w_row, kw + 2 * (SUB_K // 8), s2, a_ptrs + (k0 + 2 * SUB_K), a_ok, acc, ROWS,
+                                  SUB_K, MUL_PAIRS, SCALE_BF16)
+            acc = _pairs_sub_step(w_desc, w_row, kw + 3 * (SUB_K // 8), s3, a_ptrs + (k0 + 3 * SUB_K), a_ok, acc, ROWS,
+                                  SUB_K, MUL_PAIRS, SCALE_BF16)
     return acc * (1.0 / PAIRS_UNBIAS)
 
 
@@ -1594,22 +1633,24 @@ def _gate_up_pairs_tma_kernel(x_ptr, w13_desc, w13_scale_desc, sorted_rows_ptr, 
                               num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               MUL_PAIRS: tl.constexpr, SCALE_BF16: tl.constexpr, RING: tl.constexpr,
-                              NATURAL_ACT: tl.constexpr = False):
+                              NATURAL_ACT: tl.constexpr = False, SUB_K: tl.constexpr = 0):
     """:func:`_gate_up_pairs_kernel` with the weights by TMA (:func:`_pairs_rows_tma`): ``w13_desc`` over the
     repacked words [E*2I, H/8], ``w13_scale_desc`` over the E8M0 bytes [E*2I, H/32]. NATURAL_ACT: the SwiGLU rows
-    as plain bf16 in natural order, for the TMA GEMV down launch (:func:`_store_pairs_act`)."""
+    as plain bf16 in natural order, for the TMA GEMV down launch (:func:`_store_pairs_act`). SUB_K: K values per MMA
+    (0: BLOCK_K), ``w13_desc`` blocks of [2*BLOCK_N, SUB_K/8] words."""
+    MMA_K: tl.constexpr = BLOCK_K if SUB_K == 0 else SUB_K
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_row = expert * (2 * inter) + tl.program_id(1) * (2 * BLOCK_N)
-    kg = tl.arange(0, BLOCK_K)
+    kg = tl.arange(0, MMA_K)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     for m0 in range(row_begin, row_end, BLOCK_M):
         rows, m_ok = _pairs_routed_rows(sorted_rows_ptr, m0, row_end, BLOCK_M)
         a_ptrs = x_ptr + (rows // TOP_K).to(tl.int64)[:, None] * hidden + kg[None, :]
         acc = _pairs_rows_tma(w13_desc, w13_scale_desc, w_row, a_ptrs, m_ok[:, None], hidden, 2 * BLOCK_N, BLOCK_M,
-                              BLOCK_K, MUL_PAIRS, SCALE_BF16, RING)
+                              BLOCK_K, MUL_PAIRS, SCALE_BF16, RING, MMA_K)
         _store_pairs_act(act_ptr, acc, rows, m_ok, cols, inter, swiglu_limit, BLOCK_M, BLOCK_N, NATURAL_ACT)
 
 
@@ -1617,22 +1658,23 @@ def _gate_up_pairs_tma_kernel(x_ptr, w13_desc, w13_scale_desc, sorted_rows_ptr, 
 def _down_pairs_tma_kernel(act_ptr, w2_desc, w2_scale_desc, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                            active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MUL_PAIRS: tl.constexpr,
-                           SCALE_BF16: tl.constexpr, RING: tl.constexpr):
-    """:func:`_down_pairs_kernel` with the weights by TMA: ``w2_desc`` over the words [E*H, I/8],
-    ``w2_scale_desc`` over the E8M0 bytes [E*H, I/32]."""
+                           SCALE_BF16: tl.constexpr, RING: tl.constexpr, SUB_K: tl.constexpr = 0):
+    """:func:`_down_pairs_kernel` with the weights by TMA: ``w2_desc`` over the words [E*H, I/8] (blocks of
+    [BLOCK_N, SUB_K/8]), ``w2_scale_desc`` over the E8M0 bytes [E*H, I/32]. SUB_K: K values per MMA (0: BLOCK_K)."""
+    MMA_K: tl.constexpr = BLOCK_K if SUB_K == 0 else SUB_K
     slot = tl.program_id(0)
     if slot >= tl.load(num_active_ptr):
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_row = expert * hidden + tl.program_id(1) * BLOCK_N
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    kg = tl.arange(0, BLOCK_K)
+    kg = tl.arange(0, MMA_K)
     for m0 in range(row_begin, row_end, BLOCK_M):
         rows, m_ok = _pairs_routed_rows(sorted_rows_ptr, m0, row_end, BLOCK_M)
         rows = rows.to(tl.int64)
         a_ptrs = act_ptr + rows[:, None] * inter + kg[None, :]
         acc = _pairs_rows_tma(w2_desc, w2_scale_desc, w_row, a_ptrs, m_ok[:, None], inter, BLOCK_N, BLOCK_M,
-                              BLOCK_K, MUL_PAIRS, SCALE_BF16, RING)
+                              BLOCK_K, MUL_PAIRS, SCALE_BF16, RING, MMA_K)
         _store_pairs_down(y_ptr, acc, rows, m_ok, n, topk_weights_ptr, hidden)
 
 
@@ -2296,15 +2338,18 @@ GEMV_X_BLOCK = 1024  # activations one program of the x_f32 routing launch conve
 
 
 def _expert_weight_descriptors(w13, w13_scale, w2, w2_scale, hidden, inter, gate_up_rows, gate_up_k, down_rows,
-                               down_k):
-    """TMA descriptors over the experts' int32 weight words and E8M0 bytes, a block being one program's K step:
-    (w13 words [E*2I, H/8], w13 bytes [E*2I, H/32], w2 words [E*H, I/8], w2 bytes [E*H, I/32])."""
+                               down_k, gate_up_word_k=None, down_word_k=None):
+    """TMA descriptors over the experts' int32 weight words and E8M0 bytes, a block being one program's K step (the
+    words' blocks ``*_word_k`` wide where given: the pairs decode's ``sub_k``): (w13 words [E*2I, H/8], w13 bytes
+    [E*2I, H/32], w2 words [E*H, I/8], w2 bytes [E*H, I/32])."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return (TensorDescriptor.from_tensor(w13.view(torch.int32).view(-1, hidden // 8), [gate_up_rows, gate_up_k // 8]),
+    gate_up_word_k, down_word_k = gate_up_word_k or gate_up_k, down_word_k or down_k
+    return (TensorDescriptor.from_tensor(w13.view(torch.int32).view(-1, hidden // 8),
+                                         [gate_up_rows, gate_up_word_k // 8]),
             TensorDescriptor.from_tensor(scale_bytes(w13_scale).view(-1, hidden // 32),
                                          [gate_up_rows, gate_up_k // 32]),
-            TensorDescriptor.from_tensor(w2.view(torch.int32).view(-1, inter // 8), [down_rows, down_k // 8]),
+            TensorDescriptor.from_tensor(w2.view(torch.int32).view(-1, inter // 8), [down_rows, down_word_k // 8]),
             TensorDescriptor.from_tensor(scale_bytes(w2_scale).view(-1, inter // 32), [down_rows, down_k // 32]))
 
 
@@ -2524,7 +2569,9 @@ class PairsConfig:
     ``tma_ring`` (> 0, round 15, both configs of a forward alike; needs ``scale_bf16`` and block_k >= 512, so a
     row's scale bytes of a step are the 16 bytes TMA needs): swap-AB fed by TMA -- the weight words and E8M0
     bytes of each K step arrive by TMA through a ring of that many stages (:func:`_pairs_rows_tma`; the
-    activations by plain loads), on the TMA GEMV's small tiles (``num_stages`` is then unused)."""
+    activations by plain loads), on the TMA GEMV's small tiles (``num_stages`` is then unused); ``sub_k`` (with
+    ``tma_ring``, round 18; 0 = block_k): K values per MMA within a K step (block_k / sub_k of 1, 2 or 4, sub_k >= 128),
+    the weight words fetched by TMA in blocks of sub_k (the scale bytes still one block of the whole step)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -2534,12 +2581,18 @@ class PairsConfig:
     scale_bf16: bool = False
     scale_on_words: bool = False
     tma_ring: int = 0
+    sub_k: int = 0
 
     def label(self) -> str:
         stages = f"tma{self.tma_ring}" if self.tma_ring else f"s{self.num_stages}"
         return (f"n{self.block_n}k{self.block_k}w{self.num_warps}{stages}"
                 + (f"m{self.block_m}" if self.block_m != 16 else "") + ("mul" if self.mul_pairs else "")
-                + ("h" if self.scale_bf16 else "") + ("wd" if self.scale_on_words else ""))
+                + ("h" if self.scale_bf16 else "") + ("wd" if self.scale_on_words else "")
+                + (f"c{self.sub_k}" if self.sub_k else ""))
+
+    def mma_k(self, block_k: int) -> int:
+        """K values per MMA at the launch's K step ``block_k`` (``sub_k``, or the whole step)."""
+        return min(self.sub_k, block_k) if self.sub_k else block_k
 
     def scale_bf16_constexpr(self) -> int:
         """SCALE_BF16 of the launch: 1 (packed bf16 multiply) or, under the CPU interpreter, 2 (the same
@@ -2671,6 +2724,13 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
                                                    or not (gu_cfg.scale_bf16 and dn_cfg.scale_bf16)):
         raise ValueError(f"pairs tma_ring needs both configs alike (> 0), block_k >= 512 (K >= 512) and scale_bf16; "
                          f"got {configs!r} at H={hidden}, I={inter}")
+    gu_mma_k = gu_cfg.mma_k(gu_k)
+    dn_mma_k = dn_k if gemv_down else dn_cfg.mma_k(dn_k)
+    if (gu_cfg.sub_k or (dn_cfg.sub_k if not gemv_down else 0)) and (
+            not tma_ring or gu_mma_k < 128 or dn_mma_k < 128 or gu_k // gu_mma_k not in (1, 2, 4)
+            or dn_k // dn_mma_k not in (1, 2, 4) or gu_k % gu_mma_k or dn_k % dn_mma_k):
+        raise ValueError(f"pairs sub_k needs tma_ring and block_k / sub_k of 1, 2 or 4 with sub_k >= 128; "
+                         f"got {configs!r} at H={hidden}, I={inter}")
     device = x.device
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()
@@ -2684,7 +2744,8 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
     slots = min(num_rows, num_experts)
     if tma_ring:  # host-side descriptors: kernel parameters, so a captured graph replays them as they are
         w13_desc, w13_s_desc, w2_desc, w2_s_desc = _expert_weight_descriptors(
-            w13, w13_scale, w2, w2_scale, hidden, inter, 2 * gu_cfg.block_n, gu_k, dn_cfg.block_n, dn_k)
+            w13, w13_scale, w2, w2_scale, hidden, inter, 2 * gu_cfg.block_n, gu_k, dn_cfg.block_n, dn_k,
+            gate_up_word_k=gu_mma_k, down_word_k=dn_mma_k)
         if gemv_down:
             down_gemv = _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, expert_start,
                                               active_experts, num_active, y, num_rows, num_experts, hidden, inter,
@@ -2702,7 +2763,7 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
                 x_pairs, w13_desc, w13_s_desc, sorted_rows, expert_start, active_experts, num_active, act, hidden,
                 inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m, BLOCK_N=gu_cfg.block_n,
                 BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs, SCALE_BF16=gu_cfg.scale_bf16_constexpr(), RING=tma_ring,
-                NATURAL_ACT=gemv_down, num_warps=gu_cfg.num_warps)
+                NATURAL_ACT=gemv_down, SUB_K=gu_mma_k, num_warps=gu_cfg.num_warps)
             return
         _gate_up_pairs_kernel[(slots, inter // gu_cfg.block_n)](
             x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts,
@@ -2718,7 +2779,7 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
             _down_pairs_tma_kernel[(slots, hidden // dn_cfg.block_n)](
                 act, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y, hidden,
                 inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, MUL_PAIRS=dn_cfg.mul_pairs,
-                SCALE_BF16=dn_cfg.scale_bf16_constexpr(), RING=tma_ring, num_warps=dn_cfg.num_warps)
+                SCALE_BF16=dn_cfg.scale_bf16_constexpr(), RING=tma_ring, SUB_K=dn_mma_k, num_warps=dn_cfg.num_warps)
             return
         _down_pairs_kernel[(slots, hidden // dn_cfg.block_n)](
             act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
@@ -2871,20 +2932,21 @@ def _down_pairs_sig():
             "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MUL_PAIRS": "constexpr", "SCALE_BF16": "constexpr"}
 
 
-def _pairs_tma_sig(kind, rows, block_k):
+def _pairs_tma_sig(kind, rows, block_k, mma_k=None):
     """Signature of the TMA-fed swap-AB pairs kernels: descriptors typed by their block (weight words
-    [rows, block_k/8] int32, scale bytes [rows, block_k/32])."""
-    w, s = f"tensordesc<i32[{rows}, {block_k // 8}]>", f"tensordesc<u8[{rows}, {block_k // 32}]>"
+    [rows, mma_k/8] int32, scale bytes [rows, block_k/32]; ``mma_k`` defaults to ``block_k``)."""
+    w, s = f"tensordesc<i32[{rows}, {(mma_k or block_k) // 8}]>", f"tensordesc<u8[{rows}, {block_k // 32}]>"
     tiles = {"BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "MUL_PAIRS": "constexpr",
              "SCALE_BF16": "constexpr", "RING": "constexpr"}
     if kind == "gate_up":
         sig = _gate_up_pairs_sig()
         return {"x_ptr": sig["x_ptr"], "w13_desc": w, "w13_scale_desc": s,
                 **{k: v for k, v in sig.items() if k not in ("x_ptr", "w13_ptr", "w13_scale_ptr")}, **tiles,
-                "NATURAL_ACT": "constexpr"}
+                "NATURAL_ACT": "constexpr", "SUB_K": "constexpr"}
     sig = _down_pairs_sig()
     return {"act_ptr": sig["act_ptr"], "w2_desc": w, "w2_scale_desc": s,
-            **{k: v for k, v in sig.items() if k not in ("act_ptr", "w2_ptr", "w2_scale_ptr")}, **tiles}
+            **{k: v for k, v in sig.items() if k not in ("act_ptr", "w2_ptr", "w2_scale_ptr")}, **tiles,
+            "SUB_K": "constexpr"}
 
 
 # pairs tiles compiled beside pairs_configs (the device run's candidates)
@@ -3099,13 +3161,14 @@ def aot_configs() -> list[AotConfig]:
                                        ("down", _down_pairs_tma_kernel, PAIRS_TMA_TILES[1], False),
                                        ("gate_up", _gate_up_pairs_tma_kernel, PAIRS_TMA_TILES[0], True)):
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                      "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring}
+                      "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring, "SUB_K": cfg.mma_k(cfg.block_k)}
         if kind == "gate_up":
             constexprs["TOP_K"] = TOP_K
             constexprs["NATURAL_ACT"] = natural
         configs.append(AotConfig(
             name=f"moe_mxfp4_{kind}_pairs_{cfg.label()}" + ("_natural" if natural else ""), kernel=kernel,
-            signature=_pairs_tma_sig(kind, 2 * cfg.block_n if kind == "gate_up" else cfg.block_n, cfg.block_k),
+            signature=_pairs_tma_sig(kind, 2 * cfg.block_n if kind == "gate_up" else cfg.block_n, cfg.block_k,
+                                     cfg.mma_k(cfg.block_k)),
             constexprs=constexprs, num_warps=cfg.num_warps, num_stages=cfg.tma_ring, div16=("hidden", "inter"),
             expect_opcodes=("HMMA.16816.F32.BF16", "UTMALDG"),
             note=("swap-AB gate/up, natural-order SwiGLU rows for the TMA GEMV down (the default at T=1 B=2, 5..6, "

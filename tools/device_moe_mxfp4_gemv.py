@@ -45,6 +45,13 @@ default forward as shipped after run 17 (``moe_mxfp4_forward`` without tiles) be
 tiles without PDL) at every B where ``GEMV_PDL_WHERE`` ships PDL, the B between run 17's measured ones included (run
 17b itself timed T=1 B = 1..4, T=2 B = 1..8, T=4 B = 1..16; T=4 B = 15 was taken out after it).
 
+Run 18 (``--run18``, issue 4 at B >= 64): the pairs decode at T = 1 / 4, B = 256 / 64 / 128, every variant launch by
+launch (where the time goes: gate/up and down alone, their bytes): the default (TMA swap-AB tiles up to B = 64, the
+cp.async tiles above), the TMA swap-AB tiles above B = 64 (never measured there), and the TMA tiles with a K step of 512
+as 2 or 4 MMAs (``PairsConfig(sub_k=)``: the 512-wide MMA's dequantised operand alone is 128 registers per thread, run
+15b's kernels 180-186 registers, so few resident warps), at 2 / 3 stages, and on 64 gate/up rows (4 warps) or 32 down
+rows (2 warps).
+
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
 
@@ -243,6 +250,27 @@ SWAP_AB3_CANDIDATES = [(_SWAP_AB_GU[16], G(16, 512, 4, tma_ring=3)),
                        (_SWAP_AB_GU[32], _swap_ab_down(16, 512, 1)),
                        (_SWAP_AB_GU[16], _swap_ab_down(32, 1024, 2)),
                        (_SWAP_AB_GU[16], _swap_ab_down(64, 512, 4))]
+
+
+# run 18 (--run18): the TMA swap-AB tiles (PAIRS_TMA_TILES: gate/up 32 rows on 2 warps, down 16 rows on 1 warp, 2
+# stages), as they are and with a K step as 2 / 4 MMAs (sub_k 256 / 128), 3 stages, 64 gate/up rows on 4 warps, 32 down
+# rows on 2 warps; B = 256 first (the cp.async tiles are its default), then B = 64 and 128
+RUN18_BATCHES = (256, 64, 128)
+RUN18_DEADLINE_S = 185  # for a 240 s device limit
+
+
+def run18_candidates():
+    import dataclasses
+
+    gu, dn = moe.PAIRS_TMA_TILES
+
+    def sub(cfg, sub_k, **kw):
+        return dataclasses.replace(cfg, sub_k=sub_k, **kw)
+
+    return [moe.PAIRS_TMA_TILES, (sub(gu, 256), sub(dn, 256)), (sub(gu, 128), sub(dn, 128)),
+            (sub(gu, 128, tma_ring=3), sub(dn, 128, tma_ring=3)),
+            (sub(gu, 128, block_n=32, num_warps=4), sub(dn, 128)),
+            (sub(gu, 128), sub(dn, 128, block_n=32, num_warps=2))]
 
 
 F16_DEADLINE_S = 230  # for a 300 s device limit
@@ -487,6 +515,8 @@ def main() -> None:
                         help="run 16b: the fp16 TMA GEMV on 1x / 2x / 4x-row tiles, T=1/2/4 B=1..64 (device only: K >= 512)")
     parser.add_argument("--pdl", action="store_true",
                         help="run 17: PDL on the fp16 TMA GEMV forward vs without, T=1/2/4 B=1..64")
+    parser.add_argument("--run18", action="store_true",
+                        help="run 18: the pairs decode at B = 64 / 128 / 256 launch by launch, TMA tiles with sub_k")
     parser.add_argument("--shipped", action="store_true",
                         help="with --pdl (run 17b): the shipped PDL defaults vs the previous defaults")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
@@ -542,6 +572,10 @@ def main() -> None:
         if args.f16b:  # TMA needs K >= 512; I = 512 = the T=4 shape: the persistent down launch on 5 programs
             hidden, base_inter, tps, batches, candidates = 512, 512, (1,), (1, 3), None
             moe.CPU_SM_COUNT = 5
+        if args.run18:  # TMA needs K >= 512; the run's sub_k forms on reduced tiles
+            hidden, base_inter, tps, batches = 512, 512, (1,), (3,)
+            form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2}
+            candidates = [tuple(P(n, 512, 4, sub_k=k, **form) for n in (128, 256)) for k in (0, 128, 256)]
     else:
         device, num_experts, hidden, tps, copies, base_inter = (
             "cuda", NUM_EXPERTS, HIDDEN_SIZE, (1, 4), 3, MOE_INTERMEDIATE_SIZE)
@@ -563,23 +597,27 @@ def main() -> None:
             batches, candidates = (1, 2, 4, 8), None  # per case: f16_candidates
         if args.f16b:
             tps, batches, candidates = F16B_TPS, F16B_BATCHES, None  # per case: f16b_candidates
+        if args.run18:
+            batches, candidates = RUN18_BATCHES, run18_candidates()
     if args.only and candidates is not None:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
         batches = tuple(int(b) for b in args.batches.split(","))
     if args.tps:
         tps = tuple(int(t) for t in args.tps.split(","))
-    if args.words or args.swap_ab:
+    if args.words or args.swap_ab or args.run18:
         args.pairs = True  # the pairs form, labels and notes
-    deadline = (F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
+    deadline = (RUN18_DEADLINE_S if args.run18 else F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
                 else PERSISTENT_DEADLINE_S if args.persistent else TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run18" if args.run18 else "moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, run 16b: the fp16 TMA GEMV on 1x / 2x / 4x-row tiles, T=1/2/4 B=1..64, H200"
+        title=("sm120 MoE decode, run 18: the pairs decode at B = 64 / 128 / 256 launch by launch, TMA tiles with a K "
+               "step as 2 / 4 MMAs, DSv4-Flash shapes, H200" if args.run18 else
+               "sm120 MoE decode, run 16b: the fp16 TMA GEMV on 1x / 2x / 4x-row tiles, T=1/2/4 B=1..64, H200"
                if args.f16b else "sm120 MoE decode, round 16: the TMA GEMV's fp16 pair decode (packed HFMA2), DSv4-Flash shapes, H200"
                if args.f16 else "sm120 MoE decode, round 15: swap-AB on tensor cores with TMA-fed weights, DSv4-Flash shapes, H200"
                if args.swap_ab else "sm120 MoE decode, round 11: persistent TMA GEMV, DSv4-Flash shapes, H200" if args.persistent else
@@ -652,7 +690,7 @@ def main() -> None:
                 us = run(cycling(per_layer, layers))
                 build = launches_of(kw)
                 wanted = (name in breakdown or ("default" in breakdown and name == old)) if breakdown else batch == 1
-                wanted = wanted or args.persistent2 or args.swap_ab
+                wanted = wanted or args.persistent2 or args.swap_ab or args.run18
                 if wanted and build is not None:  # launch-by-launch breakdown of the GEMV / pairs forms
                     outs = [torch.empty_like(x) for _ in layers]
                     launches = [build(x, *layer, weights, ids, o, SWIGLU_LIMIT, kw.get("configs"))
@@ -685,7 +723,8 @@ def main() -> None:
                             "mul = nibble pairs placed by one multiply, h = E8M0 factor on the pair values in packed "
                             "bf16, wd = the factor on the int32 pair words by PTX mul.rn.bf16x2 (round 9); "
                             "16 routed rows per MMA pass; tma<R> (round 15) = swap-AB fed by TMA: weight words and "
-                            "scale bytes through a ring of R stages, activations by plain loads; a pairs gate/up with "
+                            "scale bytes through a ring of R stages, activations by plain loads; c<S> (run 18) = a K "
+                            "step as MMAs of S values (words by TMA in blocks of S); a pairs gate/up with "
                             "a GEMV down label (e.g. n16k512w4tma3) = run 15c's mixed forward: swap-AB gate/up "
                             "writing natural-order bf16 SwiGLU rows, then the TMA GEMV down launch")
     result.notes.append("gemv labels: gate/up / down GemvConfig as n<block_n>k<block_k>w<warps>, s<K splits>, "

@@ -1226,6 +1226,44 @@ def test_pairs_tma_swap_ab(ring, batch, pattern, on_words):
     assert cfgs[0].label() == f"n{tiles[0]}k512w4tma{ring}mulh" + ("wd" if on_words else "")
 
 
+@pytest.mark.parametrize("sub_k,batch,pattern,on_words", [
+    (128, 3, "duplicate", True), (256, 1, "random", True), (128, 4, "invalid", False), (256, 0, "random", True)])
+def test_pairs_tma_sub_k(sub_k, batch, pattern, on_words):
+    """Round 18: a K step of 512 as 2 or 4 MMAs (PairsConfig(sub_k=)): the weight words by TMA in blocks of sub_k,
+    the step's 16 scale bytes per row split in registers, each MMA with its own activations -- the same products
+    as one MMA of 512 (summed in another order), against the reference with every scratch tensor NaN-poisoned."""
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=batch + 80)
+    weights, ids = make_routing(batch, pattern, seed=batch + 81)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=batch + 82, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": on_words, "tma_ring": 2}
+    tiles = (inter // 4, TMA_HIDDEN // 4)
+    whole = tuple(moe.PairsConfig(n, 512, 4, **form) for n in tiles)
+    cfgs = tuple(moe.PairsConfig(n, 512, 4, sub_k=sub_k, **form) for n in tiles)
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, upcast="pairs", configs=cfgs)
+    assert out.shape == (batch, TMA_HIDDEN) and torch.isfinite(out).all()
+    if batch:
+        assert rel(out, ref) < 2e-2
+        assert rel(out, run(x, experts, weights, ids, upcast="pairs", configs=whole)) < 1e-2
+    assert cfgs[1].label() == f"n{tiles[1]}k512w4tma2mulh" + ("wd" if on_words else "") + f"c{sub_k}"
+    assert cfgs[0].mma_k(512) == sub_k and whole[0].mma_k(512) == 512
+
+
+@pytest.mark.parametrize("sub_k", [64, 96, 384])
+def test_pairs_tma_sub_k_arguments(sub_k):
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2, "sub_k": sub_k}
+    with pytest.raises(ValueError, match="sub_k"):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="pairs",
+            configs=(moe.PairsConfig(64, 512, 4, **form), moe.PairsConfig(128, 512, 4, **form)))
+    with pytest.raises(ValueError, match="sub_k"):  # sub_k needs the TMA form
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="pairs",
+            configs=(moe.PairsConfig(64, 512, 4, sub_k=128), moe.PairsConfig(128, 512, 4, sub_k=128)))
+
+
 @pytest.mark.parametrize("bad", ["block_k", "mixed", "negative", "no_scale_bf16"])
 def test_pairs_tma_arguments(bad):
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
