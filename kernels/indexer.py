@@ -98,12 +98,15 @@ WS_DONE = tl.constexpr(2)  # counting programs finished (the last one reduces th
 WS_THR1 = tl.constexpr(3)  # the first digit's threshold bin
 WS_ABOVE1 = tl.constexpr(4)  # entries in the bins above it
 WS_SPLIT_DONE = tl.constexpr(5)  # split programs finished (folded form: the last one finishes the row)
+WS_WINDOW_LOW = tl.constexpr(6)  # windowed count: the highest window floor of the row's logits programs
 HIST_REDUCE_BLOCK = tl.constexpr(256)  # first-digit bins the reducing program sums at a time
 # How the last counting program of a row reduces the first digit's copies (_finish_first_digit)
 REDUCE_BLOCKS = tl.constexpr(0)
 REDUCE_ONE_SHOT = tl.constexpr(1)
 REDUCE_EARLY_EXIT = tl.constexpr(2)
-_REDUCE_NAMES = {0: "blocks", 1: "one_shot", 2: "early_exit"}
+REDUCE_WINDOW = tl.constexpr(3)  # the windowed count's reduce (one copy; recount on a missed window)
+_REDUCE_NAMES = {0: "blocks", 1: "one_shot", 2: "early_exit", 3: "window"}
+HIST_RECOUNT_BLOCK = tl.constexpr(1024)  # logits the reducing program recounts at a time (missed window)
 WS_H2 = 16
 WS_H3 = WS_H2 + (1 << HIST_DIGITS[1])
 WS_H1 = WS_H3 + (1 << HIST_DIGITS[2])  # the counters and H2/H3 lie below: the final program zeroes them
@@ -147,6 +150,12 @@ PDL_MAX_BATCH = 16
 HIST_ONE_SHOT_MAX_PAGES = 4
 HIST_LONG_REDUCE = 2  # REDUCE_EARLY_EXIT
 HIST_LEAN_MAX_PROGRAMS = 512
+# The logits kernel's windowed first-digit count (_window_count): each program counts its logits into a
+# register window of HIST_WINDOW_BINS bins (one atomic per bin at its end instead of one per logit) where
+# its programs hold at least HIST_WINDOW_MIN_PAGES pages. 0: off (one atomic per logit into HIST_COPIES
+# copies).
+HIST_WINDOW_BINS = 0
+HIST_WINDOW_MIN_PAGES = 1
 
 
 def use_scaled_dot(device: torch.device | str | None = None) -> bool:
@@ -206,10 +215,12 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
                    D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                    PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr,
                    HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0,
-                   PDL: tl.constexpr = False, REDUCE: tl.constexpr = 0):
+                   PDL: tl.constexpr = False, REDUCE: tl.constexpr = 0, WINDOW: tl.constexpr = 0):
     """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row.
     HIST_BITS > 0 also counts each live logit into its row's first-digit histogram in the
     workspace ``ws_ptr`` (see :func:`_count_first_digit`); the row's last program reduces it.
+    WINDOW > 0 counts in registers instead (:func:`_window_count`): one atomic per bin of a window
+    of WINDOW bins per program, not one per logit (R must be 1, REDUCE :data:`REDUCE_WINDOW`).
     PDL: every input (q and the weights from the projection just before, lengths, page table,
     index-K cache) may be written by earlier kernels, so the wait comes before any load."""
     b = tl.program_id(0)
@@ -224,6 +235,10 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
     p_begin = split * pages_per_split
     p_end = tl.minimum(p_begin + pages_per_split, tl.cdiv(max_seq_len, PAGE))
     p_live = tl.minimum(p_end, tl.cdiv(length, PAGE))
+    ws_row = ws_ptr + b64 * stride_wsb
+    # Windowed count: per (position in page, window bin) counters, and the window's floor bin
+    window = tl.zeros((PAGE, WINDOW if WINDOW > 0 else 1), tl.int32)
+    floor = tl.full((), 0, tl.int32)
     for p in range(p_begin, p_live):
         page = tl.load(pt_ptr + b64 * stride_ptb + p)
         vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
@@ -231,12 +246,23 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.where(pos < length, vals, float("-inf")), mask=pos < max_seq_len)
         if HIST_BITS > 0:
-            _count_first_digit(ws_ptr + b64 * stride_wsb, vals, pos, pos < length, HIST_BITS, R, WS_H1)
+            if WINDOW > 0:
+                window, floor = _window_count(ws_row, window, floor, vals, pos < length, p == p_begin, HIST_BITS,
+                                              WS_H1, WINDOW)
+            else:
+                _count_first_digit(ws_row, vals, pos, pos < length, HIST_BITS, R, WS_H1)
     for p in range(tl.maximum(p_live, p_begin), p_end):
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.full((PAGE,), float("-inf"), tl.float32), mask=pos < max_seq_len)
-    if HIST_BITS > 0:
-        _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1, REDUCE)
+    if WINDOW > 0:
+        counts = tl.sum(window, axis=0)
+        j = tl.arange(0, WINDOW)
+        tl.atomic_add(ws_row + WS_H1 + floor + j, counts, mask=counts > 0, sem="relaxed")
+        if p_live > p_begin:
+            tl.atomic_max(ws_row + WS_WINDOW_LOW, floor, sem="relaxed")
+        _finish_window_digit(ws_row, out_row, length, K, HIST_BITS, WS_H1)
+    elif HIST_BITS > 0:
+        _finish_first_digit(ws_row, length, K, HIST_BITS, R, WS_H1, REDUCE)
 
 
 @triton.jit
@@ -260,6 +286,61 @@ def _count_first_digit(ws_row, vals, pos, valid, B1: tl.constexpr, R: tl.constex
     bins = _key_bits(_order_key(vals), 0, B1)
     tl.atomic_add(ws_row + WS_H1 + (pos % R) * (1 << B1) + bins, tl.full(vals.shape, 1, tl.int32), mask=valid,
                   sem="relaxed")
+
+
+@triton.jit
+def _window_count(ws_row, window, floor, vals, valid, first, B1: tl.constexpr, WS_H1: tl.constexpr,
+                  WINDOW: tl.constexpr):
+    """Count one page's valid logits into the program's register window of WINDOW first-digit bins
+    ``[floor, floor + WINDOW)``. The first page sets the floor: its highest bin plus WINDOW // 4 bins of
+    headroom is the window's top. Logits above the window go to the row's histogram with one atomic
+    each (rare: above the first page's maximum by the headroom); those below it are not counted.
+    That is exact where it matters: every program counts all of its logits at or above its floor, so
+    the row's histogram is exact from the highest floor up (:data:`WS_WINDOW_LOW`), and
+    :func:`_finish_window_digit` checks that the K-th largest lies there (else it recounts the row)."""
+    NBINS: tl.constexpr = 1 << B1
+    bins = _key_bits(_order_key(vals), 0, B1)
+    if first:
+        top = tl.max(tl.where(valid, bins, 0), axis=0) + WINDOW // 4
+        floor = tl.minimum(tl.maximum(top - (WINDOW - 1), 0), NBINS - WINDOW)
+    rel = bins - floor
+    hit = valid[:, None] & (rel[:, None] == tl.arange(0, WINDOW)[None, :])
+    window += hit.to(tl.int32)
+    tl.atomic_add(ws_row + WS_H1 + bins, tl.full(vals.shape, 1, tl.int32), mask=valid & (rel >= WINDOW),
+                  sem="relaxed")
+    return window, floor
+
+
+@triton.jit
+def _finish_window_digit(ws_row, out_row, length, K: tl.constexpr, B1: tl.constexpr, WS_H1: tl.constexpr):
+    """The windowed count's reduce (:func:`_window_count`), by the row's last program: one copy of
+    the first digit's bins loaded at once and zeroed. Bins from the highest program floor up are
+    exact; if they hold fewer than K logits of a row longer than K (the K-th largest lies below some
+    program's window), the row's logits (all written: every program has arrived) are recounted into
+    the second copy, which is then reduced and zeroed instead."""
+    tl.debug_barrier()  # all of this program's counts performed before its arrival is published
+    arrived = tl.atomic_add(ws_row + WS_DONE, 1, sem="acq_rel")
+    if arrived == tl.num_programs(1) - 1:
+        NBINS: tl.constexpr = 1 << B1
+        bins = tl.arange(0, NBINS)
+        hist = tl.load(ws_row + WS_H1 + bins, cache_modifier=".cg")
+        tl.store(ws_row + WS_H1 + bins, tl.zeros((NBINS,), tl.int32))
+        exact_from = tl.atomic_xchg(ws_row + WS_WINDOW_LOW, 0, sem="relaxed")
+        hist = tl.where(bins >= exact_from, hist, 0)
+        if (length > K) & (tl.sum(hist, axis=0) < K):
+            recount = ws_row + WS_H1 + NBINS  # the second copy: always zero here
+            for start in range(0, length, HIST_RECOUNT_BLOCK):
+                idx = start + tl.arange(0, HIST_RECOUNT_BLOCK)
+                vals = tl.load(out_row + idx, mask=idx < length, other=0.0, cache_modifier=".cg")
+                tl.atomic_add(recount + _key_bits(_order_key(vals), 0, B1), tl.full(vals.shape, 1, tl.int32),
+                              mask=idx < length, sem="relaxed")
+            tl.debug_barrier()  # this program's counts, performed at L2, before it reads them back
+            hist = tl.load(recount + bins, cache_modifier=".cg")
+            tl.store(recount + bins, tl.zeros((NBINS,), tl.int32))
+        thr, above = _threshold_bin(hist, tl.sum(hist, axis=0), K, NBINS)
+        tl.store(ws_row + WS_THR1, thr)
+        tl.store(ws_row + WS_ABOVE1, tl.where(thr < 0, 0, above))
+        tl.store(ws_row + WS_DONE, 0)  # every program has arrived: ready for the next call
 
 
 @triton.jit
@@ -871,6 +952,12 @@ def hist_reduce_mode(pages_per_split: int) -> int:
     return int(REDUCE_ONE_SHOT) if pages_per_split <= HIST_ONE_SHOT_MAX_PAGES else HIST_LONG_REDUCE
 
 
+def hist_window(pages_per_split: int) -> int:
+    """Bins of the logits programs' register window (:func:`_window_count`), 0 where they count each
+    logit with an atomic (see :data:`HIST_WINDOW_BINS`)."""
+    return HIST_WINDOW_BINS if pages_per_split >= HIST_WINDOW_MIN_PAGES else 0
+
+
 def hist_lean(programs: int) -> bool:
     return programs <= HIST_LEAN_MAX_PROGRAMS
 
@@ -912,8 +999,11 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     pps = logits_pages_per_split(batch, max_seq_len)
     splits = -(-_cdiv(max_seq_len, INDEX_PAGE_SIZE) // pps)
     ws = hist_workspace if hist_workspace is not None else out
-    hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=hist_k, WS_H1=WS_H1,
-                REDUCE=hist_reduce_mode(pps)) if hist_workspace is not None else {}
+    hist = {}
+    if hist_workspace is not None:
+        window = hist_window(pps)
+        hist = dict(HIST_BITS=HIST_DIGITS[0], R=1 if window else HIST_COPIES, K=hist_k, WS_H1=WS_H1,
+                    REDUCE=int(REDUCE_WINDOW) if window else hist_reduce_mode(pps), WINDOW=window)
     pdl = launch_pdl(q.device, batch, choose_plan(batch, max_seq_len).select)
     _logits_kernel[(batch, splits)](
         q, kv_fp8, kv_f32, weights, lens, page_table, out, ws, max_seq_len, page_table.shape[1], pps,
@@ -1386,11 +1476,16 @@ def aot_configs() -> list[AotConfig]:
     and the histogram select in each form :func:`hist_reduce_mode` / :func:`hist_lean` pick."""
     configs = []
     page = _page_consts()
-    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0, REDUCE=0)  # the defaults: no histogram code
+    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0, REDUCE=0, WINDOW=0)  # the defaults: no histogram code
     logits_forms = [("indexer_logits", no_hist)]
     for mode in sorted({int(REDUCE_ONE_SHOT), HIST_LONG_REDUCE}):
         logits_forms.append((f"indexer_logits_hist_{_REDUCE_NAMES[mode]}",
-                             dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=mode)))
+                             dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=mode,
+                                  WINDOW=0)))
+    if HIST_WINDOW_BINS:
+        logits_forms.append((f"indexer_logits_hist_window{HIST_WINDOW_BINS}",
+                             dict(HIST_BITS=HIST_DIGITS[0], R=1, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=int(REDUCE_WINDOW),
+                                  WINDOW=HIST_WINDOW_BINS)))
     for pdl, suffix, pdl_ops in _pdl_settings():
         for name, extra in logits_forms:
             c = dict(page, USE_SCALED_DOT=True, **extra, PDL=pdl)

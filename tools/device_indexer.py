@@ -80,6 +80,13 @@ VARIANT_CATALOG = {
     "long_blocks": dict(HIST_LONG_REDUCE=0),  # the block reduce (not early exit) where the one-shot is not used
     "no_lean": dict(HIST_LEAN_MAX_PROGRAMS=0),
     "early_exit_all": dict(HIST_ONE_SHOT_MAX_PAGES=0),  # the early-exit reduce also where the one-shot is used
+    # Run 10: the logits kernel's windowed first-digit count (register window per program, one atomic per
+    # bin) with 16 or 32 bins, and PDL on the histogram path above B=16.
+    "window16": dict(HIST_WINDOW_BINS=16),
+    "window32": dict(HIST_WINDOW_BINS=32),
+    "pdl_all": dict(PDL_MAX_BATCH=256),
+    "window32_pdl_all": dict(HIST_WINDOW_BINS=32, PDL_MAX_BATCH=256),
+    "window32_lean_all": dict(HIST_WINDOW_BINS=32, HIST_LEAN_MAX_PROGRAMS=1 << 20),
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -329,7 +336,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--name", default="indexer-h200-run9", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--name", default="indexer-h200-run10", help="result file stem (run 4 was the select-form sweep)")
     parser.add_argument("--forms", default="hist", help=f"comma-separated select forms forced beside the default "
                         f"(two_kernel_<form> rows), from {sorted(FORM_CATALOG)}")
     parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")
@@ -369,7 +376,8 @@ def main() -> None:
     result.extra["copy_bandwidth_GBps (read+write)"] = round(copy_gbs, 1) if copy_gbs else "n/a"
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
-    shipped = ("USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_LEAN_MAX_PROGRAMS")
+    shipped = ("USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_LEAN_MAX_PROGRAMS",
+               "HIST_WINDOW_BINS", "HIST_WINDOW_MIN_PAGES")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
                {attr: ("run-8 table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})

@@ -614,3 +614,59 @@ def test_sm120_uses_full_rate_block_scaled_fp8_mma():
     assert r["plain120"]["qmma"] > 0 and r["plain120"]["sf"] == 0, r["plain120"]["summary"]
     assert (r["plain120"]["smem"], r["plain120"]["regs"]) == (r["scaled120"]["smem"], r["scaled120"]["regs"])
     assert r["plain90"]["qgmma"] > 0, r["plain90"]["summary"]
+
+
+def _scale_pages(kv, page_table, lens, kind, gen):
+    """Rescale each row's index-K pages (the per-token fp32 scales) so that the logits' magnitudes
+    rise or fall along the row, or spread over ~40 binades."""
+    flat = kv.view(kv.shape[0], -1)
+    scales = flat[:, INDEX_SCALE_OFFSET:].view(torch.float32)
+    for b in range(page_table.shape[0]):
+        pages = page_table[b, :-(-int(lens[b]) // INDEX_PAGE_SIZE)].long()
+        i = torch.arange(len(pages), dtype=torch.float32)
+        if kind == "rising":
+            factor = (2.0 ** (i / 2))[:, None].expand(-1, INDEX_PAGE_SIZE)
+        elif kind == "falling":
+            factor = (2.0 ** (-i / 2))[:, None].expand(-1, INDEX_PAGE_SIZE)
+        else:  # "wide"
+            factor = 2.0 ** (torch.rand(len(pages), INDEX_PAGE_SIZE, generator=gen) * 40 - 20)
+        scales[pages] = scales[pages] * factor
+    return kv
+
+
+@pytest.mark.parametrize("bins", [16, 32])
+@pytest.mark.parametrize("kind,programs", [("plain", 1024), ("plain", 3), ("rising", 3), ("falling", 3),
+                                           ("wide", 1024), ("wide", 2)])
+def test_window_count_first_digit_and_selection(bins, kind, programs, monkeypatch):
+    """The logits kernel's windowed first-digit count (register window per program, one atomic per
+    bin; _window_count): the same threshold bin and count above it as the exact histogram, the
+    workspace left zeroed, and the histogram select's set exact. ``programs`` (the logits kernel's
+    target grid) 2-3 gives programs of several pages, whose later pages rise above the window
+    (atomics per logit) or fall below it; "falling" / "wide" rows put the K-th largest below some
+    program's window (the reduce recounts the row)."""
+    monkeypatch.setattr(ix, "HIST_WINDOW_BINS", bins)
+    monkeypatch.setattr(ix, "LOGITS_TARGET_PROGRAMS", programs)
+    lens, max_seq_len = [1500, 0, 1300, 64, 513, 900], 1500
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=bins + programs)
+    kv = _scale_pages(kv, pt, l, kind, torch.Generator().manual_seed(bins)) if kind != "plain" else kv
+    k = INDEX_TOPK
+    workspace = torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32)
+    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k)
+    bits = logits.view(torch.int32)
+    first_digit = (torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long() + 2**31) >> (32 - ix.HIST_DIGITS[0])
+    for b, n in enumerate(lens):
+        assert workspace[b, 2] == 0 and workspace[b, 6] == 0, "the last program resets its counters"
+        if n <= k:
+            continue
+        kth_digit = first_digit[b, :n].sort(descending=True).values[k - 1]
+        assert workspace[b, 3] == kth_digit
+        assert workspace[b, 4] == (first_digit[b, :n] > kth_digit).sum()
+    assert (workspace[:, ix.WS_H1:] == 0).all()
+    if kind == "wide":  # the K-th largest lies far below the row's largest bins: the recount ran
+        spread = [int(first_digit[b, :n].max() - workspace[b, 3]) for b, n in enumerate(lens) if n > k]
+        assert max(spread) > bins
+    out = torch.full((len(lens), k), 12345, dtype=torch.int32)
+    raw = torch.full_like(out, 12345)
+    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=ix.Plan("two_kernel", select=HISTOGRAM))
+    assert_histogram_selection(raw, out, logits, l, pt)  # exact on the kernel's own logits
+    assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
