@@ -14,6 +14,7 @@ from .harness.aot import AotConfig
 KERNEL_MODULES: tuple[str, ...] = (
     "sparse_mla_decode",
     "moe_mxfp4",
+    "moe_prefill",
     "indexer",
     "fp8_gemv",
     "bench_common",

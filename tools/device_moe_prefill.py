@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Device run for the MoE prefill grouped GEMM (kernels/moe_prefill.py, issue 4's prefill target), full shapes.
+
+    python3 tools/device_moe_prefill.py --out $OUT [--deadline-s 200]   # device (carry .upstream for upstream)
+    python3 tools/device_moe_prefill.py --smoke                         # CPU interpreter, tiny shapes
+
+At T = 1 and 4 (per-rank I = 2048 / 512), 4096 prefill tokens, 256 experts, H = 4096, top-6 (24576 routed rows):
+the bf16 matmul rate (8192^3) and the copy bandwidth of this run; the old path (``moe_mxfp4_forward``, whose
+tl.dot_scaled prefill tiles run above DECODE_MAX_ROWS); ``moe_mxfp4_prefill_forward`` with its default tiles;
+upstream SGLang's Triton ``fused_moe_kernel`` on the experts dequantised to bf16 (loader and glue of
+tools/device_moe_mxfp4.py, when ``.upstream`` is there); then a sweep of gate/up tiles (with one fixed down tile)
+and of down tiles (with one fixed gate/up tile), and the pair of the fastest of each. Every row is a whole
+forward, checked against the float32 reference (``reference_moe_mxfp4``) and timed in a CUDA graph.
+Rows are written after each one, so a timeout keeps what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _repo_imports import ensure_kernels_importable  # noqa: E402
+
+ensure_kernels_importable()
+
+import torch  # noqa: E402
+
+import device_moe_mxfp4 as dm  # noqa: E402  (layer/routing makers, upstream loader and glue)
+from sglang_sm120.kernels import moe_mxfp4 as moe  # noqa: E402
+from sglang_sm120.kernels import moe_prefill as mp  # noqa: E402
+from sglang_sm120.kernels.dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, NUM_EXPERTS, SWIGLU_LIMIT, TOP_K  # noqa: E402
+
+P = mp.PrefillConfig
+DS, DSW, PAIRS = mp.DOT_SCALED, mp.DOT_SCALED_SWAP, mp.PAIRS
+# gate/up tiles, each with DOWN_PARTNER; down tiles, each with GATE_UP_PARTNER
+DOWN_PARTNER = P(PAIRS, 128, 128, 64, 8, 3)
+GATE_UP_PARTNER = P(PAIRS, 128, 64, 64, 8, 3)
+# every tile here compiles for sm_120a within 101376 B of shared memory and without spills (the AOT check)
+GATE_UP_SWEEP = [
+    P(DS, 128, 64, 64, 8, 3),
+    P(DSW, 128, 64, 64, 8, 3),
+    P(PAIRS, 128, 64, 64, 8, 3),
+    P(PAIRS, 128, 64, 64, 8, 3, n_fastest=False),
+    P(PAIRS, 128, 64, 64, 8, 3, mul_pairs=True),
+    P(PAIRS, 128, 64, 64, 8, 4),
+    P(PAIRS, 64, 64, 64, 4, 3),
+]
+DOWN_SWEEP = [
+    P(DS, 64, 128, 64, 8, 3),
+    P(DS, 128, 128, 64, 8, 3),
+    P(DSW, 128, 128, 64, 8, 3),
+    P(PAIRS, 128, 128, 64, 8, 3),
+    P(PAIRS, 128, 128, 64, 8, 3, n_fastest=False),
+    P(PAIRS, 128, 128, 64, 8, 4),
+    P(PAIRS, 64, 128, 64, 4, 3),
+    P(PAIRS, 128, 64, 64, 4, 3),
+]
+SMOKE_GATE_UP = [P(DS, 32, 32, 64, 4, 2), P(PAIRS, 32, 32, 64, 4, 2)]
+SMOKE_DOWN = [P(DSW, 32, 64, 64, 4, 2)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--deadline-s", type=float, default=200.0,
+                        help="start no sweep row after this many seconds (the rows before it are kept)")
+    args = parser.parse_args()
+    from sglang_sm120.kernels.harness.devicebench import (
+        BenchResult, bf16_matmul_tflops, copy_bandwidth_gbs, relative_error, time_in_cuda_graph)
+
+    t_start = time.time()
+    if args.smoke:
+        from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
+
+        patch_bf16_dot()
+        device, num_experts, hidden, tokens, base_inter = "cpu", 8, 256, 48, 256
+        tps, gu_sweep, dn_sweep = (2,), SMOKE_GATE_UP, SMOKE_DOWN
+        down_partner = gate_up_partner = P(PAIRS, 32, 32, 64, 4, 2)
+    else:
+        device, num_experts, hidden, tokens, base_inter = "cuda", NUM_EXPERTS, HIDDEN_SIZE, 4096, MOE_INTERMEDIATE_SIZE
+        tps, gu_sweep, dn_sweep = (1, 4), GATE_UP_SWEEP, DOWN_SWEEP
+        down_partner, gate_up_partner = DOWN_PARTNER, GATE_UP_PARTNER
+
+    def timed(fn) -> float:
+        if args.smoke:
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e6
+        return time_in_cuda_graph(fn, calls_per_graph=3, replays=5, warmup=1)
+
+    copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
+    mm_tflops = 0.0 if args.smoke else bf16_matmul_tflops()
+    result = BenchResult(name="moe_prefill-h200", title="MoE prefill grouped GEMM (MXFP4 experts, 4096 tokens), H200",
+                         columns=["T", "path", "gate_up", "down", "us", "TFLOP/s", "%bf16mm", "vs_old", "rel_err"])
+    result.extra.update({"copy bandwidth (GB/s, read+write)": round(copy_gbs, 1),
+                         "bf16 matmul (TFLOP/s, 8192^3)": round(mm_tflops, 1)})
+    print(f"copy {copy_gbs:.1f} GB/s, bf16 mm {mm_tflops:.1f} TFLOP/s", flush=True)
+
+    kernel_mod = tables = None
+    try:
+        import json
+
+        import triton
+        import upstream
+
+        kernel_mod = upstream.load(dm.UPSTREAM_KERNEL)
+        for name in ("write_zeros_to_output", "fused_moe_kernel"):  # extract_functions keeps no decorators
+            if not isinstance(getattr(kernel_mod, name), triton.runtime.JITFunction):
+                setattr(kernel_mod, name, triton.jit(getattr(kernel_mod, name)))
+        tables = json.loads((upstream.UPSTREAM_DIR / dm.UPSTREAM_CONFIGS).read_text())
+    except Exception as exc:  # no .upstream: the run goes on without that baseline
+        result.notes.append(f"upstream baseline not loaded: {type(exc).__name__}: {str(exc)[:200]}")
+
+    for tp in tps:
+        inter = base_inter // tp
+        layer = dm.make_layer(num_experts, hidden, inter, device, seed=100 * tp)
+        ckpt = [t.clone() for t in layer]
+        moe.repack_w13_(layer[0], layer[1])
+        x, weights, ids = dm.make_routing(tokens, num_experts, hidden, device, seed=7 + tp)
+        ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids)
+        flops = 2 * tokens * TOP_K * (2 * inter * hidden + hidden * inter)
+        times = {}
+
+        def record(path, fn, gu="", dn=""):
+            try:
+                err = relative_error(fn(), ref)
+                us = timed(fn)
+            except Exception as exc:  # one failing candidate must not lose the run
+                result.notes.append(f"T={tp} {path} {gu} {dn}: {type(exc).__name__}: {str(exc)[:300]}")
+                print("FAILED", tp, path, gu, dn, exc, flush=True)
+                return None
+            tflops = flops / (us * 1e-6) / 1e12
+            times[(path, gu, dn)] = us
+            old = times.get(("old path (moe_mxfp4_forward)", "", ""))
+            result.add(T=tp, path=path, gate_up=gu, down=dn, us=us, rel_err=err, vs_old=(old / us) if old else 1.0,
+                       **{"TFLOP/s": tflops, "%bf16mm": 100 * tflops / mm_tflops if mm_tflops else 0.0})
+            print(f"T={tp} {path} {gu} {dn}: {us:.1f} us {tflops:.1f} TFLOP/s err {err:.3g} "
+                  f"[{time.time() - t_start:.0f} s]", flush=True)
+            result.extra["wall seconds"] = round(time.time() - t_start, 1)
+            result.write(args.out)
+            return us
+
+        def ours(cfg):
+            return lambda: mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, SWIGLU_LIMIT, config=cfg)
+
+        record("old path (moe_mxfp4_forward)", lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT))
+        gu0, dn0 = mp.prefill_configs(tokens * TOP_K, inter)
+        record("new default", ours(None), gu0.label(), dn0.label())
+        if kernel_mod is not None:
+            w13_bf16 = dm.dequant_all_bf16(ckpt[0], ckpt[1])
+            w2_bf16 = dm.dequant_all_bf16(ckpt[2], ckpt[3])
+            record("upstream triton (bf16 experts)",
+                   lambda: dm.upstream_fused_experts(kernel_mod, tables, x, w13_bf16, w2_bf16, weights, ids,
+                                                     SWIGLU_LIMIT))
+            del w13_bf16, w2_bf16
+        deadline = args.deadline_s * (0.75 if tp == tps[0] and len(tps) > 1 else 1.0)
+        best_gu, best_dn = {}, {}
+        for cand in gu_sweep:
+            if time.time() - t_start > deadline:
+                result.notes.append(f"T={tp}: gate/up sweep stopped at the deadline before {cand.label()}")
+                break
+            us = record("sweep gate/up", ours((cand, down_partner)), cand.label(), down_partner.label())
+            if us is not None:
+                best_gu[cand] = us
+        for cand in dn_sweep:
+            if time.time() - t_start > deadline:
+                result.notes.append(f"T={tp}: down sweep stopped at the deadline before {cand.label()}")
+                break
+            us = record("sweep down", ours((gate_up_partner, cand)), gate_up_partner.label(), cand.label())
+            if us is not None:
+                best_dn[cand] = us
+        if best_gu and best_dn:
+            g, d = min(best_gu, key=best_gu.get), min(best_dn, key=best_dn.get)
+            if (g, d) != (gu0, dn0) and time.time() - t_start < deadline + 20:
+                record("fastest of each sweep", ours((g, d)), g.label(), d.label())
+        del layer, ckpt
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+    result.notes.append("every row is a whole forward (routing, [x pair copy], gate/up, down, top-k sum) timed in a "
+                        "CUDA graph (3 calls per graph, median of 5 replays) and checked against reference_moe_mxfp4")
+    result.notes.append("tile labels: upcast (ds = tl.dot_scaled x-as-M, dsw = tl.dot_scaled weights-as-M, pairs = "
+                        "register pair-word upcast, weights-as-M), m block_m (routed rows), n block_n (output columns; "
+                        "gate/up: SwiGLU columns = 2n weight rows), k block_k, w warps, s stages; _slotfast = grid with "
+                        "the expert slot fastest (default: column block fastest); mul = nibble pairs by multiply")
+    result.extra["wall seconds"] = round(time.time() - t_start, 1)
+    paths = result.write(args.out)
+    print(result.markdown())
+    print("wrote", paths)
+
+
+if __name__ == "__main__":
+    main()
