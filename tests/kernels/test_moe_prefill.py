@@ -1,0 +1,201 @@
+"""MoE prefill grouped GEMM (kernels/moe_prefill.py) against the float32 reference, under the CPU interpreter.
+
+Reduced shapes: few experts, H = 256, per-rank I = 256/T for every T of SUPPORTED_TP (the model's 2048/T scaled
+down 8x), small tiles so experts span several row blocks (ragged tails). Weights are random bytes (every e2m1
+code), scales random E8M0 bytes around 2**0; activations large enough that the SwiGLU clamp is active.
+"""
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import moe_mxfp4 as moe
+from sglang_sm120.kernels import moe_prefill as mp
+from sglang_sm120.kernels.dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, MXFP4_GROUP, SUPPORTED_TP, SWIGLU_LIMIT
+from sglang_sm120.kernels.harness.interpreter import interpreter_enabled
+
+DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
+NUM_EXPERTS = 6
+HIDDEN = 256
+TOP_K = 4
+INTERS = [256 // tp for tp in SUPPORTED_TP]
+P = mp.PrefillConfig
+# the interpreter's bf16 rounding (truncation) gives ~7e-3 for the old path and this one alike
+TOLERANCE = 1.5e-2
+
+
+def poison_empty(monkeypatch):
+    """torch.empty fills floating-point tensors with NaN: every scratch buffer must be written by the kernels."""
+    real_empty = torch.empty
+
+    def poisoned(*args, **kw):
+        t = real_empty(*args, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+
+
+def make_layer(inter, num_experts=NUM_EXPERTS, hidden=HIDDEN, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w13 = torch.randint(-128, 128, (num_experts, 2 * inter, hidden // 2), dtype=torch.int8, generator=g)
+    s13 = torch.randint(119, 128, (num_experts, 2 * inter, hidden // MXFP4_GROUP), dtype=torch.uint8, generator=g)
+    w2 = torch.randint(-128, 128, (num_experts, hidden, inter // 2), dtype=torch.int8, generator=g)
+    s2 = torch.randint(119, 128, (num_experts, hidden, inter // MXFP4_GROUP), dtype=torch.uint8, generator=g)
+    ckpt = [t.to(DEVICE) for t in (w13, s13.view(torch.float8_e8m0fnu), w2, s2.view(torch.float8_e8m0fnu))]
+    layer = [t.clone() for t in ckpt]
+    moe.repack_w13_(layer[0], layer[1])
+    return ckpt, layer
+
+
+def make_routing(batch, pattern, num_experts=NUM_EXPERTS, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    if pattern == "random":  # distinct experts per token; the last expert gets no rows
+        ids = torch.stack([torch.randperm(num_experts - 1, generator=g)[:TOP_K] for _ in range(batch)]) \
+            if batch else torch.empty(0, TOP_K, dtype=torch.int64)
+    elif pattern == "skewed":  # every token hits expert 2, the rest two experts
+        ids = torch.randint(4, 6, (batch, TOP_K), generator=g)
+        ids[:, 0] = 2
+    elif pattern == "invalid":  # -1 / out-of-range ids (padding) contribute nothing
+        ids = torch.randint(0, num_experts, (batch, TOP_K), generator=g)
+        ids[::2, 1] = -1
+        ids[:, 3] = num_experts + 2
+    elif pattern == "all_invalid":
+        ids = torch.full((batch, TOP_K), -1)
+    else:
+        raise ValueError(pattern)
+    weights = torch.rand(batch, TOP_K, generator=g) * 1.5
+    x = (torch.randn(batch, HIDDEN, generator=g) * 2).to(torch.bfloat16)
+    return x.to(DEVICE), weights.to(DEVICE), ids.to(torch.int32).to(DEVICE)
+
+
+def relative_error(out, ref):
+    return ((out.float() - ref).norm() / ref.norm().clamp(min=1e-30)).item()
+
+
+def run_and_check(inter, batch, pattern, config, monkeypatch, limit=SWIGLU_LIMIT, seed=0):
+    ckpt, layer = make_layer(inter, seed=seed)
+    x, weights, ids = make_routing(batch, pattern, seed=seed + 1)
+    ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids, swiglu_limit=limit)
+    poison_empty(monkeypatch)
+    out = torch.full_like(x, float("nan"))
+    got = mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, limit, out=out, config=config)
+    assert got is out
+    assert torch.isfinite(out.float()).all()
+    return out, ref, ckpt, x, ids
+
+
+SMALL = {up: (P(up, 16, 32, 64, 4, 2), P(up, 16, 64, 32, 4, 2)) for up in mp.UPCASTS}
+
+
+@pytest.mark.parametrize("inter", INTERS)
+@pytest.mark.parametrize("upcast", mp.UPCASTS)
+def test_every_upcast_every_inter(inter, upcast, monkeypatch):
+    out, ref, *_ = run_and_check(inter, 13, "random", SMALL[upcast], monkeypatch)
+    assert relative_error(out, ref) < TOLERANCE
+
+
+@pytest.mark.parametrize("gate_up, down", [(mp.PAIRS, mp.DOT_SCALED), (mp.DOT_SCALED_SWAP, mp.PAIRS),
+                                           (mp.DOT_SCALED, mp.DOT_SCALED_SWAP)])
+def test_mixed_upcasts(gate_up, down, monkeypatch):
+    """The SwiGLU rows follow the down launch's format (pair order for pairs, plain otherwise)."""
+    out, ref, *_ = run_and_check(64, 11, "skewed", (SMALL[gate_up][0], SMALL[down][1]), monkeypatch)
+    assert relative_error(out, ref) < TOLERANCE
+
+
+@pytest.mark.parametrize("upcast", mp.UPCASTS)
+def test_invalid_ids_and_clamp(upcast, monkeypatch):
+    ckpt, layer = make_layer(64, seed=3)
+    x, weights, ids = make_routing(9, "invalid", seed=4)
+    # the clamp is active: some gate / up pre-activations exceed the limit
+    valid = ids[(ids >= 0) & (ids < NUM_EXPERTS)].unique()
+    gate_up = x.float() @ moe.reference_dequant_mxfp4(ckpt[0][valid[0]], ckpt[1][valid[0]]).T
+    assert gate_up.abs().max() > SWIGLU_LIMIT
+    out, ref, *_ = run_and_check(64, 9, "invalid", SMALL[upcast], monkeypatch, seed=3)
+    assert relative_error(out, ref) < TOLERANCE
+
+
+def test_no_clamp(monkeypatch):
+    out, ref, *_ = run_and_check(32, 7, "random", SMALL[mp.PAIRS], monkeypatch, limit=0.0)
+    assert relative_error(out, ref) < TOLERANCE
+
+
+@pytest.mark.parametrize("upcast", mp.UPCASTS)
+def test_all_invalid_gives_zeros(upcast, monkeypatch):
+    out, ref, *_ = run_and_check(32, 5, "all_invalid", SMALL[upcast], monkeypatch)
+    assert torch.equal(out.float(), torch.zeros_like(ref))
+
+
+@pytest.mark.parametrize("batch", [0, 1])
+def test_tiny_batches(batch, monkeypatch):
+    ckpt, layer = make_layer(32)
+    x, weights, ids = make_routing(batch, "random")
+    out = mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=SMALL[mp.PAIRS])
+    assert out.shape == x.shape
+    if batch:
+        assert relative_error(out, moe.reference_moe_mxfp4(x, *ckpt, weights, ids)) < TOLERANCE
+
+
+@pytest.mark.parametrize("config", [None, (P(mp.PAIRS, 128, 64, 64, 8, 3, n_fastest=False),
+                                           P(mp.DOT_SCALED, 64, 128, 64, 8, 3))],
+                         ids=["default", "slot_fastest"])
+def test_prefill_sizes_torch_routing(config, monkeypatch):
+    """More than DECODE_MAX_ROWS routed rows (routing by torch sort), the shipped tiles clipped to a small I,
+    experts spanning several 128-row blocks."""
+    batch = moe.DECODE_MAX_ROWS // TOP_K + 20
+    out, ref, *_ = run_and_check(32, batch, "skewed", config, monkeypatch)
+    assert batch * TOP_K > moe.DECODE_MAX_ROWS
+    assert relative_error(out, ref) < TOLERANCE
+
+
+def test_same_as_old_path():
+    """At the same shapes the old tl.dot_scaled path and the new forward agree closely."""
+    ckpt, layer = make_layer(64, seed=5)
+    x, weights, ids = make_routing(10, "random", seed=6)
+    old = moe.moe_mxfp4_forward(x, *layer, weights, ids, upcast="dot_scaled")
+    for upcast in mp.UPCASTS:
+        new = mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=SMALL[upcast])
+        assert relative_error(new, old.float()) < 1e-2
+
+
+def test_bad_inputs():
+    ckpt, layer = make_layer(32)
+    x, weights, ids = make_routing(4, "random")
+    with pytest.raises(ValueError, match="config must be"):
+        mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=SMALL[mp.PAIRS][0])
+    with pytest.raises(ValueError, match="PrefillConfig"):
+        mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=(moe.GemmConfig(16, 16, 64, 4, 2),) * 2)
+    with pytest.raises(ValueError, match="upcast"):
+        mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=(P("fp8", 16, 32, 64, 4, 2),) * 2)
+    with pytest.raises(ValueError, match="powers of two"):
+        mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=(P(mp.PAIRS, 24, 32, 64, 4, 2),) * 2)
+    with pytest.raises(ValueError, match="out must be"):
+        mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, out=torch.empty(4, 128, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="x must be"):
+        mp.moe_mxfp4_prefill_forward(x.float(), *layer, weights, ids)
+    with pytest.raises(ValueError, match="topk_ids"):
+        mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids[:, :2].float())
+    with pytest.raises(ValueError, match="w2 must be"):
+        mp.moe_mxfp4_prefill_forward(x, layer[0], layer[1], layer[2][:, :, :4], layer[3], weights, ids)
+
+
+def test_prefill_default_only_where_measured():
+    for tp in SUPPORTED_TP:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        assert not mp.prefill_default(moe.DECODE_MAX_ROWS, inter)
+        measured = [rows for where_inter, rows in mp.PREFILL_DEFAULT_WHERE if where_inter == inter]
+        assert mp.prefill_default(4096 * 6, inter) == any(4096 * 6 >= rows for rows in measured)
+    for where_inter, rows in mp.PREFILL_DEFAULT_WHERE:
+        assert rows > moe.DECODE_MAX_ROWS
+        assert mp.prefill_default(rows, where_inter)
+
+
+def test_aot_configs_cover_every_tp():
+    configs = mp.aot_configs()
+    names = [c.name for c in configs]
+    assert len(names) == len(set(names)) and configs
+    for cfg in configs:
+        assert "HMMA.16816.F32.BF16" in cfg.expect_opcodes
+    for tp in SUPPORTED_TP:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        gu, dn = mp.prefill_configs(moe.DECODE_MAX_ROWS + 1, inter)
+        assert inter % gu.fitted(inter, HIDDEN_SIZE).block_n == 0
+        assert inter % dn.fitted(HIDDEN_SIZE, inter).block_k == 0
