@@ -156,6 +156,8 @@ HIST_LEAN_MAX_PROGRAMS = 512
 # copies).
 HIST_WINDOW_BINS = 0
 HIST_WINDOW_MIN_PAGES = 1
+# Warps of the histogram select's programs (0: one per 512 entries, at least 4: 4 for the 2048-entry split).
+HIST_SELECT_WARPS = 0
 
 
 def use_scaled_dot(device: torch.device | str | None = None) -> bool:
@@ -237,7 +239,7 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
     p_live = tl.minimum(p_end, tl.cdiv(length, PAGE))
     ws_row = ws_ptr + b64 * stride_wsb
     # Windowed count: per (position in page, window bin) counters, and the window's floor bin
-    window = tl.zeros((PAGE, WINDOW if WINDOW > 0 else 1), tl.int32)
+    window = tl.zeros((PAGE, WINDOW // 2 if WINDOW > 0 else 1), tl.int32)  # two 16-bit counters a word
     floor = tl.full((), 0, tl.int32)
     for p in range(p_begin, p_live):
         page = tl.load(pt_ptr + b64 * stride_ptb + p)
@@ -255,9 +257,10 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.full((PAGE,), float("-inf"), tl.float32), mask=pos < max_seq_len)
     if WINDOW > 0:
-        counts = tl.sum(window, axis=0)
-        j = tl.arange(0, WINDOW)
-        tl.atomic_add(ws_row + WS_H1 + floor + j, counts, mask=counts > 0, sem="relaxed")
+        j = tl.arange(0, WINDOW // 2)  # bin 2j in the low half of word j, bin 2j + 1 in the high half
+        even, odd = tl.sum(window & 0xFFFF, axis=0), tl.sum(window >> 16, axis=0)
+        tl.atomic_add(ws_row + WS_H1 + floor + 2 * j, even, mask=even > 0, sem="relaxed")
+        tl.atomic_add(ws_row + WS_H1 + floor + 2 * j + 1, odd, mask=odd > 0, sem="relaxed")
         if p_live > p_begin:
             tl.atomic_max(ws_row + WS_WINDOW_LOW, floor, sem="relaxed")
         _finish_window_digit(ws_row, out_row, length, K, HIST_BITS, WS_H1)
@@ -292,7 +295,7 @@ def _count_first_digit(ws_row, vals, pos, valid, B1: tl.constexpr, R: tl.constex
 def _window_count(ws_row, window, floor, vals, valid, first, B1: tl.constexpr, WS_H1: tl.constexpr,
                   WINDOW: tl.constexpr):
     """Count one page's valid logits into the program's register window of WINDOW first-digit bins
-    ``[floor, floor + WINDOW)``. The first page sets the floor: its highest bin plus WINDOW // 4 bins of
+    ``[floor, floor + WINDOW)`` (``window``: [PAGE, WINDOW // 2] words of two 16-bit counters). The first page sets the floor: its highest bin plus WINDOW // 4 bins of
     headroom is the window's top. Logits above the window go to the row's histogram with one atomic
     each (rare: above the first page's maximum by the headroom); those below it are not counted.
     That is exact where it matters: every program counts all of its logits at or above its floor, so
@@ -304,8 +307,10 @@ def _window_count(ws_row, window, floor, vals, valid, first, B1: tl.constexpr, W
         top = tl.max(tl.where(valid, bins, 0), axis=0) + WINDOW // 4
         floor = tl.minimum(tl.maximum(top - (WINDOW - 1), 0), NBINS - WINDOW)
     rel = bins - floor
-    hit = valid[:, None] & (rel[:, None] == tl.arange(0, WINDOW)[None, :])
-    window += hit.to(tl.int32)
+    # bin floor + r counts in the (r % 2) half of word r // 2 of its position's row (a program's count
+    # per position and bin is at most its pages: < 2**16, see hist_window)
+    hit = valid[:, None] & (rel[:, None] // 2 == tl.arange(0, WINDOW // 2)[None, :]) & (rel[:, None] >= 0)
+    window += tl.where(hit, 1 << ((rel[:, None] & 1) * 16), 0)
     tl.atomic_add(ws_row + WS_H1 + bins, tl.full(vals.shape, 1, tl.int32), mask=valid & (rel >= WINDOW),
                   sem="relaxed")
     return window, floor
@@ -955,7 +960,8 @@ def hist_reduce_mode(pages_per_split: int) -> int:
 def hist_window(pages_per_split: int) -> int:
     """Bins of the logits programs' register window (:func:`_window_count`), 0 where they count each
     logit with an atomic (see :data:`HIST_WINDOW_BINS`)."""
-    return HIST_WINDOW_BINS if pages_per_split >= HIST_WINDOW_MIN_PAGES else 0
+    fits = pages_per_split < 1 << 16  # the 16-bit counters: at most one count per page and position
+    return HIST_WINDOW_BINS if HIST_WINDOW_MIN_PAGES <= pages_per_split and fits else 0
 
 
 def hist_lean(programs: int) -> bool:
@@ -1052,6 +1058,10 @@ def _hist_num_warps(entries: int) -> int:
     return max(4, entries // 512)
 
 
+def hist_select_warps(chunk: int) -> int:
+    return HIST_SELECT_WARPS or _hist_num_warps(max(chunk, HIST_FINAL_BLOCK))
+
+
 def _hist_digit_consts():
     b1, b2, b3 = HIST_DIGITS
     return dict(B1=b1, B2=b2, WS_H2=WS_H2)
@@ -1080,7 +1090,7 @@ def hist_select(scores, lens, page_table, out, raw, workspace):
         scores, lens, page_table, workspace, cand_val, cand_pos, out, raw_arg, width, page_table.shape[1],
         scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
         raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk, lean, lean),
-        PDL=pdl, num_warps=_hist_num_warps(max(chunk, HIST_FINAL_BLOCK)), num_stages=1, launch_pdl=pdl)
+        PDL=pdl, num_warps=hist_select_warps(chunk), num_stages=1, launch_pdl=pdl)
     return out
 
 
@@ -1506,7 +1516,7 @@ def aot_configs() -> list[AotConfig]:
                 c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, lean, lean), PDL=pdl)
                 configs.append(AotConfig(
                     f"indexer_hist_select_c{chunk}{'_lean' if lean else ''}{suffix}", _hist_select_kernel,
-                    _sig(_HIST_SIG, c), c, num_warps=_hist_num_warps(max(chunk, HIST_FINAL_BLOCK)), num_stages=1,
+                    _sig(_HIST_SIG, c), c, num_warps=hist_select_warps(chunk), num_stages=1,
                     div16=("stride_sb", "stride_wsb", "stride_cb"), expect_opcodes=pdl_ops))
         for chunk in SELECT_CHUNKS:
             # with PDL: only the double-warp search's programs (launch_pdl), up to 4096 entries
