@@ -89,6 +89,10 @@ VARIANT_CATALOG = {
     "window32_lean_all": dict(HIST_WINDOW_BINS=32, HIST_LEAN_MAX_PROGRAMS=1 << 20),
     "select_w8": dict(HIST_SELECT_WARPS=8),  # the histogram select's programs with 8 warps (fewer registers each)
     "window32_select_w8": dict(HIST_WINDOW_BINS=32, HIST_SELECT_WARPS=8),
+    "atomic_slots": dict(HIST_ATOMIC_SLOTS=True),  # split programs: one slot atomic per entry, no prefix sums
+    "window32_atomic_slots": dict(HIST_WINDOW_BINS=32, HIST_ATOMIC_SLOTS=True),
+    "atomic_slots_w8": dict(HIST_ATOMIC_SLOTS=True, HIST_SELECT_WARPS=8),
+    "window32_atomic_slots_w8": dict(HIST_WINDOW_BINS=32, HIST_ATOMIC_SLOTS=True, HIST_SELECT_WARPS=8),
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -379,7 +383,8 @@ def main() -> None:
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
     shipped = ("USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_LEAN_MAX_PROGRAMS",
-               "HIST_WINDOW_BINS", "HIST_WINDOW_MIN_PAGES", "HIST_SELECT_WARPS")
+               "HIST_WINDOW_BINS", "HIST_WINDOW_MIN_PAGES", "HIST_SELECT_WARPS",
+               "HIST_ATOMIC_SLOTS")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
                {attr: ("run-8 table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})

@@ -670,3 +670,17 @@ def test_window_count_first_digit_and_selection(bins, kind, programs, monkeypatc
     ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=ix.Plan("two_kernel", select=HISTOGRAM))
     assert_histogram_selection(raw, out, logits, l, pt)  # exact on the kernel's own logits
     assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
+
+
+@pytest.mark.parametrize("case", ["extreme", "clustered", "tied", "plan"])
+def test_histogram_select_atomic_slots_match_reference(case, monkeypatch):
+    """The split programs claiming one slot per entry with an atomic (HIST_ATOMIC_SLOTS) instead of
+    prefix sums: the same exact sets (short rows, several finishing blocks, an overflowing threshold
+    bin, the full indexer call twice)."""
+    monkeypatch.setattr(ix, "HIST_ATOMIC_SLOTS", True)
+    if case == "plan":
+        test_histogram_plan_matches_reference_and_search([4100, 4160, 513, 64], 4160)
+        return
+    lens, width = {"extreme": ([0, 1, 511, 512, 513, 600], 600), "clustered": ([6000, 5999, 4800], 6000),
+                   "tied": ([9000, 9000, 8999, 8000], 9000)}[case]
+    test_histogram_select_matches_reference(lens, width, case)
