@@ -254,7 +254,7 @@ SWAP_AB3_CANDIDATES = [(_SWAP_AB_GU[16], G(16, 512, 4, tma_ring=3)),
 
 # run 18 (--run18): the TMA swap-AB tiles (PAIRS_TMA_TILES: gate/up 32 rows on 2 warps, down 16 rows on 1 warp, 2
 # stages), as they are and with a K step as 2 / 4 MMAs (sub_k 256 / 128), 3 stages, 64 gate/up rows on 4 warps, 32 down
-# rows on 2 warps; B = 256 first (the cp.async tiles are its default), then B = 64 and 128
+# rows on 2 warps, 16 gate/up rows on 1 warp; B = 256 first (the cp.async tiles are its default), then B = 64 and 128
 RUN18_BATCHES = (256, 64, 128)
 RUN18_DEADLINE_S = 185  # for a 240 s device limit
 
@@ -270,7 +270,8 @@ def run18_candidates():
     return [moe.PAIRS_TMA_TILES, (sub(gu, 256), sub(dn, 256)), (sub(gu, 128), sub(dn, 128)),
             (sub(gu, 128, tma_ring=3), sub(dn, 128, tma_ring=3)),
             (sub(gu, 128, block_n=32, num_warps=4), sub(dn, 128)),
-            (sub(gu, 128), sub(dn, 128, block_n=32, num_warps=2))]
+            (sub(gu, 128), sub(dn, 128, block_n=32, num_warps=2)),
+            (sub(gu, 128, block_n=8, num_warps=1), sub(dn, 128))]
 
 
 F16_DEADLINE_S = 230  # for a 300 s device limit

@@ -3,6 +3,7 @@
 
     .venv/bin/python tools/moe_mxfp4_sass_loop.py [--arch 90 --arch 120] [--upcast split_bf16 ...]
     .venv/bin/python tools/moe_mxfp4_sass_loop.py --pairs [--arch 120]   # the pairs decode's AOT configs
+    .venv/bin/python tools/moe_mxfp4_sass_loop.py --pairs-tma [--arch 90]  # run 18: the TMA swap-AB tiles, sub_k forms
 
 Compiles ``_gate_up_kernel`` / ``_down_kernel`` at the decode tiles with each ``moe_mxfp4.UPCASTS``
 variant (same divisibility hints as the JIT), finds the innermost backward branch whose body holds the
@@ -89,12 +90,54 @@ def pairs_loops(archs) -> None:
                               "smem": compiled.metadata.shared, "top": hist.most_common(10)}), flush=True)
 
 
+def pairs_tma_loops(archs) -> None:
+    """Run 18: the TMA-fed swap-AB tiles (PAIRS_TMA_TILES) with a K step as 1 / 2 / 4 MMAs (sub_k), 3 stages, 64 gate/up
+    rows on 4 warps, 32 down rows on 2 warps: registers, spills, shared memory, K-loop instructions per weight word
+    of a program's K step (int32 words: 8 values) per thread (the loop runs once per warp, so the count per word per
+    thread is loop instructions x warps / words of the step)."""
+    import dataclasses
+
+    gu, dn = moe.PAIRS_TMA_TILES
+    forms = [(gu, dn)]
+    for k in (256, 128):
+        forms.append((dataclasses.replace(gu, sub_k=k), dataclasses.replace(dn, sub_k=k)))
+    forms.append((dataclasses.replace(gu, sub_k=128, block_n=32, num_warps=4),
+                  dataclasses.replace(dn, sub_k=128, block_n=32, num_warps=2)))
+    for pair in forms:
+        for kind, kernel, cfg in (("gate_up", moe._gate_up_pairs_tma_kernel, pair[0]),
+                                  ("down", moe._down_pairs_tma_kernel, pair[1])):
+            rows_w = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
+            constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                          "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring,
+                          "SUB_K": cfg.mma_k(cfg.block_k)}
+            if kind == "gate_up":
+                constexprs.update(TOP_K=moe.TOP_K, NATURAL_ACT=False)
+            aot_cfg = aot.AotConfig(f"{kind}_{cfg.label()}", kernel,
+                                    moe._pairs_tma_sig(kind, rows_w, cfg.block_k, cfg.mma_k(cfg.block_k)), constexprs,
+                                    cfg.num_warps, cfg.tma_ring, ("hidden", "inter"))
+            words = rows_w * cfg.block_k // 8
+            for arch in archs:
+                rows, compiled = sass_lines(aot_cfg, arch)
+                body = mma_loop(rows)
+                hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
+                res = aot.ptxas_resources(compiled.asm["ptx"], arch)
+                print(json.dumps({"config": aot_cfg.name, "arch": arch, "regs": res.get("registers"),
+                                  "spills": res.get("spill_store_bytes"), "smem": compiled.metadata.shared,
+                                  "loop_instructions": len(body),
+                                  "per_word_per_thread": round(len(body) * cfg.num_warps * 32 / words / 32, 3),
+                                  "top": hist.most_common(14)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", type=int, action="append")
     parser.add_argument("--upcast", action="append", choices=moe.UPCASTS)
     parser.add_argument("--pairs", action="store_true", help="the pairs decode's AOT configs instead")
+    parser.add_argument("--pairs-tma", action="store_true", help="run 18: the TMA swap-AB tiles and their sub_k forms")
     args = parser.parse_args()
+    if args.pairs_tma:
+        pairs_tma_loops(args.arch or (90, 120))
+        return
     if args.pairs:
         pairs_loops(args.arch or (90, 120))
         return
