@@ -64,6 +64,19 @@ DOWN_SWEEP = [
     P(PAIRS, 64, 128, 64, 4, 3),
     P(PAIRS, 128, 64, 64, 4, 3),
 ]
+
+
+def parse_label(label: str) -> mp.PrefillConfig:
+    """A tile from its ``PrefillConfig.label()`` (e.g. ``pairs_m128n64k64w8s3``, ``ds_m64n128k64w8s3_slotfast``)."""
+    import re
+
+    m = re.fullmatch(r"(ds|dsw|pairs)_m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(_slotfast)?(mul)?", label)
+    if not m:
+        raise SystemExit(f"not a tile label: {label}")
+    upcast = {"ds": DS, "dsw": DSW, "pairs": PAIRS}[m.group(1)]
+    return P(upcast, *(int(m.group(i)) for i in range(2, 7)), n_fastest=not m.group(7), mul_pairs=bool(m.group(8)))
+
+
 SMOKE_GATE_UP = [P(DS, 32, 32, 64, 4, 2), P(PAIRS, 32, 32, 64, 4, 2)]
 SMOKE_DOWN = [P(DSW, 32, 64, 64, 4, 2)]
 
@@ -72,6 +85,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--gate-up", nargs="*", help="gate/up tile labels to sweep instead of GATE_UP_SWEEP")
+    parser.add_argument("--down", nargs="*", help="down tile labels to sweep instead of DOWN_SWEEP")
+    parser.add_argument("--partners", nargs=2, metavar=("GATE_UP", "DOWN"),
+                        help="the fixed gate/up tile of the down sweep and the fixed down tile of the gate/up sweep")
+    parser.add_argument("--t", type=int, nargs="*", help="tensor-parallel sizes (default 1 4)")
     parser.add_argument("--deadline-s", type=float, default=200.0,
                         help="start no sweep row after this many seconds (the rows before it are kept)")
     args = parser.parse_args()
@@ -90,6 +108,14 @@ def main() -> None:
         device, num_experts, hidden, tokens, base_inter = "cuda", NUM_EXPERTS, HIDDEN_SIZE, 4096, MOE_INTERMEDIATE_SIZE
         tps, gu_sweep, dn_sweep = (1, 4), GATE_UP_SWEEP, DOWN_SWEEP
         down_partner, gate_up_partner = DOWN_PARTNER, GATE_UP_PARTNER
+        if args.gate_up is not None:
+            gu_sweep = [parse_label(label) for label in args.gate_up]
+        if args.down is not None:
+            dn_sweep = [parse_label(label) for label in args.down]
+        if args.partners:
+            gate_up_partner, down_partner = (parse_label(label) for label in args.partners)
+        if args.t:
+            tps = tuple(args.t)
 
     def timed(fn) -> float:
         if args.smoke:
