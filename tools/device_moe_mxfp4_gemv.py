@@ -52,6 +52,10 @@ as 2 or 4 MMAs (``PairsConfig(sub_k=)``: the 512-wide MMA's dequantised operand 
 15b's kernels 180-186 registers, so few resident warps), at 2 / 3 stages, and on 64 gate/up rows (4 warps) or 32 down
 rows (2 warps).
 
+Run 18b (``--run18b``): run 18's gain was the down launch on 32 rows / 2 warps (with sub_k 128; its gate/up with sub_k
+was slower than without): the TMA gate/up tile as shipped with that down tile at sub_k 512 / 256 / 128, beside the
+default and run 18's best forward, T = 1 / 4, B = 256 / 64 / 128 / 48, launch by launch.
+
 Round 7: ``--breakdown default,LABEL`` times the named variants launch by launch at every B (default: every
 variant at B = 1); ``--only`` takes comma-separated label parts.
 
@@ -272,6 +276,20 @@ def run18_candidates():
             (sub(gu, 128, block_n=32, num_warps=4), sub(dn, 128)),
             (sub(gu, 128), sub(dn, 128, block_n=32, num_warps=2)),
             (sub(gu, 128, block_n=8, num_warps=1), sub(dn, 128))]
+
+
+RUN18B_BATCHES = (256, 64, 128, 48)
+RUN18B_DEADLINE_S = 140  # for a 180 s device limit
+
+
+def run18b_candidates():
+    import dataclasses
+
+    gu, dn = moe.PAIRS_TMA_TILES
+    wide_down = dataclasses.replace(dn, block_n=32, num_warps=2)
+    return [moe.PAIRS_TMA_TILES, (gu, wide_down), (gu, dataclasses.replace(wide_down, sub_k=256)),
+            (gu, dataclasses.replace(wide_down, sub_k=128)),
+            (dataclasses.replace(gu, sub_k=128), dataclasses.replace(wide_down, sub_k=128))]
 
 
 F16_DEADLINE_S = 230  # for a 300 s device limit
@@ -518,6 +536,8 @@ def main() -> None:
                         help="run 17: PDL on the fp16 TMA GEMV forward vs without, T=1/2/4 B=1..64")
     parser.add_argument("--run18", action="store_true",
                         help="run 18: the pairs decode at B = 64 / 128 / 256 launch by launch, TMA tiles with sub_k")
+    parser.add_argument("--run18b", action="store_true",
+                        help="run 18b: the TMA gate/up with the down launch on 32 rows / 2 warps, sub_k 512 / 256 / 128")
     parser.add_argument("--shipped", action="store_true",
                         help="with --pdl (run 17b): the shipped PDL defaults vs the previous defaults")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
@@ -573,7 +593,7 @@ def main() -> None:
         if args.f16b:  # TMA needs K >= 512; I = 512 = the T=4 shape: the persistent down launch on 5 programs
             hidden, base_inter, tps, batches, candidates = 512, 512, (1,), (1, 3), None
             moe.CPU_SM_COUNT = 5
-        if args.run18:  # TMA needs K >= 512; the run's sub_k forms on reduced tiles
+        if args.run18 or args.run18b:  # TMA needs K >= 512; the run's sub_k forms on reduced tiles
             hidden, base_inter, tps, batches = 512, 512, (1,), (3,)
             form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2}
             candidates = [tuple(P(n, 512, 4, sub_k=k, **form) for n in (128, 256)) for k in (0, 128, 256)]
@@ -600,23 +620,29 @@ def main() -> None:
             tps, batches, candidates = F16B_TPS, F16B_BATCHES, None  # per case: f16b_candidates
         if args.run18:
             batches, candidates = RUN18_BATCHES, run18_candidates()
+        if args.run18b:
+            batches, candidates = RUN18B_BATCHES, run18b_candidates()
     if args.only and candidates is not None:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
         batches = tuple(int(b) for b in args.batches.split(","))
     if args.tps:
         tps = tuple(int(t) for t in args.tps.split(","))
+    if args.run18b:
+        args.run18 = True  # the run-18 form, labels, breakdown
     if args.words or args.swap_ab or args.run18:
         args.pairs = True  # the pairs form, labels and notes
-    deadline = (RUN18_DEADLINE_S if args.run18 else F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
+    deadline = (RUN18B_DEADLINE_S if args.run18b else RUN18_DEADLINE_S if args.run18 else F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
                 else PERSISTENT_DEADLINE_S if args.persistent else TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run18" if args.run18 else "moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run18b" if args.run18b else "moe_mxfp4-h200-run18" if args.run18 else "moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, run 18: the pairs decode at B = 64 / 128 / 256 launch by launch, TMA tiles with a K "
+        title=("sm120 MoE decode, run 18b: the TMA gate/up with the down launch on 32 rows / 2 warps, sub_k 512 / 256 / "
+               "128, DSv4-Flash shapes, H200" if args.run18b else
+               "sm120 MoE decode, run 18: the pairs decode at B = 64 / 128 / 256 launch by launch, TMA tiles with a K "
                "step as 2 / 4 MMAs, DSv4-Flash shapes, H200" if args.run18 else
                "sm120 MoE decode, run 16b: the fp16 TMA GEMV on 1x / 2x / 4x-row tiles, T=1/2/4 B=1..64, H200"
                if args.f16b else "sm120 MoE decode, round 16: the TMA GEMV's fp16 pair decode (packed HFMA2), DSv4-Flash shapes, H200"
