@@ -28,13 +28,11 @@ if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _repo_imports import ensure_kernels_importable  # noqa: E402
-
-ensure_kernels_importable()
-
+# device_moe_mxfp4 (layer/routing makers, upstream loader and glue) runs ensure_kernels_importable() on import;
+# a second call fails on the device, where sglang_sm120 is the stand-in module it creates
+import device_moe_mxfp4 as dm  # noqa: E402
 import torch  # noqa: E402
 
-import device_moe_mxfp4 as dm  # noqa: E402  (layer/routing makers, upstream loader and glue)
 from sglang_sm120.kernels import moe_mxfp4 as moe  # noqa: E402
 from sglang_sm120.kernels import moe_prefill as mp  # noqa: E402
 from sglang_sm120.kernels.dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, NUM_EXPERTS, SWIGLU_LIMIT, TOP_K  # noqa: E402
@@ -45,26 +43,23 @@ DS, DSW, PAIRS = mp.DOT_SCALED, mp.DOT_SCALED_SWAP, mp.PAIRS
 DOWN_PARTNER = P(PAIRS, 128, 128, 64, 8, 3)
 GATE_UP_PARTNER = P(PAIRS, 128, 64, 64, 8, 3)
 # every tile here compiles for sm_120a within 101376 B of shared memory and without spills (the AOT check)
-GATE_UP_SWEEP = [
+GATE_UP_SWEEP = [  # most telling first: a deadline cuts the tail
     P(DS, 128, 64, 64, 8, 3),
     P(DSW, 128, 64, 64, 8, 3),
-    P(PAIRS, 128, 64, 64, 8, 3),
-    P(PAIRS, 128, 64, 64, 8, 3, n_fastest=False),
-    P(PAIRS, 128, 64, 64, 8, 3, mul_pairs=True),
     P(PAIRS, 128, 64, 64, 8, 4),
     P(PAIRS, 64, 64, 64, 4, 3),
+    P(PAIRS, 128, 64, 64, 8, 3, n_fastest=False),
+    P(PAIRS, 128, 64, 64, 8, 3, mul_pairs=True),
 ]
 DOWN_SWEEP = [
     P(DS, 64, 128, 64, 8, 3),
-    P(DS, 128, 128, 64, 8, 3),
     P(DSW, 128, 128, 64, 8, 3),
-    P(PAIRS, 128, 128, 64, 8, 3),
-    P(PAIRS, 128, 128, 64, 8, 3, n_fastest=False),
     P(PAIRS, 128, 128, 64, 8, 4),
     P(PAIRS, 64, 128, 64, 4, 3),
     P(PAIRS, 128, 64, 64, 4, 3),
+    P(DS, 128, 128, 64, 8, 3),
+    P(PAIRS, 128, 128, 64, 8, 3, n_fastest=False),
 ]
-
 
 def parse_label(label: str) -> mp.PrefillConfig:
     """A tile from its ``PrefillConfig.label()`` (e.g. ``pairs_m128n64k64w8s3``, ``ds_m64n128k64w8s3_slotfast``)."""
@@ -191,10 +186,14 @@ def main() -> None:
             del w13_bf16, w2_bf16
         deadline = args.deadline_s * (0.75 if tp == tps[0] and len(tps) > 1 else 1.0)
         best_gu, best_dn = {}, {}
+        if ("new default", gu0.label(), dn0.label()) in times:  # the default is in both sweeps
+            best_gu[gu0] = best_dn[dn0] = times[("new default", gu0.label(), dn0.label())]
         for cand in gu_sweep:
             if time.time() - t_start > deadline:
                 result.notes.append(f"T={tp}: gate/up sweep stopped at the deadline before {cand.label()}")
                 break
+            if (cand, down_partner) == (gu0, dn0):  # the default row above
+                continue
             us = record("sweep gate/up", ours((cand, down_partner)), cand.label(), down_partner.label())
             if us is not None:
                 best_gu[cand] = us
@@ -202,6 +201,8 @@ def main() -> None:
             if time.time() - t_start > deadline:
                 result.notes.append(f"T={tp}: down sweep stopped at the deadline before {cand.label()}")
                 break
+            if (gate_up_partner, cand) == (gu0, dn0):
+                continue
             us = record("sweep down", ours((gate_up_partner, cand)), gate_up_partner.label(), cand.label())
             if us is not None:
                 best_dn[cand] = us
