@@ -98,15 +98,12 @@ WS_DONE = tl.constexpr(2)  # counting programs finished (the last one reduces th
 WS_THR1 = tl.constexpr(3)  # the first digit's threshold bin
 WS_ABOVE1 = tl.constexpr(4)  # entries in the bins above it
 WS_SPLIT_DONE = tl.constexpr(5)  # split programs finished (folded form: the last one finishes the row)
-WS_WINDOW_LOW = tl.constexpr(6)  # windowed count: the highest window floor of the row's logits programs
 HIST_REDUCE_BLOCK = tl.constexpr(256)  # first-digit bins the reducing program sums at a time
 # How the last counting program of a row reduces the first digit's copies (_finish_first_digit)
 REDUCE_BLOCKS = tl.constexpr(0)
 REDUCE_ONE_SHOT = tl.constexpr(1)
 REDUCE_EARLY_EXIT = tl.constexpr(2)
-REDUCE_WINDOW = tl.constexpr(3)  # the windowed count's reduce (one copy; recount on a missed window)
-_REDUCE_NAMES = {0: "blocks", 1: "one_shot", 2: "early_exit", 3: "window"}
-HIST_RECOUNT_BLOCK = tl.constexpr(1024)  # logits the reducing program recounts at a time (missed window)
+_REDUCE_NAMES = {0: "blocks", 1: "one_shot", 2: "early_exit"}
 WS_H2 = 16
 WS_H3 = WS_H2 + (1 << HIST_DIGITS[1])
 WS_H1 = WS_H3 + (1 << HIST_DIGITS[2])  # the counters and H2/H3 lie below: the final program zeroes them
@@ -138,29 +135,38 @@ HIST_FINAL_BLOCK = 1024
 # 58.8 -> 65.3, B=64 256K 172.3 -> 219.3 (16 and 64 pages); the early-exit reduce has the block reduce's
 # registers (run 9b, logits + count: B=64 256K 173.7 -> 169.6, B=16 256K 61.3 -> 58.1). The lean select
 # lost at B=10 x 256K (56.8 vs 55.0) and won at the other eight shapes where it runs.
+#
+# H200 run 10 (benchmarks/indexer-h200-run10-summary.md, us): the split programs claiming one slot per
+# entry with an atomic (no prefix sums; _hist_split_part) against run 9's lean / run-7 split programs,
+# with 4 or 8 warps per select program (logits + top-512, the default plan; * the histogram forced):
+#
+#   B   context  run 9   atomic, 4 warps  atomic, 8 warps    B   context  run 9   atomic 4w  atomic 8w
+#   16  256K     76.8    69.2             71.3               1   64K      16.3    14.4       13.9
+#   32  256K     132.1   122.7            123.2              16  64K      34.0    33.5       32.7
+#   64  256K     216.1   197.3            198.3              8   256K     46.0    44.3       43.7
+#   1   256K     22.1    20.3             20.0               64  64K      74.6*   67.8*      69.8*
+#
+# so the atomic split programs replace both earlier forms, with 8 warps where the select runs at most
+# HIST_SELECT_8_WARPS_MAX_PROGRAMS programs (between 128 at B=16 x 64K, 2.4 % faster, and 512 at
+# B=16 x 256K, 3.0 % slower). Also run 10, not shipped: the logits kernel counting into a per-program
+# register window of 16/32 first-digit bins (one atomic per bin instead of per logit) was slower wherever
+# programs hold many pages (logits + count B=64 x 256K 168.8 -> 226.5 / 274.7, B=16 x 256K 59.1 -> 64.0;
+# sm_90 ptxas 80 registers vs 65) and won only at B=1 x 64K (7.3 -> 6.4); PDL above B=16 gained < 1 %
+# (B=64 x 256K 216.1 -> 214.1, B=32 132.1 -> 131.1).
 # - PDL (programmatic dependent launch) on the two-kernel path's launches (logits, select levels,
 #   histogram select; each waits before its first load) at B <= PDL_MAX_BATCH unless the select is the
 #   8192-entry search (launch_pdl).
 # - The logits kernel's first-digit reduce (_finish_first_digit): one-shot where its programs hold at
 #   most HIST_ONE_SHOT_MAX_PAGES pages, else HIST_LONG_REDUCE.
-# - The histogram select's lean split programs and one-block finish (_hist_select_kernel) where it runs
-#   at most HIST_LEAN_MAX_PROGRAMS programs.
+# - The histogram select's one-block finish (_hist_select_kernel) where it runs at most
+#   HIST_ONE_BLOCK_MAX_PROGRAMS programs (run 9's lean rule; the split programs' slot atomics replaced the
+#   rest of the lean form in run 10), 8 warps per program up to HIST_SELECT_8_WARPS_MAX_PROGRAMS.
 USE_PDL = True
 PDL_MAX_BATCH = 16
 HIST_ONE_SHOT_MAX_PAGES = 4
 HIST_LONG_REDUCE = 2  # REDUCE_EARLY_EXIT
-HIST_LEAN_MAX_PROGRAMS = 512
-# The logits kernel's windowed first-digit count (_window_count): each program counts its logits into a
-# register window of HIST_WINDOW_BINS bins (one atomic per bin at its end instead of one per logit) where
-# its programs hold at least HIST_WINDOW_MIN_PAGES pages. 0: off (one atomic per logit into HIST_COPIES
-# copies).
-HIST_WINDOW_BINS = 0
-HIST_WINDOW_MIN_PAGES = 1
-# Warps of the histogram select's programs (0: one per 512 entries, at least 4: 4 for the 2048-entry split).
-HIST_SELECT_WARPS = 0
-# The histogram select's split programs claim output / candidate slots with one atomic per entry
-# (_hist_split_part_atomic) instead of prefix sums.
-HIST_ATOMIC_SLOTS = False
+HIST_ONE_BLOCK_MAX_PROGRAMS = 512
+HIST_SELECT_8_WARPS_MAX_PROGRAMS = 256
 
 
 def use_scaled_dot(device: torch.device | str | None = None) -> bool:
@@ -220,12 +226,10 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
                    D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                    PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr,
                    HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0,
-                   PDL: tl.constexpr = False, REDUCE: tl.constexpr = 0, WINDOW: tl.constexpr = 0):
+                   PDL: tl.constexpr = False, REDUCE: tl.constexpr = 0):
     """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row.
     HIST_BITS > 0 also counts each live logit into its row's first-digit histogram in the
     workspace ``ws_ptr`` (see :func:`_count_first_digit`); the row's last program reduces it.
-    WINDOW > 0 counts in registers instead (:func:`_window_count`): one atomic per bin of a window
-    of WINDOW bins per program, not one per logit (R must be 1, REDUCE :data:`REDUCE_WINDOW`).
     PDL: every input (q and the weights from the projection just before, lengths, page table,
     index-K cache) may be written by earlier kernels, so the wait comes before any load."""
     b = tl.program_id(0)
@@ -240,10 +244,6 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
     p_begin = split * pages_per_split
     p_end = tl.minimum(p_begin + pages_per_split, tl.cdiv(max_seq_len, PAGE))
     p_live = tl.minimum(p_end, tl.cdiv(length, PAGE))
-    ws_row = ws_ptr + b64 * stride_wsb
-    # Windowed count: per (position in page, window bin) counters, and the window's floor bin
-    window = tl.zeros((PAGE, WINDOW // 2 if WINDOW > 0 else 1), tl.int32)  # two 16-bit counters a word
-    floor = tl.full((), 0, tl.int32)
     for p in range(p_begin, p_live):
         page = tl.load(pt_ptr + b64 * stride_ptb + p)
         vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
@@ -251,24 +251,12 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.where(pos < length, vals, float("-inf")), mask=pos < max_seq_len)
         if HIST_BITS > 0:
-            if WINDOW > 0:
-                window, floor = _window_count(ws_row, window, floor, vals, pos < length, p == p_begin, HIST_BITS,
-                                              WS_H1, WINDOW)
-            else:
-                _count_first_digit(ws_row, vals, pos, pos < length, HIST_BITS, R, WS_H1)
+            _count_first_digit(ws_ptr + b64 * stride_wsb, vals, pos, pos < length, HIST_BITS, R, WS_H1)
     for p in range(tl.maximum(p_live, p_begin), p_end):
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.full((PAGE,), float("-inf"), tl.float32), mask=pos < max_seq_len)
-    if WINDOW > 0:
-        j = tl.arange(0, WINDOW // 2)  # bin 2j in the low half of word j, bin 2j + 1 in the high half
-        even, odd = tl.sum(window & 0xFFFF, axis=0), tl.sum(window >> 16, axis=0)
-        tl.atomic_add(ws_row + WS_H1 + floor + 2 * j, even, mask=even > 0, sem="relaxed")
-        tl.atomic_add(ws_row + WS_H1 + floor + 2 * j + 1, odd, mask=odd > 0, sem="relaxed")
-        if p_live > p_begin:
-            tl.atomic_max(ws_row + WS_WINDOW_LOW, floor, sem="relaxed")
-        _finish_window_digit(ws_row, out_row, length, K, HIST_BITS, WS_H1)
-    elif HIST_BITS > 0:
-        _finish_first_digit(ws_row, length, K, HIST_BITS, R, WS_H1, REDUCE)
+    if HIST_BITS > 0:
+        _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1, REDUCE)
 
 
 @triton.jit
@@ -292,63 +280,6 @@ def _count_first_digit(ws_row, vals, pos, valid, B1: tl.constexpr, R: tl.constex
     bins = _key_bits(_order_key(vals), 0, B1)
     tl.atomic_add(ws_row + WS_H1 + (pos % R) * (1 << B1) + bins, tl.full(vals.shape, 1, tl.int32), mask=valid,
                   sem="relaxed")
-
-
-@triton.jit
-def _window_count(ws_row, window, floor, vals, valid, first, B1: tl.constexpr, WS_H1: tl.constexpr,
-                  WINDOW: tl.constexpr):
-    """Count one page's valid logits into the program's register window of WINDOW first-digit bins
-    ``[floor, floor + WINDOW)`` (``window``: [PAGE, WINDOW // 2] words of two 16-bit counters). The first page sets the floor: its highest bin plus WINDOW // 4 bins of
-    headroom is the window's top. Logits above the window go to the row's histogram with one atomic
-    each (rare: above the first page's maximum by the headroom); those below it are not counted.
-    That is exact where it matters: every program counts all of its logits at or above its floor, so
-    the row's histogram is exact from the highest floor up (:data:`WS_WINDOW_LOW`), and
-    :func:`_finish_window_digit` checks that the K-th largest lies there (else it recounts the row)."""
-    NBINS: tl.constexpr = 1 << B1
-    bins = _key_bits(_order_key(vals), 0, B1)
-    if first:
-        top = tl.max(tl.where(valid, bins, 0), axis=0) + WINDOW // 4
-        floor = tl.minimum(tl.maximum(top - (WINDOW - 1), 0), NBINS - WINDOW)
-    rel = bins - floor
-    # bin floor + r counts in the (r % 2) half of word r // 2 of its position's row (a program's count
-    # per position and bin is at most its pages: < 2**16, see hist_window)
-    hit = valid[:, None] & (rel[:, None] // 2 == tl.arange(0, WINDOW // 2)[None, :]) & (rel[:, None] >= 0)
-    window += tl.where(hit, 1 << ((rel[:, None] & 1) * 16), 0)
-    tl.atomic_add(ws_row + WS_H1 + bins, tl.full(vals.shape, 1, tl.int32), mask=valid & (rel >= WINDOW),
-                  sem="relaxed")
-    return window, floor
-
-
-@triton.jit
-def _finish_window_digit(ws_row, out_row, length, K: tl.constexpr, B1: tl.constexpr, WS_H1: tl.constexpr):
-    """The windowed count's reduce (:func:`_window_count`), by the row's last program: one copy of
-    the first digit's bins loaded at once and zeroed. Bins from the highest program floor up are
-    exact; if they hold fewer than K logits of a row longer than K (the K-th largest lies below some
-    program's window), the row's logits (all written: every program has arrived) are recounted into
-    the second copy, which is then reduced and zeroed instead."""
-    tl.debug_barrier()  # all of this program's counts performed before its arrival is published
-    arrived = tl.atomic_add(ws_row + WS_DONE, 1, sem="acq_rel")
-    if arrived == tl.num_programs(1) - 1:
-        NBINS: tl.constexpr = 1 << B1
-        bins = tl.arange(0, NBINS)
-        hist = tl.load(ws_row + WS_H1 + bins, cache_modifier=".cg")
-        tl.store(ws_row + WS_H1 + bins, tl.zeros((NBINS,), tl.int32))
-        exact_from = tl.atomic_xchg(ws_row + WS_WINDOW_LOW, 0, sem="relaxed")
-        hist = tl.where(bins >= exact_from, hist, 0)
-        if (length > K) & (tl.sum(hist, axis=0) < K):
-            recount = ws_row + WS_H1 + NBINS  # the second copy: always zero here
-            for start in range(0, length, HIST_RECOUNT_BLOCK):
-                idx = start + tl.arange(0, HIST_RECOUNT_BLOCK)
-                vals = tl.load(out_row + idx, mask=idx < length, other=0.0, cache_modifier=".cg")
-                tl.atomic_add(recount + _key_bits(_order_key(vals), 0, B1), tl.full(vals.shape, 1, tl.int32),
-                              mask=idx < length, sem="relaxed")
-            tl.debug_barrier()  # this program's counts, performed at L2, before it reads them back
-            hist = tl.load(recount + bins, cache_modifier=".cg")
-            tl.store(recount + bins, tl.zeros((NBINS,), tl.int32))
-        thr, above = _threshold_bin(hist, tl.sum(hist, axis=0), K, NBINS)
-        tl.store(ws_row + WS_THR1, thr)
-        tl.store(ws_row + WS_ABOVE1, tl.where(thr < 0, 0, above))
-        tl.store(ws_row + WS_DONE, 0)  # every program has arrived: ready for the next call
 
 
 @triton.jit
@@ -564,80 +495,17 @@ def _score_hist_kernel(scores_ptr, lens_ptr, ws_ptr, n_in, pt_width, stride_sb, 
 
 
 @triton.jit
-def _push_threshold_bin(vals, key_u, idx, tie, tie_base, ws_row, cand_val_ptr, cand_pos_ptr, b64, stride_cb,
-                        CHUNK: tl.constexpr, CAP: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
-                        WS_H2: tl.constexpr):
-    """The threshold bin's entries of a split program (``tie``), their candidate slots claimed from
-    ``tie_base``: the first CAP kept in the row's candidate list, all counted into its second-digit
-    histogram."""
-    tie_slot = tie_base + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-    keep = tie & (tie_slot < CAP)
-    tl.store(cand_val_ptr + b64 * stride_cb + tie_slot, vals, mask=keep)
-    tl.store(cand_pos_ptr + b64 * stride_cb + tie_slot, idx, mask=keep)
-    tl.atomic_add(ws_row + WS_H2 + _key_bits(key_u, B1, B2), tl.full((CHUNK,), 1, tl.int32), mask=tie,
-                  sem="relaxed")
-
-
-@triton.jit
-def _hist_split_part(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
-                     stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+def _hist_split_part(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
+                     stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
                      CHUNK: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
                      B1: tl.constexpr, B2: tl.constexpr, WS_H2: tl.constexpr):
-    """One split program's share of a row longer than K: from the row's first-digit histogram, the
-    bin of the K-th largest key; every entry of a higher bin goes straight to the output (slots
-    claimed with one atomic per program), the threshold bin's entries to the row's candidate list
-    (first CAP kept) and into its second-digit histogram."""
-    ws_row = ws_ptr + b64 * stride_wsb
-    thr1 = tl.load(ws_row + WS_THR1)
-    idx = g * CHUNK + tl.arange(0, CHUNK)
-    valid = idx < length
-    vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=valid, other=float("-inf"))
-    key_u = _order_key(vals)
-    digit1 = _key_bits(key_u, 0, B1)
-    above = valid & (digit1 > thr1)
-    tie = valid & (digit1 == thr1)
-    base = tl.atomic_add(ws_row + WS_ABOVE, tl.sum(above.to(tl.int32), axis=0), sem="relaxed")
-    _store_slots(out_ptr + b64 * stride_outb, raw_ptr + b64 * stride_rawb, pt_ptr + b64 * stride_ptb, idx,
-                 base + tl.cumsum(above.to(tl.int32), axis=0) - 1, above, PAGE, HAS_RAW)
-    tie_base = tl.atomic_add(ws_row + WS_TIE, tl.sum(tie.to(tl.int32), axis=0), sem="relaxed")
-    _push_threshold_bin(vals, key_u, idx, tie, tie_base, ws_row, cand_val_ptr, cand_pos_ptr, b64, stride_cb,
-                        CHUNK, CAP, B1, B2, WS_H2)
-
-
-@triton.jit
-def _hist_split_part_lean(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
-                          stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                          CHUNK: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
-                          B1: tl.constexpr, B2: tl.constexpr, WS_H2: tl.constexpr):
-    """:func:`_hist_split_part` on scores and threshold already loaded (beside the row length, not
-    after it), claiming its output and candidate slots with one two-lane atomic (the above and tie
-    counters are adjacent) instead of two in sequence: two round trips fewer per program."""
-    ws_row = ws_ptr + b64 * stride_wsb
-    idx = g * CHUNK + tl.arange(0, CHUNK)
-    valid = idx < length
-    key_u = _order_key(vals)
-    digit1 = _key_bits(key_u, 0, B1)
-    above = valid & (digit1 > thr1)
-    tie = valid & (digit1 == thr1)
-    lane = tl.arange(0, 2)
-    counts = tl.where(lane == 0, tl.sum(above.to(tl.int32), axis=0), tl.sum(tie.to(tl.int32), axis=0))
-    claimed = tl.atomic_add(ws_row + WS_ABOVE + lane, counts, sem="relaxed")  # WS_TIE == WS_ABOVE + 1
-    base = tl.sum(tl.where(lane == 0, claimed, 0), axis=0)
-    tie_base = tl.sum(tl.where(lane == 1, claimed, 0), axis=0)
-    _store_slots(out_ptr + b64 * stride_outb, raw_ptr + b64 * stride_rawb, pt_ptr + b64 * stride_ptb, idx,
-                 base + tl.cumsum(above.to(tl.int32), axis=0) - 1, above, PAGE, HAS_RAW)
-    _push_threshold_bin(vals, key_u, idx, tie, tie_base, ws_row, cand_val_ptr, cand_pos_ptr, b64, stride_cb,
-                        CHUNK, CAP, B1, B2, WS_H2)
-
-
-@triton.jit
-def _hist_split_part_atomic(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
-                            stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                            CHUNK: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
-                            B1: tl.constexpr, B2: tl.constexpr, WS_H2: tl.constexpr):
-    """:func:`_hist_split_part_lean` with each entry that goes out or into the candidate list claiming
-    its own slot with one atomic (about 1 % of a long row's entries lie at or above the threshold bin),
-    instead of block-wide prefix sums: no scans, fewer registers, the same round trips."""
+    """One split program's share of a row longer than K (scores and the first digit's threshold bin
+    loaded beside the row length): every entry of a bin above the threshold goes straight to the
+    output, the threshold bin's entries to the row's candidate list (first CAP kept) and into its
+    second-digit histogram. Each such entry (about 1 % of a long row) claims its slot with an atomic
+    of its own on the row's counter of its kind, rather than the program taking a block of slots with
+    prefix sums over all its entries: no scans, fewer registers (H200 run 10,
+    benchmarks/indexer-h200-run10-summary.md: B=64 x 256K 216.1 -> 197.3 us, B=16 x 256K 76.8 -> 69.2)."""
     ws_row = ws_ptr + b64 * stride_wsb
     idx = g * CHUNK + tl.arange(0, CHUNK)
     valid = idx < length
@@ -663,42 +531,27 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
                         CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr,
                         HAS_RAW: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr,
                         WS_H2: tl.constexpr, WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
-                        PDL: tl.constexpr = False, LEAN: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False,
-                        ATOMIC_SLOTS: tl.constexpr = False):
+                        PDL: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False):
     """Grid (B, groups): the histogram select after the first digit, in one launch. The split
     programs of a long row (:func:`_hist_split_part`) count their arrivals; the last to arrive
     finishes the row (:func:`_hist_finish_row`), so no launch of one program per row follows (H200
     run 7: B=64 x 256K 219.5 vs 233.0 us). A row of at most K positions is finished by its first
-    program alone. LEAN: the split programs load their scores and the threshold bin beside the row
-    length and claim slots with one atomic (:func:`_hist_split_part_lean`). ONE_BLOCK: a threshold
-    bin of at most BLOCK entries is finished from one register block (:func:`_hist_finish_one_block`)."""
+    program alone. The split programs load their scores and the threshold bin beside the row length
+    (H200 run 9b). ONE_BLOCK: a threshold bin of at most BLOCK entries is finished from one register
+    block (:func:`_hist_finish_one_block`)."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     b64 = b.to(tl.int64)
     pdl_wait(PDL)  # the scores and the first-digit threshold come from the logits launch just before
     pdl_launch_dependents(PDL)
     length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
-    if LEAN:
-        idx = g * CHUNK + tl.arange(0, CHUNK)
-        vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=idx < n_in, other=float("-inf"))
-        thr1 = tl.load(ws_ptr + b64 * stride_wsb + WS_THR1)
-    if ATOMIC_SLOTS:
-        idx = g * CHUNK + tl.arange(0, CHUNK)
-        vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=idx < n_in, other=float("-inf"))
-        thr1 = tl.load(ws_ptr + b64 * stride_wsb + WS_THR1)
+    idx = g * CHUNK + tl.arange(0, CHUNK)
+    vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=idx < n_in, other=float("-inf"))
+    thr1 = tl.load(ws_ptr + b64 * stride_wsb + WS_THR1)
     if (length > K) & (g * CHUNK < length):
-        if ATOMIC_SLOTS:
-            _hist_split_part_atomic(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g,
-                                    length, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                                    CHUNK, PAGE, CAP, HAS_RAW, B1, B2, WS_H2)
-        elif LEAN:
-            _hist_split_part_lean(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g,
-                                  length, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                                  CHUNK, PAGE, CAP, HAS_RAW, B1, B2, WS_H2)
-        else:
-            _hist_split_part(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g,
-                             length, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                             CHUNK, PAGE, CAP, HAS_RAW, B1, B2, WS_H2)
+        _hist_split_part(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
+                         stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb, CHUNK, PAGE, CAP, HAS_RAW, B1, B2,
+                         WS_H2)
         tl.debug_barrier()  # all of this program's stores and counts performed before its arrival
         arrived = tl.atomic_add(ws_ptr + b64 * stride_wsb + WS_SPLIT_DONE, 1, sem="acq_rel")
         if arrived == tl.cdiv(length, CHUNK) - 1:
@@ -996,15 +849,16 @@ def hist_reduce_mode(pages_per_split: int) -> int:
     return int(REDUCE_ONE_SHOT) if pages_per_split <= HIST_ONE_SHOT_MAX_PAGES else HIST_LONG_REDUCE
 
 
-def hist_window(pages_per_split: int) -> int:
-    """Bins of the logits programs' register window (:func:`_window_count`), 0 where they count each
-    logit with an atomic (see :data:`HIST_WINDOW_BINS`)."""
-    fits = pages_per_split < 1 << 16  # the 16-bit counters: at most one count per page and position
-    return HIST_WINDOW_BINS if HIST_WINDOW_MIN_PAGES <= pages_per_split and fits else 0
+def hist_one_block(programs: int) -> bool:
+    return programs <= HIST_ONE_BLOCK_MAX_PROGRAMS
 
 
-def hist_lean(programs: int) -> bool:
-    return programs <= HIST_LEAN_MAX_PROGRAMS
+def hist_select_warps(programs: int, chunk: int) -> int:
+    """Warps of the histogram select's programs: 8 up to HIST_SELECT_8_WARPS_MAX_PROGRAMS programs,
+    else one per 512 entries (at least 4: 4 for the 2048-entry split)."""
+    if programs <= HIST_SELECT_8_WARPS_MAX_PROGRAMS:
+        return max(8, _hist_num_warps(chunk))
+    return _hist_num_warps(max(chunk, HIST_FINAL_BLOCK))
 
 
 def _kv_views(kv):
@@ -1044,11 +898,8 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     pps = logits_pages_per_split(batch, max_seq_len)
     splits = -(-_cdiv(max_seq_len, INDEX_PAGE_SIZE) // pps)
     ws = hist_workspace if hist_workspace is not None else out
-    hist = {}
-    if hist_workspace is not None:
-        window = hist_window(pps)
-        hist = dict(HIST_BITS=HIST_DIGITS[0], R=1 if window else HIST_COPIES, K=hist_k, WS_H1=WS_H1,
-                    REDUCE=int(REDUCE_WINDOW) if window else hist_reduce_mode(pps), WINDOW=window)
+    hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=hist_k, WS_H1=WS_H1,
+                REDUCE=hist_reduce_mode(pps)) if hist_workspace is not None else {}
     pdl = launch_pdl(q.device, batch, choose_plan(batch, max_seq_len).select)
     _logits_kernel[(batch, splits)](
         q, kv_fp8, kv_f32, weights, lens, page_table, out, ws, max_seq_len, page_table.shape[1], pps,
@@ -1097,19 +948,14 @@ def _hist_num_warps(entries: int) -> int:
     return max(4, entries // 512)
 
 
-def hist_select_warps(chunk: int) -> int:
-    return HIST_SELECT_WARPS or _hist_num_warps(max(chunk, HIST_FINAL_BLOCK))
-
-
 def _hist_digit_consts():
     b1, b2, b3 = HIST_DIGITS
     return dict(B1=b1, B2=b2, WS_H2=WS_H2)
 
 
-def _hist_select_consts(k, has_raw, chunk, lean=False, one_block=False, atomic_slots=False):
+def _hist_select_consts(k, has_raw, chunk, one_block=False):
     return dict(CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=has_raw, B3=HIST_DIGITS[2],
-                WS_H3=WS_H3, WS_CLEAN=WS_H1, BLOCK=HIST_FINAL_BLOCK, LEAN=lean, ONE_BLOCK=one_block,
-                ATOMIC_SLOTS=atomic_slots, **_hist_digit_consts())
+                WS_H3=WS_H3, WS_CLEAN=WS_H1, BLOCK=HIST_FINAL_BLOCK, ONE_BLOCK=one_block, **_hist_digit_consts())
 
 
 def hist_select(scores, lens, page_table, out, raw, workspace):
@@ -1124,13 +970,12 @@ def hist_select(scores, lens, page_table, out, raw, workspace):
     cand_pos = torch.empty(batch, HIST_CAP, dtype=torch.int32, device=scores.device)
     raw_arg = raw if raw is not None else out
     pdl = launch_pdl(scores.device, batch, _HISTOGRAM)
-    lean = hist_lean(batch * _cdiv(width, chunk))
+    programs = batch * _cdiv(width, chunk)
     _hist_select_kernel[(batch, _cdiv(width, chunk))](
         scores, lens, page_table, workspace, cand_val, cand_pos, out, raw_arg, width, page_table.shape[1],
         scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
-        raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk, lean and not HIST_ATOMIC_SLOTS,
-                                                 lean, HIST_ATOMIC_SLOTS),
-        PDL=pdl, num_warps=hist_select_warps(chunk), num_stages=1, launch_pdl=pdl)
+        raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk, hist_one_block(programs)),
+        PDL=pdl, num_warps=hist_select_warps(programs, chunk), num_stages=1, launch_pdl=pdl)
     return out
 
 
@@ -1523,19 +1368,15 @@ def aot_configs() -> list[AotConfig]:
     """Every shipped config, as sm_120 runs it: the block-scaled fp8 MMA (QMMA.SF) for the product;
     the plain fp8 dot (QMMA without .SF) must not appear; the two-kernel path's launches with and
     without PDL (griddepcontrol: PREEXIT + ACQBULK; see :func:`launch_pdl`), the first-digit reduce
-    and the histogram select in each form :func:`hist_reduce_mode` / :func:`hist_lean` pick."""
+    and the histogram select in each form :func:`hist_reduce_mode` / :func:`hist_one_block` /
+    :func:`hist_select_warps` pick."""
     configs = []
     page = _page_consts()
-    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0, REDUCE=0, WINDOW=0)  # the defaults: no histogram code
+    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0, REDUCE=0)  # the defaults: no histogram code
     logits_forms = [("indexer_logits", no_hist)]
     for mode in sorted({int(REDUCE_ONE_SHOT), HIST_LONG_REDUCE}):
         logits_forms.append((f"indexer_logits_hist_{_REDUCE_NAMES[mode]}",
-                             dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=mode,
-                                  WINDOW=0)))
-    if HIST_WINDOW_BINS:
-        logits_forms.append((f"indexer_logits_hist_window{HIST_WINDOW_BINS}",
-                             dict(HIST_BITS=HIST_DIGITS[0], R=1, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=int(REDUCE_WINDOW),
-                                  WINDOW=HIST_WINDOW_BINS)))
+                             dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=mode)))
     for pdl, suffix, pdl_ops in _pdl_settings():
         for name, extra in logits_forms:
             c = dict(page, USE_SCALED_DOT=True, **extra, PDL=pdl)
@@ -1552,11 +1393,14 @@ def aot_configs() -> list[AotConfig]:
                 num_warps=_hist_num_warps(chunk), num_stages=1, div16=("stride_sb", "stride_wsb"),
                 expect_opcodes=pdl_ops))
         for chunk in sorted({hist_chunk(n, HIST_SPLIT_MAX_CHUNK) for n in HIST_CHUNKS}):
-            for lean in sorted({False, HIST_LEAN_MAX_PROGRAMS > 0}):
-                c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, lean, lean), PDL=pdl)
+            # (one-block finish, warps) as hist_one_block / hist_select_warps pick them by program count
+            forms = {(hist_one_block(n), hist_select_warps(n, chunk))
+                     for n in (1, HIST_SELECT_8_WARPS_MAX_PROGRAMS + 1, HIST_ONE_BLOCK_MAX_PROGRAMS + 1)}
+            for one_block, warps in sorted(forms):
+                c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, one_block), PDL=pdl)
                 configs.append(AotConfig(
-                    f"indexer_hist_select_c{chunk}{'_lean' if lean else ''}{suffix}", _hist_select_kernel,
-                    _sig(_HIST_SIG, c), c, num_warps=hist_select_warps(chunk), num_stages=1,
+                    f"indexer_hist_select_c{chunk}{'_one_block' if one_block else ''}_w{warps}{suffix}",
+                    _hist_select_kernel, _sig(_HIST_SIG, c), c, num_warps=warps, num_stages=1,
                     div16=("stride_sb", "stride_wsb", "stride_cb"), expect_opcodes=pdl_ops))
         for chunk in SELECT_CHUNKS:
             # with PDL: only the double-warp search's programs (launch_pdl), up to 4096 entries

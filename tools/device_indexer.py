@@ -60,39 +60,20 @@ FUSED_VARIANTS = {}  # (pages per split, select form of the merge); none timed s
 # reduce, lean histogram select), which became the shape rules of kernels/indexer.py (the flags and
 # variants are gone); run 9b timed those rules against run 8's launches and plan table (run8) and against
 # the rules less one part (benchmarks/indexer-h200-run9-summary.md).
-_S, _B2, _B8, _H = ix.SelectForm(), ix.SelectForm(warps_mul=2), ix.SelectForm(max_chunk=8192), ix.SelectForm(
-    method="histogram")
-RUN8_PLAN_TABLE = (
-    (256, 2048, ix.Plan("two_kernel", select=_B2)), (2, 8192, ix.Plan("two_kernel", select=_S)),
-    (2, 65536, ix.Plan("two_kernel", select=_H, unfused_select=_S)), (4, 16384, ix.Plan("two_kernel", select=_S)),
-    (32, 16384, ix.Plan("two_kernel", select=_B2)), (256, 16384, ix.Plan("two_kernel", select=_B8)),
-    (4, 65536, ix.Plan("two_kernel", select=_H, unfused_select=_S)),
-    (16, 32768, ix.Plan("two_kernel", select=_H, unfused_select=_B8)),
-    (8, 65536, ix.Plan("two_kernel", select=_H, unfused_select=_B8)), (32, 32768, ix.Plan("two_kernel", select=_B8)),
-    (16, 65536, ix.Plan("two_kernel", select=_B8)), (256, 65536, ix.Plan("two_kernel", select=_H, unfused_select=_B8)),
-    (256, 262144, ix.Plan("two_kernel", select=_S)),
-)
-RUN8_LAUNCHES = dict(USE_PDL=False, HIST_ONE_SHOT_MAX_PAGES=0, HIST_LONG_REDUCE=0, HIST_LEAN_MAX_PROGRAMS=0)
+# Run 10 timed the histogram select's split programs claiming slots with one atomic per entry (shipped),
+# 8 warps per select program (shipped up to 256 programs), PDL above B=16 (< 1 %) and a windowed
+# first-digit count in the logits kernel (slower at long context; removed). Run 10b: the split chunk
+# (1024 / 4096 entries) with the atomic split programs, the warp rule at its ends, and (the forced
+# two_kernel_hist rows) the histogram select at B=32-128 x 64K (run 10: B=64 x 64K 67.8 us vs 72.7 for the
+# 8192-entry search).
 VARIANT_CATALOG = {
-    "run8": dict(RUN8_LAUNCHES, PLAN_TABLE=RUN8_PLAN_TABLE),  # run 8's launches and plan table
-    "run8_launches": RUN8_LAUNCHES,  # today's plan table with run 8's launches
     "no_pdl": dict(USE_PDL=False),
     "long_blocks": dict(HIST_LONG_REDUCE=0),  # the block reduce (not early exit) where the one-shot is not used
-    "no_lean": dict(HIST_LEAN_MAX_PROGRAMS=0),
     "early_exit_all": dict(HIST_ONE_SHOT_MAX_PAGES=0),  # the early-exit reduce also where the one-shot is used
-    # Run 10: the logits kernel's windowed first-digit count (register window per program, one atomic per
-    # bin) with 16 or 32 bins, and PDL on the histogram path above B=16.
-    "window16": dict(HIST_WINDOW_BINS=16),
-    "window32": dict(HIST_WINDOW_BINS=32),
-    "pdl_all": dict(PDL_MAX_BATCH=256),
-    "window32_pdl_all": dict(HIST_WINDOW_BINS=32, PDL_MAX_BATCH=256),
-    "window32_lean_all": dict(HIST_WINDOW_BINS=32, HIST_LEAN_MAX_PROGRAMS=1 << 20),
-    "select_w8": dict(HIST_SELECT_WARPS=8),  # the histogram select's programs with 8 warps (fewer registers each)
-    "window32_select_w8": dict(HIST_WINDOW_BINS=32, HIST_SELECT_WARPS=8),
-    "atomic_slots": dict(HIST_ATOMIC_SLOTS=True),  # split programs: one slot atomic per entry, no prefix sums
-    "window32_atomic_slots": dict(HIST_WINDOW_BINS=32, HIST_ATOMIC_SLOTS=True),
-    "atomic_slots_w8": dict(HIST_ATOMIC_SLOTS=True, HIST_SELECT_WARPS=8),
-    "window32_atomic_slots_w8": dict(HIST_WINDOW_BINS=32, HIST_ATOMIC_SLOTS=True, HIST_SELECT_WARPS=8),
+    "split1024": dict(HIST_SPLIT_MAX_CHUNK=1024),
+    "split4096": dict(HIST_SPLIT_MAX_CHUNK=4096),
+    "select_w4_all": dict(HIST_SELECT_8_WARPS_MAX_PROGRAMS=0),
+    "select_w8_all": dict(HIST_SELECT_8_WARPS_MAX_PROGRAMS=1 << 20),
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -382,12 +363,11 @@ def main() -> None:
     result.extra["copy_bandwidth_GBps (read+write)"] = round(copy_gbs, 1) if copy_gbs else "n/a"
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
-    shipped = ("USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_LEAN_MAX_PROGRAMS",
-               "HIST_WINDOW_BINS", "HIST_WINDOW_MIN_PAGES", "HIST_SELECT_WARPS",
-               "HIST_ATOMIC_SLOTS")
+    shipped = ("USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_ONE_BLOCK_MAX_PROGRAMS",
+               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
-               {attr: ("run-8 table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})
+               {attr: ("modified plan table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})
         for name in VARIANTS}
     result.extra["pdl_supported (cc >= 9.0)"] = False if args.smoke else ix.pdl_supported(torch.device("cuda"))
     result.extra["fused_variants (split pages, select form)"] = FUSED_VARIANTS

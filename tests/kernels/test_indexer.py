@@ -211,20 +211,20 @@ def test_default_select_forms_and_fused_merge_forms_agree():
 HISTOGRAM = ix.SelectForm(method="histogram")
 
 
-# (HIST_ONE_SHOT_MAX_PAGES, HIST_LONG_REDUCE, HIST_LEAN_MAX_PROGRAMS): the launch forms the shipped rules
+# (HIST_ONE_SHOT_MAX_PAGES, HIST_LONG_REDUCE, HIST_ONE_BLOCK_MAX_PROGRAMS): the launch forms the shipped rules
 # pick at larger shapes, forced at the interpreter's (whose defaults give the one-shot reduce in the logits
-# kernel, the early-exit reduce in the scores-histogram kernel and the lean histogram select).
+# kernel, the early-exit reduce in the scores-histogram kernel and the one-block finish).
 LAUNCH_FORMS = {
-    "blocks_reduce_not_lean": (0, 0, 0),
-    "early_exit_reduce_not_lean": (0, 2, 0),
+    "blocks_reduce_blocks_finish": (0, 0, 0),
+    "early_exit_reduce_blocks_finish": (0, 2, 0),
 }
 
 
 def force_launch_forms(monkeypatch, name):
-    one_shot_max_pages, long_reduce, lean_max_programs = LAUNCH_FORMS[name]
+    one_shot_max_pages, long_reduce, one_block_max_programs = LAUNCH_FORMS[name]
     monkeypatch.setattr(ix, "HIST_ONE_SHOT_MAX_PAGES", one_shot_max_pages)
     monkeypatch.setattr(ix, "HIST_LONG_REDUCE", long_reduce)
-    monkeypatch.setattr(ix, "HIST_LEAN_MAX_PROGRAMS", lean_max_programs)
+    monkeypatch.setattr(ix, "HIST_ONE_BLOCK_MAX_PROGRAMS", one_block_max_programs)
 
 
 def assert_histogram_selection(raw, out, scores, lens, table, k=INDEX_TOPK):
@@ -346,8 +346,8 @@ def test_histogram_plan_matches_reference_and_search(lens, max_seq_len):
 @pytest.mark.parametrize("forms", list(LAUNCH_FORMS))
 @pytest.mark.parametrize("case", ["extreme", "clustered", "tied", "plan"])
 def test_histogram_launch_forms_match_reference(case, forms, monkeypatch):
-    """Every first-digit reduce and both histogram-select forms (lean split programs and one-block
-    finish, or not), forced where the shipped rules would not pick them at these shapes: short rows,
+    """Every first-digit reduce and both histogram-select finishes (one register block or blocks),
+    forced where the shipped rules would not pick them at these shapes: short rows,
     a threshold bin of several finishing blocks, an overflowing one, the full indexer call twice."""
     force_launch_forms(monkeypatch, forms)
     if case == "plan":
@@ -361,7 +361,8 @@ def test_histogram_launch_forms_match_reference(case, forms, monkeypatch):
 def test_launch_rules(monkeypatch):
     """PDL at B <= PDL_MAX_BATCH with the histogram select or the double-warp search only, and never
     where the device has no PDL (the CPU); the one-shot reduce up to HIST_ONE_SHOT_MAX_PAGES pages per logits program;
-    the lean histogram select up to HIST_LEAN_MAX_PROGRAMS programs."""
+    the one-block finish up to HIST_ONE_BLOCK_MAX_PROGRAMS programs, 8 warps up to
+    HIST_SELECT_8_WARPS_MAX_PROGRAMS."""
     assert not ix.launch_pdl(torch.device("cpu"), 1, ix.SelectForm())
     monkeypatch.setattr(ix, "pdl_supported", lambda device: True)
     assert ix.launch_pdl("cpu", ix.PDL_MAX_BATCH, ix.SelectForm(warps_mul=2))
@@ -373,7 +374,10 @@ def test_launch_rules(monkeypatch):
     assert not ix.launch_pdl("cpu", 1, HISTOGRAM)
     assert ix.hist_reduce_mode(ix.HIST_ONE_SHOT_MAX_PAGES) == ix.REDUCE_ONE_SHOT
     assert ix.hist_reduce_mode(ix.HIST_ONE_SHOT_MAX_PAGES + 1) == ix.HIST_LONG_REDUCE
-    assert ix.hist_lean(ix.HIST_LEAN_MAX_PROGRAMS) and not ix.hist_lean(ix.HIST_LEAN_MAX_PROGRAMS + 1)
+    assert ix.hist_one_block(ix.HIST_ONE_BLOCK_MAX_PROGRAMS)
+    assert not ix.hist_one_block(ix.HIST_ONE_BLOCK_MAX_PROGRAMS + 1)
+    assert ix.hist_select_warps(ix.HIST_SELECT_8_WARPS_MAX_PROGRAMS, 2048) == 8
+    assert ix.hist_select_warps(ix.HIST_SELECT_8_WARPS_MAX_PROGRAMS + 1, 2048) == 4
 
 
 def test_histogram_plan_with_equal_logits_and_edge_batches():
@@ -615,72 +619,3 @@ def test_sm120_uses_full_rate_block_scaled_fp8_mma():
     assert (r["plain120"]["smem"], r["plain120"]["regs"]) == (r["scaled120"]["smem"], r["scaled120"]["regs"])
     assert r["plain90"]["qgmma"] > 0, r["plain90"]["summary"]
 
-
-def _scale_pages(kv, page_table, lens, kind, gen):
-    """Rescale each row's index-K pages (the per-token fp32 scales) so that the logits' magnitudes
-    rise or fall along the row, or spread over ~40 binades."""
-    flat = kv.view(kv.shape[0], -1)
-    scales = flat[:, INDEX_SCALE_OFFSET:].view(torch.float32)
-    for b in range(page_table.shape[0]):
-        pages = page_table[b, :-(-int(lens[b]) // INDEX_PAGE_SIZE)].long()
-        i = torch.arange(len(pages), dtype=torch.float32)
-        if kind == "rising":
-            factor = (2.0 ** (i / 2))[:, None].expand(-1, INDEX_PAGE_SIZE)
-        elif kind == "falling":
-            factor = (2.0 ** (-i / 2))[:, None].expand(-1, INDEX_PAGE_SIZE)
-        else:  # "wide"
-            factor = 2.0 ** (torch.rand(len(pages), INDEX_PAGE_SIZE, generator=gen) * 40 - 20)
-        scales[pages] = scales[pages] * factor
-    return kv
-
-
-@pytest.mark.parametrize("bins", [16, 32])
-@pytest.mark.parametrize("kind,programs", [("plain", 1024), ("plain", 3), ("rising", 3), ("falling", 3),
-                                           ("wide", 1024), ("wide", 2)])
-def test_window_count_first_digit_and_selection(bins, kind, programs, monkeypatch):
-    """The logits kernel's windowed first-digit count (register window per program, one atomic per
-    bin; _window_count): the same threshold bin and count above it as the exact histogram, the
-    workspace left zeroed, and the histogram select's set exact. ``programs`` (the logits kernel's
-    target grid) 2-3 gives programs of several pages, whose later pages rise above the window
-    (atomics per logit) or fall below it; "falling" / "wide" rows put the K-th largest below some
-    program's window (the reduce recounts the row)."""
-    monkeypatch.setattr(ix, "HIST_WINDOW_BINS", bins)
-    monkeypatch.setattr(ix, "LOGITS_TARGET_PROGRAMS", programs)
-    lens, max_seq_len = [1500, 0, 1300, 64, 513, 900], 1500
-    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=bins + programs)
-    kv = _scale_pages(kv, pt, l, kind, torch.Generator().manual_seed(bins)) if kind != "plain" else kv
-    k = INDEX_TOPK
-    workspace = torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32)
-    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k)
-    bits = logits.view(torch.int32)
-    first_digit = (torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long() + 2**31) >> (32 - ix.HIST_DIGITS[0])
-    for b, n in enumerate(lens):
-        assert workspace[b, 2] == 0 and workspace[b, 6] == 0, "the last program resets its counters"
-        if n <= k:
-            continue
-        kth_digit = first_digit[b, :n].sort(descending=True).values[k - 1]
-        assert workspace[b, 3] == kth_digit
-        assert workspace[b, 4] == (first_digit[b, :n] > kth_digit).sum()
-    assert (workspace[:, ix.WS_H1:] == 0).all()
-    if kind == "wide":  # the K-th largest lies far below the row's largest bins: the recount ran
-        spread = [int(first_digit[b, :n].max() - workspace[b, 3]) for b, n in enumerate(lens) if n > k]
-        assert max(spread) > bins
-    out = torch.full((len(lens), k), 12345, dtype=torch.int32)
-    raw = torch.full_like(out, 12345)
-    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=ix.Plan("two_kernel", select=HISTOGRAM))
-    assert_histogram_selection(raw, out, logits, l, pt)  # exact on the kernel's own logits
-    assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
-
-
-@pytest.mark.parametrize("case", ["extreme", "clustered", "tied", "plan"])
-def test_histogram_select_atomic_slots_match_reference(case, monkeypatch):
-    """The split programs claiming one slot per entry with an atomic (HIST_ATOMIC_SLOTS) instead of
-    prefix sums: the same exact sets (short rows, several finishing blocks, an overflowing threshold
-    bin, the full indexer call twice)."""
-    monkeypatch.setattr(ix, "HIST_ATOMIC_SLOTS", True)
-    if case == "plan":
-        test_histogram_plan_matches_reference_and_search([4100, 4160, 513, 64], 4160)
-        return
-    lens, width = {"extreme": ([0, 1, 511, 512, 513, 600], 600), "clustered": ([6000, 5999, 4800], 6000),
-                   "tied": ([9000, 9000, 8999, 8000], 9000)}[case]
-    test_histogram_select_matches_reference(lens, width, case)
