@@ -74,6 +74,7 @@ VARIANT_CATALOG = {
     "split4096": dict(HIST_SPLIT_MAX_CHUNK=4096),
     "select_w4_all": dict(HIST_SELECT_8_WARPS_MAX_PROGRAMS=0),
     "select_w8_all": dict(HIST_SELECT_8_WARPS_MAX_PROGRAMS=1 << 20),
+    "one_block_all": dict(HIST_ONE_BLOCK_MAX_PROGRAMS=1 << 20),  # the one-block finish at every program count
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
