@@ -93,6 +93,10 @@ right after; ``pdl_l2``: each down program prefetches its weight block into L2 b
 the completed routing); in chains of forwards 1.02-1.17x on the H200 at T = 1 B <= 4, T = 2 B <= 8 (with the prefetch)
 and T = 4 B <= 16 but 15 (with the prefetch) and the default there (:data:`GEMV_PDL_WHERE`,
 ``benchmarks/moe_mxfp4-h200-run17-summary.md``).
+Run 18 (``PairsConfig(sub_k=)``: a TMA K step of 512 as 2 or 4 MMAs): the swap-AB forward with its down launch on 32
+rows / 2 warps and MMAs of 128 (:data:`PAIRS_TMA_WIDE_DOWN_TILES`) is the default at T = 1 / 4, B = 48..256, where
+the H200 measured it 1.035-1.304x over the defaults (:data:`PAIRS_TMA_WIDE_DOWN_WHERE`; B = 65..256 had run the cp.async
+tiles; ``benchmarks/moe_mxfp4-h200-run18-summary.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -2628,9 +2632,23 @@ PAIR_WORDS_MUL_MIN_CAPABILITY = 9  # PTX mul.rn.bf16x2 (PairsConfig.scale_on_wor
 # 16-row tiles replicate the dequantisation (each warp's mma.sync M tile is the whole 16 rows): 4 warps on 16 rows
 # were 0.37-0.49x. B between measured wins take it, B = 3, 65.. and I = 1024 / 256 are not measured.
 # (per-rank I, fewest routed rows, most routed rows):
-PAIRS_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 4 * TOP_K, 64 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, 16 * TOP_K, 64 * TOP_K))
+# Run 18b extends it to B = 256 (the run-18 tiles below; above B = 64 the cp.async tiles had run).
+PAIRS_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 4 * TOP_K, 256 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, 16 * TOP_K, 256 * TOP_K))
 PAIRS_TMA_TILES = (PairsConfig(16, 512, 2, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2),
                    PairsConfig(16, 512, 1, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2))
+# Runs 18 / 18b (benchmarks/moe_mxfp4-h200-run18-summary.md, every variant reference-checked, every launch also timed
+# alone): the TMA gate/up tile above with the down launch on 32 rows / 2 warps and a K step of 512 as 4 MMAs of 128
+# (sub_k), beside the defaults in run 18b: I = 2048 (T=1) B = 48 / 64 / 128 / 256 in 1006.7 / 1107.7 / 1489.9 / 1547.6
+# us vs 1059.3 / 1146.0 (the TMA tiles) / 1891.8 / 1985.6 (the cp.async tiles), I = 512 (T=4) 297.1 / 321.5 / 401.7 /
+# 451.9 vs 331.6 / 356.9 / 523.7 / 570.9 (1.035-1.304x; down alone e.g. T=1 B=64 390.7 vs 446.8, T=4 131.6 vs 164.2).
+# The same down tile at sub_k 512 / 256 was 0.96-1.02x of the TMA tiles, sub_k on the gate/up tile slower (T=1 B=64
+# gate/up 719-770 vs 695-701 us), 3 stages 0.66-0.77x, 64 gate/up rows on 4 warps (wgmma on the H200) 0.69-0.91x.
+# B = 33..47 and I = 1024 / 256 not measured. (per-rank I, fewest routed rows, most routed rows):
+PAIRS_TMA_WIDE_DOWN_WHERE = ((MOE_INTERMEDIATE_SIZE, 48 * TOP_K, 256 * TOP_K),
+                             (MOE_INTERMEDIATE_SIZE // 4, 48 * TOP_K, 256 * TOP_K))
+PAIRS_TMA_WIDE_DOWN_TILES = (PAIRS_TMA_TILES[0],
+                             PairsConfig(32, 512, 2, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2,
+                                         sub_k=128))
 
 
 # Run 15c (benchmarks/moe_mxfp4-h200-run15c-summary.md, H200 runs 15c / 15c2, every point reference-checked): the mixed
@@ -2661,7 +2679,7 @@ def pairs_tma_default(num_rows: int, inter: int) -> bool:
 def pairs_configs(num_rows: int, inter: int, words_mul: bool = True,
                   tma: bool = True) -> tuple[PairsConfig, PairsConfig | GemvConfig]:
     """(gate/up, down) tiles of the pairs decode: the TMA-fed swap-AB tiles :data:`PAIRS_TMA_TILES` where
-    :data:`PAIRS_TMA_WHERE` says, ``tma`` says the operands allow TMA (:func:`gemv_tma_usable`) and ``words_mul``
+    :data:`PAIRS_TMA_WHERE` says (:data:`PAIRS_TMA_WIDE_DOWN_TILES` where :data:`PAIRS_TMA_WIDE_DOWN_WHERE` says), ``tma`` says the operands allow TMA (:func:`gemv_tma_usable`) and ``words_mul``
     the GPU has the packed bf16 multiply (under the same conditions, where :data:`PAIRS_GEMV_DOWN_WHERE` says, the
     mixed forward: the swap-AB gate/up tile and the TMA GEMV down tile of :func:`gemv_configs`); else the fastest
     of the H200 round-4 and round-5 runs at every measured (T, B) (gate/up 32 columns = 64 weight rows, down 64
@@ -2672,6 +2690,8 @@ def pairs_configs(num_rows: int, inter: int, words_mul: bool = True,
     if tma and words_mul and pairs_gemv_down_default(num_rows, inter):
         return PAIRS_TMA_TILES[0], gemv_configs(num_rows, inter, f16=False)[1]
     if tma and words_mul and pairs_tma_default(num_rows, inter):
+        if any(inter == i and lo <= num_rows <= hi for i, lo, hi in PAIRS_TMA_WIDE_DOWN_WHERE):
+            return PAIRS_TMA_WIDE_DOWN_TILES
         return PAIRS_TMA_TILES
     on_words = words_mul and num_rows >= PAIRS_SCALE_ON_WORDS_MIN_ROWS.get(inter, 0)
     return (PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=on_words),
@@ -3159,6 +3179,7 @@ def aot_configs() -> list[AotConfig]:
     # gate/up launch with natural-order SwiGLU rows for the TMA GEMV down launch (PAIRS_GEMV_DOWN_WHERE)
     for kind, kernel, cfg, natural in (("gate_up", _gate_up_pairs_tma_kernel, PAIRS_TMA_TILES[0], False),
                                        ("down", _down_pairs_tma_kernel, PAIRS_TMA_TILES[1], False),
+                                       ("down", _down_pairs_tma_kernel, PAIRS_TMA_WIDE_DOWN_TILES[1], False),
                                        ("gate_up", _gate_up_pairs_tma_kernel, PAIRS_TMA_TILES[0], True)):
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                       "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring, "SUB_K": cfg.mma_k(cfg.block_k)}
@@ -3173,7 +3194,9 @@ def aot_configs() -> list[AotConfig]:
             expect_opcodes=("HMMA.16816.F32.BF16", "UTMALDG"),
             note=("swap-AB gate/up, natural-order SwiGLU rows for the TMA GEMV down (the default at T=1 B=2, 5..6, "
                   "T=4 B=4..6, 8)" if natural else
-                  "swap-AB pairs decode, weights by TMA (the default at T=1 B=4..64, T=4 B=16..64)")))
+                  "swap-AB down, 32 rows on 2 warps, MMAs of 128 (the default at T=1/4 B=48..256)" if cfg.sub_k else
+                  "swap-AB pairs decode, weights by TMA (the default at T=1 B=4..256, T=4 B=16..256; down from B=48: "
+                  "the 32-row tile)")))
     configs.append(AotConfig(
         name="moe_mxfp4_route_pairs", kernel=_route_pairs_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",

@@ -1226,6 +1226,29 @@ def test_pairs_tma_swap_ab(ring, batch, pattern, on_words):
     assert cfgs[0].label() == f"n{tiles[0]}k512w4tma{ring}mulh" + ("wd" if on_words else "")
 
 
+def test_pairs_tma_wide_down_default_forward(monkeypatch):
+    """The default forward where PAIRS_TMA_WIDE_DOWN_WHERE names the shape runs the shipped run-18b tiles as they are
+    (gate/up 32 rows on 2 warps, down 32 rows on 2 warps in MMAs of 128) at H = I = 512, against the reference with
+    every scratch tensor NaN-poisoned."""
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=95)
+    weights, ids = make_routing(2, "duplicate", seed=96)
+    x = make_x(2, hidden=TMA_HIDDEN, seed=97, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    monkeypatch.setattr(moe, "PAIRS_TMA_WHERE", ((inter, 2 * TOP_K, 2 * TOP_K),))
+    monkeypatch.setattr(moe, "PAIRS_TMA_WIDE_DOWN_WHERE", ((inter, 2 * TOP_K, 2 * TOP_K),))
+    monkeypatch.setattr(moe, "GEMV_TMA_F16_WHERE", {})
+    assert moe.pairs_configs(2 * TOP_K, inter) == moe.PAIRS_TMA_WIDE_DOWN_TILES
+    used = []
+    real = moe._down_pairs_tma_kernel
+    monkeypatch.setattr(moe, "_down_pairs_tma_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: used.append(grid) or real[grid]})())
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids)
+    assert torch.isfinite(out).all() and rel(out, ref) < 2e-2
+    assert len(used) == 1 and used[0][1] == TMA_HIDDEN // 32
+
+
 @pytest.mark.parametrize("sub_k,batch,pattern,on_words", [
     (128, 3, "duplicate", True), (256, 1, "random", True), (128, 4, "invalid", False), (256, 0, "random", True)])
 def test_pairs_tma_sub_k(sub_k, batch, pattern, on_words):
@@ -1285,29 +1308,35 @@ def test_pairs_tma_arguments(bad):
 
 def test_pairs_tma_default_follows_the_h200_numbers():
     """Round 15 (runs 15 / 15b): the TMA-fed swap-AB tiles (gate/up 32 rows on 2 warps, down 16 rows on 1 warp, 2
-    stages, factor on the pair words) are the pairs tiles at I = 2048 from B = 4 and at I = 512 from B = 16, up to
-    B = 64, where the operands allow TMA and the GPU has the packed multiply; elsewhere the cp.async tiles; both
-    kernels in the AOT registry (HMMA + UTMALDG)."""
-    tma_tiles = moe.PAIRS_TMA_TILES
-    assert tma_tiles[0] == moe.PairsConfig(16, 512, 2, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2)
-    assert tma_tiles[1] == moe.PairsConfig(16, 512, 1, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2)
+    stages, factor on the pair words) are the pairs tiles at I = 2048 from B = 4 and at I = 512 from B = 16, where the
+    operands allow TMA and the GPU has the packed multiply; run 18b: up to B = 256, from B = 48 with the down launch on
+    32 rows / 2 warps in MMAs of 128 (sub_k); elsewhere the cp.async tiles; every kernel in the AOT registry (HMMA +
+    UTMALDG)."""
+    tma_tiles, wide = moe.PAIRS_TMA_TILES, moe.PAIRS_TMA_WIDE_DOWN_TILES
+    form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2}
+    assert tma_tiles[0] == moe.PairsConfig(16, 512, 2, **form) and tma_tiles[1] == moe.PairsConfig(16, 512, 1, **form)
+    assert wide == (tma_tiles[0], moe.PairsConfig(32, 512, 2, sub_k=128, **form))
     for inter, first in ((2048, 4), (512, 16)):
-        for batch in (first, 17, 32, 64):
-            assert moe.pairs_configs(batch * TOP_K, inter) == tma_tiles
+        for batch in (first, 17, 32, 47, 48, 64, 65, 128, 255, 256):
+            assert moe.pairs_configs(batch * TOP_K, inter) == (tma_tiles if batch < 48 else wide)
             # round 16 / run 16b: the fp16 TMA GEMV took B <= 32 at I = 2048 and 512
             assert moe.default_upcast(batch * TOP_K, inter) == ("gemv" if batch <= 32 else "pairs")
-            assert moe.pairs_configs(batch * TOP_K, inter, tma=False) != tma_tiles
-            assert moe.pairs_configs(batch * TOP_K, inter, words_mul=False) != tma_tiles
-        for rows in (first * TOP_K - 1, 64 * TOP_K + 1, 256 * TOP_K):
-            assert moe.pairs_configs(rows, inter) != tma_tiles
+            for cfgs in (moe.pairs_configs(batch * TOP_K, inter, tma=False),
+                         moe.pairs_configs(batch * TOP_K, inter, words_mul=False)):
+                assert not cfgs[0].tma_ring and not cfgs[1].tma_ring
+        assert moe.pairs_configs(48 * TOP_K - 1, inter) == tma_tiles
+        for rows in (first * TOP_K - 1, 256 * TOP_K + 1):
+            assert moe.pairs_configs(rows, inter) not in (tma_tiles, wide)
     for inter in (1024, 256):
-        assert all(moe.pairs_configs(b * TOP_K, inter) != tma_tiles for b in (1, 4, 16, 64))
+        assert all(moe.pairs_configs(b * TOP_K, inter) not in (tma_tiles, wide) for b in (1, 4, 16, 64, 256))
     assert moe.default_upcast(4 * TOP_K, 2048, tma=False) == "gemv"
     names = {c.name: c for c in moe.aot_configs()}
     for kind, kernel, cfg in (("gate_up", moe._gate_up_pairs_tma_kernel, tma_tiles[0]),
-                              ("down", moe._down_pairs_tma_kernel, tma_tiles[1])):
+                              ("down", moe._down_pairs_tma_kernel, tma_tiles[1]),
+                              ("down", moe._down_pairs_tma_kernel, wide[1])):
         aot = names[f"moe_mxfp4_{kind}_pairs_{cfg.label()}"]
         assert aot.kernel is kernel and aot.num_warps == cfg.num_warps and aot.constexprs["RING"] == 2
+        assert aot.constexprs["SUB_K"] == (cfg.sub_k or 512)
         assert aot.constexprs["SCALE_BF16"] == 3 and aot.expect_opcodes == ("HMMA.16816.F32.BF16", "UTMALDG")
 
 
