@@ -4,35 +4,31 @@ Same semantics as :func:`moe_mxfp4.reference_moe_mxfp4` and the same weights as 
 :func:`moe_mxfp4.repack_w13_`: w13 rows interleaved ``gate_0, up_0, gate_1, ...``; no second copy, no per-call
 dequantised copy). One forward (:func:`moe_mxfp4_prefill_forward`) is
 
-1. routing (:func:`moe_mxfp4.route`: torch sort above 2048 rows) and, for the ``pairs`` upcast only, x copied once
-   as bf16 times 2**32 in the pair order (``_x_pairs_kernel``, exact);
-2. ``_prefill_gate_up_kernel``: program (touched expert slot, block of BLOCK_N intermediate columns) -- or, with
-   ``n_fastest``, the same grid with the column block varying fastest so the programs that run together share
-   an expert's activation rows in L2 -- loops over its expert's sorted routed rows BLOCK_M at a time; each pass
-   multiplies them with the 2*BLOCK_N interleaved gate/up weight rows on tensor cores (fp32 accumulate) and
-   stores the clamped SwiGLU at the rows' *sorted positions* (so the down launch reads contiguous rows);
-3. ``_prefill_down_kernel``: program (slot, block of BLOCK_N hidden columns), the down projection of the sorted
+1. routing (:func:`moe_mxfp4.route`: torch sort above 2048 rows) and x copied once as bf16 times 2**32 in the pair
+   order (``_x_pairs_kernel``, exact);
+2. ``_prefill_gate_up_kernel``: grid (block of BLOCK_N intermediate columns, touched expert slot), the column block
+   varying fastest so the programs that run together share an expert's activation rows in L2. Each program loops
+   over its expert's sorted routed rows BLOCK_M at a time; each pass multiplies them with the 2*BLOCK_N
+   interleaved gate/up weight rows on tensor cores (fp32 accumulate) and stores the clamped SwiGLU, bf16 times
+   2**32 in the pair order, at the rows' *sorted positions* (so the down launch reads contiguous rows);
+3. ``_prefill_down_kernel``: grid (block of BLOCK_N hidden columns, slot), the down projection of the sorted
    SwiGLU rows times each row's routing weight into fp32 ``y [B*top_k, H]`` at the routed row;
 4. ``moe_mxfp4._topk_sum_kernel``: each token's top-k rows summed into the bf16 output.
 
-Weight upcast (:class:`PrefillConfig` ``upcast``, one of :data:`UPCASTS`):
+Weight upcast: the decode's exact register upcast on int32 weight words (:func:`moe_mxfp4._pairs_tile_scaled`:
+nibble pairs placed as bf16 bits, the E8M0 factor multiplied onto the pair words by ``mul.rn.bf16x2``) as the A
+operand (weights the MMA's M side, swap-AB) of a plain bf16 ``tl.dot`` against the pair-ordered activations.
+Exact for E8M0 bytes 34..160 (inf above 160; below 34 the factor leaves bf16's normal range), far outside
+checkpoint scales. On sm_90a Triton emits wgmma (HGMMA) for it, on sm_120a HMMA.16816.F32.BF16.
 
-* ``"dot_scaled"``: ``tl.dot_scaled(x, bf16, w, e2m1)`` -- Triton's upcast of the packed weights, activations as
-  the MMA's M side (the old prefill path's form);
-* ``"dot_scaled_swap"``: ``tl.dot_scaled(w, e2m1, x^T, bf16)`` -- weights as the M side (swap-AB), so the upcast
-  weight tile is the MMA's A operand;
-* ``"pairs"``: the decode's exact register upcast on int32 weight words (:func:`moe_mxfp4._pairs_tile_scaled`:
-  nibble pairs placed as bf16 bits, the E8M0 factor multiplied onto the pair words by ``mul.rn.bf16x2``; exact
-  for E8M0 bytes 34..160, inf above 160, far outside checkpoint scales) as the A operand of a plain bf16
-  ``tl.dot`` against activations in the pair order times 2**32. The down launch of a ``pairs`` config reads
-  SwiGLU rows stored so (``act_pairs``), any other upcast plain bf16 rows.
-
-Edge semantics as the decode: ids outside ``[0, E)`` add nothing; ``dot_scaled`` decodes an E8M0 byte 0 as 0
-(Triton, triton#11737), no checkpoint scale is that small.
-
-All launches are CUDA-graph capturable (no host sync; scratch sized by the shapes). :func:`prefill_default` says
-where the H200 measured this path faster than ``moe_mxfp4_forward``'s prefill; :data:`PREFILL_DEFAULT_WHERE` holds
-the measured points.
+H200 run 1b (``benchmarks/moe_prefill-h200-run1-summary.md``; 4096 tokens, top-6, 256 experts, H = 4096): the
+shipped tiles 5236 us at T = 1 (I = 2048; 236 TFLOP/s, 30.6 % of the bf16 matmul rate) vs 8769 us for
+``moe_mxfp4_forward``'s tl.dot_scaled prefill (1.67x), 1721 us at T = 4 (I = 512; 180 TFLOP/s) vs 2627 us (1.53x);
+relative error 1.79e-3 against the float32 reference, as the old path's. Measured and lost (removed): Triton's
+``tl.dot_scaled`` upcast with the activations or the weights as the M side (gate/up 1.29x / 2.34x slower at T = 1,
+down 1.08-1.22x / 1.58x), the grid with the expert slot fastest (2-9 %), nibble pairs placed by one multiply (< 1 %,
+noise), 4 stages, 64-row blocks. :func:`prefill_default` says where this path is the faster one
+(:data:`PREFILL_DEFAULT_WHERE`).
 """
 
 from __future__ import annotations
@@ -61,32 +57,22 @@ from .moe_mxfp4 import (
     scale_bytes,
 )
 
-DOT_SCALED, DOT_SCALED_SWAP, PAIRS = "dot_scaled", "dot_scaled_swap", "pairs"
-UPCASTS = (DOT_SCALED, DOT_SCALED_SWAP, PAIRS)
-_UPCAST_CODE = {DOT_SCALED: 0, DOT_SCALED_SWAP: 1, PAIRS: 2}
 X_PAIRS_BLOCK = 4096  # x values one program of the pair-order copy writes
 
 
 @dataclasses.dataclass(frozen=True)
 class PrefillConfig:
-    """One launch's tile: ``block_m`` routed rows per pass over an expert's sorted rows, ``block_n`` output
-    columns per program (gate/up: SwiGLU columns, i.e. 2*block_n interleaved weight rows), ``block_k`` K values
-    per step (a multiple of 32), warps, pipeline stages, the weight upcast (:data:`UPCASTS`), ``n_fastest``
-    (grid order: column blocks of one expert run together) and ``mul_pairs`` (pairs upcast: nibble pairs
-    placed by one multiply, :func:`moe_mxfp4._pair_bits`)."""
-    upcast: str
+    """One launch's tile: ``block_m`` routed rows per pass over an expert's sorted rows (the MMA's N side),
+    ``block_n`` output columns per program (gate/up: SwiGLU columns, i.e. 2*block_n interleaved weight rows; the
+    MMA's M side), ``block_k`` K values per step (a multiple of 32), warps and pipeline stages."""
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
-    n_fastest: bool = True
-    mul_pairs: bool = False
 
     def label(self) -> str:
-        tag = {DOT_SCALED: "ds", DOT_SCALED_SWAP: "dsw", PAIRS: "pairs"}[self.upcast]
-        return (f"{tag}_m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
-                + ("" if self.n_fastest else "_slotfast") + ("mul" if self.mul_pairs else ""))
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
 
     def fitted(self, n_total: int, k_total: int) -> "PrefillConfig":
         """The tile clipped to a launch whose output has ``n_total`` columns and whose K is ``k_total``."""
@@ -98,7 +84,7 @@ class PrefillConfig:
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _x_pairs_kernel(x_ptr, x_pairs_ptr, numel, BLOCK: tl.constexpr):
-    """x [B, H] bf16 -> bf16 times 2**32 at the pair positions (exact), what the ``pairs`` gate/up reads."""
+    """x [B, H] bf16 -> bf16 times 2**32 at the pair positions (exact), what the gate/up launch reads."""
     k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = k < numel
     x = tl.load(x_ptr + k, mask=ok, other=0.0).to(tl.float32)
@@ -106,61 +92,32 @@ def _x_pairs_kernel(x_ptr, x_pairs_ptr, numel, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tile_ids(N_FASTEST: tl.constexpr):
-    """(expert slot, column block) of this program."""
-    if N_FASTEST:
-        return tl.program_id(1), tl.program_id(0)
-    return tl.program_id(0), tl.program_id(1)
-
-
-@triton.jit
-def _grouped_tile(a_ptrs, a_ok, w_ptr, s_ptr, expert, w_rows, rows_per_expert, k_total,
-                  ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-                  MUL_PAIRS: tl.constexpr, EMULATE: tl.constexpr):
-    """float32 [BLOCK_M, ROWS]: ``a`` rows (``a_ptrs`` [BLOCK_M, BLOCK_K] at step 0, masked by ``a_ok``) times
-    weight rows ``w_rows`` of ``expert`` (packed e2m1 [E, rows_per_expert, k_total/2] or, for ``pairs``, the same
-    bytes as int32 words, with E8M0 bytes [E, rows_per_expert, k_total/32]) over K = ``k_total``. ``pairs``: the weight tile is the dequantised values over 2**32 and
-    ``a`` the pair-ordered values times 2**32, so the products need no rescale."""
-    if UPCAST == 2:
-        w_ptrs, s_ptrs = _pairs_pointers(w_ptr, s_ptr, expert, w_rows, rows_per_expert, k_total, BLOCK_K)
-        acc_t = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, k_total, BLOCK_K):
-            w = _pairs_tile_scaled(tl.load(w_ptrs + k0 // 8), tl.load(s_ptrs + k0 // 32), ROWS, BLOCK_K, MUL_PAIRS,
-                                   EMULATE)
-            a = tl.load(a_ptrs + k0, mask=a_ok, other=0.0)
-            acc_t = tl.dot(w, tl.trans(a), acc_t)
-        return tl.trans(acc_t)
-    else:
-        kb = tl.arange(0, BLOCK_K // 2)
-        ks = tl.arange(0, BLOCK_K // 32)
-        w_base = w_ptr + expert * rows_per_expert * (k_total // 2) + w_rows[:, None].to(tl.int64) * (k_total // 2)
-        s_base = s_ptr + expert * rows_per_expert * (k_total // 32) + w_rows[:, None].to(tl.int64) * (k_total // 32)
-        acc = tl.zeros([BLOCK_M, ROWS], dtype=tl.float32)
-        acc_t = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, k_total, BLOCK_K):
-            a = tl.load(a_ptrs + k0, mask=a_ok, other=0.0)
-            wb = tl.load(w_base + k0 // 2 + kb[None, :])
-            ws = tl.load(s_base + k0 // 32 + ks[None, :])
-            if UPCAST == 1:
-                acc_t = tl.dot_scaled(wb, ws, "e2m1", tl.trans(a), None, "bf16", acc_t)
-            else:
-                acc = tl.dot_scaled(a, None, "bf16", wb.T, ws, "e2m1", acc)
-        if UPCAST == 1:
-            acc = tl.trans(acc_t)
-        return acc
+def _grouped_tile(a_ptrs, a_ok, w_ptr, s_ptr, expert, w_rows, rows_per_expert, k_total, ROWS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
+    """float32 [BLOCK_M, ROWS]: pair-ordered rows times 2**32 (``a_ptrs`` [BLOCK_M, BLOCK_K] at step 0, masked by
+    ``a_ok``) times weight rows ``w_rows`` of ``expert`` (int32 words [E, rows_per_expert, k_total/8], E8M0 bytes
+    [E, rows_per_expert, k_total/32]) over K = ``k_total``. The weight tile is the dequantised values over 2**32,
+    so the products need no rescale. EMULATE: the pair-word scaling in float32 (the interpreter runs no PTX)."""
+    w_ptrs, s_ptrs = _pairs_pointers(w_ptr, s_ptr, expert, w_rows, rows_per_expert, k_total, BLOCK_K)
+    acc_t = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, k_total, BLOCK_K):
+        w = _pairs_tile_scaled(tl.load(w_ptrs + k0 // 8), tl.load(s_ptrs + k0 // 32), ROWS, BLOCK_K, False, EMULATE)
+        a = tl.load(a_ptrs + k0, mask=a_ok, other=0.0)
+        acc_t = tl.dot(w, tl.trans(a), acc_t)
+    return tl.trans(acc_t)
 
 
 @triton.jit
 def _prefill_gate_up_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                             num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            UPCAST: tl.constexpr, ACT_PAIRS: tl.constexpr, N_FASTEST: tl.constexpr,
-                            MUL_PAIRS: tl.constexpr, EMULATE: tl.constexpr):
-    """Program (slot, block of BLOCK_N intermediate columns): its expert's routed rows BLOCK_M at a time against
+                            EMULATE: tl.constexpr):
+    """Program (block of BLOCK_N intermediate columns, slot): its expert's routed rows BLOCK_M at a time against
     the 2*BLOCK_N interleaved gate/up rows, then the clamped SwiGLU into ``act [B*top_k, I]`` at the rows' sorted
-    positions (ACT_PAIRS: bf16 times 2**32 in the pair order, else plain bf16). ``x_ptr``: x [B, H] (``pairs``:
-    the pair-ordered copy times 2**32)."""
-    slot, n_tile = _tile_ids(N_FASTEST)
+    positions, bf16 times 2**32 in the pair order. ``x_ptr``: the pair-ordered copy of x times 2**32;
+    ``w13_ptr``: the repacked weights as int32 words [E, 2I, H/8]."""
+    n_tile = tl.program_id(0)
+    slot = tl.program_id(1)
     if slot >= tl.load(num_active_ptr):
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
@@ -172,26 +129,22 @@ def _prefill_gate_up_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expe
         m_ok = m < row_end
         tokens = (tl.load(sorted_rows_ptr + m, mask=m_ok, other=0) // TOP_K).to(tl.int64)
         acc = _grouped_tile(x_ptr + tokens[:, None] * hidden + kx[None, :], m_ok[:, None], w13_ptr, w13_scale_ptr,
-                            expert, w_rows, 2 * inter, hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K, UPCAST, MUL_PAIRS,
-                            EMULATE)
+                            expert, w_rows, 2 * inter, hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
         gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
-        act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16)
-        at = act_ptr + m.to(tl.int64)[:, None] * inter
-        if ACT_PAIRS:
-            tl.store(at + _pairs_position(cols)[None, :], (act.to(tl.float32) * PAIRS_ACT_SCALE).to(tl.bfloat16),
-                     mask=m_ok[:, None])
-        else:
-            tl.store(at + cols[None, :], act, mask=m_ok[:, None])
+        act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE  # exact
+        tl.store(act_ptr + m.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :], act.to(tl.bfloat16),
+                 mask=m_ok[:, None])
 
 
 @triton.jit
 def _prefill_down_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                          active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-                         N_FASTEST: tl.constexpr, MUL_PAIRS: tl.constexpr, EMULATE: tl.constexpr):
-    """Program (slot, block of BLOCK_N hidden columns): the expert's sorted SwiGLU rows BLOCK_M at a time times
-    the down weights and each row's routing weight, into fp32 ``y [B*top_k, H]`` at the routed row."""
-    slot, n_tile = _tile_ids(N_FASTEST)
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
+    """Program (block of BLOCK_N hidden columns, slot): the expert's sorted SwiGLU rows BLOCK_M at a time times the
+    down weights (int32 words [E, H, I/8]) and each row's routing weight, into fp32 ``y [B*top_k, H]`` at the
+    routed row."""
+    n_tile = tl.program_id(0)
+    slot = tl.program_id(1)
     if slot >= tl.load(num_active_ptr):
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
@@ -201,8 +154,7 @@ def _prefill_down_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < row_end
         acc = _grouped_tile(act_ptr + m.to(tl.int64)[:, None] * inter + kx[None, :], m_ok[:, None], w2_ptr,
-                            w2_scale_ptr, expert, n, hidden, inter, BLOCK_N, BLOCK_M, BLOCK_K, UPCAST, MUL_PAIRS,
-                            EMULATE)
+                            w2_scale_ptr, expert, n, hidden, inter, BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
         rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
         weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows[:, None] * hidden + n[None, :], acc * weight[:, None], mask=m_ok[:, None])
@@ -211,37 +163,36 @@ def _prefill_down_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted
 # ---------------------------------------------------------------------------------------------
 # configuration
 # ---------------------------------------------------------------------------------------------
-# The old path's prefill tiles (moe_mxfp4.gate_up_config / down_config above DECODE_MAX_ROWS), as configs here.
-OLD_GATE_UP = PrefillConfig(DOT_SCALED, 128, 64, 64, 8, 3, n_fastest=False)
-OLD_DOWN = PrefillConfig(DOT_SCALED, 64, 128, 64, 8, 3, n_fastest=False)
+# The shipped tiles, from H200 run 1b (benchmarks/moe_prefill-h200-run1b.md; whole forwards, the other launch's
+# tile fixed): gate/up m128n64k64w8s3 (4 stages 5313 vs 5279 us at T=1; m64n64k64w4s3 6241), down m128n64k64w4s3
+# (5236 vs 5279 us for m128n128k64w8s3 at T=1, 1721 vs 1853 at T=4; m64n128k64w4s3 5639 / 1839, 4 stages 5353 / 1922).
+DEFAULT_GATE_UP = PrefillConfig(128, 64, 64, 8, 3)
+DEFAULT_DOWN = PrefillConfig(128, 64, 64, 4, 3)
 
-# The shipped tiles (from the H200 run of tools/device_moe_prefill.py; see PREFILL_DEFAULT_WHERE).
-DEFAULT_GATE_UP = PrefillConfig(PAIRS, 128, 64, 64, 8, 3)
-DEFAULT_DOWN = PrefillConfig(PAIRS, 128, 128, 64, 8, 3)
-
-# (per-rank I, fewest routed rows) where the H200 measured this forward >= 2 % faster than moe_mxfp4_forward's
-# prefill (filled from the device run; empty: nowhere measured faster yet).
-PREFILL_DEFAULT_WHERE: tuple[tuple[int, int], ...] = ()
+# (per-rank I, fewest routed rows) where this forward replaces moe_mxfp4_forward's prefill. Measured on the H200
+# (run 1b) at 4096 tokens x top-6 = 24576 routed rows only: I = 2048 (T=1) 5236 vs 8769 us, I = 512 (T=4) 1721 vs
+# 2627 us. Unmeasured: I = 1024 / 256 (T = 2 / 8) and 2049..24575 routed rows.
+PREFILL_DEFAULT_WHERE: tuple[tuple[int, int], ...] = ((MOE_INTERMEDIATE_SIZE, 4096 * TOP_K),
+                                                      (MOE_INTERMEDIATE_SIZE // 4, 4096 * TOP_K))
 
 
 def prefill_default(num_rows: int, inter: int) -> bool:
     """Whether the H200 measured :func:`moe_mxfp4_prefill_forward` faster than ``moe_mxfp4_forward``'s prefill
-    path at ``num_rows`` routed rows (above DECODE_MAX_ROWS) and per-rank intermediate size ``inter``."""
+    path at ``num_rows`` routed rows and per-rank intermediate size ``inter`` (:data:`PREFILL_DEFAULT_WHERE`:
+    those I from the measured row count up)."""
     if num_rows <= DECODE_MAX_ROWS:
         return False
     return any(inter == where_inter and num_rows >= min_rows for where_inter, min_rows in PREFILL_DEFAULT_WHERE)
 
 
 def prefill_configs(num_rows: int, inter: int) -> tuple[PrefillConfig, PrefillConfig]:
-    """The (gate/up, down) tiles the forward uses when not told."""
+    """The (gate/up, down) tiles the forward uses when not told (the same at every measured shape)."""
     return DEFAULT_GATE_UP, DEFAULT_DOWN
 
 
 def _check_config(name: str, cfg, n_total: int, k_total: int) -> PrefillConfig:
     if not isinstance(cfg, PrefillConfig):
         raise ValueError(f"{name} must be a PrefillConfig, got {type(cfg).__name__}")
-    if cfg.upcast not in UPCASTS:
-        raise ValueError(f"{name}.upcast must be one of {UPCASTS}, got {cfg.upcast!r}")
     cfg = cfg.fitted(n_total, k_total)
     pow2 = all(v > 0 and v & (v - 1) == 0 for v in (cfg.block_m, cfg.block_n, cfg.block_k))
     if not pow2 or cfg.block_m < 16 or cfg.block_n < 16 or cfg.block_k < MXFP4_GROUP:
@@ -282,30 +233,18 @@ def moe_mxfp4_prefill_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: tor
     sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)
     slots = min(num_rows, num_experts)
     emulate = interpreter_enabled()
-    if gu.upcast == PAIRS:
-        x_in = torch.empty_like(x)
-        _x_pairs_kernel[(triton.cdiv(x.numel(), X_PAIRS_BLOCK),)](x, x_in, x.numel(), BLOCK=X_PAIRS_BLOCK,
-                                                                  num_warps=4)
-        w13_in = w13.view(torch.int32)
-    else:
-        x_in, w13_in = x, w13.view(torch.uint8)
-    w2_in = w2.view(torch.int32) if dn.upcast == PAIRS else w2.view(torch.uint8)
+    x_pairs = torch.empty_like(x)
+    _x_pairs_kernel[(triton.cdiv(x.numel(), X_PAIRS_BLOCK),)](x, x_pairs, x.numel(), BLOCK=X_PAIRS_BLOCK, num_warps=4)
     act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=device)  # at sorted positions
     y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)  # at routed rows
-
-    def grid(n_tiles, cfg):
-        return (n_tiles, slots) if cfg.n_fastest else (slots, n_tiles)
-
-    _prefill_gate_up_kernel[grid(inter // gu.block_n, gu)](
-        x_in, w13_in, scale_bytes(w13_scale), sorted_rows, expert_start, active_experts, num_active, act, hidden,
-        inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu.block_m, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
-        UPCAST=_UPCAST_CODE[gu.upcast], ACT_PAIRS=dn.upcast == PAIRS, N_FASTEST=gu.n_fastest,
-        MUL_PAIRS=gu.mul_pairs, EMULATE=emulate, num_warps=gu.num_warps, num_stages=gu.num_stages)
-    _prefill_down_kernel[grid(hidden // dn.block_n, dn)](
-        act, w2_in, scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts, num_active, y,
-        hidden, inter, BLOCK_M=dn.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, UPCAST=_UPCAST_CODE[dn.upcast],
-        N_FASTEST=dn.n_fastest, MUL_PAIRS=dn.mul_pairs, EMULATE=emulate, num_warps=dn.num_warps,
-        num_stages=dn.num_stages)
+    _prefill_gate_up_kernel[(inter // gu.block_n, slots)](
+        x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts, num_active,
+        act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu.block_m, BLOCK_N=gu.block_n,
+        BLOCK_K=gu.block_k, EMULATE=emulate, num_warps=gu.num_warps, num_stages=gu.num_stages)
+    _prefill_down_kernel[(hidden // dn.block_n, slots)](
+        act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
+        num_active, y, hidden, inter, BLOCK_M=dn.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, EMULATE=emulate,
+        num_warps=dn.num_warps, num_stages=dn.num_stages)
     _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
         y, ids, out, hidden, 0, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, SPLITS=1, num_warps=4)
     return out
@@ -314,44 +253,26 @@ def moe_mxfp4_prefill_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: tor
 # ---------------------------------------------------------------------------------------------
 # AOT (sm_120a / sm_121a)
 # ---------------------------------------------------------------------------------------------
-def _gate_up_sig(cfg: PrefillConfig) -> dict:
-    weights = "*i32" if cfg.upcast == PAIRS else "*u8"
-    return {"x_ptr": "*bf16", "w13_ptr": weights, "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32",
-            "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "act_ptr": "*bf16",
-            "hidden": "i32", "inter": "i32", "swiglu_limit": "fp32", "TOP_K": "constexpr", "BLOCK_M": "constexpr",
-            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "UPCAST": "constexpr", "ACT_PAIRS": "constexpr",
-            "N_FASTEST": "constexpr", "MUL_PAIRS": "constexpr", "EMULATE": "constexpr"}
+_COMMON_SIG = {"sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
+               "num_active_ptr": "*i32", "hidden": "i32", "inter": "i32", "BLOCK_M": "constexpr",
+               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "EMULATE": "constexpr"}
+_GATE_UP_SIG = {"x_ptr": "*bf16", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "act_ptr": "*bf16", "swiglu_limit": "fp32",
+                "TOP_K": "constexpr", **_COMMON_SIG}
+_DOWN_SIG = {"act_ptr": "*bf16", "w2_ptr": "*i32", "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32",
+             "y_ptr": "*fp32", **_COMMON_SIG}
 
 
-def _down_sig(cfg: PrefillConfig) -> dict:
-    weights = "*i32" if cfg.upcast == PAIRS else "*u8"
-    return {"act_ptr": "*bf16", "w2_ptr": weights, "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32",
-            "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
-            "num_active_ptr": "*i32", "y_ptr": "*fp32", "hidden": "i32", "inter": "i32", "BLOCK_M": "constexpr",
-            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "UPCAST": "constexpr", "N_FASTEST": "constexpr",
-            "MUL_PAIRS": "constexpr", "EMULATE": "constexpr"}
-
-
-def aot_config(kind: str, cfg: PrefillConfig, act_pairs: bool = True, archs=None, note: str = "") -> AotConfig:
-    """The AotConfig of one launch: ``kind`` "gate_up" (``act_pairs``: SwiGLU rows for a pairs down launch) or
-    "down"."""
-    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                  "UPCAST": _UPCAST_CODE[cfg.upcast], "N_FASTEST": cfg.n_fastest, "MUL_PAIRS": cfg.mul_pairs,
-                  "EMULATE": False}
+def aot_config(kind: str, cfg: PrefillConfig, note: str = "") -> AotConfig:
+    """The AotConfig of one launch, ``kind`` "gate_up" or "down"."""
+    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EMULATE": False}
     if kind == "gate_up":
-        kernel, sig = _prefill_gate_up_kernel, _gate_up_sig(cfg)
-        constexprs.update(TOP_K=TOP_K, ACT_PAIRS=act_pairs)
+        kernel, sig = _prefill_gate_up_kernel, _GATE_UP_SIG
+        constexprs["TOP_K"] = TOP_K
     else:
-        kernel, sig = _down_kernel_and_sig(cfg)
-    extra = {"archs": tuple(archs)} if archs else {}
-    return AotConfig(name=f"moe_prefill_{kind}_{cfg.label()}" + ("_actpairs" if kind == "gate_up" and act_pairs else ""),
-                     kernel=kernel, signature=sig, constexprs=constexprs, num_warps=cfg.num_warps,
-                     num_stages=cfg.num_stages, div16=("hidden", "inter"), expect_opcodes=("HMMA.16816.F32.BF16",),
-                     note=note, **extra)
-
-
-def _down_kernel_and_sig(cfg: PrefillConfig):
-    return _prefill_down_kernel, _down_sig(cfg)
+        kernel, sig = _prefill_down_kernel, _DOWN_SIG
+    return AotConfig(name=f"moe_prefill_{kind}_{cfg.label()}", kernel=kernel, signature=sig, constexprs=constexprs,
+                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, div16=("hidden", "inter"),
+                     expect_opcodes=("HMMA.16816.F32.BF16",), note=note)
 
 
 def aot_configs() -> list[AotConfig]:
@@ -361,9 +282,7 @@ def aot_configs() -> list[AotConfig]:
         inter = MOE_INTERMEDIATE_SIZE // tp
         gu, dn = prefill_configs(DECODE_MAX_ROWS + 1, inter)
         for kind, cfg in (("gate_up", gu.fitted(inter, HIDDEN_SIZE)), ("down", dn.fitted(HIDDEN_SIZE, inter))):
-            key = (kind, cfg, dn.upcast == PAIRS)
-            if key in seen:
-                continue
-            seen.add(key)
-            configs.append(aot_config(kind, cfg, act_pairs=dn.upcast == PAIRS))
+            if (kind, cfg) not in seen:
+                seen.add((kind, cfg))
+                configs.append(aot_config(kind, cfg))
     return configs
