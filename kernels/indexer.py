@@ -114,6 +114,11 @@ HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores
 # programs of at most 2048 entries (4 warps; 4096-entry programs of 8 warps were slower), the last
 # per row finishing it over 1024-entry blocks of the threshold bin.
 HIST_SPLIT_MAX_CHUNK = 2048
+# Split programs of 1024 entries where 2048-entry ones would number at most this many (H200 run 10b: B=1 x
+# 256K 19.95 -> 19.33 us, B=1 x 64K 13.96 -> 13.39, B=4 x 64K 19.83 -> 19.23, B=16 x 64K 32.74 -> 32.01 at
+# 8-128 programs; B=8 x 256K 43.90 / 43.89 at 256; B=10 x 256K 49.92 -> 52.99 and B=16-64 x 256K 3-6 %
+# slower above). 4096-entry programs were level at B=16-64 x 256K and slower below.
+HIST_SPLIT_SMALL_MAX_PROGRAMS = 128
 HIST_FINAL_BLOCK = 1024
 # Launch options by shape, from H200 runs 9 / 9b (benchmarks/indexer-h200-run9-summary.md); module-level so
 # that tools/device_indexer.py can time other settings beside them in one run. Run 9b, us, the shipped
@@ -849,6 +854,14 @@ def hist_reduce_mode(pages_per_split: int) -> int:
     return int(REDUCE_ONE_SHOT) if pages_per_split <= HIST_ONE_SHOT_MAX_PAGES else HIST_LONG_REDUCE
 
 
+def hist_split_chunk(batch: int, width: int) -> int:
+    """Entries per split program of the histogram select (see :data:`HIST_SPLIT_SMALL_MAX_PROGRAMS`)."""
+    chunk = hist_chunk(width, HIST_SPLIT_MAX_CHUNK)
+    if chunk > HIST_CHUNKS[0] and batch * _cdiv(width, chunk) <= HIST_SPLIT_SMALL_MAX_PROGRAMS:
+        return HIST_CHUNKS[0]
+    return chunk
+
+
 def hist_one_block(programs: int) -> bool:
     return programs <= HIST_ONE_BLOCK_MAX_PROGRAMS
 
@@ -965,7 +978,7 @@ def hist_select(scores, lens, page_table, out, raw, workspace):
     finishes it. Long rows list their selection in no fixed order (slots are claimed with atomics);
     the set is exact, ties at the K-th score going to entries in list order."""
     batch, width = scores.shape
-    chunk = hist_chunk(width, HIST_SPLIT_MAX_CHUNK)
+    chunk = hist_split_chunk(batch, width)
     cand_val = torch.empty(batch, HIST_CAP, dtype=torch.float32, device=scores.device)
     cand_pos = torch.empty(batch, HIST_CAP, dtype=torch.int32, device=scores.device)
     raw_arg = raw if raw is not None else out
@@ -1217,6 +1230,17 @@ def _select_form(batch, width, select):
 #
 # B 5-8 x 8193-16384 (not timed) keeps the double-warp search; a logits row from elsewhere keeps each
 # bucket's search form.
+#
+# With run 10's atomic split programs the histogram select also takes B > 16 x 8193-16384 (H200 runs
+# 10 / 10b, us, the forced histogram row against the default of the time in the same run):
+#
+#   B    context  positions  default                  histogram
+#   32   64K      16384      47.5 (2x warps, 10b)     44.6   <- 6.1 % faster   (B 17-32 x 8193-16384)
+#   64   64K      16384      72.7 / 73.2 (8192)       67.8 / 67.5   <- 6.7 / 7.9 % faster   (B > 32)
+#   128  64K      16384      130.6 (8192, 10b)        115.8  <- 11.3 % faster
+#
+# The lower limit 8193 sits between 16384 and 8192 positions, where run 8 timed the histogram select
+# slower at B=64 (54.5 vs 45.2 us, before runs 9-10); B=256 (not timed) follows B=64 and 128.
 _BITWISE = SelectForm()
 _BITWISE_2XW = SelectForm(warps_mul=2)
 _CHUNK8K = SelectForm(max_chunk=8192)
@@ -1233,8 +1257,10 @@ PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (8, 16384, Plan("two_kernel", select=_BITWISE_2XW)),
     (16, 8192, Plan("two_kernel", select=_BITWISE_2XW)),
     (16, 16384, _HIST_UNFUSED_BITWISE_2XW),
-    (32, 16384, Plan("two_kernel", select=_BITWISE_2XW)),
-    (INDEX_MAX_BATCH, 16384, Plan("two_kernel", select=_CHUNK8K)),
+    (32, 8192, Plan("two_kernel", select=_BITWISE_2XW)),
+    (32, 16384, _HIST_UNFUSED_BITWISE_2XW),
+    (INDEX_MAX_BATCH, 8192, Plan("two_kernel", select=_CHUNK8K)),
+    (INDEX_MAX_BATCH, 16384, _HIST_UNFUSED_CHUNK8K),
     (16, 32768, _HIST_UNFUSED_CHUNK8K),
     (8, 65536, _HIST_UNFUSED_CHUNK8K),
     (32, 32768, Plan("two_kernel", select=_CHUNK8K)),

@@ -378,6 +378,10 @@ def test_launch_rules(monkeypatch):
     assert not ix.hist_one_block(ix.HIST_ONE_BLOCK_MAX_PROGRAMS + 1)
     assert ix.hist_select_warps(ix.HIST_SELECT_8_WARPS_MAX_PROGRAMS, 2048) == 8
     assert ix.hist_select_warps(ix.HIST_SELECT_8_WARPS_MAX_PROGRAMS + 1, 2048) == 4
+    small = ix.HIST_SPLIT_SMALL_MAX_PROGRAMS  # 1024-entry split programs where 2048-entry ones number <= small
+    assert ix.hist_split_chunk(1, small * 2048) == 1024 and ix.hist_split_chunk(small, 2048) == 1024
+    assert ix.hist_split_chunk(1, small * 2048 + 1) == 2048 and ix.hist_split_chunk(small + 1, 4096) == 2048
+    assert ix.hist_split_chunk(64, 600) == 1024  # short rows: the smallest chunk covering them
 
 
 def test_histogram_plan_with_equal_logits_and_edge_batches():
@@ -452,7 +456,9 @@ PLAN_BUCKETS = [
     (8, 32768, "histogram"), (16, 32768, "histogram"), (32, 32768, "chunk8k"), (8, 65536, "histogram"),
     (16, 65536, "histogram"), (9, 32769, "histogram"), (17, 65536, "histogram"), (64, 16385, "histogram"),
     (64, 65536, "histogram"), (8, 16384, "bitwise_2xw"), (9, 8193, "histogram"), (16, 8192, "bitwise_2xw"), (16, 16384, "histogram"),
-    (17, 16384, "bitwise_2xw"), (64, 16384, "chunk8k"), (256, 2048, "bitwise_2xw"), (1, 262144, "bitwise"),
+    (17, 16384, "histogram"), (32, 8193, "histogram"), (32, 8192, "bitwise_2xw"), (17, 4096, "bitwise_2xw"),
+    (64, 16384, "histogram"), (33, 8193, "histogram"), (256, 16384, "histogram"), (64, 8192, "chunk8k"),
+    (256, 2049, "chunk8k"), (256, 2048, "bitwise_2xw"), (1, 262144, "bitwise"),
 ]
 FORMS_BY_NAME = {"bitwise": ix.SelectForm(), "bitwise_2xw": ix.SelectForm(warps_mul=2),
                  "chunk8k": ix.SelectForm(max_chunk=8192), "histogram": ix.SelectForm(method="histogram")}
@@ -465,7 +471,7 @@ def test_plan_buckets(batch, length, form):
     if form == "histogram":  # a logits row from elsewhere keeps the bucket's earlier search form
         if batch <= 4:
             expected = ix.SelectForm()
-        elif 8 < batch <= 16 and length <= 16384:
+        elif 8 < batch <= 32 and length <= 16384:
             expected = ix.SelectForm(warps_mul=2)
         else:
             expected = ix.SelectForm(max_chunk=8192)
