@@ -365,7 +365,7 @@ def main() -> None:
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
     shipped = ("USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_ONE_BLOCK_MAX_PROGRAMS",
-               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK")
+               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
                {attr: ("modified plan table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})
