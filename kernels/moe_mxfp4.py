@@ -1743,7 +1743,10 @@ GEMV = "gemv"
 # Tensor cores on int32 weight words turned into bf16 pairs (_gate_up_pairs_kernel / _down_pairs_kernel),
 # E8M0 scale per 32-group on the MMA result, activations pre-ordered by the routing launch.
 PAIRS = "pairs"
-FORWARD_UPCASTS = UPCASTS + (GEMV, PAIRS)
+# The prefill grouped GEMM pair of kernels/moe_prefill.py (register pair-word upcast, weights as the MMA's M side,
+# 128-row tiles); default where :func:`moe_prefill.prefill_default` says the H200 measured it faster.
+PREFILL = "prefill"
+FORWARD_UPCASTS = UPCASTS + (GEMV, PAIRS, PREFILL)
 _SPLIT_NIBBLES = {"split_f32": SCALE_MATH_F32, "split_bf16": SCALE_MATH_BF16}
 
 
@@ -1798,7 +1801,12 @@ def default_upcast(num_rows: int, inter: int, tma: bool = True) -> str:
     """The decode/prefill variant :func:`moe_mxfp4_forward` runs when not told: the tensor-core pairs
     decode and the CUDA-core GEMV where the H200 measured them faster (:data:`PAIRS_TMA_WHERE` where ``tma``
     says the operands allow its TMA-fed form, :data:`PAIRS_DEFAULT_WHERE`, :data:`GEMV_DEFAULT_WHERE`), else
-    :func:`default_gemm_upcast`; the fp16 TMA GEMV first where ``tma`` and :data:`GEMV_TMA_F16_WHERE` say."""
+    :func:`default_gemm_upcast`; the fp16 TMA GEMV first where ``tma`` and :data:`GEMV_TMA_F16_WHERE` say; above
+    DECODE_MAX_ROWS the prefill grouped GEMM where :func:`moe_prefill.prefill_default` says."""
+    if num_rows > DECODE_MAX_ROWS:
+        from .moe_prefill import prefill_default  # moe_prefill builds on this module, so it is imported at call time
+        if prefill_default(num_rows, inter):
+            return PREFILL
     if tma and gemv_f16_default(num_rows, inter):
         return GEMV
     if tma and pairs_tma_default(num_rows, inter):
@@ -2128,8 +2136,9 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     overrides the (gate/up, down) tiles (device tuning); ``dot_scaled`` picks how bf16-activation
     GEMMs upcast the weights (``tl.dot_scaled`` vs the explicit register dequantisation); ``upcast``
     (one of :data:`FORWARD_UPCASTS`, overrides ``dot_scaled``) picks among all variants, ``"gemv"``
-    being the CUDA-core GEMV decode (``configs``: two :class:`GemvConfig`) and ``"pairs"`` the tensor-core
-    pairs decode (``configs``: two :class:`PairsConfig`; without ``upcast`` the tiles' type picks the form), default
+    being the CUDA-core GEMV decode (``configs``: two :class:`GemvConfig`), ``"pairs"`` the tensor-core
+    pairs decode (``configs``: two :class:`PairsConfig`; without ``upcast`` the tiles' type picks the form) and
+    ``"prefill"`` the grouped GEMM pair of kernels/moe_prefill.py (``configs``: two ``PrefillConfig``), default
     :func:`default_upcast` (which yields to the tl.dot path when GemmConfig tiles, ``split_k`` or
     ``act_mxfp8`` are given). ``split_k`` (bf16 activations, decode tiles): ``"off"``, ``"auto"``
     (:func:`split_k_choice` from the shapes and the SM count) or explicit ``(gate_up, down)`` splits of
@@ -2151,10 +2160,17 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
         if dot_scaled is None and configs and isinstance(configs[0], (GemvConfig, PairsConfig)):  # tiles name the form
             upcast = GEMV if isinstance(configs[0], GemvConfig) else PAIRS
         gemm_args = act_mxfp8 or split_k not in (None, "off") or (configs and isinstance(configs[0], GemmConfig))
-        if upcast in (GEMV, PAIRS) and gemm_args:  # arguments of the tensor-core GEMM path select it
+        if upcast in (GEMV, PAIRS, PREFILL) and gemm_args:  # arguments of the tensor-core GEMM path select it
             upcast = default_gemm_upcast(num_rows, inter)
     if upcast not in FORWARD_UPCASTS:
         raise ValueError(f"upcast must be one of {FORWARD_UPCASTS}, got {upcast!r}")
+    if upcast == PREFILL:
+        if act_mxfp8 or split_k not in (None, "off"):
+            raise ValueError(f"upcast='prefill' takes bf16 activations and no split_k, got act_mxfp8={act_mxfp8}, "
+                             f"split_k={split_k!r}")
+        from .moe_prefill import moe_mxfp4_prefill_forward  # imported at call time: it builds on this module
+        return moe_mxfp4_prefill_forward(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, swiglu_limit,
+                                         out=out, config=configs)
     if upcast == PAIRS:
         if act_mxfp8 or split_k not in (None, "off"):
             raise ValueError(f"upcast='pairs' takes bf16 activations and no split_k, got act_mxfp8={act_mxfp8}, "
@@ -3241,7 +3257,8 @@ def aot_configs() -> list[AotConfig]:
 
 
 __all__ = [
-    "FORWARD_UPCASTS", "GEMV", "GEMV_DEFAULT_WHERE", "PAIRS", "PAIRS_DEFAULT_WHERE", "PairsConfig", "pairs_configs",
+    "FORWARD_UPCASTS", "GEMV", "GEMV_DEFAULT_WHERE", "PAIRS", "PAIRS_DEFAULT_WHERE", "PREFILL", "PairsConfig",
+    "pairs_configs",
     "pairs_launches", "GEMV_X_F32_WHERE", "GEMV_LAUNCH_NAMES", "GemvConfig", "gemv_launches", "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs",
     "default_gemm_upcast", "default_upcast", "gemv_configs", "dequant_nibbles", "moe_mxfp4_forward", "quantize_mxfp8",
     "reference_dequant_mxfp4", "reference_moe_mxfp4", "reference_moe_mxfp8_act", "reference_swiglu",

@@ -521,6 +521,8 @@ def main() -> None:
         ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids)
         ref8 = moe.reference_moe_mxfp8_act(x, *ckpt, weights, ids)
         prefill_paths = {
+            # the forward as the seam runs it: above DECODE_MAX_ROWS, kernels/moe_prefill.py where prefill_default says
+            "ours (default)": (ours_fn(x, weights, ids), ref),
             "ours bf16 (HMMA)": (ours_fn(x, weights, ids, dot_scaled=True), ref),
             "ours bf16, register dequant": (ours_fn(x, weights, ids, dot_scaled=False), ref),
             "ours MXFP8 act (QMMA.SF on sm_120)": (ours_fn(x, weights, ids, act_mxfp8=True), ref),

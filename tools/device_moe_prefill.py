@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Device run for the MoE prefill grouped GEMM (kernels/moe_prefill.py, issue 4's prefill target), full shapes.
 
-    python3 tools/device_moe_prefill.py --out $OUT [--deadline-s 200]   # device (carry .upstream for upstream)
+    python3 tools/device_moe_prefill.py --out $OUT [--deadline-s 200] [--t 1 2 4 8] [--tokens 512 1024 4096]
+                                                                        # device (carry .upstream for upstream)
     python3 tools/device_moe_prefill.py --smoke                         # CPU interpreter, tiny shapes
 
 At T = 1 and 4 (per-rank I = 2048 / 512), 4096 prefill tokens, 256 experts, H = 4096, top-6 (24576 routed rows):
@@ -38,6 +39,9 @@ from sglang_sm120.kernels import moe_prefill as mp  # noqa: E402
 from sglang_sm120.kernels.dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, NUM_EXPERTS, SWIGLU_LIMIT, TOP_K  # noqa: E402
 
 P = mp.PrefillConfig
+# the tl.dot_scaled GEMM pair that ran every prefill before moe_prefill (moe_mxfp4_forward's default above
+# DECODE_MAX_ROWS until PREFILL_DEFAULT_WHERE took it over)
+OLD_PATH = "old path (moe_mxfp4_forward, tl.dot_scaled)"
 # gate/up tiles, each with DOWN_PARTNER; down tiles, each with GATE_UP_PARTNER. Every tile here compiles for
 # sm_120a within 101376 B of shared memory and without spills (the AOT check). Run 1b also measured tl.dot_scaled
 # upcasts, the expert-slot-fastest grid and multiply-placed nibble pairs; they lost and were removed.
@@ -77,6 +81,8 @@ def main() -> None:
     parser.add_argument("--partners", nargs=2, metavar=("GATE_UP", "DOWN"),
                         help="the fixed gate/up tile of the down sweep and the fixed down tile of the gate/up sweep")
     parser.add_argument("--t", type=int, nargs="*", help="tensor-parallel sizes (default 1 4)")
+    parser.add_argument("--tokens", type=int, nargs="*",
+                        help="prefill token counts (default 4096); the sweeps and upstream run at the largest only")
     parser.add_argument("--deadline-s", type=float, default=200.0,
                         help="start no sweep row after this many seconds (the rows before it are kept)")
     args = parser.parse_args()
@@ -88,11 +94,12 @@ def main() -> None:
         from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
 
         patch_bf16_dot()
-        device, num_experts, hidden, tokens, base_inter = "cpu", 8, 256, 48, 256
+        device, num_experts, hidden, token_counts, base_inter = "cpu", 8, 256, (48,), 256
         tps, gu_sweep, dn_sweep = (2,), SMOKE_GATE_UP, SMOKE_DOWN
         down_partner = gate_up_partner = P(16, 32, 64, 4, 2)
     else:
-        device, num_experts, hidden, tokens, base_inter = "cuda", NUM_EXPERTS, HIDDEN_SIZE, 4096, MOE_INTERMEDIATE_SIZE
+        device, num_experts, hidden, token_counts, base_inter = ("cuda", NUM_EXPERTS, HIDDEN_SIZE, (4096,),
+                                                                 MOE_INTERMEDIATE_SIZE)
         tps, gu_sweep, dn_sweep = (1, 4), GATE_UP_SWEEP, DOWN_SWEEP
         down_partner, gate_up_partner = DOWN_PARTNER, GATE_UP_PARTNER
         if args.gate_up is not None:
@@ -103,6 +110,8 @@ def main() -> None:
             gate_up_partner, down_partner = (parse_label(label) for label in args.partners)
         if args.t:
             tps = tuple(args.t)
+        if args.tokens:
+            token_counts = tuple(sorted(args.tokens))
 
     def timed(fn) -> float:
         if args.smoke:
@@ -114,7 +123,8 @@ def main() -> None:
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     mm_tflops = 0.0 if args.smoke else bf16_matmul_tflops()
     result = BenchResult(name="moe_prefill-h200", title="MoE prefill grouped GEMM (MXFP4 experts, 4096 tokens), H200",
-                         columns=["T", "path", "gate_up", "down", "us", "TFLOP/s", "%bf16mm", "vs_old", "rel_err"])
+                         columns=["T", "tokens", "path", "gate_up", "down", "us", "TFLOP/s", "%bf16mm", "vs_old",
+                                  "rel_err"])
     result.extra.update({"copy bandwidth (GB/s, read+write)": round(copy_gbs, 1),
                          "bf16 matmul (TFLOP/s, 8192^3)": round(mm_tflops, 1)})
     print(f"copy {copy_gbs:.1f} GB/s, bf16 mm {mm_tflops:.1f} TFLOP/s", flush=True)
@@ -134,7 +144,8 @@ def main() -> None:
     except Exception as exc:  # no .upstream: the run goes on without that baseline
         result.notes.append(f"upstream baseline not loaded: {type(exc).__name__}: {str(exc)[:200]}")
 
-    for tp in tps:
+    for tp, tokens in [(tp, tokens) for tp in tps for tokens in token_counts]:
+        largest = tokens == token_counts[-1]
         inter = base_inter // tp
         layer = dm.make_layer(num_experts, hidden, inter, device, seed=100 * tp)
         ckpt = [t.clone() for t in layer]
@@ -154,10 +165,10 @@ def main() -> None:
                 return None
             tflops = flops / (us * 1e-6) / 1e12
             times[(path, gu, dn)] = us
-            old = times.get(("old path (moe_mxfp4_forward)", "", ""))
-            result.add(T=tp, path=path, gate_up=gu, down=dn, us=us, rel_err=err, vs_old=(old / us) if old else 1.0,
+            old = times.get((OLD_PATH, "", ""))
+            result.add(T=tp, tokens=tokens, path=path, gate_up=gu, down=dn, us=us, rel_err=err, vs_old=(old / us) if old else 1.0,
                        **{"TFLOP/s": tflops, "%bf16mm": 100 * tflops / mm_tflops if mm_tflops else 0.0})
-            print(f"T={tp} {path} {gu} {dn}: {us:.1f} us {tflops:.1f} TFLOP/s err {err:.3g} "
+            print(f"T={tp} tokens={tokens} {path} {gu} {dn}: {us:.1f} us {tflops:.1f} TFLOP/s err {err:.3g} "
                   f"[{time.time() - t_start:.0f} s]", flush=True)
             result.extra["wall seconds"] = round(time.time() - t_start, 1)
             result.write(args.out)
@@ -166,10 +177,10 @@ def main() -> None:
         def ours(cfg):
             return lambda: mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, SWIGLU_LIMIT, config=cfg)
 
-        record("old path (moe_mxfp4_forward)", lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT))
+        record(OLD_PATH, lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, upcast="dot_scaled"))
         gu0, dn0 = mp.prefill_configs(tokens * TOP_K, inter)
         record("new default", ours(None), gu0.label(), dn0.label())
-        if kernel_mod is not None:
+        if kernel_mod is not None and largest:
             w13_bf16 = dm.dequant_all_bf16(ckpt[0], ckpt[1])
             w2_bf16 = dm.dequant_all_bf16(ckpt[2], ckpt[3])
             record("upstream triton (bf16 experts)",
@@ -177,10 +188,11 @@ def main() -> None:
                                                      SWIGLU_LIMIT))
             del w13_bf16, w2_bf16
         deadline = args.deadline_s * (0.75 if tp == tps[0] and len(tps) > 1 else 1.0)
+        gu_cands, dn_cands = (gu_sweep, dn_sweep) if largest else ((), ())
         best_gu, best_dn = {}, {}
         if ("new default", gu0.label(), dn0.label()) in times:  # the default is in both sweeps
             best_gu[gu0] = best_dn[dn0] = times[("new default", gu0.label(), dn0.label())]
-        for cand in gu_sweep:
+        for cand in gu_cands:
             if time.time() - t_start > deadline:
                 result.notes.append(f"T={tp}: gate/up sweep stopped at the deadline before {cand.label()}")
                 break
@@ -189,7 +201,7 @@ def main() -> None:
             us = record("sweep gate/up", ours((cand, down_partner)), cand.label(), down_partner.label())
             if us is not None:
                 best_gu[cand] = us
-        for cand in dn_sweep:
+        for cand in dn_cands:
             if time.time() - t_start > deadline:
                 result.notes.append(f"T={tp}: down sweep stopped at the deadline before {cand.label()}")
                 break

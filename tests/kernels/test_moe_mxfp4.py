@@ -13,7 +13,8 @@ import torch
 import triton
 
 from sglang_sm120.kernels import moe_mxfp4 as moe
-from sglang_sm120.kernels.dsv4 import MXFP4_GROUP, SUPPORTED_TP, SWIGLU_LIMIT
+from sglang_sm120.kernels import moe_prefill
+from sglang_sm120.kernels.dsv4 import MOE_INTERMEDIATE_SIZE, MXFP4_GROUP, SUPPORTED_TP, SWIGLU_LIMIT
 from sglang_sm120.kernels.harness.interpreter import interpreter_enabled
 
 DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
@@ -389,6 +390,31 @@ def test_default_upcast_follows_the_h200_numbers():
     assert set(moe.default_upcast(r, full_i // tp) for r in (TOP_K, 4096) for tp in SUPPORTED_TP) <= set(
         moe.FORWARD_UPCASTS)
     assert all(moe.default_gemm_upcast(r, full_i // tp) in moe.UPCASTS for r in (TOP_K, 4096) for tp in SUPPORTED_TP)
+
+
+def test_prefill_dispatch():
+    """Above DECODE_MAX_ROWS the default forward takes kernels/moe_prefill.py's grouped GEMM where the H200 measured
+    it faster (moe_prefill.PREFILL_DEFAULT_WHERE); upcast='prefill' selects it at any size, bit-identical to calling
+    it directly, and it refuses the GEMM path's arguments."""
+    for where_inter, rows in moe_prefill.PREFILL_DEFAULT_WHERE:
+        assert moe.default_upcast(rows, where_inter) == moe.PREFILL
+        assert moe.default_upcast(rows - 1, where_inter) != moe.PREFILL
+    measured = {where_inter for where_inter, _ in moe_prefill.PREFILL_DEFAULT_WHERE}
+    for tp in SUPPORTED_TP:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        assert (moe.default_upcast(4096 * TOP_K, inter) == moe.PREFILL) == (inter in measured)
+        assert moe.default_upcast(moe.DECODE_MAX_ROWS, inter) != moe.PREFILL
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(5, "invalid")
+    x = make_x(5, scale=4.0)
+    out = run(x, experts, weights, ids, upcast=moe.PREFILL)
+    direct = moe_prefill.moe_mxfp4_prefill_forward(x, *repacked(*experts[:2]), *experts[2:], weights, ids)
+    assert torch.equal(out, direct)
+    assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
+    for bad in ({"split_k": (2, 2)}, {"act_mxfp8": True}):
+        with pytest.raises(ValueError, match="upcast='prefill'"):
+            run(x, experts, weights, ids, upcast=moe.PREFILL, **bad)
 
 
 # --- split-K decode --------------------------------------------------------------------------------
