@@ -169,11 +169,14 @@ def _prefill_down_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted
 DEFAULT_GATE_UP = PrefillConfig(128, 64, 64, 8, 3)
 DEFAULT_DOWN = PrefillConfig(128, 64, 64, 4, 3)
 
-# (per-rank I, fewest routed rows) where this forward replaces moe_mxfp4_forward's prefill. Measured on the H200
-# (run 1b) at 4096 tokens x top-6 = 24576 routed rows only: I = 2048 (T=1) 5236 vs 8769 us, I = 512 (T=4) 1721 vs
-# 2627 us. Unmeasured: I = 1024 / 256 (T = 2 / 8) and 2049..24575 routed rows.
-PREFILL_DEFAULT_WHERE: tuple[tuple[int, int], ...] = ((MOE_INTERMEDIATE_SIZE, 4096 * TOP_K),
-                                                      (MOE_INTERMEDIATE_SIZE // 4, 4096 * TOP_K))
+# (per-rank I, fewest routed rows) where this forward replaces moe_mxfp4_forward's tl.dot_scaled prefill. H200 run 2
+# (benchmarks/moe_prefill-h200-run2-summary.md), whole forwards at 1024 / 2048 / 4096 tokens x top-6, new vs old us:
+# I = 2048 (T=1) 4675 vs 6486, 4898 vs 6884, 5242 vs 8819; I = 1024 (T=2) 2516 vs 3409, 2668 vs 3648, 2872 vs 4729;
+# I = 512 (T=4) 1441 vs 1879, 1548 vs 1999, 1715 vs 2635; I = 256 (T=8) 905 vs 1114, 990 vs 1202, 1131 vs 1601
+# (1.21-1.68x). Unmeasured, so left to the old path: 2049..6143 routed rows (fewer than 1024 tokens).
+PREFILL_MIN_TOKENS = 1024
+PREFILL_DEFAULT_WHERE: tuple[tuple[int, int], ...] = tuple((MOE_INTERMEDIATE_SIZE // tp, PREFILL_MIN_TOKENS * TOP_K)
+                                                           for tp in SUPPORTED_TP)
 
 
 def prefill_default(num_rows: int, inter: int) -> bool:
