@@ -228,6 +228,14 @@ def check_configs(configs: Sequence[AotConfig], archs: Sequence[int] | None = No
     return results
 
 
+# Left out of the AOT children's environment, so a report does not depend on what the calling process imported:
+# TRITON_INTERPRET (set by the CPU tests), and the ptxas redirects that importing SGLang sets as a side effect
+# (FlashInfer's ``flashinfer.triton`` points TRITON_PTXAS_BLACKWELL_PATH at a system ptxas of CUDA >= 13 found on
+# PATH; with it Triton emits older PTX and compiles with that ptxas). The children compile with Triton's bundled
+# ptxas, as ``sglang-sm120 aot-check`` does unless the caller sets these variables itself.
+ISOLATED_ENV_DROP = ("TRITON_INTERPRET", "TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
+
+
 def run_isolated(modules: Sequence[str] | None = None, archs: Sequence[int] | None = None,
                  only: Sequence[str] = (), timeout: float = 3000,
                  workers: int | None = None) -> list[tuple[AotReport, list[str]]]:
@@ -235,7 +243,8 @@ def run_isolated(modules: Sequence[str] | None = None, archs: Sequence[int] | No
     the whole registry) in fresh processes with the interpreter off, and return (report, problems).
 
     Needed because under ``TRITON_INTERPRET=1`` (as the CPU tests run) ``@triton.jit`` makes
-    interpreter functions that cannot be compiled; the child processes import the kernels afresh.
+    interpreter functions that cannot be compiled; the child processes import the kernels afresh, in the
+    caller's environment less :data:`ISOLATED_ENV_DROP` (Triton's bundled ptxas, whatever was imported before).
     The configs are dealt out to ``workers`` children (default: one per usable CPU, at most 4) that
     compile at the same time, since one compile (Triton + ptxas) keeps one core busy.
     """
@@ -244,7 +253,7 @@ def run_isolated(modules: Sequence[str] | None = None, archs: Sequence[int] | No
     import sys
     import time
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {k: v for k, v in os.environ.items() if k not in ISOLATED_ENV_DROP}
     args = [sys.executable, "-m", __name__]
     if modules is not None:
         args += ["--modules", ",".join(modules)]

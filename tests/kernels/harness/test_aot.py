@@ -1,9 +1,11 @@
 """The AOT harness itself: it must see the opcodes, shared memory and spills it claims to see."""
 
+import pathlib
+
 import pytest
 
 from sglang_sm120.kernels.dsv4 import SM120_SMEM_LIMIT
-from sglang_sm120.kernels.harness.aot import run_isolated
+from sglang_sm120.kernels.harness.aot import ISOLATED_ENV_DROP, run_isolated
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +54,25 @@ def test_configs_dealt_to_workers_all_come_back_once(reports, workers):
     assert len(keys) == len(set(keys)) and set(keys) == set(reports)
     for r, p in rows:
         assert p == reports[(r.config, r.arch)][1] and r.ok == reports[(r.config, r.arch)][0].ok
+
+
+def test_children_ignore_ptxas_redirects_of_the_caller(reports, monkeypatch, tmp_path):
+    """Importing SGLang (as the seam tests do) lets FlashInfer point TRITON_PTXAS_BLACKWELL_PATH at a system ptxas;
+    the AOT children must not inherit that (nor TRITON_PTXAS_PATH). Both point here at a working ptxas wrapper that
+    leaves a mark when run: the children never run it, and their reports are those of Triton's bundled ptxas."""
+    import triton.backends.nvidia
+
+    bundled = pathlib.Path(triton.backends.nvidia.__file__).parent / "bin"
+    mark = tmp_path / "wrapper-ran"
+    for name in ("ptxas", "ptxas-blackwell"):
+        wrapper = tmp_path / name
+        wrapper.write_text(f"#!/bin/sh\ntouch {mark}\nexec {bundled / name} \"$@\"\n")
+        wrapper.chmod(0o755)
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "ptxas"))
+    monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", str(tmp_path / "ptxas-blackwell"))
+    rows = run_isolated(["harness.selftest_kernels"], archs=[120], only=["bf16_dot"])
+    assert rows and not mark.exists()
+    for report, problems in rows:
+        expected_report, expected_problems = reports[(report.config, report.arch)]
+        assert report.ok and problems == expected_problems
+        assert (report.registers, report.opcodes) == (expected_report.registers, expected_report.opcodes)
