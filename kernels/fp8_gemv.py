@@ -271,6 +271,7 @@ def _block_fp8_gemv_kernel(
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
     PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False, ROPE_HOIST: tl.constexpr = 0,
+    SPLIT_SUM_BATCH: tl.constexpr = 1,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g,
     over K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), K_UNROLL blocks per iteration.
@@ -299,13 +300,13 @@ def _block_fp8_gemv_kernel(
                        stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                        stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                        BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, USE_DOT, SWAP_AB, INV_ROPE, HEAD, ROPE,
-                       PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST)
+                       PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST, SPLIT_SUM_BATCH)
     else:
         _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
                    stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                    stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                    BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, USE_DOT, SWAP_AB, INV_ROPE, HEAD, ROPE,
-                   PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST)
+                   PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST, SPLIT_SUM_BATCH)
 
 
 @triton.jit
@@ -315,10 +316,11 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
                IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, SWAP_AB: tl.constexpr, INV_ROPE: tl.constexpr,
                HEAD: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
-               W_TMA: tl.constexpr, PERSISTENT: tl.constexpr, ROPE_HOIST: tl.constexpr):
+               W_TMA: tl.constexpr, PERSISTENT: tl.constexpr, ROPE_HOIST: tl.constexpr,
+               SPLIT_SUM_BATCH: tl.constexpr = 1):
     """One work item of _block_fp8_gemv_kernel: tile ``pid`` (rows-major over column tiles) of group pid_g, K split
     pid_k; after the PDL wait. ROPE_HOIST (with INV_ROPE): the inverse RoPE's factors loaded once, before the K loop
-    (_rope_chunk_factors)."""
+    (_rope_chunk_factors). With split-K the last arriver sums the partials, SPLIT_SUM_BATCH of them loaded per step."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     tl.static_assert(USE_DOT or BLOCK_M <= 2)
     BLOCK_KI: tl.constexpr = BLOCK_K * K_UNROLL
@@ -444,7 +446,7 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
         tile_part = rm[:, None] * N + rn[None, :]
         tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, acc, mask=y_mask)
         _sum_split_partials(part_base, M * N, tile_part, y_ptrs, y_mask, counter_ptr, pid_g * tiles_per_group + pid,
-                            num_splits, BLOCK_M, BLOCK_N)
+                            num_splits, BLOCK_M, BLOCK_N, SPLIT_SUM_BATCH)
 
 
 @triton.jit
@@ -512,6 +514,7 @@ def _block_fp8_gemv_rows_kernel(
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
+    SPLIT_SUM_BATCH: tl.constexpr = 1, ONE_CHUNK: tl.constexpr = False,
 ):
     """One program: rows [pid_m*ROWS, +ROWS) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over K blocks
     [pid_k*k_blocks_per_split, +k_blocks_per_split), BLOCK_K*K_UNROLL columns per iteration.
@@ -520,8 +523,13 @@ def _block_fp8_gemv_rows_kernel(
     row's scaled activation; each row keeps a [BLOCK_N] fp32 accumulator (reduced along K every
     iteration, so registers do not grow with ROWS x chunk). PREFETCH issues the next chunk's weight
     load before this chunk's arithmetic (two chunks in flight per program). Row tiles of one column
-    tile are adjacent program ids, so when M > ROWS the re-read of a weight tile comes from L2."""
+    tile are adjacent program ids, so when M > ROWS the re-read of a weight tile comes from L2.
+
+    ONE_CHUNK (with PREFETCH; the launch guarantees a split of exactly K_UNROLL blocks): the loop runs once, on the
+    chunk whose weight and scales were loaded before the PDL wait (GemvConfig.one_chunk), and loads no next chunk.
+    With split-K the last arriver sums the partials, SPLIT_SUM_BATCH of them loaded per step."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
+    tl.static_assert(PREFETCH or not ONE_CHUNK)
     tl.static_assert(ROWS == 1 or ROWS == 2 or ROWS == 4 or ROWS == 8)
     BLOCK_KI: tl.constexpr = BLOCK_K * K_UNROLL
     pid = tl.program_id(0)
@@ -559,21 +567,27 @@ def _block_fp8_gemv_rows_kernel(
         k_next = kb_begin * BLOCK_K + rk
         w_next = _load_weight(w_desc, w_rows + k_next[None, :], n_mask[:, None] & (k_next < k_stop)[None, :], pid_g,
                               pid_n * BLOCK_N, kb_begin * BLOCK_K, EVICT_FIRST, W_TMA, BLOCK_N, BLOCK_KI)
+        if ONE_CHUNK:  # the split's only chunk: its scales are constants too, loaded before the wait
+            s_first = tl.load(s_row + k_next // BLOCK_K, mask=k_next < k_stop, other=0.0)
     _pdl_wait(PDL)  # after the first weight chunk's load is issued (PREFETCH): it is in flight while waiting
     for kb in tl.range(kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
         k = kb * BLOCK_K + rk
         k_mask = k < k_stop
         if PREFETCH:
             w_raw = w_next
-            k_next = k + BLOCK_KI
-            w_next = _load_weight(w_desc, w_rows + k_next[None, :], n_mask[:, None] & (k_next < k_stop)[None, :],
-                                  pid_g, pid_n * BLOCK_N, kb * BLOCK_K + BLOCK_KI, EVICT_FIRST, W_TMA, BLOCK_N,
-                                  BLOCK_KI)
+            if not ONE_CHUNK:
+                k_next = k + BLOCK_KI
+                w_next = _load_weight(w_desc, w_rows + k_next[None, :], n_mask[:, None] & (k_next < k_stop)[None, :],
+                                      pid_g, pid_n * BLOCK_N, kb * BLOCK_K + BLOCK_KI, EVICT_FIRST, W_TMA, BLOCK_N,
+                                      BLOCK_KI)
         else:
             w_raw = _load_weight(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
                                  pid_n * BLOCK_N, kb * BLOCK_K, EVICT_FIRST, W_TMA, BLOCK_N, BLOCK_KI)
         w = w_raw.to(tl.float32)
-        s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
+        if ONE_CHUNK:
+            s_cols = s_first
+        else:
+            s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
         if X_BROADCAST:
             # column offset 0 everywhere: the same addresses for every column, in the weight's layout
             k_x = k[None, :] + (rn * 0)[:, None]
@@ -638,7 +652,7 @@ def _block_fp8_gemv_rows_kernel(
         rm = row0 + tl.arange(0, ROWS)
         _sum_split_partials(part_g, M * N, rm[:, None] * N + rn[None, :],
                             y_base + rm[:, None] * stride_ym + rn[None, :], (rm < M)[:, None] & n_mask[None, :],
-                            counter_ptr, pid_g * tl.num_programs(0) + pid, num_splits, ROWS, BLOCK_N)
+                            counter_ptr, pid_g * tl.num_programs(0) + pid, num_splits, ROWS, BLOCK_N, SPLIT_SUM_BATCH)
 
 
 # FP8 tensor-core form: the weight goes to the MMA as e4m3 with no dequantisation; each bf16
@@ -982,9 +996,12 @@ class GemvConfig:
     # flattened into the K loop (tl.range(flatten=True)) so the weight pipeline runs on from one item into the next.
     # 0: one program per work item. H200 runs 13 / 13b: see default_config.
     persistent_programs_per_sm: int = 0
-    # FP8 tensor-core form, split-K epilogue: the last arriver loads this many partials per step (all in flight at
-    # once) instead of one, summed in the same order (the same result)
+    # split-K epilogue (any form): the last arriver loads this many partials per step (all in flight at once) instead
+    # of one, summed in the same order (the same result)
     split_sum_batch: int = 1
+    # rows form with prefetch: where a program's K split is one chunk (k_unroll blocks), its weight and scales are
+    # loaded before the PDL wait and no next chunk is loaded (a longer split runs the prefetching loop as before)
+    one_chunk: bool = False
     # fused inverse RoPE (not the rows form): each row's cos / sin loaded once per program before the K loop
     # (_rope_chunk_factors) and the rotation applied branch-free, where rope_hoistable holds for the chunk width;
     # elsewhere (and without RoPE) the form is unchanged
@@ -1016,8 +1033,10 @@ class GemvConfig:
                              f"form and fp8_chain; got {self}")
         if self.rope_preload and not self.fp8_mma:
             raise ValueError(f"config: rope_preload needs fp8_mma; got {self}")
-        if self.split_sum_batch < 1 or (self.split_sum_batch > 1 and not self.fp8_mma):
-            raise ValueError(f"config: split_sum_batch >= 1, and above 1 needs fp8_mma; got {self}")
+        if self.split_sum_batch < 1:
+            raise ValueError(f"config: split_sum_batch >= 1; got {self}")
+        if self.one_chunk and not (self.rows_form and self.prefetch):
+            raise ValueError(f"config: one_chunk needs the rows form with prefetch; got {self}")
 
     @property
     def weight_tile_k(self) -> int:
@@ -1037,7 +1056,7 @@ class GemvConfig:
         extra += ("_late" if self.pdl_late else "") + ("_tma" if self.w_tma else "")
         if self.persistent_programs_per_sm:
             extra += f"_pp{self.persistent_programs_per_sm}"
-        extra += (f"_sb{self.split_sum_batch}" if self.split_sum_batch > 1 else "")
+        extra += (f"_sb{self.split_sum_batch}" if self.split_sum_batch > 1 else "") + ("_oc" if self.one_chunk else "")
         extra += ("_rh" if self.rope_hoist else "") + ("_rp" if self.rope_preload else "")
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
@@ -1415,7 +1434,8 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             per_split, split,
             ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, EVICT_FIRST=cfg.evict_first, X_BROADCAST=cfg.x_broadcast,
-            INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
+            INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim, SPLIT_SUM_BATCH=cfg.split_sum_batch,
+            ONE_CHUNK=cfg.one_chunk and per_split == cfg.k_unroll,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args,
         )
         return
@@ -1447,7 +1467,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         fr.stride(0) if inv_rope else 0,
         per_split, split, groups,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
-        IS_SPLIT=split > 1, USE_DOT=cfg.use_dot, SWAP_AB=cfg.swap_ab,
+        IS_SPLIT=split > 1, USE_DOT=cfg.use_dot, SWAP_AB=cfg.swap_ab, SPLIT_SUM_BATCH=cfg.split_sum_batch,
         INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
         ROPE_HOIST=rope_mode(cfg, inv_rope, FP8_BLOCK * cfg.k_unroll, per_split, k, head_dim, rope_dim),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args, **persistent_args,
@@ -1698,13 +1718,13 @@ _AOT_SIGNATURE = {
     "IS_SPLIT": "constexpr", "USE_DOT": "constexpr", "SWAP_AB": "constexpr", "INV_ROPE": "constexpr",
     "HEAD": "constexpr", "ROPE": "constexpr", "PDL": "constexpr", "L2_PREFETCH_BLOCKS": "constexpr",
     "PDL_LATE_TRIGGER": "constexpr", "W_TMA": "constexpr", "PERSISTENT": "constexpr", "FLATTEN": "constexpr",
-    "ROPE_HOIST": "constexpr",
+    "ROPE_HOIST": "constexpr", "SPLIT_SUM_BATCH": "constexpr",
 }
 _AOT_ROWS_SIGNATURE = {  # the rows kernel has no persistent form (no num_groups)
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr" and key != "num_groups"},
     **{key: "constexpr" for key in ("ROWS", "BLOCK_N", "BLOCK_K", "K_UNROLL", "IS_SPLIT", "PREFETCH", "EVICT_FIRST",
                                     "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE", "PDL", "L2_PREFETCH_BLOCKS",
-                                    "PDL_LATE_TRIGGER", "W_TMA")},
+                                    "PDL_LATE_TRIGGER", "W_TMA", "SPLIT_SUM_BATCH", "ONE_CHUNK")},
 }
 
 _AOT_FP8MMA_SIGNATURE = {
@@ -1742,14 +1762,15 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
     name = f"fp8_gemv_{cfg.name}" + ("_invrope" if rope else "")
     common = {"BLOCK_N": cfg.block_n, "BLOCK_K": FP8_BLOCK, "K_UNROLL": cfg.k_unroll, "IS_SPLIT": cfg.split_k > 1,
               "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM, "PDL": cfg.pdl,
-              "L2_PREFETCH_BLOCKS": cfg.pdl_l2_blocks, "PDL_LATE_TRIGGER": cfg.pdl_late, "W_TMA": 0}
+              "L2_PREFETCH_BLOCKS": cfg.pdl_l2_blocks, "PDL_LATE_TRIGGER": cfg.pdl_late, "W_TMA": 0,
+              "SPLIT_SUM_BATCH": cfg.split_sum_batch}
     persistent = {"PERSISTENT": cfg.persistent_programs_per_sm > 0,
                   "FLATTEN": cfg.persistent_programs_per_sm > 0 and cfg.split_k == 1}
     if cfg.rows_form:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_rows_kernel, signature=_AOT_ROWS_SIGNATURE,
             constexprs={"ROWS": cfg.block_m, "PREFETCH": cfg.prefetch, "EVICT_FIRST": cfg.evict_first,
-                        "X_BROADCAST": cfg.x_broadcast, **common},
+                        "X_BROADCAST": cfg.x_broadcast, "ONE_CHUNK": cfg.one_chunk, **common},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),
@@ -1760,7 +1781,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_fp8mma_kernel, signature=_AOT_FP8MMA_SIGNATURE,
             constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common,
-                        **persistent, "SPLIT_SUM_BATCH": cfg.split_sum_batch,
+                        **persistent,
                         # the wo_a geometry: K split 8 of 4096 (4 blocks, one head, per split)
                         "ROPE_HOIST": rope_mode(cfg, rope, FP8_BLOCK, HEAD_DIM // FP8_BLOCK, 8 * HEAD_DIM, HEAD_DIM,
                                                 ROPE_DIM)},

@@ -90,6 +90,16 @@ RUN17_POINTS = {("wo_a", 1): (1, 2, 4, 8), ("wo_a", 2): (4, 8)}
 # the FP8 tile the split's rotated rope block loaded before the K loop (rp: GemvConfig.rope_preload) or the rope block
 # known at compile time in the one-shot program (rs: GemvConfig.rope_static); same points
 RUN17B_NAME = "fp8_gemv-h200-run17b"
+# --run18-sweep (run 18): the fixed cost of small GEMVs at 1 row (and 2 / 8 rows on the small weights): the split-K
+# sum loading 8 partials per step on the FMA / rows forms (sb8), and the rows form whose whole K split is one chunk
+# loaded with its scales before the PDL wait (GemvConfig.one_chunk): without split-K (no partials, no ticket) on 8 / 16
+# columns and 4 / 8 warps, and with the split choose_split picks (16 / 32 columns); plus the floor of a PDL chain of
+# trivial kernels. Points in order of importance (the time budget may cut the tail)
+RUN18_NAME = "fp8_gemv-h200-run18"
+RUN18_POINTS = {("wqkv_a", 1): (1, 2, 8), ("shared_down", 1): (1, 2, 8), ("indexer_wq_b", 1): (1,),
+                ("shared_gate_up", 1): (1, 2), ("wo_a", 1): (1,), ("wo_b", 1): (1,), ("wq_b", 1): (1,),
+                ("wo_b", 8): (1,), ("shared_gate_up", 8): (1,), ("wq_b", 8): (1,)}
+ONE_CHUNK_MAX_BYTES_PER_THREAD = 256  # raw FP8 weight a thread holds across the wait (64 registers)
 
 
 def prepare() -> None:
@@ -535,6 +545,65 @@ def run15b_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def run18_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run18-sweep (run 18): default_config's form first; sb8 = that form with the split-K sum loading 8 partials per
+    step (where it splits); wk_nN_wW = the rows form without split-K, N columns per program on W warps, its whole K one
+    chunk loaded with the scales before the PDL wait (one_chunk; only where a thread holds at most 256 weight bytes);
+    oc_nN_sS = the same with the K split choose_split picks for N-column tiles (S splits of one chunk each, sb8)."""
+    import dataclasses
+
+    replace = dataclasses.replace
+    cur = g.default_config(m, n, k, groups)
+    out = [("old_default", cur)]
+    k_blocks = math.ceil(k / g.FP8_BLOCK)
+    if effective_launch(cur, k, g).split_k > 1 and not cur.persistent_programs_per_sm:
+        out.append(("sb8", replace(cur, split_sum_batch=8)))
+    rows = min(8, 1 << max(0, m - 1).bit_length())
+    if k_blocks & (k_blocks - 1) == 0 and rows <= 2:  # a chunk of the whole K: a power-of-two width
+        for block_n, warps in ((8, 8), (16, 8), (8, 4), (16, 4)):
+            if block_n * k // (32 * warps) <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
+                out.append((f"wk_n{block_n}_w{warps}",
+                            g.GemvConfig(rows, block_n, 1, False, num_warps=warps, k_unroll=k_blocks, rows_form=True,
+                                         prefetch=True, one_chunk=True, pdl=True)))
+        for block_n in (16, 32):
+            tiles = groups * math.ceil(n / block_n) * math.ceil(m / rows)
+            split = g.choose_split(tiles, k_blocks, g.PROGRAMS_PER_SM * g.sm_count())
+            if split > 1 and block_n * k // split // 128 <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
+                out.append((f"oc_n{block_n}_s{split}",
+                            g.GemvConfig(rows, block_n, split, False, k_unroll=k_blocks // split, rows_form=True,
+                                         prefetch=True, one_chunk=True, pdl=True, split_sum_batch=8)))
+    return distinct_configs(out)
+
+
+def pdl_floor(torch, timed, smoke: bool) -> dict:
+    """us per call of a CUDA-graph chain of trivial Triton kernels (each program: PDL trigger, wait, one store), with
+    and without PDL, at 1 / 132 / 528 programs of 4 warps: the launch + dependency floor of any kernel in the chain."""
+    import triton
+    import triton.language as tl
+
+    from sglang_sm120.kernels.pdl import pdl_launch_dependents, pdl_wait
+
+    # a jitted function resolves names in its module's globals (the interpreter too)
+    globals().update(tl=tl, pdl_launch_dependents=pdl_launch_dependents, pdl_wait=pdl_wait)
+
+    @triton.jit
+    def _floor_kernel(y_ptr, PDL: tl.constexpr):
+        pdl_launch_dependents(PDL)
+        pdl_wait(PDL)
+        tl.store(y_ptr + tl.program_id(0), 1.0)
+
+    dev = "cpu" if smoke else "cuda"
+    out = {}
+    for programs in (1, 132, 528):
+        ys = [torch.zeros(programs, device=dev) for _ in range(20)]
+        for pdl in (False, True):
+            use = pdl and not smoke
+            us = timed([(lambda y=y: _floor_kernel[(programs,)](y, PDL=use, num_warps=4, launch_pdl=use))
+                        for y in ys])
+            out[f"{programs} programs, {'PDL' if pdl else 'no PDL'}"] = round(us, 3)
+    return out
+
+
 def _wo_a_full_shape(m: int, n: int, k: int, groups: int):
     """(m, n, k, groups) of wo_a; at --smoke's reduced shapes the full shape's (2 groups: T=1, else T=2), so that the
     smoke run picks the same forms."""
@@ -713,7 +782,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
          q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False,
          tma_sweep: bool = False, tma2_sweep: bool = False, run12_sweep: bool = False,
          run13_sweep: bool = False, run15_sweep: bool = False, run15b_sweep: bool = False,
-         run17_sweep: bool = False, run17b_sweep: bool = False) -> None:
+         run17_sweep: bool = False, run17b_sweep: bool = False, run18_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -723,7 +792,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "170" if run17_sweep or run17b_sweep else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "175" if run18_sweep else "170" if run17_sweep or run17b_sweep else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
@@ -762,6 +831,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
         rows, tps = (1, 2, 4, 8), (1, 2)
         run_name, pick = (RUN17B_NAME, run17b_candidates) if run17b_sweep else (RUN17_NAME, run17_candidates)
         points13, run13_sweep, run17_sweep = RUN17_POINTS, True, True
+    if run18_sweep:
+        rows, tps, run_name, pick = (1, 2, 8), (1, 8), RUN18_NAME, run18_candidates
+        points13, run13_sweep = RUN18_POINTS, True  # run 13's point filter; fused RoPE on every wo_a variant
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -770,7 +842,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     copy_gbs = float("nan") if smoke else db.copy_bandwidth_gbs()
     print(f"eager copy bandwidth {copy_gbs:.1f} GB/s (read+write)", flush=True)
     upstream_wo_a = upstream_group_quant = None
-    if not smoke:
+    if not smoke and not run18_sweep:  # run 18: no upstream baselines (the budget goes to the variants)
         import triton
         import upstream as up
 
@@ -799,6 +871,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                   if run15_sweep or run15b_sweep
                   else "wo_a with the fused inverse RoPE as the seam runs it: RoPE factors hoisted; plain-form variants"
                   if run17_sweep
+                  else "small GEMVs: batched split-K sums, whole-split chunks loaded before the PDL wait"
+                  if run18_sweep
                   else "persistent forms at T=1 (PDL as shipped)" if run13_sweep else "rows form")
                + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "N", "K", "M", "MB", "old_us", "old_form", "old_pct_copy", "best_us", "best_label",
@@ -810,6 +884,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     sweep_log = []
     failures = {}
     numerics = {}
+    if run18_sweep:
+        res.extra["PDL chain floor (us per trivial kernel)"] = pdl_floor(torch, timed, smoke)
+        print(res.extra["PDL chain floor (us per trivial kernel)"], flush=True)
     if pdl_sweep:
         from triton.backends.nvidia.compiler import CUDAOptions
 
@@ -859,7 +936,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     shapes = []
     for tp in tps:
         for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
-            if name in ("wqkv_a", "indexer_wq_b") and tp != tps[0]:
+            if name in ("wqkv_a", "indexer_wq_b") and tp != tps[0] and not run18_sweep:
                 continue  # replicated: the same at every T
             if ((chain_final and name not in CHAIN_LINEARS) or (tma_sweep and name not in TMA_ROWS)
                     or (tma2_sweep and (name, tp) not in TMA2_POINTS)
@@ -867,7 +944,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                     or (run13_sweep and (name, tp) not in points13)):
                 continue
             if smoke:
-                n, k = min(n, 256), min(k, 1024 if run15_sweep or run17_sweep else 512)  # run 15: 8 K blocks, split-K at u4
+                n, k = min(n, 256), min(k, 1024 if run15_sweep or run17_sweep or run18_sweep else 512)  # run 15: 8 K blocks, split-K at u4
             shapes.append((name, tp, n, k))
 
     if chain_final:  # the wo_a target first, in case the time budget cuts the run short
@@ -954,6 +1031,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                     _sync(torch)
             bf16_us = fp8_path_us = einsum_us = float("nan")
             try:
+                if run18_sweep:
+                    raise StopIteration  # no baselines
                 if is_wo_a:
                     bf16_us = timed([(lambda w=w: torch.einsum("tgd,grd->tgr", x, w)) for w in dq])
                     if upstream_wo_a is not None:
@@ -963,6 +1042,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                     if upstream_group_quant is not None and not chain_final:  # (run 7: GPU time for variants)
                         gemms = [tensorwise_fp8_mm(x, w) for w, _ in weights]
                         fp8_path_us = timed([(lambda f=f: (upstream_group_quant(x), f())) for f in gemms])
+            except StopIteration:
+                pass
             except Exception as exc:
                 failures[f"{point} baselines"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 if not smoke:
@@ -1032,6 +1113,12 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "q8j_n64_tma = the 64-column FP8 tile on 4 warps by TMA; fma2_* = the 1-row default's "
                          "64-column FMA tile by TMA with 2 rows; rowsR_* = the rows form, R rows per program, on that "
                          "tile. wo_a rope_us: every variant with the fused inverse RoPE.")
+    if run18_sweep:
+        res.notes.append("run 18 variants (see run18_candidates): old_default = default_config as shipped; sb8 = the "
+                         "split-K sum loading 8 partials per step; wk_nN_wW = rows form, no split-K, N columns, W "
+                         "warps, the whole K one chunk loaded with its scales before the PDL wait (one_chunk); "
+                         "oc_nN_sS = the same at K split S (one chunk per split, sb8). wo_a rope_us: every variant "
+                         "with the fused inverse RoPE. No bf16 / upstream baselines in this run.")
     if run17b_sweep:
         res.notes.append("run 17b variants (see run17b_candidates): old_default = wo_a_config's plain form (no RoPE) "
                          "as shipped; seam_default = wo_a_config with the fused RoPE as shipped; rh = RoPE cos / sin "
@@ -1064,7 +1151,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "(st1: no pipeline, a program's weight loads issued at once into registers); sbN = the last "
                          "arriver loads N split partials per step. rope_us (T=1): every variant with the fused "
                          "inverse RoPE.")
-    elif run13_sweep:
+    elif run13_sweep and not run18_sweep:
         res.notes.append("run 13 variants (see run13_candidates): old_default = default_config as shipped; tma = that "
                          "form by TMA; ppN = persistent (grid SMs x N programs, each looping over the (tile, K split) "
                          "work items pid, pid + nprog, ...; on the FP8 tile the work-item loop flattened into the K "
@@ -1201,6 +1288,9 @@ if __name__ == "__main__":
     parser.add_argument("--run17b-sweep", action="store_true",
                         help="run 17b: run 17's 1-row lead again; the FP8 tile with the split's rotated rope block "
                              "preloaded / the one-shot's rope block static; same points")
+    parser.add_argument("--run18-sweep", action="store_true",
+                        help="run 18: small GEMVs at 1 row (2 / 8 on the small weights): batched split-K sums, the "
+                             "rows form with a whole split loaded before the PDL wait, the PDL chain floor")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -1216,4 +1306,4 @@ if __name__ == "__main__":
     else:
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
              args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep, args.run13_sweep,
-             args.run15_sweep, args.run15b_sweep, args.run17_sweep, args.run17b_sweep)
+             args.run15_sweep, args.run15b_sweep, args.run17_sweep, args.run17b_sweep, args.run18_sweep)

@@ -431,9 +431,17 @@ def test_rope_hoist_config():
 def test_split_sum_batch_validation():
     with pytest.raises(ValueError, match="split_sum_batch >= 1"):
         dataclasses.replace(q8(split=2), split_sum_batch=0)
-    with pytest.raises(ValueError, match="above 1 needs fp8_mma"):
-        g.GemvConfig(16, 32, 2, True, split_sum_batch=2)
+    assert g.GemvConfig(16, 32, 2, True, split_sum_batch=2).name.endswith("_sb2")  # every form (run 18)
     assert dataclasses.replace(q8(split=2), split_sum_batch=8).name.endswith("_sb8")
+
+
+def test_one_chunk_validation():
+    with pytest.raises(ValueError, match="one_chunk needs the rows form with prefetch"):
+        g.GemvConfig(1, 32, 1, False, k_unroll=2, one_chunk=True)
+    with pytest.raises(ValueError, match="one_chunk needs the rows form with prefetch"):
+        g.GemvConfig(1, 16, 1, False, k_unroll=4, rows_form=True, one_chunk=True)
+    cfg = g.GemvConfig(1, 16, 1, False, k_unroll=8, rows_form=True, prefetch=True, one_chunk=True)
+    assert cfg.name.endswith("_pf_oc")
 
 
 @pytest.mark.parametrize("form", ["q8j", "q8jc_split2"])
