@@ -108,6 +108,14 @@ WS_H2 = 16
 WS_H3 = WS_H2 + (1 << HIST_DIGITS[1])
 WS_H1 = WS_H3 + (1 << HIST_DIGITS[2])  # the counters and H2/H3 lie below: the final program zeroes them
 WS_WIDTH = WS_H1 + (1 << HIST_DIGITS[0]) * HIST_COPIES
+# The page-max threshold (SelectForm threshold="page_max") uses the first digit's region instead of counting
+# into it: the candidates' first-digit histogram in copy 0 (zeroed with the counters by the finishing program),
+# the logits kernel's page maxima (as signed-order keys, up to 4096 pages) from copy 1 on (zeroed as they are
+# read by the row's last logits program).
+WS_CAND_H1 = WS_H1
+WS_PMAX = WS_H1 + (1 << HIST_DIGITS[0])
+PAGE_MAX_CLEAN = WS_PMAX  # what the page-max form's finishing program zeroes (counters, H2, H3, copy 0)
+PAGE_MAX_BOUND_BITS = 16  # bits of the page-max bound (sign, exponent, 7 mantissa bits: within 1/128 below)
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
 HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores row)
 # The select after the first digit (H200 run 7, benchmarks/indexer-h200-run7-summary.md): split
@@ -231,10 +239,14 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
                    D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                    PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr,
                    HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0,
-                   PDL: tl.constexpr = False, REDUCE: tl.constexpr = 0):
+                   PDL: tl.constexpr = False, REDUCE: tl.constexpr = 0, PAGE_MAX: tl.constexpr = False,
+                   WS_PMAX_C: tl.constexpr = 0, NPM: tl.constexpr = 1, BOUND_BITS: tl.constexpr = 16):
     """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row.
     HIST_BITS > 0 also counts each live logit into its row's first-digit histogram in the
     workspace ``ws_ptr`` (see :func:`_count_first_digit`); the row's last program reduces it.
+    PAGE_MAX (with HIST_BITS > 0) instead stores each page's largest live logit, no atomics per logit,
+    and the row's last program turns them into a bound at or below the row's K-th largest logit
+    (:func:`_finish_page_max_bound`).
     PDL: every input (q and the weights from the projection just before, lengths, page table,
     index-K cache) may be written by earlier kernels, so the wait comes before any load."""
     b = tl.program_id(0)
@@ -256,12 +268,19 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.where(pos < length, vals, float("-inf")), mask=pos < max_seq_len)
         if HIST_BITS > 0:
-            _count_first_digit(ws_ptr + b64 * stride_wsb, vals, pos, pos < length, HIST_BITS, R, WS_H1)
+            if PAGE_MAX:
+                page_max = tl.max(tl.where(pos < length, vals, float("-inf")), axis=0)
+                tl.store(ws_ptr + b64 * stride_wsb + WS_PMAX_C + p, _signed_key(page_max))
+            else:
+                _count_first_digit(ws_ptr + b64 * stride_wsb, vals, pos, pos < length, HIST_BITS, R, WS_H1)
     for p in range(tl.maximum(p_live, p_begin), p_end):
         pos = p * PAGE + tok
         tl.store(out_row + pos, tl.full((PAGE,), float("-inf"), tl.float32), mask=pos < max_seq_len)
     if HIST_BITS > 0:
-        _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1, REDUCE)
+        if PAGE_MAX:
+            _finish_page_max_bound(ws_ptr + b64 * stride_wsb, length, K, PAGE, WS_PMAX_C, NPM, BOUND_BITS)
+        else:
+            _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1, REDUCE)
 
 
 @triton.jit
@@ -270,6 +289,47 @@ def _order_key(vals):
     bits = (vals + 0.0).to(tl.int32, bitcast=True)
     key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed int order == float order
     return key ^ tl.full((), -2147483648, tl.int32)
+
+
+@triton.jit
+def _signed_key(vals):
+    """fp32 -> int32 whose signed order is the float order (-0.0 and +0.0 equal)."""
+    bits = (vals + 0.0).to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _key_prefix_bound(key, valid, need, BITS: tl.constexpr):
+    """The largest signed key ``t`` whose low ``32 - BITS`` bits are zero with at least ``need`` of
+    ``key[valid]`` at or above it: the K-th largest key's top BITS bits (so ``t`` <= it), or the lowest
+    key when fewer than ``need`` are valid. BITS block-wide counts (the bitwise search's first rounds)."""
+    sign = tl.full((), -2147483648, tl.int32)
+    thr_u = tl.full((), 0, tl.int32)  # in unsigned order (u = key ^ sign)
+    for i in tl.static_range(BITS):
+        cand_u = thr_u | (tl.full((), 1, tl.int32) << (31 - i))
+        count = tl.sum((valid & (key >= (cand_u ^ sign))).to(tl.int32), axis=0)
+        thr_u = tl.where(count >= need, cand_u, thr_u)
+    return thr_u ^ sign
+
+
+@triton.jit
+def _finish_page_max_bound(ws_row, length, K: tl.constexpr, PAGE: tl.constexpr, WS_PMAX_C: tl.constexpr,
+                           NPM: tl.constexpr, BOUND_BITS: tl.constexpr):
+    """Called by every logits program of a row at its end (PAGE_MAX form); the last one to finish
+    reads the row's page maxima (zeroing them for the next call) and stores in WS_THR1 a signed key at
+    or below the K-th largest page maximum. K pages hold a logit at or above it, so it is at or below
+    the row's K-th largest logit too: the select need only look at the logits at or above it (about
+    1 % of a 65536-position row of random scores: the median of 1024 page maxima). Fewer than K pages:
+    the lowest key (every logit is a candidate)."""
+    tl.debug_barrier()  # all of this program's page maxima stored before its arrival is published
+    arrived = tl.atomic_add(ws_row + WS_DONE, 1, sem="acq_rel")
+    if arrived == tl.num_programs(1) - 1:
+        idx = tl.arange(0, NPM)
+        live = idx < tl.cdiv(length, PAGE)
+        key = tl.load(ws_row + WS_PMAX_C + idx, mask=live, other=0, cache_modifier=".cg")
+        tl.store(ws_row + WS_PMAX_C + idx, tl.zeros((NPM,), tl.int32), mask=live)
+        tl.store(ws_row + WS_THR1, _key_prefix_bound(key, live, K, BOUND_BITS))
+        tl.store(ws_row + WS_DONE, 0)  # every program has arrived: ready for the next call
 
 
 @triton.jit
@@ -536,14 +596,15 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
                         CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr,
                         HAS_RAW: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr,
                         WS_H2: tl.constexpr, WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
-                        PDL: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False):
+                        PDL: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False, PAGE_MAX: tl.constexpr = False):
     """Grid (B, groups): the histogram select after the first digit, in one launch. The split
     programs of a long row (:func:`_hist_split_part`) count their arrivals; the last to arrive
     finishes the row (:func:`_hist_finish_row`), so no launch of one program per row follows (H200
     run 7: B=64 x 256K 219.5 vs 233.0 us). A row of at most K positions is finished by its first
     program alone. The split programs load their scores and the threshold bin beside the row length
     (H200 run 9b). ONE_BLOCK: a threshold bin of at most BLOCK entries is finished from one register
-    block (:func:`_hist_finish_one_block`)."""
+    block (:func:`_hist_finish_one_block`). PAGE_MAX: WS_THR1 holds the logits kernel's page-max bound
+    instead of a first-digit bin (:func:`_bound_split_part`, :func:`_bound_finish_row`)."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -554,18 +615,126 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
     vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=idx < n_in, other=float("-inf"))
     thr1 = tl.load(ws_ptr + b64 * stride_wsb + WS_THR1)
     if (length > K) & (g * CHUNK < length):
-        _hist_split_part(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
-                         stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb, CHUNK, PAGE, CAP, HAS_RAW, B1, B2,
-                         WS_H2)
+        if PAGE_MAX:
+            _bound_split_part(vals, thr1, ws_ptr, cand_val_ptr, cand_pos_ptr, b64, g, length, stride_wsb, stride_cb,
+                              CHUNK, CAP, B1)
+        else:
+            _hist_split_part(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
+                             stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb, CHUNK, PAGE, CAP, HAS_RAW,
+                             B1, B2, WS_H2)
         tl.debug_barrier()  # all of this program's stores and counts performed before its arrival
         arrived = tl.atomic_add(ws_ptr + b64 * stride_wsb + WS_SPLIT_DONE, 1, sem="acq_rel")
         if arrived == tl.cdiv(length, CHUNK) - 1:
-            _hist_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, length,
-                             stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                             K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK, ONE_BLOCK)
+            if PAGE_MAX:
+                _bound_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64,
+                                  length, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                                  K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK, ONE_BLOCK)
+            else:
+                _hist_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64,
+                                 length, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                                 K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK, ONE_BLOCK)
     if (length <= K) & (g == 0):  # after the long-row branch: the scores loaded early are dead here
         _hist_short_row(pt_ptr, ws_ptr, out_ptr, raw_ptr, b64, length, stride_ptb, stride_wsb, stride_outb,
                         stride_rawb, K, PAGE, HAS_RAW, WS_CLEAN)
+
+
+@triton.jit
+def _bound_split_part(vals, bound, ws_ptr, cand_val_ptr, cand_pos_ptr, b64, g, length, stride_wsb, stride_cb,
+                      CHUNK: tl.constexpr, CAP: tl.constexpr, B1: tl.constexpr):
+    """One split program's share of a row longer than K, page-max form: every entry at or above the
+    row's bound (at most the K-th largest logit) claims a slot in the row's candidate list (first CAP
+    kept) with an atomic of its own and is counted into the candidates' first-digit histogram. Nothing
+    goes out yet: which candidates are in the top K is known only once all are counted."""
+    ws_row = ws_ptr + b64 * stride_wsb
+    idx = g * CHUNK + tl.arange(0, CHUNK)
+    cand = (idx < length) & (_signed_key(vals) >= bound)
+    slot = tl.atomic_add(ws_row + WS_TIE + tl.zeros((CHUNK,), tl.int32), tl.full((CHUNK,), 1, tl.int32), mask=cand,
+                         sem="relaxed")
+    keep = cand & (slot < CAP)
+    tl.store(cand_val_ptr + b64 * stride_cb + slot, vals, mask=keep)
+    tl.store(cand_pos_ptr + b64 * stride_cb + slot, idx, mask=keep)
+    tl.atomic_add(ws_row + WS_CAND_H1 + _key_bits(_order_key(vals), 0, B1), tl.full((CHUNK,), 1, tl.int32),
+                  mask=cand, sem="relaxed")
+
+
+@triton.jit
+def _bound_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, length,
+                      stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                      K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
+                      B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, WS_H2: tl.constexpr,
+                      WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
+                      ONE_BLOCK: tl.constexpr = False):
+    """The rest of one row's top-K, page-max form: the candidates' first-digit histogram gives the
+    K-th key's first digit (every logit at or above it is a candidate, so it is the row's); candidates
+    with a higher first digit go out, those with the threshold's first digit are counted by their second
+    digit, then :func:`_hist_finish_blocks` finishes as in the counting form. An overflowed list (more
+    than CAP candidates) is replaced by the whole row, filtered by the first digit alone."""
+    out_row = out_ptr + b64 * stride_outb
+    raw_row = raw_ptr + b64 * stride_rawb
+    pt_row = pt_ptr + b64 * stride_ptb
+    ws_row = ws_ptr + b64 * stride_wsb
+    n_cand = tl.load(ws_row + WS_TIE, cache_modifier=".cg")
+    bins1 = tl.arange(0, 1 << B1)
+    hist1 = tl.load(ws_row + WS_CAND_H1 + bins1, cache_modifier=".cg")
+    thr1, n_above1 = _threshold_bin(hist1, n_cand, K, 1 << B1)
+    n_tie1 = tl.sum(tl.where(bins1 == thr1, hist1, 0), axis=0)
+    from_row = n_cand > CAP
+    n_src = tl.where(from_row, length, n_cand)
+    scores_row = scores_ptr + b64 * stride_sb
+    cand_val_row = cand_val_ptr + b64 * stride_cb
+    cand_pos_row = cand_pos_ptr + b64 * stride_cb
+    bins2 = tl.arange(0, 1 << B2)
+    one_block = n_src <= BLOCK
+    if not ONE_BLOCK:
+        one_block = n_src < 0  # never
+    if one_block:
+        # one register block: read once, three digit rounds, one store of every taken entry
+        idx = tl.arange(0, BLOCK)
+        inside = idx < n_src
+        vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
+        key_u = _order_key(vals)
+        digit1 = _key_bits(key_u, 0, B1)
+        digit2 = _key_bits(key_u, B1, B2)
+        digit3 = _key_bits(key_u, B1 + B2, B3)
+        tie1 = inside & (digit1 == thr1)
+        tl.atomic_add(ws_row + WS_H2 + digit2, tl.full((BLOCK,), 1, tl.int32), mask=tie1, sem="relaxed")
+        tl.debug_barrier()  # this program's counts, performed at L2, before it reads them back
+        hist2 = tl.load(ws_row + WS_H2 + bins2, cache_modifier=".cg")
+        thr2, n_above2 = _threshold_bin(hist2, n_tie1, K - n_above1, 1 << B2)
+        n_tie2 = tl.sum(tl.where(bins2 == thr2, hist2, 0), axis=0)
+        tie2 = tie1 & (digit2 == thr2)
+        tl.atomic_add(ws_row + WS_H3 + digit3, tl.full((BLOCK,), 1, tl.int32), mask=tie2, sem="relaxed")
+        tl.debug_barrier()
+        need3 = K - n_above1 - n_above2
+        thr3, n_above3 = _threshold_bin(tl.load(ws_row + WS_H3 + tl.arange(0, 1 << B3), cache_modifier=".cg"),
+                                        n_tie2, need3, 1 << B3)
+        equal = tie2 & (digit3 == thr3)
+        equal_rank = tl.cumsum(equal.to(tl.int32), axis=0) - 1
+        take = inside & ((digit1 > thr1) | (tie1 & (digit2 > thr2)) | (tie2 & (digit3 > thr3))
+                         | (equal & (equal_rank < need3 - n_above3)))
+        _store_slots(out_row, raw_row, pt_row, pos, tl.cumsum(take.to(tl.int32), axis=0) - 1, take, PAGE, HAS_RAW)
+    else:
+        written = tl.full((), 0, tl.int32)
+        for start in range(0, n_src, BLOCK):
+            idx = start + tl.arange(0, BLOCK)
+            inside = idx < n_src
+            vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
+            key_u = _order_key(vals)
+            digit1 = _key_bits(key_u, 0, B1)
+            take = inside & (digit1 > thr1)
+            _store_slots(out_row, raw_row, pt_row, pos, written + tl.cumsum(take.to(tl.int32), axis=0) - 1, take,
+                         PAGE, HAS_RAW)
+            written += tl.sum(take.to(tl.int32), axis=0)
+            tl.atomic_add(ws_row + WS_H2 + _key_bits(key_u, B1, B2), tl.full((BLOCK,), 1, tl.int32),
+                          mask=inside & (digit1 == thr1), sem="relaxed")
+        tl.debug_barrier()  # this program's counts, performed at L2, before it reads them back
+        hist2 = tl.load(ws_row + WS_H2 + bins2, cache_modifier=".cg")
+        thr2, n_above2 = _threshold_bin(hist2, n_tie1, K - n_above1, 1 << B2)
+        n_tie2 = tl.sum(tl.where(bins2 == thr2, hist2, 0), axis=0)
+        _hist_finish_blocks(scores_row, cand_val_row, cand_pos_row, ws_row, out_row, raw_row, pt_row, n_src,
+                            from_row, thr1, thr2, n_above1, n_above2, n_tie2, K, PAGE, HAS_RAW, B1, B2, B3,
+                            WS_H3, BLOCK)
+    _clean_row_workspace(ws_row, WS_CLEAN)
 
 
 @triton.jit
@@ -891,10 +1060,11 @@ def logits_pages_per_split(batch: int, max_seq_len: int) -> int:
 
 
 def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_dot=None, out=None,
-                     hist_workspace=None, hist_k=INDEX_TOPK):
+                     hist_workspace=None, hist_k=INDEX_TOPK, page_max=False):
     """FP8 paged MQA logits ``[B, max_seq_len]`` fp32 (``-inf`` past each length). With
     ``hist_workspace`` (:func:`hist_workspace`) it also counts the first-digit histogram and
-    stores the bin of each row's ``hist_k``-th largest logit, where :func:`hist_select` starts."""
+    stores the bin of each row's ``hist_k``-th largest logit, where :func:`hist_select` starts; with
+    ``page_max`` too, instead a bound at or below that logit from the page maxima (no counting)."""
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
     if hist_workspace is not None:
         _check("hist_workspace", hist_workspace, (q.shape[0], WS_WIDTH), torch.int32, q.device)
@@ -913,6 +1083,8 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     ws = hist_workspace if hist_workspace is not None else out
     hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=hist_k, WS_H1=WS_H1,
                 REDUCE=hist_reduce_mode(pps)) if hist_workspace is not None else {}
+    if hist and page_max:
+        hist.update(page_max_consts(max_seq_len))
     pdl = launch_pdl(q.device, batch, choose_plan(batch, max_seq_len).select)
     _logits_kernel[(batch, splits)](
         q, kv_fp8, kv_f32, weights, lens, page_table, out, ws, max_seq_len, page_table.shape[1], pps,
@@ -920,6 +1092,13 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
         USE_SCALED_DOT=scaled, **hist, PDL=pdl, num_warps=LOGITS_NUM_WARPS, num_stages=LOGITS_NUM_STAGES,
         launch_pdl=pdl)
     return out
+
+
+def page_max_consts(max_seq_len: int) -> dict:
+    """The logits kernel's page-max form: the page maxima's place in the workspace and the block its
+    last program per row reads them in (the next power of two of the pages, at most 4096)."""
+    pages = max(1, _cdiv(max_seq_len, INDEX_PAGE_SIZE))
+    return dict(PAGE_MAX=True, WS_PMAX_C=WS_PMAX, NPM=triton.next_power_of_2(pages), BOUND_BITS=PAGE_MAX_BOUND_BITS)
 
 
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
@@ -966,12 +1145,13 @@ def _hist_digit_consts():
     return dict(B1=b1, B2=b2, WS_H2=WS_H2)
 
 
-def _hist_select_consts(k, has_raw, chunk, one_block=False):
+def _hist_select_consts(k, has_raw, chunk, one_block=False, page_max=False):
     return dict(CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=has_raw, B3=HIST_DIGITS[2],
-                WS_H3=WS_H3, WS_CLEAN=WS_H1, BLOCK=HIST_FINAL_BLOCK, ONE_BLOCK=one_block, **_hist_digit_consts())
+                WS_H3=WS_H3, WS_CLEAN=PAGE_MAX_CLEAN if page_max else WS_H1, BLOCK=HIST_FINAL_BLOCK,
+                ONE_BLOCK=one_block, PAGE_MAX=page_max, **_hist_digit_consts())
 
 
-def hist_select(scores, lens, page_table, out, raw, workspace):
+def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False):
     """Top-``out.shape[1]`` of each scores row from the first-digit histogram already counted in
     ``workspace`` (by the logits kernel or :func:`_score_hist_kernel`): one launch whose split
     programs send each row's entries above the K-th key's bin out, and whose last program per row
@@ -987,7 +1167,8 @@ def hist_select(scores, lens, page_table, out, raw, workspace):
     _hist_select_kernel[(batch, _cdiv(width, chunk))](
         scores, lens, page_table, workspace, cand_val, cand_pos, out, raw_arg, width, page_table.shape[1],
         scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
-        raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk, hist_one_block(programs)),
+        raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk, hist_one_block(programs),
+                                                 page_max),
         PDL=pdl, num_warps=hist_select_warps(programs, chunk), num_stages=1, launch_pdl=pdl)
     return out
 
@@ -1068,6 +1249,7 @@ def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZ
 
 SELECT_WARPS_MULS = (1, 2)
 SELECT_METHODS = ("search", "histogram")
+HIST_THRESHOLDS = ("count", "page_max")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1083,10 +1265,17 @@ class SelectForm:
     max_chunk: int = SELECT_MAX_CHUNK
     warps_mul: int = 1
     method: str = "search"
+    # histogram: where the split pass's threshold comes from. "count": the logits kernel counts every logit
+    # into the first-digit histogram; "page_max": it stores each page's largest logit and the row's last
+    # program derives a bound at or below the K-th largest logit from them (no atomic per logit).
+    threshold: str = "count"
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
             raise ValueError(f"method must be one of {SELECT_METHODS}, got {self.method!r}")
+        if self.threshold not in HIST_THRESHOLDS or (self.threshold != "count" and self.method != "histogram"):
+            raise ValueError(f"threshold must be one of {HIST_THRESHOLDS} ('page_max' only with method "
+                             f"'histogram'), got {self.threshold!r}")
         if self.max_chunk not in SELECT_CHUNKS or self.max_chunk < 2 * MAX_TOPK:
             raise ValueError(f"max_chunk must be one of {SELECT_CHUNKS} and >= {2 * MAX_TOPK}, got {self.max_chunk!r}")
         if self.warps_mul not in SELECT_WARPS_MULS:
@@ -1336,9 +1525,10 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
                 raw.fill_(-1)
             return out
         workspace = hist_workspace(q.shape[0], q.device)
+        page_max = plan.select.threshold == "page_max"
         logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot,
-                                  hist_workspace=workspace, hist_k=out.shape[1])
-        return hist_select(logits, lens, page_table, out, raw, workspace)
+                                  hist_workspace=workspace, hist_k=out.shape[1], page_max=page_max)
+        return hist_select(logits, lens, page_table, out, raw, workspace, page_max=page_max)
     logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
     return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw, select=plan.select)
 

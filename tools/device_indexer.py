@@ -50,6 +50,8 @@ FORM_CATALOG = {
     "bitwise": ix.SelectForm(),
     "bitwise_2xw": ix.SelectForm(warps_mul=2),
     "chunk8k": ix.SelectForm(max_chunk=8192),
+    # run 11: the histogram select from a page-max bound (no count per logit in the logits kernel)
+    "hist_pmax": ix.SelectForm(method="histogram", threshold="page_max"),
 }  # run 5a also timed a double-warp radix-4 search: no faster than the defaults; removed from the kernel
 SELECT_FORMS = {"hist": FORM_CATALOG["hist"]}  # --forms replaces it
 TOPK_ONLY_FORMS = ["hist"]  # top-k alone from a given logits row (the seam's unfused call); --no-topk-only drops it
@@ -75,6 +77,9 @@ VARIANT_CATALOG = {
     "select_w4_all": dict(HIST_SELECT_8_WARPS_MAX_PROGRAMS=0),
     "select_w8_all": dict(HIST_SELECT_8_WARPS_MAX_PROGRAMS=1 << 20),
     "one_block_all": dict(HIST_ONE_BLOCK_MAX_PROGRAMS=1 << 20),  # the one-block finish at every program count
+    # run 11, why counting costs: the logits kernel's first-digit count into 1 or 4 copies (8 shipped)
+    "copies1": dict(HIST_COPIES=1),
+    "copies4": dict(HIST_COPIES=4),
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -252,6 +257,11 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
             timed(variant_name("ours_logits_with_hist", variant), loop(lambda t: ix.paged_mqa_logits(
                 q, kv, w, lens, t, c4_len, out=logits_buf, hist_workspace=ix.hist_workspace(batch, device))))
             ix.hist_workspace(batch, device).zero_()  # the logits-only calls leave the reduced counters behind
+            if "hist_pmax" in SELECT_FORMS:  # the page-max form's logits kernel: page maxima and the bound, no count
+                timed(variant_name("ours_logits_with_pmax", variant), loop(lambda t: ix.paged_mqa_logits(
+                    q, kv, w, lens, t, c4_len, out=logits_buf, hist_workspace=ix.hist_workspace(batch, device),
+                    page_max=True)))
+                ix.hist_workspace(batch, device).zero_()
     timed("ours_topk_only_default", loop(lambda t: ix.topk_transform_paged(logits_buf, lens, t, outs, INDEX_PAGE_SIZE)))
     for name, form in SELECT_FORMS.items():
         if name in TOPK_ONLY_FORMS:
@@ -324,7 +334,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--name", default="indexer-h200-run10", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--name", default="indexer-h200-run11", help="result file stem (run 4 was the select-form sweep)")
     parser.add_argument("--forms", default="hist", help=f"comma-separated select forms forced beside the default "
                         f"(two_kernel_<form> rows), from {sorted(FORM_CATALOG)}")
     parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")
@@ -364,7 +374,7 @@ def main() -> None:
     result.extra["copy_bandwidth_GBps (read+write)"] = round(copy_gbs, 1) if copy_gbs else "n/a"
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
-    shipped = ("USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_ONE_BLOCK_MAX_PROGRAMS",
+    shipped = ("HIST_COPIES", "USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_ONE_BLOCK_MAX_PROGRAMS",
                "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else

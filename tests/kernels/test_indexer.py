@@ -625,3 +625,85 @@ def test_sm120_uses_full_rate_block_scaled_fp8_mma():
     assert (r["plain120"]["smem"], r["plain120"]["regs"]) == (r["scaled120"]["smem"], r["scaled120"]["regs"])
     assert r["plain90"]["qgmma"] > 0, r["plain90"]["summary"]
 
+
+
+PAGE_MAX = ix.SelectForm(method="histogram", threshold="page_max")
+
+
+@pytest.mark.parametrize("k", [512, 64])  # 64: rows of at least k pages, a real bound
+@pytest.mark.parametrize("one_block", [True, False])
+@pytest.mark.parametrize("lens,max_seq_len", [
+    ([2500, 1999, 0, 300, 2560], 2560),  # fewer pages than K: the bound is the lowest key (list overflows)
+    ([4100, 4160, 513, 64, 512], 4160),
+])
+def test_page_max_plan_matches_reference_and_search(lens, max_seq_len, one_block, monkeypatch, k):
+    """The full indexer call with the page-max threshold: the logits kernel stores page maxima instead of
+    counting, the select keeps the logits at or above the bound and finishes from their digit histograms
+    (one register block or blocks). Twice with other inputs: the workspace is left zeroed."""
+    monkeypatch.setattr(ix, "HIST_ONE_BLOCK_MAX_PROGRAMS", 1 << 20 if one_block else 0)
+    plan = ix.Plan("two_kernel", select=PAGE_MAX)
+    for seed in (max_seq_len + 5, max_seq_len + 6):
+        q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=seed)
+        ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+        out = torch.full((len(lens), k), 12345, dtype=torch.int32)
+        raw = torch.full_like(out, 12345)
+        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=plan)
+        assert_selection_matches(out, ref, l, pt, k=k, rel_tol=1e-5)
+        assert torch.equal(ix.positions_to_slots(raw.long(), pt), out)
+        search = torch.full_like(out, 12345)
+        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, search, plan=ix.Plan("two_kernel"))
+        assert [sorted(r) for r in out.tolist()] == [sorted(r) for r in search.tolist()]
+        assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
+
+
+@pytest.mark.parametrize("k", [512, 64])
+def test_logits_page_max_bound(k):
+    """The logits kernel's page-max form: the bound it stores is at most the row's k-th largest logit,
+    within 1/128 of the k-th largest page maximum (16 key bits) when the row has k pages, the lowest key
+    when it has fewer; the page maxima are zeroed again."""
+    lens, max_seq_len = [4100, 0, 4160, 64, 700], 4160
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=40 + k)
+    workspace = torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32)
+    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k, page_max=True)
+    bits = logits.view(torch.int32)
+    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed order
+    for b, n in enumerate(lens):
+        assert workspace[b, 2] == 0, "the last program resets the arrival count"
+        bound = int(workspace[b, 3])
+        pages = -(-n // INDEX_PAGE_SIZE)
+        if pages < k:
+            assert bound == -2**31
+            continue
+        page_max = torch.nn.functional.pad(key[b, :n], (0, pages * INDEX_PAGE_SIZE - n), value=-2**31)
+        kth_page = page_max.view(pages, INDEX_PAGE_SIZE).amax(1).sort(descending=True).values[k - 1].item()
+        assert bound <= kth_page <= key[b, :n].sort(descending=True).values[k - 1].item()
+        assert bound == ((kth_page + 2**31) >> 16 << 16) - 2**31
+    assert (workspace[:, ix.WS_H1:] == 0).all()
+
+
+@pytest.mark.parametrize("one_block", [True, False])
+def test_page_max_select_with_ties_clusters_and_overflow(one_block, monkeypatch):
+    """The page-max select from a given bound (any key at or below the K-th largest score): ~700
+    candidates (one block), 2900 with 2500 equal scores at the K-th (several blocks), 1500 sharing one
+    first digit, every score equal (more than HIST_CAP candidates: the row is rescanned), the lowest bound."""
+    monkeypatch.setattr(ix, "HIST_ONE_BLOCK_MAX_PROGRAMS", 1 << 20 if one_block else 0)
+    gen = torch.Generator().manual_seed(77)
+    width = 6000
+    scores = torch.randn(5, width, generator=gen)
+    scores[1, torch.randperm(width, generator=gen)[:2500]] = 1.125
+    scores[1, torch.randperm(width, generator=gen)[:300]] = 3.0
+    scores[2] = 1.0 + 0.2 * torch.rand(width, generator=gen)  # one first-digit bin
+    scores[3] = 1.5
+    lens = torch.tensor([6000, 5999, 5800, 4097, 5000], dtype=torch.int32)
+    n_cand = [700, 2900, 1500, 1, None]  # the bound: the n-th largest score (None: the lowest key)
+    pt_width = -(-width // INDEX_PAGE_SIZE)
+    table = torch.stack([torch.randperm(3 * pt_width, generator=gen)[:pt_width] for _ in range(5)]).int()
+    workspace = ix.hist_workspace(5, "cpu")
+    for b, n in enumerate(n_cand):
+        bits = scores[b, :int(lens[b])].sort(descending=True).values[n - 1].view(torch.int32) if n else None
+        workspace[b, 3] = int(torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)) if n else -2**31
+    out = torch.full((5, INDEX_TOPK), 12345, dtype=torch.int32)
+    raw = torch.full_like(out, 12345)
+    ix.hist_select(scores, lens, table, out, raw, workspace, page_max=True)
+    assert_histogram_selection(raw, out, scores, lens, table)
+    assert (workspace == 0).all()
