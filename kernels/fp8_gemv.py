@@ -1239,6 +1239,26 @@ TMA_FMA_BLOCK_N = 64
 #   it flatten (removed). wq_b at 2 / 8 rows (FP8 tile, no split): 1.03-4.9x.
 PERSISTENT_FMA_MIN_WEIGHT_BYTES = 32 << 20
 PERSISTENT_FMA_PROGRAMS_PER_SM = 2
+# Small weights at 1..2 rows, H200 runs 18 / 18b (benchmarks/fp8_gemv-h200-run18-summary.md): most of a small GEMV's
+# time is fixed (a PDL chain of trivial kernels costs 1.1-1.45 us per call; the split-K partial store, ticket and
+# last-arriver sum come on top). The rows form without split-K, each program's whole K one chunk whose weight and
+# scales are loaded before the PDL wait (GemvConfig.one_chunk), leaves the activation load, the FMAs, one in-program
+# reduction and the store after the wait. Tile by K: about 128 weight bytes per thread.
+ONE_CHUNK_MAX_WEIGHT_BYTES = 8 << 20
+ONE_CHUNK_MAX_ROWS = 2
+ONE_CHUNK_TILES = ((4096, 8, 8), (2048, 8, 4), (0, 16, 4))  # (from K, block_n, num_warps), first match
+USE_ONE_CHUNK = True  # False: default_config as before runs 18 / 18b
+
+
+def _one_chunk_config(m: int, n: int, k: int, groups: int) -> GemvConfig | None:
+    """The one-chunk rows form where runs 18 / 18b measured it faster (see ONE_CHUNK_* above), else None."""
+    k_blocks = triton.cdiv(k, FP8_BLOCK)
+    if (not USE_ONE_CHUNK or m > ONE_CHUNK_MAX_ROWS or groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES
+            or k_blocks & (k_blocks - 1)):
+        return None
+    block_n, warps = next((bn, w) for min_k, bn, w in ONE_CHUNK_TILES if k >= min_k)
+    return GemvConfig(m, block_n, 1, False, num_warps=warps, k_unroll=k_blocks, rows_form=True, prefetch=True,
+                      one_chunk=True, pdl=True)
 
 
 def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
@@ -1246,6 +1266,9 @@ def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     form = launch_form(m, n, k, groups)
     if not USE_PDL:
         return form
+    one_chunk = _one_chunk_config(m, n, k, groups)
+    if one_chunk is not None:
+        return one_chunk
     cfg = _with_pdl(form, m, groups * n * k)
     if (USE_TMA and m == 1 and not cfg.use_dot and not cfg.rows_form and k >= TMA_FMA_MIN_K
             and groups * n * k >= TMA_FMA_MIN_WEIGHT_BYTES):

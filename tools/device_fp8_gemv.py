@@ -100,6 +100,14 @@ RUN18_POINTS = {("wqkv_a", 1): (1, 2, 8), ("shared_down", 1): (1, 2, 8), ("index
                 ("shared_gate_up", 1): (1, 2), ("wo_a", 1): (1,), ("wo_b", 1): (1,), ("wq_b", 1): (1,),
                 ("wo_b", 8): (1,), ("shared_gate_up", 8): (1,), ("wq_b", 8): (1,)}
 ONE_CHUNK_MAX_BYTES_PER_THREAD = 256  # raw FP8 weight a thread holds across the wait (64 registers)
+# --run18b-sweep (run 18b): run 18's lead as a rule (fp8_gemv._one_chunk_config: weights <= 8 MiB at 1..2 rows) beside
+# the default without it, and the other one-chunk tiles, at every distinct <= 8 MiB DSv4 shape (T = 1, 2, 4, 8); wo_a
+# with the fused RoPE as the seam runs it at 1..2 rows
+RUN18B_NAME = "fp8_gemv-h200-run18b"
+RUN18B_POINTS = {("wqkv_a", 1): (1, 2), ("shared_down", 1): (1, 2), ("indexer_wq_b", 1): (1, 2),
+                 ("shared_gate_up", 8): (1, 2), ("wo_b", 8): (1, 2), ("wo_a", 8): (1, 2), ("wo_a", 4): (1, 2),
+                 ("shared_gate_up", 4): (1, 2), ("shared_gate_up", 2): (1, 2), ("shared_down", 4): (1, 2),
+                 ("shared_down", 8): (1, 2)}
 
 
 def prepare() -> None:
@@ -575,6 +583,44 @@ def run18_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+POINT_IS_WO_A = [False]  # set by main() for the point being swept
+
+
+def _without_one_chunk(g, fn, *args, **kwargs):
+    """``fn(*args)`` with fp8_gemv's one-chunk rule off (the defaults before run 18b)."""
+    g.USE_ONE_CHUNK = False
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        g.USE_ONE_CHUNK = True
+
+
+def run18b_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run18b-sweep (run 18b): old_default = default_config without the one-chunk rule (as before), current_default =
+    with it; sb8 = the old form with 8 partials per sum step (where it splits); wk_nN_wW = the one-chunk rows form on N
+    columns and W warps (whole K, no split-K); wo_a: old_seam / seam = wo_a_config with the fused RoPE without / with
+    the rule (every variant is timed with the RoPE too)."""
+    import dataclasses
+
+    old = _without_one_chunk(g, g.default_config, m, n, k, groups)
+    out = [("old_default", old), ("current_default", g.default_config(m, n, k, groups))]
+    if effective_launch(old, k, g).split_k > 1:
+        out.append(("sb8", dataclasses.replace(old, split_sum_batch=8)))
+    k_blocks = math.ceil(k / g.FP8_BLOCK)
+    if m <= 2 and k_blocks & (k_blocks - 1) == 0:
+        for block_n, warps in ((8, 8), (16, 8), (8, 4), (16, 4), (4, 8), (32, 4)):
+            if (block_n == 4 and k < 2048) or (block_n == 32 and k > 1024):
+                continue
+            if block_n * k_blocks * g.FP8_BLOCK // (32 * warps) <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
+                out.append((f"wk_n{block_n}_w{warps}",
+                            g.GemvConfig(m, block_n, 1, False, num_warps=warps, k_unroll=k_blocks, rows_form=True,
+                                         prefetch=True, one_chunk=True, pdl=True)))
+    if POINT_IS_WO_A[0]:
+        out += [("old_seam", _without_one_chunk(g, g.wo_a_config, m, n, k, groups, fused_rope=True)),
+                ("seam", g.wo_a_config(m, n, k, groups, fused_rope=True))]
+    return distinct_configs(out)
+
+
 def pdl_floor(torch, timed, smoke: bool) -> dict:
     """us per call of a CUDA-graph chain of trivial Triton kernels (each program: PDL trigger, wait, one store), with
     and without PDL, at 1 / 132 / 528 programs of 4 warps: the launch + dependency floor of any kernel in the chain."""
@@ -782,7 +828,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
          q8j_sweep: bool = False, chain_final: bool = False, pdl_sweep: bool = False, pdl2_sweep: bool = False,
          tma_sweep: bool = False, tma2_sweep: bool = False, run12_sweep: bool = False,
          run13_sweep: bool = False, run15_sweep: bool = False, run15b_sweep: bool = False,
-         run17_sweep: bool = False, run17b_sweep: bool = False, run18_sweep: bool = False) -> None:
+         run17_sweep: bool = False, run17b_sweep: bool = False, run18_sweep: bool = False,
+         run18b_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -834,6 +881,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     if run18_sweep:
         rows, tps, run_name, pick = (1, 2, 8), (1, 8), RUN18_NAME, run18_candidates
         points13, run13_sweep = RUN18_POINTS, True  # run 13's point filter; fused RoPE on every wo_a variant
+    if run18b_sweep:
+        rows, tps, run_name, pick = (1, 2), (1, 2, 4, 8), RUN18B_NAME, run18b_candidates
+        points13, run13_sweep, run18_sweep = RUN18B_POINTS, True, True
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -1003,6 +1053,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                 failures[point] = f"setup {type(exc).__name__}: {str(exc)[:200]}"
                 continue
             times, rope_times, max_err = {}, {}, 0.0
+            POINT_IS_WO_A[0] = is_wo_a  # run18b_candidates: the seam's forms
             cands = pick(m, r, k, groups or 1, g)
             for label, cfg in cands:
                 try:
@@ -1021,7 +1072,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                                       or (pdl2_sweep and m in PDL2_MIXED_ROWS)):
                         sweep_log[-1]["mixed_us"] = round(timed([(lambda w=w, s=s, c=cfg: (run(w, s, c), plain_op()))
                                                                  for w, s in weights]), 3)
-                    if is_wo_a and with_rope and (label in ROPE_LABELS or run12_sweep or (run13_sweep and (tp == 1 or run15b_sweep or run17_sweep))):
+                    if is_wo_a and with_rope and (label in ROPE_LABELS or run12_sweep or (run13_sweep and (tp == 1 or run15b_sweep or run17_sweep or run18b_sweep))):
                         rope_times[label] = timed([(lambda w=w, s=s, c=cfg: run(w, s, c, True)) for w, s in weights])
                         sweep_log[-1]["rope_us"] = round(rope_times[label], 3)
                 except Exception as exc:
@@ -1113,7 +1164,14 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "q8j_n64_tma = the 64-column FP8 tile on 4 warps by TMA; fma2_* = the 1-row default's "
                          "64-column FMA tile by TMA with 2 rows; rowsR_* = the rows form, R rows per program, on that "
                          "tile. wo_a rope_us: every variant with the fused inverse RoPE.")
-    if run18_sweep:
+    if run18b_sweep:
+        res.notes.append("run 18b variants (see run18b_candidates): old_default = default_config without the "
+                         "one-chunk rule (USE_ONE_CHUNK = False, the defaults before this run); current_default = "
+                         "with it; sb8 = old_default with 8 split partials per sum step; wk_nN_wW = rows form, no "
+                         "split-K, N columns, W warps, the whole K one chunk loaded with its scales before the PDL "
+                         "wait; old_seam / seam = wo_a_config with the fused RoPE without / with the rule. wo_a "
+                         "rope_us: every variant with the fused inverse RoPE. No bf16 / upstream baselines.")
+    elif run18_sweep:
         res.notes.append("run 18 variants (see run18_candidates): old_default = default_config as shipped; sb8 = the "
                          "split-K sum loading 8 partials per step; wk_nN_wW = rows form, no split-K, N columns, W "
                          "warps, the whole K one chunk loaded with its scales before the PDL wait (one_chunk); "
@@ -1291,6 +1349,9 @@ if __name__ == "__main__":
     parser.add_argument("--run18-sweep", action="store_true",
                         help="run 18: small GEMVs at 1 row (2 / 8 on the small weights): batched split-K sums, the "
                              "rows form with a whole split loaded before the PDL wait, the PDL chain floor")
+    parser.add_argument("--run18b-sweep", action="store_true",
+                        help="run 18b: the one-chunk rule (weights <= 8 MiB, 1..2 rows) beside the old default and "
+                             "other one-chunk tiles at every distinct <= 8 MiB DSv4 shape, T = 1/2/4/8")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -1306,4 +1367,5 @@ if __name__ == "__main__":
     else:
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
              args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep, args.run13_sweep,
-             args.run15_sweep, args.run15b_sweep, args.run17_sweep, args.run17b_sweep, args.run18_sweep)
+             args.run15_sweep, args.run15b_sweep, args.run17_sweep, args.run17b_sweep, args.run18_sweep,
+             args.run18b_sweep)
