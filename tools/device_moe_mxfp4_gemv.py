@@ -497,6 +497,199 @@ def pdl_comparison(args) -> None:
     print("wrote", paths)
 
 
+# run 19 (--run19, issue 4 / issue 8 at B = 1..8): where the fp16 TMA GEMV forward's time goes (each launch alone, the
+# chain of forwards without one launch, the bytes each launch moves) and candidates: the top-k sum folded into the down
+# launch (GemvConfig.fold_sum: 3 launches); at B = 1 8 warps per program (gate/up or both), 2 ring stages, K steps of
+# 1024; PDL where it is not shipped (T=1 B = 8 / 16)
+RUN19_CASES = ((1, 1), (4, 1), (1, 8), (4, 8), (1, 2), (1, 4), (4, 2), (4, 4), (4, 16), (2, 1), (1, 16))
+RUN19_ANATOMY = ((1, 1), (4, 1), (1, 8))  # (T, B) with the launch-by-launch anatomy
+RUN19_DEADLINE_S = 175  # for a 240 s device limit
+RUN19_ROUNDS = 2
+
+
+def run19_variants(rows, inter, full):
+    """(label, (gate/up, down) GemvConfig) of run 19 at (rows, inter): the shipped tiles first, then the fold; with
+    ``full`` (T=1 / 4 at B = 1) the tile candidates as well, each with the fold."""
+    import dataclasses
+
+    def fold(tiles):
+        return tiles[0], dataclasses.replace(tiles[1], fold_sum=True)
+
+    def both(tiles, **kw):
+        return tuple(dataclasses.replace(c, **kw) for c in tiles)
+
+    shipped = moe.gemv_configs(rows, inter)
+    out = [("shipped", shipped), ("fold", fold(shipped))]
+    if shipped[1].persistent_programs_per_sm:  # the fold on the one-program-per-block down launch too
+        out.append(("fold plain down", fold((shipped[0], dataclasses.replace(shipped[1], persistent_programs_per_sm=0)))))
+    if not shipped[0].pdl:  # PDL where it is not shipped (T=1 B=8, B=16), with the fold
+        pdl = (dataclasses.replace(shipped[0], pdl=True), dataclasses.replace(shipped[1], pdl=True))
+        out += [("pdl", pdl), ("pdl fold", fold(pdl))]
+    if full:
+        w8 = both(shipped, num_warps=8)
+        out += [("gu w8 fold", fold((w8[0], shipped[1]))), ("w8 fold", fold(w8)),
+                ("k1024 fold", fold(both(shipped, block_k=1024))), ("ring2 fold", fold(both(shipped, tma_ring=2)))]
+    return out
+
+
+def launch_bytes(batch, ids, hidden, inter, num_experts):
+    """Bytes each launch of the fp16 GEMV forward must move: route (x read, fp16 pairs + unscale written), gate/up
+    (touched experts' w13 words + E8M0 bytes, x pairs, fp16 SwiGLU rows), down (w2 + E8M0, SwiGLU rows, fp32 y rows),
+    top-k sum (y rows, bf16 out)."""
+    experts = int(torch.unique(ids[(ids >= 0) & (ids < num_experts)]).numel())
+    rows = ids.numel()
+    return {"route": batch * hidden * 4 + batch * 4,
+            "gate_up": experts * 2 * inter * (hidden // 2 + hidden // 32) + batch * hidden * 2 + rows * inter * 2,
+            "down": experts * hidden * (inter // 2 + inter // 32) + rows * inter * 2 + rows * hidden * 4,
+            "topk_sum": rows * hidden * 4 + batch * hidden * 2}
+
+
+def run19(args) -> None:
+    """Run 19 (--run19): see RUN19_* above. Every variant is checked against the float32 reference; a captured chain
+    of 12 of its forwards into separate outputs must give each output bit for bit as the same tiles without PDL and
+    without the fold, launched eagerly (chain_equal); timing: CUDA graphs of 12 forwards (weights over 3 layer
+    copies), the variants interleaved over RUN19_ROUNDS rounds. Anatomy (RUN19_ANATOMY, the shipped tiles and the
+    fold): each launch alone in its own graph of 12, and the graph of 12 forwards without one launch."""
+    import dataclasses
+
+    from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
+
+    if args.smoke:  # TMA needs K >= 512: I = 512 at "T=1" (its tiles: the T=4 ones), tiny expert count
+        device, num_experts, hidden, copies, base_inter = "cpu", 8, 512, 2, 512
+        cases, anatomy_cases = ((1, 1),), ((1, 1),)
+        moe.CPU_SM_COUNT = 5
+    else:
+        device, num_experts, hidden, copies, base_inter = "cuda", NUM_EXPERTS, HIDDEN_SIZE, 3, MOE_INTERMEDIATE_SIZE
+        cases, anatomy_cases = RUN19_CASES, RUN19_ANATOMY
+    if args.batches:
+        cases = tuple((tp, int(b)) for tp in sorted({t for t, _ in cases}) for b in args.batches.split(","))
+    chain_len = 2 if args.smoke else PDL_CHAIN
+    run = timer(args.smoke)
+    t_start = time.time()
+    copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
+    result = BenchResult(
+        name=args.name or "moe_mxfp4-h200-run19",
+        title="sm120 MoE decode, run 19: the fp16 TMA GEMV forward launch by launch, the top-k sum folded into the "
+              "down launch, tile candidates, T=1/2/4 B=1..16, H200",
+        columns=["T", "B", "variant", "part", "us", "us_rounds", "MB", "GB/s", "%copy", "rel_err", "chain_equal",
+                 "vs_shipped", "tiles"])
+    result.extra.update({"copy bandwidth (GB/s, read+write, eager)": round(copy_gbs, 1),
+                         "PDL active on this device": moe.pdl_supported(torch.device(device))})
+    layer_cache = {}
+    for tp, batch in cases:
+        if time.time() - t_start > RUN19_DEADLINE_S and not args.smoke:
+            result.notes.append(f"T={tp} B={batch}: skipped, past {RUN19_DEADLINE_S} s into the run")
+            continue
+        inter = base_inter // tp
+        if tp not in layer_cache:
+            layer_cache.clear()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            layers = [make_layer(num_experts, hidden, inter, device, seed=100 * tp + c) for c in range(copies)]
+            ckpt = [t.clone() for t in layers[0]]
+            for layer in layers:
+                moe.repack_w13_(layer[0], layer[1])
+            layer_cache[tp] = layers, ckpt
+        layers, ckpt = layer_cache[tp]
+        x, weights, ids = make_routing(batch, num_experts, hidden, device, seed=batch + tp)
+        touched = moe.touched_expert_bytes(ids, hidden, inter, num_experts)
+        ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids)
+        rows = batch * TOP_K
+        if not moe.gemv_f16_default(rows, inter):
+            result.notes.append(f"T={tp} B={batch}: not an fp16 GEMV point, skipped")
+            continue
+        full = (tp, batch) in ((1, 1), (4, 1))
+        variants = run19_variants(rows, inter, full)
+
+        def forward(layer, tiles, out=None):
+            return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, out=out, upcast=moe.GEMV,
+                                         configs=tiles)
+
+        errs, chain, times, ok = {}, {}, {}, []
+        for name, tiles in variants:
+            try:
+                errs[name] = relative_error(forward(layers[0], tiles), ref)
+                bare = tuple(dataclasses.replace(c, pdl=False, pdl_l2=False, fold_sum=False) for c in tiles)
+                plain = []
+                for layer in layers:
+                    plain.append(forward(layer, bare).clone())
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                outs = [torch.empty_like(x) for _ in range(chain_len)]
+                calls = [lambda i=i, tiles=tiles: forward(layers[i % copies], tiles, outs[i]) for i in range(chain_len)]
+                if device == "cuda":
+                    for c in calls:  # compile and warm up outside the capture
+                        c()
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for c in calls:
+                            c()
+                    for o in outs:
+                        o.fill_(float("nan"))
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    del graph
+                else:
+                    for c in calls:
+                        c()
+                chain[name] = all(torch.equal(o, plain[i % copies]) for i, o in enumerate(outs))
+                ok.append((name, tiles))
+            except Exception as exc:  # one broken variant must not lose the run
+                result.notes.append(f"T={tp} B={batch} {name}: {type(exc).__name__}: {str(exc)[:300]}")
+                print("FAILED", tp, batch, name, exc, flush=True)
+        for _ in range(RUN19_ROUNDS):  # interleaved: every variant once per round
+            for name, tiles in ok:
+                times.setdefault(name, []).append(
+                    run(cycling(lambda layer, tiles=tiles: forward(layer, tiles), layers)))
+        shipped_us = sum(times["shipped"]) / RUN19_ROUNDS if "shipped" in times else float("nan")
+        for name, tiles in ok:
+            us = sum(times[name]) / RUN19_ROUNDS
+            gbs = touched / (us * 1e-6) / 1e9
+            result.add(T=tp, B=batch, variant=name, part="forward", us=us,
+                       us_rounds=" / ".join(f"{t:.2f}" for t in times[name]), MB=touched / 1e6, rel_err=errs[name],
+                       chain_equal=chain[name], vs_shipped=shipped_us / us, tiles=label(tiles),
+                       **{"GB/s": gbs, "%copy": 100 * gbs / copy_gbs if copy_gbs else 0.0})
+            print(f"T={tp} B={batch} {name} [{label(tiles)}]: {us:.2f} us ({times[name]}), {shipped_us / us:.3f}x, "
+                  f"err {errs[name]:.2e}, chain {chain[name]}", flush=True)
+        if (tp, batch) in anatomy_cases and (time.time() - t_start <= RUN19_DEADLINE_S or args.smoke):
+            sizes = launch_bytes(batch, ids, hidden, inter, num_experts)
+            for name, tiles in ok:
+                if name not in ("shipped", "fold"):
+                    continue
+                outs = [torch.empty_like(x) for _ in layers]
+                launches = [dict(moe.gemv_launches(x, *layer, weights, ids, o, SWIGLU_LIMIT, tiles))
+                            for layer, o in zip(layers, outs)]
+                parts = [("alone " + p, [p]) for p in moe.GEMV_LAUNCH_NAMES]
+                parts += [("chain without " + p, [q for q in moe.GEMV_LAUNCH_NAMES if q != p])
+                          for p in moe.GEMV_LAUNCH_NAMES]
+                parts.append(("chain of all four", list(moe.GEMV_LAUNCH_NAMES)))
+                for part, steps in parts:
+                    if name == "fold" and "topk_sum" in part:
+                        continue  # the fold's fourth launch does nothing
+                    us = run(cycling(lambda ls, steps=steps: [ls[p]() for p in steps], launches))
+                    nbytes = sizes[steps[0]] if len(steps) == 1 else float("nan")
+                    gbs = nbytes / (us * 1e-6) / 1e9
+                    result.add(T=tp, B=batch, variant=name, part=part, us=us, MB=nbytes / 1e6, tiles=label(tiles),
+                               **{"GB/s": gbs, "%copy": 100 * gbs / copy_gbs if copy_gbs else 0.0})
+                    print(f"T={tp} B={batch} {name} {part}: {us:.2f} us, {gbs:.0f} GB/s", flush=True)
+        result.extra["wall seconds"] = round(time.time() - t_start, 1)
+        result.write(args.out)  # partial results survive a timeout
+    result.notes.append(f"forward rows: us = mean over {RUN19_ROUNDS} interleaved rounds (us_rounds: each round's median "
+                        f"of 15 replays of a CUDA graph of {PDL_CHAIN} forwards, weights over {copies} layer copies); "
+                        "vs_shipped = shipped us / this us; MB = touched experts' weights + E8M0 bytes (forward) or "
+                        "the bytes the launch moves (alone rows); chain_equal: a captured chain of 12 forwards gives "
+                        "each output bit for bit as the same tiles launched eagerly without PDL and without the fold")
+    result.notes.append("anatomy rows (part): 'alone X' = launch X alone, 12 per graph (with its PDL attribute where "
+                        "the tiles have it, so consecutive copies overlap as in the chain); 'chain without X' = 12 "
+                        "forwards of the other launches; labels as in run 17, fs = the top-k sum folded into the down "
+                        "launch (GemvConfig.fold_sum)")
+    result.extra["wall seconds"] = round(time.time() - t_start, 1)
+    paths = result.write(args.out)
+    print(result.markdown())
+    print("wrote", paths)
+
+
 def label(cfgs) -> str:
     kind = "pairs" if isinstance(cfgs[0], moe.PairsConfig) else "gemv"
     return f"{kind} {cfgs[0].label()} / {cfgs[1].label()}"
@@ -549,7 +742,12 @@ def main() -> None:
     parser.add_argument("--name", default=None, help="result name (default: the round's name)")
     parser.add_argument("--batches", default=None, help="comma-separated B values (default: the round's)")
     parser.add_argument("--tps", default=None, help="comma-separated tensor-parallel sizes T (default: 1,4)")
+    parser.add_argument("--run19", action="store_true",
+                        help="run 19: the fp16 GEMV forward launch by launch, the folded top-k sum, tile candidates")
     args = parser.parse_args()
+    if args.run19:
+        run19(args)
+        return
     if args.pdl:
         pdl_comparison(args)
         return
