@@ -110,12 +110,13 @@ WS_H1 = WS_H3 + (1 << HIST_DIGITS[2])  # the counters and H2/H3 lie below: the f
 WS_WIDTH = WS_H1 + (1 << HIST_DIGITS[0]) * HIST_COPIES
 # The page-max threshold (SelectForm threshold="page_max") uses the first digit's region instead of counting
 # into it: the candidates' first-digit histogram in copy 0 (zeroed with the counters by the finishing program),
-# the logits kernel's page maxima (as signed-order keys, up to 4096 pages) from copy 1 on (zeroed as they are
-# read by the row's last logits program).
-WS_CAND_H1 = WS_H1
+# the logits kernel's group maxima (signed-order keys, at most PAGE_MAX_KEYS per row) from copy 1 on (zeroed as
+# they are read by the row's last logits program).
+WS_CAND_H1 = tl.constexpr(WS_H1)
 WS_PMAX = WS_H1 + (1 << HIST_DIGITS[0])
 PAGE_MAX_CLEAN = WS_PMAX  # what the page-max form's finishing program zeroes (counters, H2, H3, copy 0)
 PAGE_MAX_BOUND_BITS = 16  # bits of the page-max bound (sign, exponent, 7 mantissa bits: within 1/128 below)
+PAGE_MAX_KEYS = 2048  # group maxima per row at most (the last logits program's block; sm_120a 118 registers at 4096)
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
 HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores row)
 # The select after the first digit (H200 run 7, benchmarks/indexer-h200-run7-summary.md): split
@@ -240,12 +241,14 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
                    PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr,
                    HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0,
                    PDL: tl.constexpr = False, REDUCE: tl.constexpr = 0, PAGE_MAX: tl.constexpr = False,
-                   WS_PMAX_C: tl.constexpr = 0, NPM: tl.constexpr = 1, BOUND_BITS: tl.constexpr = 16):
+                   WS_PMAX_C: tl.constexpr = 0, NPM: tl.constexpr = 1, GROUPS: tl.constexpr = 1,
+                   BOUND_BITS: tl.constexpr = 16):
     """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row.
     HIST_BITS > 0 also counts each live logit into its row's first-digit histogram in the
     workspace ``ws_ptr`` (see :func:`_count_first_digit`); the row's last program reduces it.
-    PAGE_MAX (with HIST_BITS > 0) instead stores each page's largest live logit, no atomics per logit,
-    and the row's last program turns them into a bound at or below the row's K-th largest logit
+    PAGE_MAX (with HIST_BITS > 0) instead keeps the elementwise maximum of its pages' logits (the
+    largest per page row, no atomics per logit) and stores it as GROUPS group maxima; the row's last
+    program turns the row's group maxima into a bound at or below its K-th largest logit
     (:func:`_finish_page_max_bound`).
     PDL: every input (q and the weights from the projection just before, lengths, page table,
     index-K cache) may be written by earlier kernels, so the wait comes before any load."""
@@ -261,16 +264,17 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
     p_begin = split * pages_per_split
     p_end = tl.minimum(p_begin + pages_per_split, tl.cdiv(max_seq_len, PAGE))
     p_live = tl.minimum(p_end, tl.cdiv(length, PAGE))
+    run_max = tl.full((PAGE,), float("-inf"), tl.float32)  # PAGE_MAX: the largest logit per page row
     for p in range(p_begin, p_live):
         page = tl.load(pt_ptr + b64 * stride_ptb + p)
         vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
                             SCALE_WORDS, USE_SCALED_DOT)
         pos = p * PAGE + tok
-        tl.store(out_row + pos, tl.where(pos < length, vals, float("-inf")), mask=pos < max_seq_len)
+        live_vals = tl.where(pos < length, vals, float("-inf"))
+        tl.store(out_row + pos, live_vals, mask=pos < max_seq_len)
         if HIST_BITS > 0:
             if PAGE_MAX:
-                page_max = tl.max(tl.where(pos < length, vals, float("-inf")), axis=0)
-                tl.store(ws_ptr + b64 * stride_wsb + WS_PMAX_C + p, _signed_key(page_max))
+                run_max = tl.maximum(run_max, live_vals)  # elementwise: no cross-thread work in the loop
             else:
                 _count_first_digit(ws_ptr + b64 * stride_wsb, vals, pos, pos < length, HIST_BITS, R, WS_H1)
     for p in range(tl.maximum(p_live, p_begin), p_end):
@@ -278,7 +282,11 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
         tl.store(out_row + pos, tl.full((PAGE,), float("-inf"), tl.float32), mask=pos < max_seq_len)
     if HIST_BITS > 0:
         if PAGE_MAX:
-            _finish_page_max_bound(ws_ptr + b64 * stride_wsb, length, K, PAGE, WS_PMAX_C, NPM, BOUND_BITS)
+            # GROUPS disjoint groups of this program's logits (page rows PAGE // GROUPS apart), their maxima
+            group_max = tl.max(tl.reshape(run_max, (GROUPS, PAGE // GROUPS)), axis=1)
+            tl.store(ws_ptr + b64 * stride_wsb + WS_PMAX_C + split * GROUPS + tl.arange(0, GROUPS),
+                     _signed_key(group_max))
+            _finish_page_max_bound(ws_ptr + b64 * stride_wsb, K, WS_PMAX_C, NPM, GROUPS, BOUND_BITS)
         else:
             _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1, REDUCE)
 
@@ -313,19 +321,19 @@ def _key_prefix_bound(key, valid, need, BITS: tl.constexpr):
 
 
 @triton.jit
-def _finish_page_max_bound(ws_row, length, K: tl.constexpr, PAGE: tl.constexpr, WS_PMAX_C: tl.constexpr,
-                           NPM: tl.constexpr, BOUND_BITS: tl.constexpr):
+def _finish_page_max_bound(ws_row, K: tl.constexpr, WS_PMAX_C: tl.constexpr, NPM: tl.constexpr,
+                           GROUPS: tl.constexpr, BOUND_BITS: tl.constexpr):
     """Called by every logits program of a row at its end (PAGE_MAX form); the last one to finish
-    reads the row's page maxima (zeroing them for the next call) and stores in WS_THR1 a signed key at
-    or below the K-th largest page maximum. K pages hold a logit at or above it, so it is at or below
-    the row's K-th largest logit too: the select need only look at the logits at or above it (about
-    1 % of a 65536-position row of random scores: the median of 1024 page maxima). Fewer than K pages:
-    the lowest key (every logit is a candidate)."""
-    tl.debug_barrier()  # all of this program's page maxima stored before its arrival is published
+    reads the row's group maxima (GROUPS per program; zeroing them for the next call) and stores in
+    WS_THR1 a signed key at or below the K-th largest of them. K disjoint groups hold a logit at or
+    above it, so it is at or below the row's K-th largest logit too: the select need only look at the
+    logits at or above it (about 1 % of a row of random scores with 1024-4096 groups). Groups past the
+    row's length hold -inf; fewer than K groups: the lowest key (every logit is a candidate)."""
+    tl.debug_barrier()  # all of this program's group maxima stored before its arrival is published
     arrived = tl.atomic_add(ws_row + WS_DONE, 1, sem="acq_rel")
     if arrived == tl.num_programs(1) - 1:
         idx = tl.arange(0, NPM)
-        live = idx < tl.cdiv(length, PAGE)
+        live = idx < tl.num_programs(1) * GROUPS
         key = tl.load(ws_row + WS_PMAX_C + idx, mask=live, other=0, cache_modifier=".cg")
         tl.store(ws_row + WS_PMAX_C + idx, tl.zeros((NPM,), tl.int32), mask=live)
         tl.store(ws_row + WS_THR1, _key_prefix_bound(key, live, K, BOUND_BITS))
@@ -1084,7 +1092,7 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=hist_k, WS_H1=WS_H1,
                 REDUCE=hist_reduce_mode(pps)) if hist_workspace is not None else {}
     if hist and page_max:
-        hist.update(page_max_consts(max_seq_len))
+        hist.update(page_max_consts(batch, max_seq_len))
     pdl = launch_pdl(q.device, batch, choose_plan(batch, max_seq_len).select)
     _logits_kernel[(batch, splits)](
         q, kv_fp8, kv_f32, weights, lens, page_table, out, ws, max_seq_len, page_table.shape[1], pps,
@@ -1094,11 +1102,20 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     return out
 
 
-def page_max_consts(max_seq_len: int) -> dict:
-    """The logits kernel's page-max form: the page maxima's place in the workspace and the block its
-    last program per row reads them in (the next power of two of the pages, at most 4096)."""
-    pages = max(1, _cdiv(max_seq_len, INDEX_PAGE_SIZE))
-    return dict(PAGE_MAX=True, WS_PMAX_C=WS_PMAX, NPM=triton.next_power_of_2(pages), BOUND_BITS=PAGE_MAX_BOUND_BITS)
+PAGE_MAX_AOT_SHAPES = ((1, 65536), (16, 65536), (64, 65536))  # (B, positions) whose page-max logits kernel the AOT check compiles
+
+
+def page_max_consts(batch: int, max_seq_len: int) -> dict:
+    """The logits kernel's page-max form: group maxima per program (the most, up to one per page row,
+    with at most PAGE_MAX_KEYS per row), where they lie in the workspace, and the block the row's last
+    program reads them in."""
+    splits = _cdiv(max(1, _cdiv(max_seq_len, INDEX_PAGE_SIZE)), logits_pages_per_split(batch, max_seq_len))
+    groups = min(INDEX_PAGE_SIZE, 1 << max(0, (PAGE_MAX_KEYS // splits).bit_length() - 1))
+    return dict(PAGE_MAX=True, WS_PMAX_C=WS_PMAX, NPM=triton.next_power_of_2(splits * groups), GROUPS=groups,
+                BOUND_BITS=PAGE_MAX_BOUND_BITS)
+
+
+_NO_PAGE_MAX = dict(PAGE_MAX=False, WS_PMAX_C=0, NPM=1, GROUPS=1, BOUND_BITS=PAGE_MAX_BOUND_BITS)
 
 
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
@@ -1588,11 +1605,16 @@ def aot_configs() -> list[AotConfig]:
     :func:`hist_select_warps` pick."""
     configs = []
     page = _page_consts()
-    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0, REDUCE=0)  # the defaults: no histogram code
+    no_hist = dict(HIST_BITS=0, R=1, K=1, WS_H1=0, REDUCE=0, **_NO_PAGE_MAX)  # the defaults: no histogram code
     logits_forms = [("indexer_logits", no_hist)]
     for mode in sorted({int(REDUCE_ONE_SHOT), HIST_LONG_REDUCE}):
         logits_forms.append((f"indexer_logits_hist_{_REDUCE_NAMES[mode]}",
-                             dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=mode)))
+                             dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=mode,
+                                  **_NO_PAGE_MAX)))
+    for batch, positions in PAGE_MAX_AOT_SHAPES:  # the page-max form: group maxima per program, the row's block
+        c = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=0,
+                 **page_max_consts(batch, positions))
+        logits_forms.append((f"indexer_logits_page_max_g{c['GROUPS']}_k{c['NPM']}", c))
     for pdl, suffix, pdl_ops in _pdl_settings():
         for name, extra in logits_forms:
             c = dict(page, USE_SCALED_DOT=True, **extra, PDL=pdl)
@@ -1613,11 +1635,15 @@ def aot_configs() -> list[AotConfig]:
             forms = {(hist_one_block(n), hist_select_warps(n, chunk))
                      for n in (1, HIST_SELECT_8_WARPS_MAX_PROGRAMS + 1, HIST_ONE_BLOCK_MAX_PROGRAMS + 1)}
             for one_block, warps in sorted(forms):
-                c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, one_block), PDL=pdl)
-                configs.append(AotConfig(
-                    f"indexer_hist_select_c{chunk}{'_one_block' if one_block else ''}_w{warps}{suffix}",
-                    _hist_select_kernel, _sig(_HIST_SIG, c), c, num_warps=warps, num_stages=1,
-                    div16=("stride_sb", "stride_wsb", "stride_cb"), expect_opcodes=pdl_ops))
+                for page_max in (False, True):
+                    if page_max and chunk < HIST_SPLIT_MAX_CHUNK and not one_block:
+                        continue  # 1024-entry split programs run only where the one-block finish does
+                    c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, one_block, page_max), PDL=pdl)
+                    configs.append(AotConfig(
+                        f"indexer_hist_select{'_page_max' if page_max else ''}_c{chunk}"
+                        f"{'_one_block' if one_block else ''}_w{warps}{suffix}",
+                        _hist_select_kernel, _sig(_HIST_SIG, c), c, num_warps=warps, num_stages=1,
+                        div16=("stride_sb", "stride_wsb", "stride_cb"), expect_opcodes=pdl_ops))
         for chunk in SELECT_CHUNKS:
             # with PDL: only the double-warp search's programs (launch_pdl), up to 4096 entries
             muls = [2] if pdl else SELECT_WARPS_MULS

@@ -80,6 +80,9 @@ VARIANT_CATALOG = {
     # run 11, why counting costs: the logits kernel's first-digit count into 1 or 4 copies (8 shipped)
     "copies1": dict(HIST_COPIES=1),
     "copies4": dict(HIST_COPIES=4),
+    # run 11b: group maxima per row of the page-max form (2048 shipped)
+    "pmax_keys1024": dict(PAGE_MAX_KEYS=1024),
+    "pmax_keys4096": dict(PAGE_MAX_KEYS=4096),
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -375,7 +378,7 @@ def main() -> None:
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
     shipped = ("HIST_COPIES", "USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_ONE_BLOCK_MAX_PROGRAMS",
-               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS")
+               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS", "PAGE_MAX_KEYS")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
                {attr: ("modified plan table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})

@@ -656,28 +656,44 @@ def test_page_max_plan_matches_reference_and_search(lens, max_seq_len, one_block
         assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
 
 
-@pytest.mark.parametrize("k", [512, 64])
+def _signed_keys(values):
+    bits = values.contiguous().view(torch.int32)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
+
+
+def _key_prefix16(key):
+    return ((key + 2**31) >> 16 << 16) - 2**31
+
+
+@pytest.mark.parametrize("k", [512, 64, 4096])
 def test_logits_page_max_bound(k):
-    """The logits kernel's page-max form: the bound it stores is at most the row's k-th largest logit,
-    within 1/128 of the k-th largest page maximum (16 key bits) when the row has k pages, the lowest key
-    when it has fewer; the page maxima are zeroed again."""
+    """The logits kernel's page-max form: each program's elementwise maximum over its pages, as GROUPS
+    group maxima; the bound stored is the top 16 key bits of the row's k-th largest group maximum (the
+    lowest key with fewer than k groups: 4096), so at most the row's k-th largest logit; the group maxima
+    are zeroed again."""
     lens, max_seq_len = [4100, 0, 4160, 64, 700], 4160
+    batch = len(lens)
     q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=40 + k)
-    workspace = torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32)
+    workspace = torch.zeros(batch, ix.WS_WIDTH, dtype=torch.int32)
     logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k, page_max=True)
-    bits = logits.view(torch.int32)
-    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed order
+    consts = ix.page_max_consts(batch, max_seq_len)
+    pps = ix.logits_pages_per_split(batch, max_seq_len)
+    splits = -(-(-(-max_seq_len // INDEX_PAGE_SIZE)) // pps)
+    groups = consts["GROUPS"]
+    padded = torch.nn.functional.pad(logits, (0, splits * pps * INDEX_PAGE_SIZE - max_seq_len), value=float("-inf"))
+    per_program = padded.view(batch, splits, pps, INDEX_PAGE_SIZE).amax(2)  # the elementwise max over pages
+    group_max = per_program.view(batch, splits * groups, INDEX_PAGE_SIZE // groups).amax(2)
+    assert splits * groups >= 512 and splits * groups < 4096
     for b, n in enumerate(lens):
         assert workspace[b, 2] == 0, "the last program resets the arrival count"
         bound = int(workspace[b, 3])
-        pages = -(-n // INDEX_PAGE_SIZE)
-        if pages < k:
+        if k > splits * groups:
             assert bound == -2**31
             continue
-        page_max = torch.nn.functional.pad(key[b, :n], (0, pages * INDEX_PAGE_SIZE - n), value=-2**31)
-        kth_page = page_max.view(pages, INDEX_PAGE_SIZE).amax(1).sort(descending=True).values[k - 1].item()
-        assert bound <= kth_page <= key[b, :n].sort(descending=True).values[k - 1].item()
-        assert bound == ((kth_page + 2**31) >> 16 << 16) - 2**31
+        kth_group = _signed_keys(group_max[b]).sort(descending=True).values[k - 1].item()
+        assert bound == _key_prefix16(kth_group)
+        if n > k:
+            assert bound <= kth_group <= _signed_keys(logits[b, :n]).sort(descending=True).values[k - 1].item()
     assert (workspace[:, ix.WS_H1:] == 0).all()
 
 
