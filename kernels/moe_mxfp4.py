@@ -919,17 +919,15 @@ def _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, w_row, inter, BLOCK_N: tl.cons
 
 @triton.jit
 def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
-                        num_active_ptr, x_ptr, x16_ptr, x_unscale_ptr, hidden, out_ptr, NUM_EXPERTS: tl.constexpr,
+                        num_active_ptr, x_ptr, x16_ptr, x_unscale_ptr, hidden, NUM_EXPERTS: tl.constexpr,
                         BLOCK_ROWS: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_H: tl.constexpr,
-                        ROUTE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                        FOLD_SUM: tl.constexpr = False, TOP_K: tl.constexpr = 6):
+                        ROUTE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False):
     """Launch 1 of the fp16 TMA GEMV: program 0 routes (``_route_kernel``; not with ROUTE False, when the torch
     sort of :func:`route` did), program ``1 + b`` writes row b of the bf16 activations ``x [B, H]`` times 2**S_b
     as fp16 in the pair order (exact) and ``2**-S_b`` to ``x_unscale [B]``: S_b = 141 - (the float32 exponent
     field of the row's max |x|), so the row's values stay below 2**15 whatever their size (clamped to +-100:
     an all-zero row). PDL (:data:`GemvConfig.pdl`): ids and x come from the kernels before the MoE, so every program
-    waits first. FOLD_SUM (the down launch sums the top-k rows, :func:`_fold_topk_sum`): row b of ``out`` is zeroed
-    here when token b has no valid id (no down program would write it)."""
+    waits first."""
     pid = tl.program_id(0)
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
@@ -946,28 +944,32 @@ def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
         scale = ((shift + 127) << 23).to(tl.float32, bitcast=True)
         tl.store(x16_ptr + row * hidden + _f16_position(k), (x * scale).to(tl.float16), mask=ok)
         tl.store(x_unscale_ptr + row, ((127 - shift) << 23).to(tl.float32, bitcast=True))
-        if FOLD_SUM:
-            valid_ids = 0
-            for j in tl.static_range(TOP_K):
-                e = tl.load(topk_ids_ptr + row * TOP_K + j)
-                valid_ids += ((e >= 0) & (e < NUM_EXPERTS)).to(tl.int32)
-            if valid_ids == 0:
-                tl.store(out_ptr + row * hidden + k, tl.zeros([BLOCK_H], dtype=tl.bfloat16), mask=ok)
     pdl_launch_dependents(PDL and PDL_LATE)
 
 
 @triton.jit
 def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr, sorted_rows_ptr, expert_start_ptr,
                                  active_experts_ptr, num_active_ptr, act_ptr, hidden, inter, swiglu_limit, act_scale,
-                                 TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                 RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
-                                 PDL_LATE: tl.constexpr = False):
+                                 topk_ids_ptr, w13_ptr, w13_scale_ptr, num_experts, TOP_K: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
+                                 EMULATE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
+                                 L2_PREFETCH: tl.constexpr = False):
     """:func:`_gate_up_gemv_tma_kernel` on the fp16 pair decode: ``x_desc`` over the prepared fp16 pair words
     [B, H/2] (:func:`_route_x_f16_kernel`), each row's sums times its ``x_unscale``; the SwiGLU rows stored by
     :func:`_f16_act_store` (fp16 [B*top_k, I] in the pair order, times ``act_scale``). PDL: the trigger comes
     after the wait in every program, so once the down launch starts, the routing launch has completed (the down
-    launch reads its routing before its own wait)."""
+    launch reads its routing before its own wait). L2_PREFETCH (with PDL, round 19): before the wait, program
+    (s, j) asks L2 for column block j of the expert of flat routed row s (``topk_ids`` [B*top_k], written by the
+    kernel before the routing launch, which has completed once any program of this launch runs: every routing
+    program triggers after its own wait). Not necessarily its own expert (the sort is not known yet), but the
+    programs of the first ``min(B*top_k, E)`` rows together ask for blocks that this launch reads."""
     slot = tl.program_id(0)
+    if L2_PREFETCH:
+        guess = tl.load(topk_ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
+        if (guess >= 0) & (guess < num_experts):
+            w_first = guess * (2 * inter) + tl.program_id(1) * (2 * BLOCK_N)
+            _bulk_prefetch_l2(w13_ptr + w_first * (hidden // 2), 2 * BLOCK_N * (hidden // 2))
+            _bulk_prefetch_l2(w13_scale_ptr + w_first * (hidden // 32), 2 * BLOCK_N * (hidden // 32))
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
     if slot >= tl.load(num_active_ptr):
@@ -989,43 +991,15 @@ def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr
 
 
 @triton.jit
-def _fold_topk_sum(y_ptr, topk_ids_ptr, out_ptr, ticket_ptr, row, block, n, hidden, num_experts,
-                   BLOCK_N: tl.constexpr, TOP_K: tl.constexpr):
-    """The top-k sum folded into the down launch (:data:`GemvConfig.fold_sum`), after this program stored
-    ``y[row, n]`` (column block ``block``): it takes a ticket of (row's token, block); the program taking the
-    token's last one (as many as the token has valid ids) adds the token's top-k rows of y at ``n`` in top-k order
-    (the bits of :func:`_topk_sum_kernel`), stores them as bf16 into ``out`` and puts the ticket back to 0."""
-    token = (row // TOP_K).to(tl.int64)
-    expected = 0
-    for k in tl.static_range(TOP_K):
-        e = tl.load(topk_ids_ptr + token * TOP_K + k)
-        expected += ((e >= 0) & (e < num_experts)).to(tl.int32)
-    tl.debug_barrier()  # every thread's y stores precede the (release) ticket
-    ticket_at = ticket_ptr + token * (hidden // BLOCK_N) + block
-    if tl.atomic_add(ticket_at, 1, sem="acq_rel") == expected - 1:
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k in tl.static_range(TOP_K):
-            e = tl.load(topk_ids_ptr + token * TOP_K + k)
-            valid = (e >= 0) & (e < num_experts)  # rows of invalid ids were never written
-            acc += tl.load(y_ptr + (token * TOP_K + k) * hidden + n, mask=valid & (n >= 0), other=0.0,
-                           cache_modifier=".cg")
-        tl.store(out_ptr + token * hidden + n, acc.to(tl.bfloat16))
-        tl.store(ticket_at, 0)  # left zeroed for the next launch (and graph replay)
-
-
-@triton.jit
 def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                               active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, act_unscale, w2_ptr,
-                              w2_scale_ptr, topk_ids_ptr, out_ptr, ticket_ptr, BLOCK_N: tl.constexpr,
-                              BLOCK_K: tl.constexpr, RING: tl.constexpr, EMULATE: tl.constexpr,
-                              PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                              L2_PREFETCH: tl.constexpr = False, FOLD_SUM: tl.constexpr = False,
-                              NUM_EXPERTS: tl.constexpr = 256, TOP_K: tl.constexpr = 6):
+                              w2_scale_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
+                              EMULATE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
+                              L2_PREFETCH: tl.constexpr = False):
     """:func:`_down_gemv_tma_kernel` on the fp16 pair decode: ``act_desc`` over the fp16 SwiGLU pair words
     [B*top_k, I/2] of :func:`_f16_act_store`, the sums times ``act_unscale`` (1 / its ``act_scale``).
     L2_PREFETCH (with PDL): before the wait, the program asks L2 for its weight block (``w2_ptr`` / ``w2_scale_ptr``:
-    the same bytes as the descriptors), whose expert the routing launch (complete by then) names. FOLD_SUM: the
-    top-k sum into bf16 ``out`` too (:func:`_fold_topk_sum`, tickets ``ticket_ptr``; ``topk_ids_ptr`` [B, TOP_K])."""
+    the same bytes as the descriptors), whose expert the routing launch (complete by then) names."""
     slot = tl.program_id(0)
     if L2_PREFETCH:
         if slot < tl.load(num_active_ptr, cache_modifier=".cg"):
@@ -1047,22 +1021,17 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
                                       BLOCK_K, EMULATE)
         tl.store(y_ptr + row.to(tl.int64) * hidden + n,
                  tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)))
-        if FOLD_SUM:
-            _fold_topk_sum(y_ptr, topk_ids_ptr, out_ptr, ticket_ptr, row, tl.program_id(1), n, hidden,
-                           NUM_EXPERTS, BLOCK_N, TOP_K)
     pdl_launch_dependents(PDL and PDL_LATE)
 
 
 @triton.jit
 def _down_gemv_tma_persistent_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, topk_ids_ptr,
                                          sorted_rows_ptr, y_ptr, num_rows, num_experts, hidden, inter, act_unscale,
-                                         w2_ptr, w2_scale_ptr, out_ptr, ticket_ptr, BLOCK_N: tl.constexpr,
-                                         BLOCK_K: tl.constexpr, RING: tl.constexpr, EMULATE: tl.constexpr,
-                                         PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                                         L2_PREFETCH: tl.constexpr = False, FOLD_SUM: tl.constexpr = False,
-                                         TOP_K: tl.constexpr = 6):
+                                         w2_ptr, w2_scale_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                         RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
+                                         PDL_LATE: tl.constexpr = False, L2_PREFETCH: tl.constexpr = False):
     """:func:`_down_gemv_tma_persistent_kernel` on the fp16 pair decode (as :func:`_down_gemv_tma_f16_kernel`;
-    L2_PREFETCH: the program's first work item's weight block; FOLD_SUM: the top-k sum too)."""
+    L2_PREFETCH: the program's first work item's weight block)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     items = num_rows * (hidden // BLOCK_N)
@@ -1085,12 +1054,6 @@ def _down_gemv_tma_persistent_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_
         tl.store(y_ptr + row.to(tl.int64) * hidden + n,
                  tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)),
                  mask=(n >= 0) & valid)
-    if FOLD_SUM:  # after the item loop (Triton cannot flatten a loop holding the ticket's branch): the same items again
-        for t in range(pid, items, nprog):
-            block, row, expert, valid = _persistent_item(t, num_rows, sorted_rows_ptr, topk_ids_ptr, num_experts)
-            if valid:
-                _fold_topk_sum(y_ptr, topk_ids_ptr, out_ptr, ticket_ptr, row, block,
-                               block * BLOCK_N + tl.arange(0, BLOCK_N), hidden, num_experts, BLOCK_N, TOP_K)
     pdl_launch_dependents(PDL and PDL_LATE)
 
 
@@ -1922,12 +1885,11 @@ class GemvConfig:
     decode runs). ``pdl`` (with ``f16``, both configs alike, run 17): the forward's four launches carry programmatic
     dependent launch where the device has it (:func:`pdl_supported`; the rules in ``kernels/pdl.py``): each program
     waits before its first read of an earlier launch's output and before its first store, and triggers its
-    dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (the down
-    config, with ``pdl``): each down program asks L2 for its weight block before its wait (its expert is known:
-    the routing launch completed before any gate/up program passed its wait, and those trigger only after it).
-    ``fold_sum`` (the down config, with ``f16``; round 19): the down launch also does the top-k sum
-    (:func:`_fold_topk_sum`: the last of a token's programs per column block adds its rows), so the forward's fourth
-    launch does nothing (the routing launch zeroes the output of a token without valid ids)."""
+    dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (with
+    ``pdl``): on the down config, each down program asks L2 for its weight block before its wait (its expert is known:
+    the routing launch completed before any gate/up program passed its wait, and those trigger only after it); on
+    the gate/up config (round 19), each gate/up program asks L2 for a weight block of the expert of one routed row
+    before its wait (:func:`_gate_up_gemv_tma_f16_kernel`)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1942,14 +1904,12 @@ class GemvConfig:
     pdl: bool = False
     pdl_late: bool = False
     pdl_l2: bool = False
-    fold_sum: bool = False
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
         tag += f"tma{self.tma_ring}" if self.tma_ring else ""
         tag += "h" if self.f16 else ""
         tag += ("pdl" + ("late" if self.pdl_late else "") + ("l2" if self.pdl_l2 else "")) if self.pdl else ""
-        tag += "fs" if self.fold_sum else ""
         if self.persistent_programs_per_sm:
             tag += f"pers{self.persistent_programs_per_sm}"
         tag += "x2" if self.two_rows else ""
@@ -2394,19 +2354,6 @@ def _tickets(device: torch.device, count: int) -> torch.Tensor:
 
 
 TICKETS_PER_EXPERT = MOE_INTERMEDIATE_SIZE // 16  # n blocks of gate/up at the smallest BLOCK_N
-_FOLD_TICKETS: dict = {}
-
-
-def _fold_tickets(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 counters of the folded top-k sum, one per (token, down column block), kept per device (apart from
-    the split-K tickets) and left zeroed by the kernel; grown on demand (never during a capture: the first forward of
-    a shape runs before its graph is captured)."""
-    key = (device.type, device.index)
-    buf = _FOLD_TICKETS.get(key)
-    if buf is None or buf.numel() < count:
-        buf = torch.zeros(max(count, F16_MAX_BATCH * HIDDEN_SIZE // 16), dtype=torch.int32, device=device)
-        _FOLD_TICKETS[key] = buf
-    return buf
 
 
 LAUNCHES_PER_FORWARD = 4
@@ -2441,16 +2388,13 @@ def _expert_weight_descriptors(w13, w13_scale, w2, w2_scale, hidden, inter, gate
 
 def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, expert_start, active_experts,
                           num_active, y, num_rows, num_experts, hidden, inter, slots, dn_cfg, dn_k, device,
-                          act_unscale=None, w2_bytes=None, w2_scale_bytes=None, pdl_args=None, fold=None):
+                          act_unscale=None, w2_bytes=None, w2_scale_bytes=None, pdl_args=None):
     """The TMA GEMV's down launch over the bf16 SwiGLU rows ``act`` [B*top_k, I] (natural order) into ``y``, as a
     callable: on a persistent grid where ``dn_cfg`` asks for one, else one program per (expert slot, column
     block). Shared by the GEMV forward and the mixed pairs forward. ``act_unscale`` (not None): ``act`` holds the
     fp16 pair words of :func:`_f16_act_store` times 1 / act_unscale, read by the fp16 pair decode; then ``w2_bytes`` /
     ``w2_scale_bytes`` (the descriptors' tensors, for the L2 prefetch) and ``pdl_args`` (the fp16 kernels' PDL
-    constexprs and ``launch_pdl``) are given too; ``fold`` (fp16 only): (bf16 out [B, H], ticket counters) for the
-    top-k sum folded into the launch (:data:`GemvConfig.fold_sum`)."""
-    out, tickets = fold if fold else (y, num_active)  # unused without fold
-    fold_args = dict(FOLD_SUM=fold is not None, TOP_K=ids.shape[1])
+    constexprs and ``launch_pdl``) are given too."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     act_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2])
@@ -2463,9 +2407,8 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
             if act_unscale is not None:
                 _down_gemv_tma_persistent_f16_kernel[grid](
                     act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
-                    act_unscale, w2_bytes, w2_scale_bytes, out, tickets, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
-                    RING=dn_cfg.tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **fold_args,
-                    **dn_cfg.launch_options())
+                    act_unscale, w2_bytes, w2_scale_bytes, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring,
+                    EMULATE=interpreter_enabled(), **pdl_args, **dn_cfg.launch_options())
                 return
             _down_gemv_tma_persistent_kernel[grid](
                 act_desc, w2_desc, w2_s_desc, weights, ids, sorted_rows, y, num_rows, num_experts, hidden, inter,
@@ -2476,9 +2419,8 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
         if act_unscale is not None:
             _down_gemv_tma_f16_kernel[(slots, hidden // dn_cfg.block_n)](
                 act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
-                hidden, inter, act_unscale, w2_bytes, w2_scale_bytes, ids, out, tickets, BLOCK_N=dn_cfg.block_n,
-                BLOCK_K=dn_k, RING=dn_cfg.tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **fold_args,
-                NUM_EXPERTS=num_experts, **dn_cfg.launch_options())
+                hidden, inter, act_unscale, w2_bytes, w2_scale_bytes, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
+                RING=dn_cfg.tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **dn_cfg.launch_options())
             return
         _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
             act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
@@ -2522,19 +2464,15 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         raise ValueError(f"GEMV f16 needs both configs alike, tma_ring and no persistent gate/up, got {configs!r}")
     act_shift = f16_act_shift(swiglu_limit) if gu_cfg.f16 else None
     f16 = act_shift is not None  # where the clamp does not bound the SwiGLU rows, the bf16 decode runs
-    if gu_cfg.fold_sum or (dn_cfg.fold_sum and not dn_cfg.f16):
-        raise ValueError(f"GEMV fold_sum is a down config option and needs f16, got {configs!r}")
-    if (gu_cfg.pdl != dn_cfg.pdl or gu_cfg.pdl_late != dn_cfg.pdl_late or gu_cfg.pdl_l2
+    if (gu_cfg.pdl != dn_cfg.pdl or gu_cfg.pdl_late != dn_cfg.pdl_late
             or ((gu_cfg.pdl or dn_cfg.pdl) and not gu_cfg.f16)
-            or ((dn_cfg.pdl_late or dn_cfg.pdl_l2) and not dn_cfg.pdl)):
-        raise ValueError(f"GEMV pdl needs f16, both configs alike in pdl and pdl_late (which need pdl), pdl_l2 on the "
-                         f"down config only (with pdl); got {configs!r}")
+            or any((c.pdl_late or c.pdl_l2) and not c.pdl for c in (gu_cfg, dn_cfg))):
+        raise ValueError(f"GEMV pdl needs f16, both configs alike in pdl and pdl_late (which need pdl), pdl_l2 with "
+                         f"pdl; got {configs!r}")
     device = x.device
     # the instructions need griddepcontrol (cc >= 9, not the interpreter); the bf16 decode (no clamp) launches without
     pdl = gu_cfg.pdl and f16 and pdl_supported(device)
     pdl_args = dict(PDL=pdl, PDL_LATE=pdl and gu_cfg.pdl_late, launch_pdl=pdl)
-    fold = dn_cfg.fold_sum and f16  # the down launch sums the top-k rows (the bf16 decode keeps the fourth launch)
-    fold_tickets = _fold_tickets(device, batch * (hidden // dn_cfg.block_n)) if fold else None
     route_kernel = num_rows <= ROUTE_TRITON_MAX_ROWS
     if x_f32 or f16:
         if x_f32:
@@ -2573,8 +2511,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                                          active_experts, num_active, y, num_rows, num_experts, hidden, inter, slots,
                                          dn_cfg, dn_k, device, act_unscale=2.0 ** -act_shift if f16 else None,
                                          w2_bytes=w2, w2_scale_bytes=scale_bytes(w2_scale),
-                                         pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2),
-                                         fold=(out, fold_tickets) if fold else None)
+                                         pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2))
 
     # persistent grid: the program count from shapes and the device only, so a captured graph replays it
     gu_persistent_grid = (min(num_rows * (inter // gu_cfg.block_n), _sm_count(device) * gu_persistent),)
@@ -2589,8 +2526,9 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         if f16:
             _gate_up_gemv_tma_f16_kernel[gu_grid](
                 x_desc, w13_desc, w13_s_desc, x_unscale, sorted_rows, expert_start, active_experts, num_active, act,
-                hidden, inter, float(swiglu_limit), 2.0 ** act_shift, TOP_K=top_k, BLOCK_N=gu_cfg.block_n,
-                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **gu_cfg.launch_options())
+                hidden, inter, float(swiglu_limit), 2.0 ** act_shift, ids, w13, scale_bytes(w13_scale), num_experts,
+                TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(),
+                L2_PREFETCH=pdl and gu_cfg.pdl_l2, **pdl_args, **gu_cfg.launch_options())
             return
         if tma_ring:
             _gate_up_gemv_tma_kernel[gu_grid](
@@ -2615,8 +2553,6 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             PREFETCH=dn_cfg.prefetch, X_F32=x_f32, **dn_cfg.launch_options())
 
     def topk_sum():
-        if fold:  # done by the down launch
-            return
         _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
             y, ids, out, hidden, num_rows * hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK,
             SPLITS=dn_cfg.split_k, num_warps=4, **pdl_args)
@@ -2630,10 +2566,10 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
 
     def route_x_f16():  # routing (unless the torch sort did it) and x -> scaled fp16 pairs, one launch
         _route_x_f16_kernel[(int(route_kernel) + batch,)](
-            ids, num_rows, sorted_rows, expert_start, active_experts, num_active, x, x_in, x_unscale, hidden, out,
+            ids, num_rows, sorted_rows, expert_start, active_experts, num_active, x, x_in, x_unscale, hidden,
             NUM_EXPERTS=num_experts, BLOCK_ROWS=triton.next_power_of_2(max(num_rows, 16)),
             NUM_BINS=triton.next_power_of_2(num_experts + 1), BLOCK_H=triton.next_power_of_2(hidden),
-            ROUTE=route_kernel, FOLD_SUM=fold, TOP_K=top_k, num_warps=4, **pdl_args)
+            ROUTE=route_kernel, num_warps=4, **pdl_args)
 
     route_x = route_x_f32 if x_f32 else (route_x_f16 if f16 else None)
     if route_x:
@@ -3015,24 +2951,22 @@ def _gemv_tma_f16_sig(kind, rows, block_k, persistent=False):
     :func:`_gemv_tma_persistent_sig`) with the activation scales (gate/up: each x row's ``x_unscale`` and the
     SwiGLU rows' ``act_scale``, fp16 rows; down: ``act_unscale``) and EMULATE."""
     pdl = {"PDL": "constexpr", "PDL_LATE": "constexpr"}
-    fold = {"out_ptr": "*bf16", "ticket_ptr": "*i32"}  # the folded top-k sum (GemvConfig.fold_sum)
     if persistent:
         sig = _gemv_tma_persistent_sig(kind, rows, block_k)
         return {**{k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}, "act_unscale": "fp32",
-                "w2_ptr": "*i8", "w2_scale_ptr": "*u8", **fold, "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-                "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr",
-                "FOLD_SUM": "constexpr", "TOP_K": "constexpr"}
+                "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
     sig = _gemv_tma_sig(kind, rows, block_k)
     if kind == "gate_up":
         head = {k: sig[k] for k in ("x_desc", "w13_desc", "w13_scale_desc")}
         rest = {k: v for k, v in sig.items() if k not in head and k not in ("TOP_K", "BLOCK_N", "BLOCK_K", "RING")}
         return {**head, "x_unscale_ptr": "*fp32", **rest, "act_ptr": "*fp16", "act_scale": "fp32",
+                "topk_ids_ptr": "*i32", "w13_ptr": "*i8", "w13_scale_ptr": "*u8", "num_experts": "i32",
                 "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr",
-                "EMULATE": "constexpr", **pdl}
+                "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
     rest = {k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}
-    return {**rest, "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "topk_ids_ptr": "*i32", **fold,
-            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl,
-            "L2_PREFETCH": "constexpr", "FOLD_SUM": "constexpr", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr"}
+    return {**rest, "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr",
+            "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
 
 
 def _gate_up_pairs_sig():
@@ -3218,12 +3152,12 @@ def aot_configs() -> list[AotConfig]:
             kernel=_route_x_f16_kernel,
             signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32",
                        "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "x_ptr": "*bf16", "x16_ptr": "*fp16",
-                       "x_unscale_ptr": "*fp32", "hidden": "i32", "out_ptr": "*bf16", "NUM_EXPERTS": "constexpr",
-                       "BLOCK_ROWS": "constexpr", "NUM_BINS": "constexpr", "BLOCK_H": "constexpr", "ROUTE": "constexpr",
-                       "PDL": "constexpr", "PDL_LATE": "constexpr", "FOLD_SUM": "constexpr", "TOP_K": "constexpr"},
+                       "x_unscale_ptr": "*fp32", "hidden": "i32", "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr",
+                       "NUM_BINS": "constexpr", "BLOCK_H": "constexpr", "ROUTE": "constexpr", "PDL": "constexpr",
+                       "PDL_LATE": "constexpr"},
             constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": block_rows,
                         "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True,
-                        "PDL": pdl, "PDL_LATE": False, "FOLD_SUM": pdl, "TOP_K": TOP_K},
+                        "PDL": pdl, "PDL_LATE": False},
             num_warps=4, div16=("hidden",), expect_opcodes=PDL_OPCODES if pdl else (),
             note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)" + (", PDL" if pdl else "")))
     f16_forms = {("gate_up", GEMV_TMA_F16_AOT[0]), ("down", GEMV_TMA_F16_AOT[1]), ("down", GEMV_TMA_F16_PERSISTENT_DOWN_AOT)}
@@ -3235,12 +3169,9 @@ def aot_configs() -> list[AotConfig]:
         rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
         constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False,
                       **_aot_pdl(cfg)}
+        constexprs["L2_PREFETCH"] = cfg.pdl_l2
         if kind == "gate_up":
             constexprs["TOP_K"] = TOP_K
-        else:
-            constexprs.update(L2_PREFETCH=cfg.pdl_l2, FOLD_SUM=cfg.fold_sum, TOP_K=TOP_K)
-            if not persistent:
-                constexprs["NUM_EXPERTS"] = NUM_EXPERTS
         configs.append(AotConfig(
             name=f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}", kernel=kernel,
             signature=_gemv_tma_f16_sig(kind, rows, cfg.block_k, persistent), constexprs=constexprs,

@@ -499,36 +499,47 @@ def pdl_comparison(args) -> None:
 
 # run 19 (--run19, issue 4 / issue 8 at B = 1..8): where the fp16 TMA GEMV forward's time goes (each launch alone, the
 # chain of forwards without one launch, the bytes each launch moves) and candidates: the top-k sum folded into the down
-# launch (GemvConfig.fold_sum: 3 launches); at B = 1 8 warps per program (gate/up or both), 2 ring stages, K steps of
-# 1024; PDL where it is not shipped (T=1 B = 8 / 16)
+# launch (GemvConfig.fold_sum: 3 launches; 0.83-0.99x, removed with its kernel code, commit e66809f); at B = 1 8 warps
+# per program (gate/up or both), 2 ring stages, K steps of 1024 (0.59-0.94x, timed with the fold); PDL where it is not
+# shipped (T=1 B = 8 / 16: 1.014 / 1.003x). Without the fold option the mode now times the shipped tiles, 8 warps, K
+# 1024, 2 stages and PDL as they are.
 RUN19_CASES = ((1, 1), (4, 1), (1, 8), (4, 8), (1, 2), (1, 4), (4, 2), (4, 4), (4, 16), (2, 1), (1, 16))
 RUN19_ANATOMY = ((1, 1), (4, 1), (1, 8))  # (T, B) with the launch-by-launch anatomy
+# run 19b (--run19b): each gate/up program asks L2 for a weight block before its PDL wait (GemvConfig.pdl_l2 on the
+# gate/up config), at every B where PDL is shipped (T=1 B=1..4, T=2 B=1..8, T=4 B=1..16), at T=1 also with the down
+# launch's prefetch; anatomy at T=1 / 4 B=1
+RUN19B_CASES = ((1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (4, 4), (4, 8), (4, 16), (4, 3), (4, 6), (4, 12),
+                (4, 5), (4, 7), (4, 9), (4, 10), (4, 11), (4, 13), (4, 14), (2, 1), (2, 2), (2, 4), (2, 8), (2, 3),
+                (2, 5), (2, 6), (2, 7))  # grouped by T (layers are built once per T), most telling first
+RUN19B_ANATOMY = ((1, 1), (4, 1))
 RUN19_DEADLINE_S = 175  # for a 240 s device limit
+RUN19B_DEADLINE_S = 120  # for a 180 s device limit
 RUN19_ROUNDS = 2
 
 
-def run19_variants(rows, inter, full):
-    """(label, (gate/up, down) GemvConfig) of run 19 at (rows, inter): the shipped tiles first, then the fold; with
-    ``full`` (T=1 / 4 at B = 1) the tile candidates as well, each with the fold."""
+def run19_variants(rows, inter, full, run19b=False):
+    """(label, (gate/up, down) GemvConfig) of run 19 at (rows, inter): the shipped tiles first; with ``full`` (T=1 / 4
+    at B = 1) the tile candidates; PDL where it is not shipped. ``run19b``: the shipped tiles with the gate/up L2
+    prefetch (and at T=1, where the down launch has none, with both)."""
     import dataclasses
-
-    def fold(tiles):
-        return tiles[0], dataclasses.replace(tiles[1], fold_sum=True)
 
     def both(tiles, **kw):
         return tuple(dataclasses.replace(c, **kw) for c in tiles)
 
     shipped = moe.gemv_configs(rows, inter)
-    out = [("shipped", shipped), ("fold", fold(shipped))]
-    if shipped[1].persistent_programs_per_sm:  # the fold on the one-program-per-block down launch too
-        out.append(("fold plain down", fold((shipped[0], dataclasses.replace(shipped[1], persistent_programs_per_sm=0)))))
-    if not shipped[0].pdl:  # PDL where it is not shipped (T=1 B=8, B=16), with the fold
-        pdl = (dataclasses.replace(shipped[0], pdl=True), dataclasses.replace(shipped[1], pdl=True))
-        out += [("pdl", pdl), ("pdl fold", fold(pdl))]
+    out = [("shipped", shipped)]
+    if run19b:
+        if shipped[0].pdl:
+            out.append(("gu l2", (dataclasses.replace(shipped[0], pdl_l2=True), shipped[1])))
+            if not shipped[1].pdl_l2:
+                out.append(("gu l2 dn l2", both(shipped, pdl_l2=True)))
+        return out
+    if not shipped[0].pdl:  # PDL where it is not shipped (T=1 B=8, B=16)
+        out.append(("pdl", both(shipped, pdl=True)))
     if full:
         w8 = both(shipped, num_warps=8)
-        out += [("gu w8 fold", fold((w8[0], shipped[1]))), ("w8 fold", fold(w8)),
-                ("k1024 fold", fold(both(shipped, block_k=1024))), ("ring2 fold", fold(both(shipped, tma_ring=2)))]
+        out += [("gu w8", (w8[0], shipped[1])), ("w8", w8), ("k1024", both(shipped, block_k=1024)),
+                ("ring2", both(shipped, tma_ring=2))]
     return out
 
 
@@ -560,25 +571,27 @@ def run19(args) -> None:
         moe.CPU_SM_COUNT = 5
     else:
         device, num_experts, hidden, copies, base_inter = "cuda", NUM_EXPERTS, HIDDEN_SIZE, 3, MOE_INTERMEDIATE_SIZE
-        cases, anatomy_cases = RUN19_CASES, RUN19_ANATOMY
+        cases, anatomy_cases = (RUN19B_CASES, RUN19B_ANATOMY) if args.run19b else (RUN19_CASES, RUN19_ANATOMY)
     if args.batches:
         cases = tuple((tp, int(b)) for tp in sorted({t for t, _ in cases}) for b in args.batches.split(","))
     chain_len = 2 if args.smoke else PDL_CHAIN
+    deadline = RUN19B_DEADLINE_S if args.run19b else RUN19_DEADLINE_S
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or "moe_mxfp4-h200-run19",
-        title="sm120 MoE decode, run 19: the fp16 TMA GEMV forward launch by launch, the top-k sum folded into the "
-              "down launch, tile candidates, T=1/2/4 B=1..16, H200",
+        name=args.name or ("moe_mxfp4-h200-run19b" if args.run19b else "moe_mxfp4-h200-run19"),
+        title=("sm120 MoE decode, run 19b: the gate/up launch's L2 prefetch before its PDL wait, T=1/2/4, H200"
+               if args.run19b else "sm120 MoE decode, run 19: the fp16 TMA GEMV forward launch by launch, the top-k sum "
+               "folded into the down launch, tile candidates, T=1/2/4 B=1..16, H200"),
         columns=["T", "B", "variant", "part", "us", "us_rounds", "MB", "GB/s", "%copy", "rel_err", "chain_equal",
                  "vs_shipped", "tiles"])
     result.extra.update({"copy bandwidth (GB/s, read+write, eager)": round(copy_gbs, 1),
                          "PDL active on this device": moe.pdl_supported(torch.device(device))})
     layer_cache = {}
     for tp, batch in cases:
-        if time.time() - t_start > RUN19_DEADLINE_S and not args.smoke:
-            result.notes.append(f"T={tp} B={batch}: skipped, past {RUN19_DEADLINE_S} s into the run")
+        if time.time() - t_start > deadline and not args.smoke:
+            result.notes.append(f"T={tp} B={batch}: skipped, past {deadline} s into the run")
             continue
         inter = base_inter // tp
         if tp not in layer_cache:
@@ -599,7 +612,7 @@ def run19(args) -> None:
             result.notes.append(f"T={tp} B={batch}: not an fp16 GEMV point, skipped")
             continue
         full = (tp, batch) in ((1, 1), (4, 1))
-        variants = run19_variants(rows, inter, full)
+        variants = run19_variants(rows, inter, full, args.run19b)
 
         def forward(layer, tiles, out=None):
             return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, out=out, upcast=moe.GEMV,
@@ -609,7 +622,7 @@ def run19(args) -> None:
         for name, tiles in variants:
             try:
                 errs[name] = relative_error(forward(layers[0], tiles), ref)
-                bare = tuple(dataclasses.replace(c, pdl=False, pdl_l2=False, fold_sum=False) for c in tiles)
+                bare = tuple(dataclasses.replace(c, pdl=False, pdl_l2=False) for c in tiles)
                 plain = []
                 for layer in layers:
                     plain.append(forward(layer, bare).clone())
@@ -652,10 +665,10 @@ def run19(args) -> None:
                        **{"GB/s": gbs, "%copy": 100 * gbs / copy_gbs if copy_gbs else 0.0})
             print(f"T={tp} B={batch} {name} [{label(tiles)}]: {us:.2f} us ({times[name]}), {shipped_us / us:.3f}x, "
                   f"err {errs[name]:.2e}, chain {chain[name]}", flush=True)
-        if (tp, batch) in anatomy_cases and (time.time() - t_start <= RUN19_DEADLINE_S or args.smoke):
+        if (tp, batch) in anatomy_cases and (time.time() - t_start <= deadline or args.smoke):
             sizes = launch_bytes(batch, ids, hidden, inter, num_experts)
             for name, tiles in ok:
-                if name not in ("shipped", "fold"):
+                if name not in ("shipped", "fold", "gu l2"):
                     continue
                 outs = [torch.empty_like(x) for _ in layers]
                 launches = [dict(moe.gemv_launches(x, *layer, weights, ids, o, SWIGLU_LIMIT, tiles))
@@ -665,8 +678,6 @@ def run19(args) -> None:
                           for p in moe.GEMV_LAUNCH_NAMES]
                 parts.append(("chain of all four", list(moe.GEMV_LAUNCH_NAMES)))
                 for part, steps in parts:
-                    if name == "fold" and "topk_sum" in part:
-                        continue  # the fold's fourth launch does nothing
                     us = run(cycling(lambda ls, steps=steps: [ls[p]() for p in steps], launches))
                     nbytes = sizes[steps[0]] if len(steps) == 1 else float("nan")
                     gbs = nbytes / (us * 1e-6) / 1e9
@@ -679,11 +690,13 @@ def run19(args) -> None:
                         f"of 15 replays of a CUDA graph of {PDL_CHAIN} forwards, weights over {copies} layer copies); "
                         "vs_shipped = shipped us / this us; MB = touched experts' weights + E8M0 bytes (forward) or "
                         "the bytes the launch moves (alone rows); chain_equal: a captured chain of 12 forwards gives "
-                        "each output bit for bit as the same tiles launched eagerly without PDL and without the fold")
+                        "each output bit for bit as the same tiles launched eagerly without PDL (and without the "
+                        "fold, run 19)")
     result.notes.append("anatomy rows (part): 'alone X' = launch X alone, 12 per graph (with its PDL attribute where "
                         "the tiles have it, so consecutive copies overlap as in the chain); 'chain without X' = 12 "
                         "forwards of the other launches; labels as in run 17, fs = the top-k sum folded into the down "
-                        "launch (GemvConfig.fold_sum)")
+                        "launch (GemvConfig.fold_sum, run 19); l2 on the gate/up label (run 19b) = each gate/up "
+                        "program's L2 prefetch before its wait")
     result.extra["wall seconds"] = round(time.time() - t_start, 1)
     paths = result.write(args.out)
     print(result.markdown())
@@ -743,9 +756,11 @@ def main() -> None:
     parser.add_argument("--batches", default=None, help="comma-separated B values (default: the round's)")
     parser.add_argument("--tps", default=None, help="comma-separated tensor-parallel sizes T (default: 1,4)")
     parser.add_argument("--run19", action="store_true",
-                        help="run 19: the fp16 GEMV forward launch by launch, the folded top-k sum, tile candidates")
+                        help="run 19: the fp16 GEMV forward launch by launch, tile candidates")
+    parser.add_argument("--run19b", action="store_true",
+                        help="run 19b: the gate/up launch's L2 prefetch before its PDL wait, every B where PDL ships")
     args = parser.parse_args()
-    if args.run19:
+    if args.run19 or args.run19b:
         run19(args)
         return
     if args.pdl:

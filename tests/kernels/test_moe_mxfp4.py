@@ -697,57 +697,6 @@ def test_gemv_tma_f16_pdl_forward(monkeypatch, batch, pattern, persistent_down, 
     assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
 
 
-# the top-k sum folded into the fp16 down launch (GemvConfig.fold_sum, round 19)
-@pytest.mark.parametrize("batch,pattern,persistent_down,pdl", [
-    (1, "random", 0, True), (3, "duplicate", 0, False), (3, "random", 1, True), (4, "invalid", 0, True),
-    (3, "invalid", 1, False), (2, "all_invalid", 0, False), (2, "all_invalid", 1, True), (0, "random", 0, False)])
-def test_gemv_fold_sum_forward(monkeypatch, batch, pattern, persistent_down, pdl):
-    """The down launch's last program per (token, column block) adds the token's rows in top-k order: the same bits as
-    the fourth launch, every scratch tensor NaN-poisoned, a second call on the same tickets alike (they are left
-    zeroed), one and several programs per weight block, duplicate and invalid ids, tokens without a valid id -> 0."""
-    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
-    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN, seed=batch + 50)
-    weights, ids = make_routing(batch, pattern, seed=batch + 51)
-    x = make_x(batch, hidden=TMA_HIDDEN, seed=batch + 52, scale=4.0)
-    tiles = _f16_tiles(persistent_down, **({"pdl": True} if pdl else {}))
-    folded = (tiles[0], dataclasses.replace(tiles[1], fold_sum=True))
-    with poisoned_scratch():
-        out = run(x, experts, weights, ids, configs=folded)
-        again = run(x, experts, weights, ids, configs=folded)
-    if not batch:
-        assert out.numel() == 0
-        return
-    assert torch.equal(out, run(x, experts, weights, ids, configs=tiles))
-    assert torch.equal(again, out)
-    if pattern == "all_invalid":
-        assert torch.equal(out, torch.zeros_like(out))
-    else:
-        assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
-
-
-def test_gemv_fold_sum_launches_and_fallback(monkeypatch):
-    """With fold_sum the fourth launch does nothing (the launches alone repeat the forward); where the clamp bounds
-    nothing (the bf16 decode) the top-k sum launch runs as before; fold_sum on the gate/up config or without f16 is
-    refused."""
-    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
-    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN, seed=60)
-    weights, ids = make_routing(2, "random", seed=61)
-    x = make_x(2, hidden=TMA_HIDDEN, seed=62)
-    tiles = _f16_tiles(0)
-    folded = (tiles[0], dataclasses.replace(tiles[1], fold_sum=True))
-    w13r, s13r = repacked(experts[0], experts[1])
-    out = torch.full_like(x, float("nan"))
-    launches = moe.gemv_launches(x, w13r, s13r, experts[2], experts[3], weights, ids, out, SWIGLU_LIMIT, folded)
-    assert_launches_repeat_the_forward(launches, out, moe.reference_moe_mxfp4(x, *experts, weights, ids))
-    assert torch.equal(out, run(x, experts, weights, ids, configs=tiles))
-    assert torch.equal(run(x, experts, weights, ids, configs=folded, swiglu_limit=0.0),
-                       run(x, experts, weights, ids, configs=tiles, swiglu_limit=0.0))
-    for bad in ((dataclasses.replace(tiles[0], fold_sum=True), tiles[1]),
-                tuple(dataclasses.replace(c, f16=False) for c in folded)):
-        with pytest.raises(ValueError, match="fold_sum"):
-            run(x, experts, weights, ids, upcast="gemv", configs=bad)
-
-
 class _LaunchRecorder:
     """Stands in for a jitted kernel: records the keyword arguments of each ``kernel[grid](...)`` launch."""
 
@@ -786,10 +735,15 @@ def test_gemv_pdl_reaches_every_launch(monkeypatch, supported, persistent_down, 
         for name, kw in launches:
             assert (kw["launch_pdl"], kw["PDL"], kw["PDL_LATE"]) == (on, on, on and late), name
         assert launches[2][1]["L2_PREFETCH"] == (on and l2)
+        assert not launches[1][1]["L2_PREFETCH"]  # the gate/up prefetch only where its config asks
+    launches.clear()  # round 19: the gate/up config's pdl_l2 reaches the gate/up launch alone
+    tiles = _f16_tiles(persistent_down, pdl=True)
+    run(x, experts, weights, ids, configs=(dataclasses.replace(tiles[0], pdl_l2=True), tiles[1]))
+    assert (launches[1][1]["L2_PREFETCH"], launches[2][1]["L2_PREFETCH"]) == (supported, False)
 
 
-@pytest.mark.parametrize("bad", ["no_f16", "gate_up_only", "late_down_only", "l2_on_gate_up", "l2_without_pdl",
-                                 "late_without_pdl"])
+@pytest.mark.parametrize("bad", ["no_f16", "gate_up_only", "late_down_only", "gate_up_l2_without_pdl",
+                                 "l2_without_pdl", "late_without_pdl"])
 def test_gemv_pdl_arguments(bad):
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
     weights, ids = make_routing(1, "random")
@@ -801,7 +755,8 @@ def test_gemv_pdl_arguments(bad):
         dn["pdl"] = False
     elif bad == "late_down_only":
         dn["pdl_late"] = True
-    elif bad == "l2_on_gate_up":
+    elif bad == "gate_up_l2_without_pdl":
+        gu["pdl"] = dn["pdl"] = False
         gu["pdl_l2"] = True
     elif bad == "l2_without_pdl":
         gu["pdl"] = dn["pdl"] = False
