@@ -271,7 +271,6 @@ def _block_fp8_gemv_kernel(
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
     PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False, ROPE_HOIST: tl.constexpr = 0,
-    SPLIT_SUM_BATCH: tl.constexpr = 1,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g,
     over K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), K_UNROLL blocks per iteration.
@@ -300,13 +299,13 @@ def _block_fp8_gemv_kernel(
                        stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                        stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                        BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, USE_DOT, SWAP_AB, INV_ROPE, HEAD, ROPE,
-                       PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST, SPLIT_SUM_BATCH)
+                       PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST)
     else:
         _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
                    stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                    stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                    BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, USE_DOT, SWAP_AB, INV_ROPE, HEAD, ROPE,
-                   PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST, SPLIT_SUM_BATCH)
+                   PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST)
 
 
 @triton.jit
@@ -316,11 +315,10 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
                IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, SWAP_AB: tl.constexpr, INV_ROPE: tl.constexpr,
                HEAD: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
-               W_TMA: tl.constexpr, PERSISTENT: tl.constexpr, ROPE_HOIST: tl.constexpr,
-               SPLIT_SUM_BATCH: tl.constexpr = 1):
+               W_TMA: tl.constexpr, PERSISTENT: tl.constexpr, ROPE_HOIST: tl.constexpr):
     """One work item of _block_fp8_gemv_kernel: tile ``pid`` (rows-major over column tiles) of group pid_g, K split
     pid_k; after the PDL wait. ROPE_HOIST (with INV_ROPE): the inverse RoPE's factors loaded once, before the K loop
-    (_rope_chunk_factors). With split-K the last arriver sums the partials, SPLIT_SUM_BATCH of them loaded per step."""
+    (_rope_chunk_factors)."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     tl.static_assert(USE_DOT or BLOCK_M <= 2)
     BLOCK_KI: tl.constexpr = BLOCK_K * K_UNROLL
@@ -446,7 +444,7 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
         tile_part = rm[:, None] * N + rn[None, :]
         tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, acc, mask=y_mask)
         _sum_split_partials(part_base, M * N, tile_part, y_ptrs, y_mask, counter_ptr, pid_g * tiles_per_group + pid,
-                            num_splits, BLOCK_M, BLOCK_N, SPLIT_SUM_BATCH)
+                            num_splits, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -514,7 +512,7 @@ def _block_fp8_gemv_rows_kernel(
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
-    SPLIT_SUM_BATCH: tl.constexpr = 1, ONE_CHUNK: tl.constexpr = False,
+    ONE_CHUNK: tl.constexpr = False,
 ):
     """One program: rows [pid_m*ROWS, +ROWS) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over K blocks
     [pid_k*k_blocks_per_split, +k_blocks_per_split), BLOCK_K*K_UNROLL columns per iteration.
@@ -526,8 +524,7 @@ def _block_fp8_gemv_rows_kernel(
     tile are adjacent program ids, so when M > ROWS the re-read of a weight tile comes from L2.
 
     ONE_CHUNK (with PREFETCH; the launch guarantees a split of exactly K_UNROLL blocks): the loop runs once, on the
-    chunk whose weight and scales were loaded before the PDL wait (GemvConfig.one_chunk), and loads no next chunk.
-    With split-K the last arriver sums the partials, SPLIT_SUM_BATCH of them loaded per step."""
+    chunk whose weight and scales were loaded before the PDL wait (GemvConfig.one_chunk), and loads no next chunk."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     tl.static_assert(PREFETCH or not ONE_CHUNK)
     tl.static_assert(ROWS == 1 or ROWS == 2 or ROWS == 4 or ROWS == 8)
@@ -652,7 +649,7 @@ def _block_fp8_gemv_rows_kernel(
         rm = row0 + tl.arange(0, ROWS)
         _sum_split_partials(part_g, M * N, rm[:, None] * N + rn[None, :],
                             y_base + rm[:, None] * stride_ym + rn[None, :], (rm < M)[:, None] & n_mask[None, :],
-                            counter_ptr, pid_g * tl.num_programs(0) + pid, num_splits, ROWS, BLOCK_N, SPLIT_SUM_BATCH)
+                            counter_ptr, pid_g * tl.num_programs(0) + pid, num_splits, ROWS, BLOCK_N)
 
 
 # FP8 tensor-core form: the weight goes to the MMA as e4m3 with no dequantisation; each bf16
@@ -996,8 +993,9 @@ class GemvConfig:
     # flattened into the K loop (tl.range(flatten=True)) so the weight pipeline runs on from one item into the next.
     # 0: one program per work item. H200 runs 13 / 13b: see default_config.
     persistent_programs_per_sm: int = 0
-    # split-K epilogue (any form): the last arriver loads this many partials per step (all in flight at once) instead
-    # of one, summed in the same order (the same result)
+    # FP8 tensor-core form, split-K epilogue: the last arriver loads this many partials per step (all in flight at
+    # once) instead of one, summed in the same order (the same result). On the FMA / bf16-tile / rows forms (H200 run
+    # 18 / 18b, since removed there) it was 0.94-1.04x, less than the one-chunk form won: no default would use it
     split_sum_batch: int = 1
     # rows form with prefetch: where a program's K split is one chunk (k_unroll blocks), its weight and scales are
     # loaded before the PDL wait and no next chunk is loaded (a longer split runs the prefetching loop as before)
@@ -1033,8 +1031,8 @@ class GemvConfig:
                              f"form and fp8_chain; got {self}")
         if self.rope_preload and not self.fp8_mma:
             raise ValueError(f"config: rope_preload needs fp8_mma; got {self}")
-        if self.split_sum_batch < 1:
-            raise ValueError(f"config: split_sum_batch >= 1; got {self}")
+        if self.split_sum_batch < 1 or (self.split_sum_batch > 1 and not self.fp8_mma):
+            raise ValueError(f"config: split_sum_batch >= 1, and above 1 needs fp8_mma; got {self}")
         if self.one_chunk and not (self.rows_form and self.prefetch):
             raise ValueError(f"config: one_chunk needs the rows form with prefetch; got {self}")
 
@@ -1243,18 +1241,23 @@ PERSISTENT_FMA_PROGRAMS_PER_SM = 2
 # time is fixed (a PDL chain of trivial kernels costs 1.1-1.45 us per call; the split-K partial store, ticket and
 # last-arriver sum come on top). The rows form without split-K, each program's whole K one chunk whose weight and
 # scales are loaded before the PDL wait (GemvConfig.one_chunk), leaves the activation load, the FMAs, one in-program
-# reduction and the store after the wait. Tile by K: about 128 weight bytes per thread.
+# reduction and the store after the wait. Tile by K: about 128 weight bytes per thread (64 at K = 256). Run 18b, every
+# distinct DSv4 shape of <= 8 MiB at 1 / 2 rows against the default before it: 0.46-0.95x (wqkv_a 5.04 -> 4.64 us,
+# shared_down T=1 5.15 -> 4.88, [512, 4096] 4.24 -> 1.95, [4096, 1024] 3.02 -> 2.48); except [8192, 1024] at 1 row,
+# where the one-shot rows form that loads its K in two chunks stays (4.44 against 4.80 us), and wo_a with the fused
+# RoPE at T=4 (wo_a_config). 16 MiB and more lost (run 18: shared_gate_up T=1 7.43 -> 9.81 us, 33.5 MiB 1.5-2x).
 ONE_CHUNK_MAX_WEIGHT_BYTES = 8 << 20
 ONE_CHUNK_MAX_ROWS = 2
-ONE_CHUNK_TILES = ((4096, 8, 8), (2048, 8, 4), (0, 16, 4))  # (from K, block_n, num_warps), first match
+ONE_CHUNK_TILES = ((4096, 8, 8), (2048, 8, 4), (1024, 16, 4), (0, 32, 4))  # (from K, block_n, num_warps)
 USE_ONE_CHUNK = True  # False: default_config as before runs 18 / 18b
 
 
-def _one_chunk_config(m: int, n: int, k: int, groups: int) -> GemvConfig | None:
-    """The one-chunk rows form where runs 18 / 18b measured it faster (see ONE_CHUNK_* above), else None."""
+def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig) -> GemvConfig | None:
+    """The one-chunk rows form where runs 18 / 18b measured it faster (see ONE_CHUNK_* above), else None; ``form``:
+    launch_form's pick for the same call."""
     k_blocks = triton.cdiv(k, FP8_BLOCK)
-    if (not USE_ONE_CHUNK or m > ONE_CHUNK_MAX_ROWS or groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES
-            or k_blocks & (k_blocks - 1)):
+    if (m > ONE_CHUNK_MAX_ROWS or groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES
+            or k_blocks & (k_blocks - 1) or (m == 1 and form.rows_form and form.k_unroll < k_blocks)):
         return None
     block_n, warps = next((bn, w) for min_k, bn, w in ONE_CHUNK_TILES if k >= min_k)
     return GemvConfig(m, block_n, 1, False, num_warps=warps, k_unroll=k_blocks, rows_form=True, prefetch=True,
@@ -1263,10 +1266,14 @@ def _one_chunk_config(m: int, n: int, k: int, groups: int) -> GemvConfig | None:
 
 def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
+    return _default_config(m, n, k, groups, USE_ONE_CHUNK)
+
+
+def _default_config(m: int, n: int, k: int, groups: int, one_chunk_rule: bool) -> GemvConfig:
     form = launch_form(m, n, k, groups)
     if not USE_PDL:
         return form
-    one_chunk = _one_chunk_config(m, n, k, groups)
+    one_chunk = _one_chunk_config(m, n, k, groups, form) if one_chunk_rule else None
     if one_chunk is not None:
         return one_chunk
     cfg = _with_pdl(form, m, groups * n * k)
@@ -1323,6 +1330,11 @@ def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvCo
     """The launch configuration of grouped_fp8_wo_a: default_config's, or the forms measured faster for wo_a
     (above): with the fused inverse RoPE, and on the 128-column FP8 tile at T=1."""
     cfg = default_config(b, r, d, groups)
+    if fused_rope and cfg.one_chunk and groups * r * d >= WO_A_ROPE_FMA_MIN_WEIGHT_BYTES:
+        # run 18b, T=4 (8 MiB): the one-chunk form's RoPE (the branch form over the whole K) made it 6.43 / 9.16 us at
+        # 1 / 2 rows against 5.67 / 8.02 for the forms before; at T=8 (4 MiB) it won with the RoPE too (3.29 / 4.67
+        # against 4.70 / 6.12)
+        cfg = _default_config(b, r, d, groups, one_chunk_rule=False)
     wide_pdl_tile = cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"]
     one_shot = (wide_pdl_tile and cfg.split_k > 1
                 and triton.cdiv(d, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k)
@@ -1457,8 +1469,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             per_split, split,
             ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, EVICT_FIRST=cfg.evict_first, X_BROADCAST=cfg.x_broadcast,
-            INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim, SPLIT_SUM_BATCH=cfg.split_sum_batch,
-            ONE_CHUNK=cfg.one_chunk and per_split == cfg.k_unroll,
+            INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim, ONE_CHUNK=cfg.one_chunk and per_split == cfg.k_unroll,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args,
         )
         return
@@ -1490,7 +1501,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         fr.stride(0) if inv_rope else 0,
         per_split, split, groups,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
-        IS_SPLIT=split > 1, USE_DOT=cfg.use_dot, SWAP_AB=cfg.swap_ab, SPLIT_SUM_BATCH=cfg.split_sum_batch,
+        IS_SPLIT=split > 1, USE_DOT=cfg.use_dot, SWAP_AB=cfg.swap_ab,
         INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
         ROPE_HOIST=rope_mode(cfg, inv_rope, FP8_BLOCK * cfg.k_unroll, per_split, k, head_dim, rope_dim),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args, **persistent_args,
@@ -1723,7 +1734,16 @@ _WO_A_FORMS = (  # runs 15 / 15b: wo_a_config's one-shot FP8 tile at T=1, 2..4 r
     (GemvConfig(8, 128, 4, True, fp8_mma=True, fp8_join=True, pdl=True, rope_preload=True, **WO_A_ONE_SHOT), True),
     (GemvConfig(8, 128, 4, True, 8, 3, fp8_mma=True, fp8_join=True, rope_preload=True), True),
 )
-SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS
+# runs 18 / 18b: the one-chunk rows forms _one_chunk_config picks for the DSv4 shapes of <= 8 MiB at 1 / 2 rows
+# (K 4096 / 2048 / 1024 / 512 / 256), the fused inverse RoPE on wo_a at T=8 (K 4096)
+_ONE_CHUNK_FORMS = tuple(
+    (GemvConfig(m, block_n, 1, False, num_warps=warps, k_unroll=k // FP8_BLOCK, rows_form=True, prefetch=True,
+                one_chunk=True, pdl=True), rope)
+    for m in (1, 2)
+    for k, block_n, warps, ropes in ((4096, 8, 8, (False, True)), (2048, 8, 4, (False,)), (1024, 16, 4, (False,)),
+                                     (512, 32, 4, (False,)), (256, 32, 4, (False,)))
+    for rope in ropes)
+SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
 
 
 def aot_configs() -> list[AotConfig]:
@@ -1741,13 +1761,13 @@ _AOT_SIGNATURE = {
     "IS_SPLIT": "constexpr", "USE_DOT": "constexpr", "SWAP_AB": "constexpr", "INV_ROPE": "constexpr",
     "HEAD": "constexpr", "ROPE": "constexpr", "PDL": "constexpr", "L2_PREFETCH_BLOCKS": "constexpr",
     "PDL_LATE_TRIGGER": "constexpr", "W_TMA": "constexpr", "PERSISTENT": "constexpr", "FLATTEN": "constexpr",
-    "ROPE_HOIST": "constexpr", "SPLIT_SUM_BATCH": "constexpr",
+    "ROPE_HOIST": "constexpr",
 }
 _AOT_ROWS_SIGNATURE = {  # the rows kernel has no persistent form (no num_groups)
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr" and key != "num_groups"},
     **{key: "constexpr" for key in ("ROWS", "BLOCK_N", "BLOCK_K", "K_UNROLL", "IS_SPLIT", "PREFETCH", "EVICT_FIRST",
                                     "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE", "PDL", "L2_PREFETCH_BLOCKS",
-                                    "PDL_LATE_TRIGGER", "W_TMA", "SPLIT_SUM_BATCH", "ONE_CHUNK")},
+                                    "PDL_LATE_TRIGGER", "W_TMA", "ONE_CHUNK")},
 }
 
 _AOT_FP8MMA_SIGNATURE = {
@@ -1785,8 +1805,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
     name = f"fp8_gemv_{cfg.name}" + ("_invrope" if rope else "")
     common = {"BLOCK_N": cfg.block_n, "BLOCK_K": FP8_BLOCK, "K_UNROLL": cfg.k_unroll, "IS_SPLIT": cfg.split_k > 1,
               "INV_ROPE": rope, "HEAD": HEAD_DIM, "ROPE": ROPE_DIM, "PDL": cfg.pdl,
-              "L2_PREFETCH_BLOCKS": cfg.pdl_l2_blocks, "PDL_LATE_TRIGGER": cfg.pdl_late, "W_TMA": 0,
-              "SPLIT_SUM_BATCH": cfg.split_sum_batch}
+              "L2_PREFETCH_BLOCKS": cfg.pdl_l2_blocks, "PDL_LATE_TRIGGER": cfg.pdl_late, "W_TMA": 0}
     persistent = {"PERSISTENT": cfg.persistent_programs_per_sm > 0,
                   "FLATTEN": cfg.persistent_programs_per_sm > 0 and cfg.split_k == 1}
     if cfg.rows_form:
@@ -1804,7 +1823,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_fp8mma_kernel, signature=_AOT_FP8MMA_SIGNATURE,
             constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common,
-                        **persistent,
+                        **persistent, "SPLIT_SUM_BATCH": cfg.split_sum_batch,
                         # the wo_a geometry: K split 8 of 4096 (4 blocks, one head, per split)
                         "ROPE_HOIST": rope_mode(cfg, rope, FP8_BLOCK, HEAD_DIM // FP8_BLOCK, 8 * HEAD_DIM, HEAD_DIM,
                                                 ROPE_DIM)},

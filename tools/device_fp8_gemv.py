@@ -554,18 +554,14 @@ def run15b_candidates(m: int, n: int, k: int, groups: int, g):
 
 
 def run18_candidates(m: int, n: int, k: int, groups: int, g):
-    """--run18-sweep (run 18): default_config's form first; sb8 = that form with the split-K sum loading 8 partials per
-    step (where it splits); wk_nN_wW = the rows form without split-K, N columns per program on W warps, its whole K one
-    chunk loaded with the scales before the PDL wait (one_chunk; only where a thread holds at most 256 weight bytes);
-    oc_nN_sS = the same with the K split choose_split picks for N-column tiles (S splits of one chunk each, sb8)."""
-    import dataclasses
-
-    replace = dataclasses.replace
+    """--run18-sweep (run 18): default_config's form first; wk_nN_wW = the rows form without split-K, N columns per
+    program on W warps, its whole K one chunk loaded with the scales before the PDL wait (one_chunk; only where a thread
+    holds at most 256 weight bytes); oc_nN_sS = the same with the K split choose_split picks for N-column tiles (S
+    splits of one chunk each). Run 18 also timed the split-K sum loading 8 partials per step on the FMA / bf16-tile /
+    rows forms (``sb8``, also on the oc variants); that option is removed from those forms, so not generated here."""
     cur = g.default_config(m, n, k, groups)
     out = [("old_default", cur)]
     k_blocks = math.ceil(k / g.FP8_BLOCK)
-    if effective_launch(cur, k, g).split_k > 1 and not cur.persistent_programs_per_sm:
-        out.append(("sb8", replace(cur, split_sum_batch=8)))
     rows = min(8, 1 << max(0, m - 1).bit_length())
     if k_blocks & (k_blocks - 1) == 0 and rows <= 2:  # a chunk of the whole K: a power-of-two width
         for block_n, warps in ((8, 8), (16, 8), (8, 4), (16, 4)):
@@ -579,7 +575,7 @@ def run18_candidates(m: int, n: int, k: int, groups: int, g):
             if split > 1 and block_n * k // split // 128 <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
                 out.append((f"oc_n{block_n}_s{split}",
                             g.GemvConfig(rows, block_n, split, False, k_unroll=k_blocks // split, rows_form=True,
-                                         prefetch=True, one_chunk=True, pdl=True, split_sum_batch=8)))
+                                         prefetch=True, one_chunk=True, pdl=True)))
     return distinct_configs(out)
 
 
@@ -597,15 +593,12 @@ def _without_one_chunk(g, fn, *args, **kwargs):
 
 def run18b_candidates(m: int, n: int, k: int, groups: int, g):
     """--run18b-sweep (run 18b): old_default = default_config without the one-chunk rule (as before), current_default =
-    with it; sb8 = the old form with 8 partials per sum step (where it splits); wk_nN_wW = the one-chunk rows form on N
-    columns and W warps (whole K, no split-K); wo_a: old_seam / seam = wo_a_config with the fused RoPE without / with
-    the rule (every variant is timed with the RoPE too)."""
-    import dataclasses
-
+    with it; wk_nN_wW = the one-chunk rows form on N columns and W warps (whole K, no split-K); wo_a: old_seam / seam =
+    wo_a_config with the fused RoPE without / with the rule (every variant is timed with the RoPE too). Run 18b also
+    timed ``sb8`` (see run18_candidates), since removed, so not generated here. The rule's tiles changed after the run
+    (K <= 512: 32 columns, K 1024: 16, as wk_n32_w4 / wk_n16_w4 measured), so current_default now repeats a wk row."""
     old = _without_one_chunk(g, g.default_config, m, n, k, groups)
     out = [("old_default", old), ("current_default", g.default_config(m, n, k, groups))]
-    if effective_launch(old, k, g).split_k > 1:
-        out.append(("sb8", dataclasses.replace(old, split_sum_batch=8)))
     k_blocks = math.ceil(k / g.FP8_BLOCK)
     if m <= 2 and k_blocks & (k_blocks - 1) == 0:
         for block_n, warps in ((8, 8), (16, 8), (8, 4), (16, 4), (4, 8), (32, 4)):

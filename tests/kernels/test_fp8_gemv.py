@@ -114,7 +114,8 @@ def test_leading_dims_strided_rows_and_empty():
     assert empty.shape == (0, 128)
 
 
-def test_default_config_rows_and_split():
+def test_default_config_rows_and_split(monkeypatch):
+    monkeypatch.setattr(g, "USE_ONE_CHUNK", False)  # the forms before runs 18 / 18b (test_fp8_gemv_one_chunk.py)
     assert not g.default_config(1, 1536, 4096).use_dot
     assert g.default_config(8, 4096, 4096).use_dot
     assert g.default_config(1, 1536, 4096).split_k > 1  # 48 tiles: split K to fill the GPU
@@ -431,7 +432,8 @@ def test_rope_hoist_config():
 def test_split_sum_batch_validation():
     with pytest.raises(ValueError, match="split_sum_batch >= 1"):
         dataclasses.replace(q8(split=2), split_sum_batch=0)
-    assert g.GemvConfig(16, 32, 2, True, split_sum_batch=2).name.endswith("_sb2")  # every form (run 18)
+    with pytest.raises(ValueError, match="above 1 needs fp8_mma"):
+        g.GemvConfig(16, 32, 2, True, split_sum_batch=2)
     assert dataclasses.replace(q8(split=2), split_sum_batch=8).name.endswith("_sb8")
 
 
@@ -709,7 +711,9 @@ def test_pdl_config_validation_and_name():
 def test_default_config_pdl_where_measured_faster(monkeypatch):
     """H200 runs 8/9 (benchmarks/fp8_gemv-h200-run9-pdl.summary.md): PDL at 1 row (the FMA form with 4 K blocks
     prefetched into L2, the one-shot rows forms without), on the 128-column FP8 tile of 32 MiB weights, late at 2
-    rows (prefetching below 4 MiB), late on the smaller tensor-core tiles; USE_PDL = False turns it off."""
+    rows (prefetching below 4 MiB), late on the smaller tensor-core tiles; USE_PDL = False turns it off. (Without the
+    one-chunk rule of runs 18 / 18b, which launches with PDL too: test_fp8_gemv_one_chunk.py.)"""
+    monkeypatch.setattr(g, "USE_ONE_CHUNK", False)
     fma = g.default_config(1, 1536, 4096)
     assert fma.pdl and fma.pdl_l2_blocks == g.PDL_FMA_L2_BLOCKS and not fma.use_dot and not fma.rows_form
     one_shot = g.default_config(1, 4096, 1024)

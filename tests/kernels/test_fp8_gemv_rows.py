@@ -102,11 +102,13 @@ def test_rows_form_config_is_validated():
     assert rows(8).name.startswith("rows_m8_n32_u2_s1") and rows(8, evict_first=True).name.endswith("_pf_ef")
 
 
-def test_default_config_picks_rows_forms_where_measured():
+def test_default_config_picks_rows_forms_where_measured(monkeypatch):
     """From the H200 run (benchmarks/fp8_gemv-h200-run3.summary.md): 2 rows on the rows form at every
     shape below 32 MiB (run 6b moved 2 rows of the 32 MiB weights to the FP8 tensor-core form); 1 row on
     the one-shot rows form for K of 4..8 blocks and few column tiles; 3..16 rows stay on tensor cores;
-    larger-K single rows stay on the FMA form."""
+    larger-K single rows stay on the FMA form. (Without the one-chunk rule of runs 18 / 18b, which puts weights of
+    at most 8 MiB at 1..2 rows on the rows form too: test_fp8_gemv_one_chunk.py.)"""
+    monkeypatch.setattr(g, "USE_ONE_CHUNK", False)
     for n, k in [(1536, 4096), (16384, 1024), (4096, 4096), (4096, 256)]:
         cfg = g.launch_form(2, n, k)
         assert cfg.rows_form and cfg.block_m == 2 and not cfg.prefetch

@@ -150,7 +150,9 @@ def test_wo_a_config_with_fused_rope_where_measured_faster(monkeypatch):
     """With the fused inverse RoPE: 1 row at T=1 on default_config's 64-column FMA tile by TMA with the RoPE factors
     hoisted (runs 17 / 17b), at T = 2 / 4 on 64-column FMA tiles with plain loads (not T=8); 2..8 rows at T=1 on the
     one-shot FP8 tile with the rope block preloaded (run 17b), 3..8 rows at T=2 on default_config's FP8 tile with it;
-    without it, at T=1 the one-shot FP8 tile at 2..4 rows (runs 15 / 15b), else default_config."""
+    without it, at T=1 the one-shot FP8 tile at 2..4 rows (runs 15 / 15b), else default_config. (Without the one-chunk
+    rule of runs 18 / 18b: test_fp8_gemv_one_chunk.py.)"""
+    monkeypatch.setattr(g, "USE_ONE_CHUNK", False)
     cfg = g.wo_a_config(1, 1024, 4096, 8, fused_rope=True)
     assert cfg == dataclasses.replace(g.default_config(1, 1024, 4096, 8), rope_hoist=True) and cfg.w_tma
     for groups in (4, 2):

@@ -1,0 +1,91 @@
+"""The one-chunk rows form of the block-FP8 GEMV (``GemvConfig(one_chunk=True)``: a program's whole K split is one
+chunk whose weight and scales are loaded before the PDL wait) against the float32 reference under the CPU interpreter
+at reduced shapes: 1..2-row tiles over 1..5 rows, ragged N and K, split-K with one chunk per split, grouped wo_a with
+and without the fused inverse RoPE; outputs poisoned before every call, each call twice (split-K counters reset).
+Also the rule that picks it (default_config / wo_a_config, H200 runs 18 / 18b) and its AOT registration."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import fp8_gemv as g
+
+from ..conftest import DEVICE
+from .test_fp8_gemv import OUTPUT_TOL, check_ragged_grouped_wo_a, poisoned, random_weight, rel_err
+
+
+def one_chunk(block_m, block_n, k_blocks, split=1, warps=4, pdl=True):
+    return g.GemvConfig(block_m, block_n, split, False, num_warps=warps, k_unroll=k_blocks, rows_form=True,
+                        prefetch=True, one_chunk=True, pdl=pdl)
+
+
+# (config, N, K): the whole K one chunk (no split: K rounded up to a power-of-two number of blocks, the tail masked);
+# one chunk per split (split 2 / 3 of 8 blocks: the last split of 3 is short, so its chunk is masked); the chunk too
+# short for the split (k_unroll < the split's blocks: the prefetching loop runs, one_chunk does not apply)
+CASES = [(one_chunk(1, 8, 8, warps=8), 160, 1024), (one_chunk(1, 16, 2), 200, 200), (one_chunk(2, 16, 4), 96, 512),
+         (one_chunk(1, 32, 4, split=2), 160, 1024), (one_chunk(2, 16, 4, split=2, pdl=False), 160, 1024),
+         (one_chunk(1, 16, 4, split=3), 72, 1024), (one_chunk(1, 16, 2, split=2), 160, 1024)]
+
+
+@pytest.mark.parametrize("cfg,n,k", CASES, ids=lambda v: v.name if isinstance(v, g.GemvConfig) else str(v))
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_one_chunk_forms_match_reference(cfg, n, k, m):
+    gen = torch.Generator().manual_seed(17 * m + n + k + cfg.split_k)
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    for _ in range(2):
+        out = poisoned((m, n))
+        y = g.block_fp8_linear(x, w, s, out=out, config=cfg)
+        assert y is out and torch.isfinite(y).all()
+        assert rel_err(y, ref) < OUTPUT_TOL
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("cfg", [one_chunk(1, 16, 4), one_chunk(2, 8, 4, warps=8)], ids=lambda c: c.name)
+def test_wo_a_one_chunk(cfg, rope):
+    check_ragged_grouped_wo_a(cfg, rope, seed=5 + rope, groups=2)
+
+
+def test_one_chunk_rule(monkeypatch):
+    """Runs 18 / 18b: weights of at most 8 MiB at 1..2 rows take the one-chunk form (tile by K), except [8192, 1024]
+    at 1 row (the two-chunk one-shot rows form stays) and wo_a with the fused RoPE at 8 MiB (T=4); USE_ONE_CHUNK =
+    False restores the forms before."""
+    expected = {(1536, 4096): (8, 8), (4096, 2048): (8, 4), (4096, 1024): (16, 4), (512, 4096): (8, 8),
+                (2048, 4096): (8, 8), (4096, 512): (32, 4), (4096, 256): (32, 4)}
+    for (n, k), (block_n, warps) in expected.items():
+        for m in (1, 2):
+            cfg = g.default_config(m, n, k)
+            assert cfg == one_chunk(m, block_n, k // 128, warps=warps), (n, k, m)
+    assert g.default_config(2, 8192, 1024) == one_chunk(2, 16, 8)
+    two_chunks = g.default_config(1, 8192, 1024)
+    assert two_chunks.rows_form and two_chunks.k_unroll == 4 and not two_chunks.one_chunk
+    for m in (1, 2):
+        assert g.default_config(m, 1024, 4096, groups=2).one_chunk  # wo_a T=4: 8 MiB over its groups
+        assert not g.wo_a_config(m, 1024, 4096, 2, fused_rope=True).one_chunk  # ... but not with the fused RoPE
+        assert g.wo_a_config(m, 1024, 4096, 2, fused_rope=False).one_chunk
+        assert g.wo_a_config(m, 1024, 4096, 1, fused_rope=True) == one_chunk(m, 8, 32, warps=8)  # T=8
+    for m, n, k, groups in ((3, 1536, 4096, 1), (1, 4096, 4096, 1), (1, 1024, 4096, 8), (2, 16384, 1024, 1),
+                            (1, 1024, 4096, 4)):
+        assert not g.default_config(m, n, k, groups).one_chunk, (m, n, k, groups)
+    assert not g.default_config(1, 1536, 3968).one_chunk  # 31 K blocks: no power-of-two chunk
+    seam_t4 = [g.wo_a_config(m, 1024, 4096, 2, fused_rope=True) for m in (1, 2)]
+    monkeypatch.setattr(g, "USE_ONE_CHUNK", False)
+    assert not g.default_config(1, 1536, 4096).one_chunk
+    assert seam_t4 == [g.wo_a_config(m, 1024, 4096, 2, fused_rope=True) for m in (1, 2)]  # as before the rule
+
+
+def test_one_chunk_aot_forms_registered():
+    """Every one-chunk form the rule picks for a DSv4 dense shape is in the AOT registry."""
+    from sglang_sm120.kernels import dsv4
+
+    shipped = {cfg for cfg, _rope in g.SHIPPED_FORMS}
+    for tp in dsv4.SUPPORTED_TP:
+        for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
+            groups = dsv4.O_GROUPS // tp if name == "wo_a" else 1
+            rows = dsv4.O_LORA_RANK if name == "wo_a" else n
+            for m in (1, 2):
+                cfg = g.default_config(m, rows, k, groups)
+                if cfg.one_chunk:
+                    assert dataclasses.replace(cfg, split_k=1) in shipped, (name, tp, m, cfg.name)
