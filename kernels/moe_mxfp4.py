@@ -950,26 +950,15 @@ def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
 @triton.jit
 def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr, sorted_rows_ptr, expert_start_ptr,
                                  active_experts_ptr, num_active_ptr, act_ptr, hidden, inter, swiglu_limit, act_scale,
-                                 topk_ids_ptr, w13_ptr, w13_scale_ptr, num_experts, TOP_K: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
-                                 EMULATE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                                 L2_PREFETCH: tl.constexpr = False):
+                                 TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
+                                 PDL_LATE: tl.constexpr = False):
     """:func:`_gate_up_gemv_tma_kernel` on the fp16 pair decode: ``x_desc`` over the prepared fp16 pair words
     [B, H/2] (:func:`_route_x_f16_kernel`), each row's sums times its ``x_unscale``; the SwiGLU rows stored by
     :func:`_f16_act_store` (fp16 [B*top_k, I] in the pair order, times ``act_scale``). PDL: the trigger comes
     after the wait in every program, so once the down launch starts, the routing launch has completed (the down
-    launch reads its routing before its own wait). L2_PREFETCH (with PDL, round 19): before the wait, program
-    (s, j) asks L2 for column block j of the expert of flat routed row s (``topk_ids`` [B*top_k], written by the
-    kernel before the routing launch, which has completed once any program of this launch runs: every routing
-    program triggers after its own wait). Not necessarily its own expert (the sort is not known yet), but the
-    programs of the first ``min(B*top_k, E)`` rows together ask for blocks that this launch reads."""
+    launch reads its routing before its own wait)."""
     slot = tl.program_id(0)
-    if L2_PREFETCH:
-        guess = tl.load(topk_ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
-        if (guess >= 0) & (guess < num_experts):
-            w_first = guess * (2 * inter) + tl.program_id(1) * (2 * BLOCK_N)
-            _bulk_prefetch_l2(w13_ptr + w_first * (hidden // 2), 2 * BLOCK_N * (hidden // 2))
-            _bulk_prefetch_l2(w13_scale_ptr + w_first * (hidden // 32), 2 * BLOCK_N * (hidden // 32))
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
     if slot >= tl.load(num_active_ptr):
@@ -1885,11 +1874,9 @@ class GemvConfig:
     decode runs). ``pdl`` (with ``f16``, both configs alike, run 17): the forward's four launches carry programmatic
     dependent launch where the device has it (:func:`pdl_supported`; the rules in ``kernels/pdl.py``): each program
     waits before its first read of an earlier launch's output and before its first store, and triggers its
-    dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (with
-    ``pdl``): on the down config, each down program asks L2 for its weight block before its wait (its expert is known:
-    the routing launch completed before any gate/up program passed its wait, and those trigger only after it); on
-    the gate/up config (round 19), each gate/up program asks L2 for a weight block of the expert of one routed row
-    before its wait (:func:`_gate_up_gemv_tma_f16_kernel`)."""
+    dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (the down
+    config, with ``pdl``): each down program asks L2 for its weight block before its wait (its expert is known:
+    the routing launch completed before any gate/up program passed its wait, and those trigger only after it)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -2464,11 +2451,11 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         raise ValueError(f"GEMV f16 needs both configs alike, tma_ring and no persistent gate/up, got {configs!r}")
     act_shift = f16_act_shift(swiglu_limit) if gu_cfg.f16 else None
     f16 = act_shift is not None  # where the clamp does not bound the SwiGLU rows, the bf16 decode runs
-    if (gu_cfg.pdl != dn_cfg.pdl or gu_cfg.pdl_late != dn_cfg.pdl_late
+    if (gu_cfg.pdl != dn_cfg.pdl or gu_cfg.pdl_late != dn_cfg.pdl_late or gu_cfg.pdl_l2
             or ((gu_cfg.pdl or dn_cfg.pdl) and not gu_cfg.f16)
-            or any((c.pdl_late or c.pdl_l2) and not c.pdl for c in (gu_cfg, dn_cfg))):
-        raise ValueError(f"GEMV pdl needs f16, both configs alike in pdl and pdl_late (which need pdl), pdl_l2 with "
-                         f"pdl; got {configs!r}")
+            or ((dn_cfg.pdl_late or dn_cfg.pdl_l2) and not dn_cfg.pdl)):
+        raise ValueError(f"GEMV pdl needs f16, both configs alike in pdl and pdl_late (which need pdl), pdl_l2 on the "
+                         f"down config only (with pdl); got {configs!r}")
     device = x.device
     # the instructions need griddepcontrol (cc >= 9, not the interpreter); the bf16 decode (no clamp) launches without
     pdl = gu_cfg.pdl and f16 and pdl_supported(device)
@@ -2526,9 +2513,8 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         if f16:
             _gate_up_gemv_tma_f16_kernel[gu_grid](
                 x_desc, w13_desc, w13_s_desc, x_unscale, sorted_rows, expert_start, active_experts, num_active, act,
-                hidden, inter, float(swiglu_limit), 2.0 ** act_shift, ids, w13, scale_bytes(w13_scale), num_experts,
-                TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(),
-                L2_PREFETCH=pdl and gu_cfg.pdl_l2, **pdl_args, **gu_cfg.launch_options())
+                hidden, inter, float(swiglu_limit), 2.0 ** act_shift, TOP_K=top_k, BLOCK_N=gu_cfg.block_n,
+                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **gu_cfg.launch_options())
             return
         if tma_ring:
             _gate_up_gemv_tma_kernel[gu_grid](
@@ -2961,9 +2947,8 @@ def _gemv_tma_f16_sig(kind, rows, block_k, persistent=False):
         head = {k: sig[k] for k in ("x_desc", "w13_desc", "w13_scale_desc")}
         rest = {k: v for k, v in sig.items() if k not in head and k not in ("TOP_K", "BLOCK_N", "BLOCK_K", "RING")}
         return {**head, "x_unscale_ptr": "*fp32", **rest, "act_ptr": "*fp16", "act_scale": "fp32",
-                "topk_ids_ptr": "*i32", "w13_ptr": "*i8", "w13_scale_ptr": "*u8", "num_experts": "i32",
                 "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr",
-                "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
+                "EMULATE": "constexpr", **pdl}
     rest = {k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}
     return {**rest, "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr",
             "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
@@ -3169,9 +3154,10 @@ def aot_configs() -> list[AotConfig]:
         rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
         constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False,
                       **_aot_pdl(cfg)}
-        constexprs["L2_PREFETCH"] = cfg.pdl_l2
         if kind == "gate_up":
             constexprs["TOP_K"] = TOP_K
+        else:
+            constexprs["L2_PREFETCH"] = cfg.pdl_l2
         configs.append(AotConfig(
             name=f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}", kernel=kernel,
             signature=_gemv_tma_f16_sig(kind, rows, cfg.block_k, persistent), constexprs=constexprs,

@@ -507,7 +507,8 @@ RUN19_CASES = ((1, 1), (4, 1), (1, 8), (4, 8), (1, 2), (1, 4), (4, 2), (4, 4), (
 RUN19_ANATOMY = ((1, 1), (4, 1), (1, 8))  # (T, B) with the launch-by-launch anatomy
 # run 19b (--run19b): each gate/up program asks L2 for a weight block before its PDL wait (GemvConfig.pdl_l2 on the
 # gate/up config), at every B where PDL is shipped (T=1 B=1..4, T=2 B=1..8, T=4 B=1..16), at T=1 also with the down
-# launch's prefetch; anatomy at T=1 / 4 B=1
+# launch's prefetch; anatomy at T=1 / 4 B=1. It was 0.89-0.98x everywhere but T=4 B=1 (1.015x) and was removed (code
+# in commit ce653e6); the mode now times the shipped forward and its anatomy alone.
 RUN19B_CASES = ((1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (4, 4), (4, 8), (4, 16), (4, 3), (4, 6), (4, 12),
                 (4, 5), (4, 7), (4, 9), (4, 10), (4, 11), (4, 13), (4, 14), (2, 1), (2, 2), (2, 4), (2, 8), (2, 3),
                 (2, 5), (2, 6), (2, 7))  # grouped by T (layers are built once per T), most telling first
@@ -519,8 +520,8 @@ RUN19_ROUNDS = 2
 
 def run19_variants(rows, inter, full, run19b=False):
     """(label, (gate/up, down) GemvConfig) of run 19 at (rows, inter): the shipped tiles first; with ``full`` (T=1 / 4
-    at B = 1) the tile candidates; PDL where it is not shipped. ``run19b``: the shipped tiles with the gate/up L2
-    prefetch (and at T=1, where the down launch has none, with both)."""
+    at B = 1) the tile candidates; PDL where it is not shipped. ``run19b``: the shipped tiles alone (run 19b's gate/up
+    L2 prefetch is gone)."""
     import dataclasses
 
     def both(tiles, **kw):
@@ -529,10 +530,6 @@ def run19_variants(rows, inter, full, run19b=False):
     shipped = moe.gemv_configs(rows, inter)
     out = [("shipped", shipped)]
     if run19b:
-        if shipped[0].pdl:
-            out.append(("gu l2", (dataclasses.replace(shipped[0], pdl_l2=True), shipped[1])))
-            if not shipped[1].pdl_l2:
-                out.append(("gu l2 dn l2", both(shipped, pdl_l2=True)))
         return out
     if not shipped[0].pdl:  # PDL where it is not shipped (T=1 B=8, B=16)
         out.append(("pdl", both(shipped, pdl=True)))

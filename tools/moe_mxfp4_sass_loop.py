@@ -4,6 +4,7 @@
     .venv/bin/python tools/moe_mxfp4_sass_loop.py [--arch 90 --arch 120] [--upcast split_bf16 ...]
     .venv/bin/python tools/moe_mxfp4_sass_loop.py --pairs [--arch 120]   # the pairs decode's AOT configs
     .venv/bin/python tools/moe_mxfp4_sass_loop.py --pairs-tma [--arch 90]  # run 18: the TMA swap-AB tiles, sub_k forms
+    .venv/bin/python tools/moe_mxfp4_sass_loop.py --gemv-f16 [--arch 90]   # run 19: the shipped fp16 TMA GEMV tiles
 
 Compiles ``_gate_up_kernel`` / ``_down_kernel`` at the decode tiles with each ``moe_mxfp4.UPCASTS``
 variant (same divisibility hints as the JIT), finds the innermost backward branch whose body holds the
@@ -49,13 +50,14 @@ def sass_lines(cfg: aot.AotConfig, arch: int):
     return rows, compiled
 
 
-def mma_loop(rows):
+def mma_loop(rows, marks=("HMMA", "HGMMA")):
+    """The innermost backward branch's body holding one of the opcodes ``marks`` (the K loop)."""
     loops = []
     for addr, op, rest in rows:
         target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
         if target and int(target.group(1), 16) < addr:
             body = [r for r in rows if int(target.group(1), 16) <= r[0] <= addr]
-            if any(o.startswith(("HMMA", "HGMMA")) for _, o, _ in body):
+            if any(o.startswith(marks) for _, o, _ in body):
                 loops.append(body)
     return min(loops, key=len) if loops else []
 
@@ -128,13 +130,59 @@ def pairs_tma_loops(archs) -> None:
                                   "top": hist.most_common(14)}), flush=True)
 
 
+H200_SMS, H200_CLOCK_HZ, SCHEDULERS_PER_SM = 132, 1.98e9, 4
+# (T, B) -> programs of the shipped grid (gate/up: active experts x I / block_n; down: experts x H / block_n, or the
+# persistent grid's work items) are derived below from the shapes: B = 1 touches 6 experts, one routed row each
+GEMV_F16_CASES = ((1, 1), (1, 8), (4, 1))
+
+
+def gemv_f16_loops(archs) -> None:
+    """Run 19: the shipped fp16 TMA GEMV tiles (GEMV_TMA_F16_WHERE) at GEMV_F16_CASES: registers, shared memory, K-loop
+    SASS instructions (the innermost loop holding HFMA2; one iteration = one 512-wide K step of one warp) per weight word
+    per thread, the opcode histogram, and the issue floor of the launch on the H200 at T=1: loop instructions x warps x
+    K steps x routed rows x programs / (SMs x 4 schedulers x 1.98 GHz), i.e. the time if every scheduler issued one
+    loop instruction every cycle (no stalls, nothing outside the loop)."""
+    from sglang_sm120.kernels.dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, TOP_K
+
+    for tp, batch in GEMV_F16_CASES:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        gu, dn = moe.gemv_configs(batch * TOP_K, inter)
+        experts = min(batch * TOP_K, moe.NUM_EXPERTS)  # distinct experts at most; B = 1: exactly 6
+        for kind, cfg in (("gate_up", gu), ("down", dn)):
+            name = f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}"
+            aot_cfg = next(c for c in moe.aot_configs() if c.name == name)
+            rows_w = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
+            k_len = HIDDEN_SIZE if kind == "gate_up" else inter
+            programs = experts * (inter if kind == "gate_up" else HIDDEN_SIZE) // cfg.block_n
+            rows_per_program = batch * TOP_K / experts  # routed rows each program passes over its block
+            words = rows_w * cfg.block_k // 8
+            for arch in archs:
+                rows, compiled = sass_lines(aot_cfg, arch)
+                body = mma_loop(rows, ("HFMA2",))
+                hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
+                res = aot.ptxas_resources(compiled.asm["ptx"], arch)
+                warp_instr = len(body) * cfg.num_warps * (k_len // cfg.block_k) * rows_per_program * programs
+                print(json.dumps({"T": tp, "B": batch, "config": name, "arch": arch, "regs": res.get("registers"),
+                                  "spills": res.get("spill_store_bytes"), "smem": compiled.metadata.shared,
+                                  "loop_instructions": len(body),
+                                  "per_word_per_thread": round(len(body) * cfg.num_warps * 32 / words, 3),
+                                  "programs": programs,
+                                  "h200_issue_floor_us": round(warp_instr / (H200_SMS * SCHEDULERS_PER_SM
+                                                                             * H200_CLOCK_HZ) * 1e6, 2),
+                                  "top": hist.most_common(14)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", type=int, action="append")
     parser.add_argument("--upcast", action="append", choices=moe.UPCASTS)
     parser.add_argument("--pairs", action="store_true", help="the pairs decode's AOT configs instead")
     parser.add_argument("--pairs-tma", action="store_true", help="run 18: the TMA swap-AB tiles and their sub_k forms")
+    parser.add_argument("--gemv-f16", action="store_true", help="run 19: the shipped fp16 TMA GEMV tiles, issue floors")
     args = parser.parse_args()
+    if args.gemv_f16:
+        gemv_f16_loops(args.arch or (90, 120))
+        return
     if args.pairs_tma:
         pairs_tma_loops(args.arch or (90, 120))
         return
