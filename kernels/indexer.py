@@ -32,8 +32,12 @@ Selection: scores map to order-preserving int32 keys; a 32-step bitwise search f
 largest key of a block held in registers, and cumulative sums compact the winners. The histogram
 select (:func:`hist_select`) instead counts the keys' top 11 bits per row inside the logits kernel,
 sends everything above the K-th key's bin out in one split pass whose last program per row
-finishes the row from two more digit histograms. :class:`SelectForm` (search or histogram,
-largest chunk, warps) is chosen per shape in :data:`PLAN_TABLE`.
+finishes the row from two more digit histograms. Its page-max form (H200 run 11b) has the logits
+kernel keep each program's elementwise maximum over its pages instead of counting (no atomic per
+logit); the row's last logits program turns the group maxima into a bound at or below the K-th logit,
+the split pass keeps the ~1 % of logits at or above it and the last program finishes from their digit
+histograms. :class:`SelectForm` (search or histogram, largest chunk, warps, threshold, copies) is
+chosen per shape in :data:`PLAN_TABLE`.
 
 Launches (H200 run 9, :data:`USE_PDL`): the two-kernel path launches with programmatic dependent launch
 at B <= 16 with the histogram select or the double-warp search (:func:`launch_pdl`). Every kernel waits
@@ -1068,11 +1072,12 @@ def logits_pages_per_split(batch: int, max_seq_len: int) -> int:
 
 
 def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_dot=None, out=None,
-                     hist_workspace=None, hist_k=INDEX_TOPK, page_max=False):
+                     hist_workspace=None, hist_k=INDEX_TOPK, page_max=False, hist_copies=None):
     """FP8 paged MQA logits ``[B, max_seq_len]`` fp32 (``-inf`` past each length). With
     ``hist_workspace`` (:func:`hist_workspace`) it also counts the first-digit histogram and
     stores the bin of each row's ``hist_k``-th largest logit, where :func:`hist_select` starts; with
-    ``page_max`` too, instead a bound at or below that logit from the page maxima (no counting)."""
+    ``page_max`` too, instead a bound at or below that logit from the page maxima (no counting);
+    ``hist_copies`` copies of the histogram (None: :data:`HIST_COPIES`)."""
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
     if hist_workspace is not None:
         _check("hist_workspace", hist_workspace, (q.shape[0], WS_WIDTH), torch.int32, q.device)
@@ -1089,7 +1094,9 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     pps = logits_pages_per_split(batch, max_seq_len)
     splits = -(-_cdiv(max_seq_len, INDEX_PAGE_SIZE) // pps)
     ws = hist_workspace if hist_workspace is not None else out
-    hist = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=hist_k, WS_H1=WS_H1,
+    if hist_copies is not None and hist_copies not in (1, 2, 4, 8) or (hist_copies or 0) > HIST_COPIES:
+        raise ValueError(f"hist_copies must be None or a power of two <= {HIST_COPIES}, got {hist_copies!r}")
+    hist = dict(HIST_BITS=HIST_DIGITS[0], R=hist_copies or HIST_COPIES, K=hist_k, WS_H1=WS_H1,
                 REDUCE=hist_reduce_mode(pps)) if hist_workspace is not None else {}
     if hist and page_max:
         hist.update(page_max_consts(batch, max_seq_len))
@@ -1184,8 +1191,8 @@ def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False
     _hist_select_kernel[(batch, _cdiv(width, chunk))](
         scores, lens, page_table, workspace, cand_val, cand_pos, out, raw_arg, width, page_table.shape[1],
         scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
-        raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk, hist_one_block(programs),
-                                                 page_max),
+        raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk,
+                                                 page_max or hist_one_block(programs), page_max),
         PDL=pdl, num_warps=hist_select_warps(programs, chunk), num_stages=1, launch_pdl=pdl)
     return out
 
@@ -1283,9 +1290,12 @@ class SelectForm:
     warps_mul: int = 1
     method: str = "search"
     # histogram: where the split pass's threshold comes from. "count": the logits kernel counts every logit
-    # into the first-digit histogram; "page_max": it stores each page's largest logit and the row's last
-    # program derives a bound at or below the K-th largest logit from them (no atomic per logit).
+    # into the first-digit histogram; "page_max": each logits program keeps the elementwise max over its
+    # pages and stores group maxima, from which the row's last program derives a bound at or below the K-th
+    # largest logit (no atomic per logit).
     threshold: str = "count"
+    # "count": copies of the first-digit histogram the logits kernel counts into (None: HIST_COPIES)
+    copies: int | None = None
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
@@ -1293,6 +1303,10 @@ class SelectForm:
         if self.threshold not in HIST_THRESHOLDS or (self.threshold != "count" and self.method != "histogram"):
             raise ValueError(f"threshold must be one of {HIST_THRESHOLDS} ('page_max' only with method "
                              f"'histogram'), got {self.threshold!r}")
+        if self.copies is not None and (self.copies not in (1, 2, 4, 8) or self.copies > HIST_COPIES
+                                        or self.method != "histogram" or self.threshold != "count"):
+            raise ValueError(f"copies must be None or a power of two <= {HIST_COPIES} (histogram select, "
+                             f"threshold 'count'), got {self.copies!r}")
         if self.max_chunk not in SELECT_CHUNKS or self.max_chunk < 2 * MAX_TOPK:
             raise ValueError(f"max_chunk must be one of {SELECT_CHUNKS} and >= {2 * MAX_TOPK}, got {self.max_chunk!r}")
         if self.warps_mul not in SELECT_WARPS_MULS:
@@ -1447,6 +1461,28 @@ def _select_form(batch, width, select):
 #
 # The lower limit 8193 sits between 16384 and 8192 positions, where run 8 timed the histogram select
 # slower at B=64 (54.5 vs 45.2 us, before runs 9-10); B=256 (not timed) follows B=64 and 128.
+#
+# H200 run 11b (benchmarks/indexer-h200-run11-summary.md, us, every row reference-checked, same run): the
+# page-max threshold (no count per logit; the one-block finish at every program count) and the count into
+# one histogram copy (the one-shot reduce reads 1 copy instead of 8: fewer registers) against the defaults:
+#
+#   B   context  positions  default (count, 8 copies)  count, 1 copy  page max
+#   4   64K      16384      19.50                      17.58          20.83     <- 1 copy  (B 3-4 x 8193-16384)
+#   16  64K      16384      32.23                      26.58          28.23     <- 1 copy  (B 9-16 x 8193-16384)
+#   32  64K      16384      44.73                      43.04          40.64     <- page max (B 17-32 x 8193-16384)
+#   64  64K      16384      67.69                      65.59          63.17     <- page max (B 33-64 x 8193-16384)
+#   16  128K     32768      43.02                      44.49          38.93     <- page max (B 5-16 x 16385-32768)
+#   8   256K     65536      44.05                      45.78          37.85     <- page max (B 5-8 x 32769-65536)
+#   10  256K     65536      50.19                      52.48          44.75     <- page max (B 9-16 x 32769-65536)
+#   16  256K     65536      68.92                      70.36          58.96     <- page max
+#   32  256K     65536      120.44                     125.56         102.12    <- page max (B 17-64 x 32769-65536,
+#                                                                                  B 33-64 x 16385-32768)
+#   64  256K     65536      197.86                     195.78         182.63    <- page max
+#   1   256K     65536      19.35                      22.82          20.88
+#   1   64K      16384      13.46                      13.90          15.61
+#
+# B > 64 keeps the count (not timed; the page-max bound needs K group maxima per row: at B=256 x 256K the
+# logits programs hold 256 pages and a row has 256 groups, so every logit would be a candidate).
 _BITWISE = SelectForm()
 _BITWISE_2XW = SelectForm(warps_mul=2)
 _CHUNK8K = SelectForm(max_chunk=8192)
@@ -1454,23 +1490,30 @@ _HISTOGRAM = SelectForm(method="histogram")
 _HIST_UNFUSED_BITWISE = Plan("two_kernel", select=_HISTOGRAM, unfused_select=_BITWISE)
 _HIST_UNFUSED_BITWISE_2XW = Plan("two_kernel", select=_HISTOGRAM, unfused_select=_BITWISE_2XW)
 _HIST_UNFUSED_CHUNK8K = Plan("two_kernel", select=_HISTOGRAM, unfused_select=_CHUNK8K)
+_HIST1 = SelectForm(method="histogram", copies=1)
+_PAGE_MAX = SelectForm(method="histogram", threshold="page_max")
+_PAGE_MAX_UNFUSED_2XW = Plan("two_kernel", select=_PAGE_MAX, unfused_select=_BITWISE_2XW)
+_PAGE_MAX_UNFUSED_CHUNK8K = Plan("two_kernel", select=_PAGE_MAX, unfused_select=_CHUNK8K)
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE_2XW)),
     (2, 8192, Plan("two_kernel", select=_BITWISE)),
     (2, 65536, _HIST_UNFUSED_BITWISE),
     (4, 8192, Plan("two_kernel", select=_BITWISE)),
+    (4, 16384, Plan("two_kernel", select=_HIST1, unfused_select=_BITWISE)),
     (4, 65536, _HIST_UNFUSED_BITWISE),
     (8, 16384, Plan("two_kernel", select=_BITWISE_2XW)),
     (16, 8192, Plan("two_kernel", select=_BITWISE_2XW)),
-    (16, 16384, _HIST_UNFUSED_BITWISE_2XW),
+    (16, 16384, Plan("two_kernel", select=_HIST1, unfused_select=_BITWISE_2XW)),
     (32, 8192, Plan("two_kernel", select=_BITWISE_2XW)),
-    (32, 16384, _HIST_UNFUSED_BITWISE_2XW),
+    (32, 16384, _PAGE_MAX_UNFUSED_2XW),
     (INDEX_MAX_BATCH, 8192, Plan("two_kernel", select=_CHUNK8K)),
+    (64, 16384, _PAGE_MAX_UNFUSED_CHUNK8K),
     (INDEX_MAX_BATCH, 16384, _HIST_UNFUSED_CHUNK8K),
-    (16, 32768, _HIST_UNFUSED_CHUNK8K),
-    (8, 65536, _HIST_UNFUSED_CHUNK8K),
+    (16, 32768, _PAGE_MAX_UNFUSED_CHUNK8K),
+    (8, 65536, _PAGE_MAX_UNFUSED_CHUNK8K),
     (32, 32768, Plan("two_kernel", select=_CHUNK8K)),
-    (16, 65536, _HIST_UNFUSED_CHUNK8K),
+    (16, 65536, _PAGE_MAX_UNFUSED_CHUNK8K),
+    (64, 65536, _PAGE_MAX_UNFUSED_CHUNK8K),
     (INDEX_MAX_BATCH, 65536, _HIST_UNFUSED_CHUNK8K),
     (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel", select=_BITWISE)),
 )
@@ -1544,7 +1587,8 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
         workspace = hist_workspace(q.shape[0], q.device)
         page_max = plan.select.threshold == "page_max"
         logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot,
-                                  hist_workspace=workspace, hist_k=out.shape[1], page_max=page_max)
+                                  hist_workspace=workspace, hist_k=out.shape[1], page_max=page_max,
+                                  hist_copies=plan.select.copies)
         return hist_select(logits, lens, page_table, out, raw, workspace, page_max=page_max)
     logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
     return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw, select=plan.select)
@@ -1611,6 +1655,9 @@ def aot_configs() -> list[AotConfig]:
         logits_forms.append((f"indexer_logits_hist_{_REDUCE_NAMES[mode]}",
                              dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=mode,
                                   **_NO_PAGE_MAX)))
+    logits_forms.append(("indexer_logits_hist_one_shot_r1",  # HIST1 buckets: one copy, one-shot reduce
+                         dict(HIST_BITS=HIST_DIGITS[0], R=1, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=int(REDUCE_ONE_SHOT),
+                              **_NO_PAGE_MAX)))
     for batch, positions in PAGE_MAX_AOT_SHAPES:  # the page-max form: group maxima per program, the row's block
         c = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=0,
                  **page_max_consts(batch, positions))
@@ -1636,8 +1683,8 @@ def aot_configs() -> list[AotConfig]:
                      for n in (1, HIST_SELECT_8_WARPS_MAX_PROGRAMS + 1, HIST_ONE_BLOCK_MAX_PROGRAMS + 1)}
             for one_block, warps in sorted(forms):
                 for page_max in (False, True):
-                    if page_max and chunk < HIST_SPLIT_MAX_CHUNK and not one_block:
-                        continue  # 1024-entry split programs run only where the one-block finish does
+                    if page_max and not one_block:
+                        continue  # the page-max form always finishes from one register block when it can
                     c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, one_block, page_max), PDL=pdl)
                     configs.append(AotConfig(
                         f"indexer_hist_select{'_page_max' if page_max else ''}_c{chunk}"

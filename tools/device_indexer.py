@@ -68,6 +68,9 @@ FUSED_VARIANTS = {}  # (pages per split, select form of the merge); none timed s
 # (1024 / 4096 entries) with the atomic split programs, the warp rule at its ends, and (the forced
 # two_kernel_hist rows) the histogram select at B=32-128 x 64K (run 10: B=64 x 64K 67.8 us vs 72.7 for the
 # 8192-entry search).
+# Run 11 / 11b: the page-max threshold (form hist_pmax: per-page tl.max in run 11, where its select failed to
+# compile; group maxima in 11b, shipped for B 5-64 at long rows), the count into 1 / 4 histogram copies (1 copy
+# shipped for B 3-4 / 9-16 x 8193-16384), the page-max group count (pmax_keys1024: < 2 %).
 VARIANT_CATALOG = {
     "no_pdl": dict(USE_PDL=False),
     "long_blocks": dict(HIST_LONG_REDUCE=0),  # the block reduce (not early exit) where the one-shot is not used

@@ -442,6 +442,12 @@ def test_logits_first_digit_threshold(k, forms, monkeypatch):
     (dict(max_chunk=1024), "max_chunk"),
     (dict(max_chunk=16384), "max_chunk"),
     (dict(warps_mul=4), "warps_mul"),
+    (dict(threshold="page_max"), "threshold"),
+    (dict(method="histogram", threshold="sample"), "threshold"),
+    (dict(method="histogram", copies=3), "copies"),
+    (dict(method="histogram", copies=16), "copies"),
+    (dict(method="histogram", threshold="page_max", copies=1), "copies"),
+    (dict(copies=1), "copies"),
 ])
 def test_bad_select_form_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -451,24 +457,28 @@ def test_bad_select_form_raises(kwargs, match):
 # (batch, compressed positions, select form): the H200 runs 6-9 decisions (benchmarks/indexer-h200-run8-summary.md,
 # -run9-summary.md).
 PLAN_BUCKETS = [
-    (1, 8192, "bitwise"), (2, 8193, "histogram"), (1, 16384, "histogram"), (3, 16384, "histogram"),
-    (4, 8192, "bitwise"), (3, 8193, "histogram"), (4, 16384, "histogram"), (4, 16385, "histogram"), (4, 40000, "histogram"), (1, 65536, "histogram"),
-    (8, 32768, "histogram"), (16, 32768, "histogram"), (32, 32768, "chunk8k"), (8, 65536, "histogram"),
-    (16, 65536, "histogram"), (9, 32769, "histogram"), (17, 65536, "histogram"), (64, 16385, "histogram"),
-    (64, 65536, "histogram"), (8, 16384, "bitwise_2xw"), (9, 8193, "histogram"), (16, 8192, "bitwise_2xw"), (16, 16384, "histogram"),
-    (17, 16384, "histogram"), (32, 8193, "histogram"), (32, 8192, "bitwise_2xw"), (17, 4096, "bitwise_2xw"),
-    (64, 16384, "histogram"), (33, 8193, "histogram"), (256, 16384, "histogram"), (64, 8192, "chunk8k"),
-    (256, 2049, "chunk8k"), (256, 2048, "bitwise_2xw"), (1, 262144, "bitwise"),
+    (1, 8192, "bitwise"), (2, 8193, "histogram"), (1, 16384, "histogram"), (3, 16384, "hist1"),
+    (4, 8192, "bitwise"), (3, 8193, "hist1"), (4, 16384, "hist1"), (4, 16385, "histogram"), (4, 40000, "histogram"),
+    (1, 65536, "histogram"), (8, 32768, "page_max"), (5, 16385, "page_max"), (16, 32768, "page_max"),
+    (32, 32768, "chunk8k"), (8, 65536, "page_max"), (16, 65536, "page_max"), (9, 32769, "page_max"),
+    (17, 65536, "page_max"), (64, 16385, "page_max"), (64, 65536, "page_max"), (65, 65536, "histogram"),
+    (65, 16385, "histogram"), (128, 32768, "histogram"), (8, 16384, "bitwise_2xw"), (9, 8193, "hist1"),
+    (16, 8192, "bitwise_2xw"), (16, 16384, "hist1"), (17, 16384, "page_max"), (32, 8193, "page_max"),
+    (32, 8192, "bitwise_2xw"), (17, 4096, "bitwise_2xw"), (64, 16384, "page_max"), (33, 8193, "page_max"),
+    (65, 16384, "histogram"), (256, 16384, "histogram"), (64, 8192, "chunk8k"), (256, 2049, "chunk8k"),
+    (256, 2048, "bitwise_2xw"), (1, 262144, "bitwise"),
 ]
 FORMS_BY_NAME = {"bitwise": ix.SelectForm(), "bitwise_2xw": ix.SelectForm(warps_mul=2),
-                 "chunk8k": ix.SelectForm(max_chunk=8192), "histogram": ix.SelectForm(method="histogram")}
+                 "chunk8k": ix.SelectForm(max_chunk=8192), "histogram": ix.SelectForm(method="histogram"),
+                 "hist1": ix.SelectForm(method="histogram", copies=1),
+                 "page_max": ix.SelectForm(method="histogram", threshold="page_max")}
 
 
 @pytest.mark.parametrize("batch,length,form", PLAN_BUCKETS)
 def test_plan_buckets(batch, length, form):
     plan = ix.choose_plan(batch, length)
     assert plan.path == "two_kernel" and plan.select == FORMS_BY_NAME[form]
-    if form == "histogram":  # a logits row from elsewhere keeps the bucket's earlier search form
+    if plan.select.method == "histogram":  # a logits row from elsewhere keeps the bucket's earlier search form
         if batch <= 4:
             expected = ix.SelectForm()
         elif 8 < batch <= 32 and length <= 16384:
@@ -723,3 +733,22 @@ def test_page_max_select_with_ties_clusters_and_overflow(one_block, monkeypatch)
     ix.hist_select(scores, lens, table, out, raw, workspace, page_max=True)
     assert_histogram_selection(raw, out, scores, lens, table)
     assert (workspace == 0).all()
+
+
+@pytest.mark.parametrize("k", [512, 64])
+def test_histogram_one_copy_plan_and_threshold(k):
+    """The count into one histogram copy (SelectForm copies=1, the B 3-4 / 9-16 x 8193-16384 buckets): the
+    logits kernel's threshold bin as with 8 copies, the full indexer call exact, the workspace left zeroed."""
+    lens, max_seq_len = [4100, 4160, 513, 64, 0], 4160
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=60 + k)
+    eight, one = (torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32) for _ in range(2))
+    ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=eight, hist_k=k)
+    ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=one, hist_k=k, hist_copies=1)
+    assert torch.equal(eight[:, :16], one[:, :16]) and (one[:, ix.WS_H1:] == 0).all()
+    with pytest.raises(ValueError, match="hist_copies"):
+        ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=one, hist_copies=16)
+    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    out = torch.full((len(lens), k), 12345, dtype=torch.int32)
+    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, plan=ix.Plan("two_kernel", select=FORMS_BY_NAME["hist1"]))
+    assert_selection_matches(out, ref, l, pt, k=k, rel_tol=1e-5)
+    assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
