@@ -1744,7 +1744,8 @@ GEMV = "gemv"
 # E8M0 scale per 32-group on the MMA result, activations pre-ordered by the routing launch.
 PAIRS = "pairs"
 # The prefill grouped GEMM pair of kernels/moe_prefill.py (register pair-word upcast, weights as the MMA's M side,
-# 128-row tiles); default where :func:`moe_prefill.prefill_default` says the H200 measured it faster.
+# row blocks of 32-128 by routed rows); default where :func:`moe_prefill.prefill_default` says the H200 measured it
+# faster.
 PREFILL = "prefill"
 FORWARD_UPCASTS = UPCASTS + (GEMV, PAIRS, PREFILL)
 _SPLIT_NIBBLES = {"split_f32": SCALE_MATH_F32, "split_bf16": SCALE_MATH_BF16}

@@ -27,8 +27,9 @@ shipped tiles 5236 us at T = 1 (I = 2048; 236 TFLOP/s, 30.6 % of the bf16 matmul
 relative error 1.79e-3 against the float32 reference, as the old path's. Measured and lost (removed): Triton's
 ``tl.dot_scaled`` upcast with the activations or the weights as the M side (gate/up 1.29x / 2.34x slower at T = 1,
 down 1.08-1.22x / 1.58x), the grid with the expert slot fastest (2-9 %), nibble pairs placed by one multiply (< 1 %,
-noise), 4 stages, 64-row blocks. :func:`prefill_default` says where this path is the faster one
-(:data:`PREFILL_DEFAULT_WHERE`).
+noise), 4 stages, 64-row blocks at 4096 tokens. Below that the row block follows the routed rows (32 up to 1024
+tokens, 64 up to 2048; :data:`PREFILL_ROW_TILES`, H200 runs 3 / 4: 1.31-1.81x over the 128-row tiles there).
+:func:`prefill_default` says where this path is the faster one (:data:`PREFILL_DEFAULT_WHERE`).
 """
 
 from __future__ import annotations
@@ -163,18 +164,35 @@ def _prefill_down_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted
 # ---------------------------------------------------------------------------------------------
 # configuration
 # ---------------------------------------------------------------------------------------------
-# The shipped tiles, from H200 run 1b (benchmarks/moe_prefill-h200-run1b.md; whole forwards, the other launch's
+# The 128-row tiles, from H200 run 1b (benchmarks/moe_prefill-h200-run1b.md; whole forwards, the other launch's
 # tile fixed): gate/up m128n64k64w8s3 (4 stages 5313 vs 5279 us at T=1; m64n64k64w4s3 6241), down m128n64k64w4s3
 # (5236 vs 5279 us for m128n128k64w8s3 at T=1, 1721 vs 1853 at T=4; m64n128k64w4s3 5639 / 1839, 4 stages 5353 / 1922).
 DEFAULT_GATE_UP = PrefillConfig(128, 64, 64, 8, 3)
 DEFAULT_DOWN = PrefillConfig(128, 64, 64, 4, 3)
+SMALL_ROWS_TILE = PrefillConfig(32, 64, 64, 4, 3)
+MEDIUM_ROWS_TILE = PrefillConfig(64, 64, 64, 4, 3)
+
+# (most routed rows, gate/up tile, down tile), first match; above the last, DEFAULT_GATE_UP / DEFAULT_DOWN. Every
+# program streams its expert's weights once per row block, so the row block should fit the rows an expert gets
+# (routed rows / 256 experts on average): H200 run 3 (benchmarks/moe_prefill-h200-run3-summary.md), whole forwards in
+# us at T = 1 / 4: 512 tokens (~12 rows per expert) m32 pair 2503 / 756 vs the 128-row pair 4508 / 1356; 1024 tokens
+# (~24) m32 pair 2748 / 899 vs 4673 / 1446 (m64 gate/up 3757 / 1212, m64 down 4148 / 1265, each beside a 128-row
+# partner); 2048 tokens (~48) m64 pair 3480 / 1139 vs 4893 / 1548 (m32 gate/up 4594 / 1465, m32 down 3989 / 1207,
+# each beside m64); 4096 tokens (~96) the 128-row pair 5224 / 1719 (m64 gate/up 6229 / 1942, m64 down 5698 / 1836).
+# Counts between those points take the tile of the next measured count up.
+PREFILL_ROW_TILES: tuple[tuple[int, PrefillConfig, PrefillConfig], ...] = (
+    (1024 * TOP_K, SMALL_ROWS_TILE, SMALL_ROWS_TILE),
+    (2048 * TOP_K, MEDIUM_ROWS_TILE, MEDIUM_ROWS_TILE),
+)
 
 # (per-rank I, fewest routed rows) where this forward replaces moe_mxfp4_forward's tl.dot_scaled prefill. H200 run 2
-# (benchmarks/moe_prefill-h200-run2-summary.md), whole forwards at 1024 / 2048 / 4096 tokens x top-6, new vs old us:
-# I = 2048 (T=1) 4675 vs 6486, 4898 vs 6884, 5242 vs 8819; I = 1024 (T=2) 2516 vs 3409, 2668 vs 3648, 2872 vs 4729;
-# I = 512 (T=4) 1441 vs 1879, 1548 vs 1999, 1715 vs 2635; I = 256 (T=8) 905 vs 1114, 990 vs 1202, 1131 vs 1601
-# (1.21-1.68x). Unmeasured, so left to the old path: 2049..6143 routed rows (fewer than 1024 tokens).
-PREFILL_MIN_TOKENS = 1024
+# (benchmarks/moe_prefill-h200-run2-summary.md), whole forwards at 1024 / 2048 / 4096 tokens x top-6 with the 128-row
+# tiles, new vs old us: I = 2048 (T=1) 4675 vs 6486, 4898 vs 6884, 5242 vs 8819; I = 1024 (T=2) 2516 vs 3409, 2668 vs
+# 3648, 2872 vs 4729; I = 512 (T=4) 1441 vs 1879, 1548 vs 1999, 1715 vs 2635; I = 256 (T=8) 905 vs 1114, 990 vs 1202,
+# 1131 vs 1601 (1.21-1.68x); run 4 (moe_prefill-h200-run3-summary.md) with PREFILL_ROW_TILES at 512 / 1024 / 2048
+# tokens at every T: 1.58-2.47x over the old path.
+# Unmeasured, so left to the old path: 2049..3071 routed rows (fewer than 512 tokens).
+PREFILL_MIN_TOKENS = 512
 PREFILL_DEFAULT_WHERE: tuple[tuple[int, int], ...] = tuple((MOE_INTERMEDIATE_SIZE // tp, PREFILL_MIN_TOKENS * TOP_K)
                                                            for tp in SUPPORTED_TP)
 
@@ -189,7 +207,11 @@ def prefill_default(num_rows: int, inter: int) -> bool:
 
 
 def prefill_configs(num_rows: int, inter: int) -> tuple[PrefillConfig, PrefillConfig]:
-    """The (gate/up, down) tiles the forward uses when not told (the same at every measured shape)."""
+    """The (gate/up, down) tiles the forward uses when not told: the row block by routed rows
+    (:data:`PREFILL_ROW_TILES`), the same at every per-rank I (clipped to it by the forward)."""
+    for max_rows, gate_up, down in PREFILL_ROW_TILES:
+        if num_rows <= max_rows:
+            return gate_up, down
     return DEFAULT_GATE_UP, DEFAULT_DOWN
 
 
@@ -279,13 +301,16 @@ def aot_config(kind: str, cfg: PrefillConfig, note: str = "") -> AotConfig:
 
 
 def aot_configs() -> list[AotConfig]:
-    """The shipped (gate/up, down) tiles at every per-rank I of SUPPORTED_TP (clipped as the forward clips them)."""
+    """The shipped (gate/up, down) tiles of every row class of :data:`PREFILL_ROW_TILES` at every per-rank I of
+    SUPPORTED_TP (clipped as the forward clips them)."""
+    row_classes = [max_rows for max_rows, _, _ in PREFILL_ROW_TILES] + [PREFILL_ROW_TILES[-1][0] + 1]
     configs, seen = [], set()
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
-        gu, dn = prefill_configs(DECODE_MAX_ROWS + 1, inter)
-        for kind, cfg in (("gate_up", gu.fitted(inter, HIDDEN_SIZE)), ("down", dn.fitted(HIDDEN_SIZE, inter))):
-            if (kind, cfg) not in seen:
-                seen.add((kind, cfg))
-                configs.append(aot_config(kind, cfg))
+        for num_rows in row_classes:
+            gu, dn = prefill_configs(num_rows, inter)
+            for kind, cfg in (("gate_up", gu.fitted(inter, HIDDEN_SIZE)), ("down", dn.fitted(HIDDEN_SIZE, inter))):
+                if (kind, cfg) not in seen:
+                    seen.add((kind, cfg))
+                    configs.append(aot_config(kind, cfg))
     return configs

@@ -93,7 +93,9 @@ def test_every_inter(inter, pattern, monkeypatch):
     assert relative_error(out, ref) < TOLERANCE
 
 
-@pytest.mark.parametrize("config", [SMALL, (P(32, 16, 32, 4, 3), P(64, 32, 64, 4, 2))], ids=["small", "other"])
+@pytest.mark.parametrize("config", [
+    SMALL, (P(32, 16, 32, 4, 3), P(64, 32, 64, 4, 2)), (mp.SMALL_ROWS_TILE,) * 2, (mp.MEDIUM_ROWS_TILE,) * 2],
+                         ids=["small", "other", "shipped_32_rows", "shipped_64_rows"])
 def test_invalid_ids_and_clamp(config, monkeypatch):
     ckpt, layer = make_layer(64, seed=3)
     x, weights, ids = make_routing(9, "invalid", seed=4)
@@ -126,8 +128,8 @@ def test_tiny_batches(batch, monkeypatch):
 
 
 def test_prefill_sizes_torch_routing(monkeypatch):
-    """More than DECODE_MAX_ROWS routed rows (routing by torch sort), the shipped tiles clipped to a small I,
-    experts spanning several 128-row blocks."""
+    """More than DECODE_MAX_ROWS routed rows (routing by torch sort), the shipped tiles for that many rows (64-row
+    blocks) clipped to a small I, experts spanning several row blocks."""
     batch = moe.DECODE_MAX_ROWS // TOP_K + 20
     out, ref, *_ = run_and_check(32, batch, "skewed", None, monkeypatch)
     assert batch * TOP_K > moe.DECODE_MAX_ROWS
@@ -176,6 +178,15 @@ def test_prefill_default_only_where_measured():
         assert mp.prefill_default(rows, where_inter)
 
 
+@pytest.mark.parametrize("tokens,block_m", [(512, 32), (1024, 32), (1025, 64), (2048, 64), (2049, 128), (4096, 128)])
+def test_row_block_follows_routed_rows(tokens, block_m):
+    """The default tiles' row block by routed rows (PREFILL_ROW_TILES: 32 up to 1024 tokens x top-6, 64 up to 2048,
+    128 above), the same at every per-rank I; both launches of a class share it."""
+    for tp in SUPPORTED_TP:
+        gu, dn = mp.prefill_configs(tokens * 6, MOE_INTERMEDIATE_SIZE // tp)
+        assert (gu.block_m, dn.block_m) == (block_m, block_m)
+
+
 def test_aot_configs_cover_every_tp():
     configs = mp.aot_configs()
     names = [c.name for c in configs]
@@ -184,6 +195,9 @@ def test_aot_configs_cover_every_tp():
         assert "HMMA.16816.F32.BF16" in cfg.expect_opcodes
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
-        gu, dn = mp.prefill_configs(moe.DECODE_MAX_ROWS + 1, inter)
-        assert inter % gu.fitted(inter, HIDDEN_SIZE).block_n == 0
-        assert inter % dn.fitted(HIDDEN_SIZE, inter).block_k == 0
+        for tokens in (512, 2048, 4096):
+            gu, dn = mp.prefill_configs(tokens * 6, inter)
+            gu, dn = gu.fitted(inter, HIDDEN_SIZE), dn.fitted(HIDDEN_SIZE, inter)
+            assert inter % gu.block_n == 0
+            assert inter % dn.block_k == 0
+            assert f"moe_prefill_gate_up_{gu.label()}" in names and f"moe_prefill_down_{dn.label()}" in names
