@@ -337,6 +337,32 @@ def f16b_candidates(tp, batch, inter):
 PDL_TPS = (1, 2, 4)
 PDL_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 PDL_ROUNDS = 2
+
+
+def chain_matches(forward_into, layers, plain, x, chain_len, device) -> bool:
+    """Whether ``chain_len`` forwards over the rotating ``layers`` (``forward_into(layer, out)``), captured as one CUDA
+    graph where the GPU allows (compiled and warmed up outside the capture, outputs NaN-poisoned before the replay),
+    leave each output bit for bit equal to ``plain[i % copies]``, the same tiles launched one at a time."""
+    copies = len(layers)
+    outs = [torch.empty_like(x) for _ in range(chain_len)]
+    calls = [lambda i=i: forward_into(layers[i % copies], outs[i]) for i in range(chain_len)]
+    if device == "cuda":
+        for call in calls:
+            call()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for call in calls:
+                call()
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        del graph
+    else:
+        for call in calls:
+            call()
+    return all(torch.equal(out, plain[i % copies]) for i, out in enumerate(outs))
 PDL_CHAIN = 12  # forwards per timed graph (time_in_cuda_graph in timer()) and in the chain check
 PDL_DEADLINE_S = 215  # for a 280 s device limit
 
@@ -441,25 +467,8 @@ def pdl_comparison(args) -> None:
                 try:
                     errs[name] = relative_error(forward(layers[0], kw), ref)
                     if (kw.get("configs") or moe.gemv_configs(rows, inter))[0].pdl:
-                        outs = [torch.empty_like(x) for _ in range(chain_len)]
-                        calls = [lambda i=i: forward(layers[i % copies], kw, outs[i]) for i in range(chain_len)]
-                        if device == "cuda":
-                            for c in calls:  # compile and warm up outside the capture
-                                c()
-                            torch.cuda.synchronize()
-                            graph = torch.cuda.CUDAGraph()
-                            with torch.cuda.graph(graph):
-                                for c in calls:
-                                    c()
-                            for o in outs:
-                                o.fill_(float("nan"))
-                            graph.replay()
-                            torch.cuda.synchronize()
-                            del graph
-                        else:
-                            for c in calls:
-                                c()
-                        chain[name] = all(torch.equal(o, plain[i % copies]) for i, o in enumerate(outs))
+                        chain[name] = chain_matches(lambda layer, out, kw=kw: forward(layer, kw, out), layers,
+                                                    plain, x, chain_len, device)
                     ok.append((name, kw))
                 except Exception as exc:  # one broken variant must not lose the run
                     result.notes.append(f"T={tp} B={batch} {name}: {type(exc).__name__}: {str(exc)[:300]}")
@@ -625,25 +634,8 @@ def run19(args) -> None:
                     plain.append(forward(layer, bare).clone())
                 if device == "cuda":
                     torch.cuda.synchronize()
-                outs = [torch.empty_like(x) for _ in range(chain_len)]
-                calls = [lambda i=i, tiles=tiles: forward(layers[i % copies], tiles, outs[i]) for i in range(chain_len)]
-                if device == "cuda":
-                    for c in calls:  # compile and warm up outside the capture
-                        c()
-                    torch.cuda.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        for c in calls:
-                            c()
-                    for o in outs:
-                        o.fill_(float("nan"))
-                    graph.replay()
-                    torch.cuda.synchronize()
-                    del graph
-                else:
-                    for c in calls:
-                        c()
-                chain[name] = all(torch.equal(o, plain[i % copies]) for i, o in enumerate(outs))
+                chain[name] = chain_matches(lambda layer, out, tiles=tiles: forward(layer, tiles, out), layers, plain,
+                                            x, chain_len, device)
                 ok.append((name, tiles))
             except Exception as exc:  # one broken variant must not lose the run
                 result.notes.append(f"T={tp} B={batch} {name}: {type(exc).__name__}: {str(exc)[:300]}")
