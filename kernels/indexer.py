@@ -1109,7 +1109,8 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     return out
 
 
-PAGE_MAX_AOT_SHAPES = ((1, 65536), (16, 65536), (64, 65536))  # (B, positions) whose page-max logits kernel the AOT check compiles
+# (B, positions) whose page-max logits kernel the AOT check compiles
+PAGE_MAX_AOT_SHAPES = ((1, 65536), (16, 65536), (64, 65536))
 
 
 def page_max_consts(batch: int, max_seq_len: int) -> dict:

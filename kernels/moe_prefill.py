@@ -179,7 +179,8 @@ MEDIUM_ROWS_TILE = PrefillConfig(64, 64, 64, 4, 3)
 # (~24) m32 pair 2748 / 899 vs 4673 / 1446 (m64 gate/up 3757 / 1212, m64 down 4148 / 1265, each beside a 128-row
 # partner); 2048 tokens (~48) m64 pair 3480 / 1139 vs 4893 / 1548 (m32 gate/up 4594 / 1465, m32 down 3989 / 1207,
 # each beside m64); 4096 tokens (~96) the 128-row pair 5224 / 1719 (m64 gate/up 6229 / 1942, m64 down 5698 / 1836).
-# Counts between those points take the tile of the next measured count up.
+# Between those points (run 5, 1536 / 3072 tokens) the rule's tile won too: m64 3329 / 1072 vs m32 4328 / 1308, 128-row
+# 5066 / 1635 vs m64 5819 / 1859.
 PREFILL_ROW_TILES: tuple[tuple[int, PrefillConfig, PrefillConfig], ...] = (
     (1024 * TOP_K, SMALL_ROWS_TILE, SMALL_ROWS_TILE),
     (2048 * TOP_K, MEDIUM_ROWS_TILE, MEDIUM_ROWS_TILE),
