@@ -2,6 +2,7 @@
 """Device run for the MoE prefill grouped GEMM (kernels/moe_prefill.py, issue 4's prefill target), full shapes.
 
     python3 tools/device_moe_prefill.py --out $OUT [--deadline-s 200] [--t 1 2 4 8] [--tokens 512 1024 4096]
+                                        [--decode-pairs]
                                                                         # device (carry .upstream for upstream)
     python3 tools/device_moe_prefill.py --smoke                         # CPU interpreter, tiny shapes
 
@@ -42,6 +43,9 @@ P = mp.PrefillConfig
 # the tl.dot_scaled GEMM pair that ran every prefill before moe_prefill (moe_mxfp4_forward's default above
 # DECODE_MAX_ROWS until PREFILL_DEFAULT_WHERE took it over)
 OLD_PATH = "old path (moe_mxfp4_forward, tl.dot_scaled)"
+SEAM_DEFAULT = "forward default (moe_mxfp4_forward as the seam calls it)"
+DECODE_PAIRS = "decode pairs (moe_mxfp4_forward, upcast='pairs', the decode's largest-batch tiles)"
+DECODE_PAIRS_ROWS = 256 * TOP_K  # the largest batch the issue times the decode at (B = 256)
 # gate/up tiles, each with DOWN_PARTNER; down tiles, each with GATE_UP_PARTNER. Every tile here compiles for
 # sm_120a within 101376 B of shared memory and without spills (the AOT check). Run 1b also measured tl.dot_scaled
 # upcasts, the expert-slot-fastest grid and multiply-placed nibble pairs; they lost and were removed.
@@ -83,6 +87,10 @@ def main() -> None:
     parser.add_argument("--t", type=int, nargs="*", help="tensor-parallel sizes (default 1 4)")
     parser.add_argument("--tokens", type=int, nargs="*",
                         help="prefill token counts (default 4096); the sweeps and upstream run at the largest only")
+    parser.add_argument("--decode-pairs", action="store_true",
+                        help="also time the forward as the seam calls it and, up to ROUTE_TRITON_MAX_ROWS routed rows, "
+                             "the pairs decode with the tiles the decode uses at B = 256: where the decode path should "
+                             "hand over to the grouped GEMM")
     parser.add_argument("--deadline-s", type=float, default=200.0,
                         help="start no sweep row after this many seconds (the rows before it are kept)")
     args = parser.parse_args()
@@ -178,6 +186,13 @@ def main() -> None:
             return lambda: mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, SWIGLU_LIMIT, config=cfg)
 
         record(OLD_PATH, lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, upcast="dot_scaled"))
+        if args.decode_pairs:
+            record(SEAM_DEFAULT, lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT))
+            pairs_tiles = moe.pairs_configs(min(tokens * TOP_K, DECODE_PAIRS_ROWS), inter)
+            if tokens * TOP_K <= moe.ROUTE_TRITON_MAX_ROWS:  # the pairs decode's routing sorts in one program
+                record(DECODE_PAIRS, lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT,
+                                                                   upcast="pairs", configs=pairs_tiles),
+                       *(tile.label() for tile in pairs_tiles))
         gu0, dn0 = mp.prefill_configs(tokens * TOP_K, inter)
         record("new default", ours(None), gu0.label(), dn0.label())
         if kernel_mod is not None and largest:
