@@ -186,15 +186,15 @@ PREFILL_ROW_TILES: tuple[tuple[int, PrefillConfig, PrefillConfig], ...] = (
     (2048 * TOP_K, MEDIUM_ROWS_TILE, MEDIUM_ROWS_TILE),
 )
 
-# (per-rank I, fewest routed rows) where this forward replaces moe_mxfp4_forward's tl.dot_scaled prefill. H200 run 2
-# (benchmarks/moe_prefill-h200-run2-summary.md), whole forwards at 1024 / 2048 / 4096 tokens x top-6 with the 128-row
-# tiles, new vs old us: I = 2048 (T=1) 4675 vs 6486, 4898 vs 6884, 5242 vs 8819; I = 1024 (T=2) 2516 vs 3409, 2668 vs
-# 3648, 2872 vs 4729; I = 512 (T=4) 1441 vs 1879, 1548 vs 1999, 1715 vs 2635; I = 256 (T=8) 905 vs 1114, 990 vs 1202,
-# 1131 vs 1601 (1.21-1.68x); run 4 (moe_prefill-h200-run3-summary.md) with PREFILL_ROW_TILES at 512 / 1024 / 2048
-# tokens at every T: 1.58-2.47x over the old path.
-# Unmeasured, so left to the old path: 2049..3071 routed rows (fewer than 512 tokens).
-PREFILL_MIN_TOKENS = 512
-PREFILL_DEFAULT_WHERE: tuple[tuple[int, int], ...] = tuple((MOE_INTERMEDIATE_SIZE // tp, PREFILL_MIN_TOKENS * TOP_K)
+# (per-rank I, fewest routed rows) where this forward replaces moe_mxfp4_forward's tl.dot_scaled prefill: every row
+# count above the decode's (DECODE_MAX_ROWS). H200 run 2 (benchmarks/moe_prefill-h200-run2-summary.md), whole forwards
+# at 1024 / 2048 / 4096 tokens x top-6 with the 128-row tiles, new vs old us: I = 2048 (T=1) 4675 vs 6486, 4898 vs 6884,
+# 5242 vs 8819; I = 1024 (T=2) 2516 vs 3409, 2668 vs 3648, 2872 vs 4729; I = 512 (T=4) 1441 vs 1879, 1548 vs 1999, 1715
+# vs 2635; I = 256 (T=8) 905 vs 1114, 990 vs 1202, 1131 vs 1601 (1.21-1.68x); run 4 (moe_prefill-h200-run3-summary.md)
+# with PREFILL_ROW_TILES at 512 / 1024 / 2048 tokens at every T: 1.58-2.47x over the old path; run 6
+# (moe_prefill-h200-run6-summary.md) at 384 / 448 tokens (2304 / 2688 rows), T = 1 / 4: 2468 vs 6118, 2485 vs 6151,
+# 743 vs 1758, 749 vs 1761 us (2.35-2.48x).
+PREFILL_DEFAULT_WHERE: tuple[tuple[int, int], ...] = tuple((MOE_INTERMEDIATE_SIZE // tp, DECODE_MAX_ROWS + 1)
                                                            for tp in SUPPORTED_TP)
 
 
