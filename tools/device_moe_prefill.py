@@ -91,6 +91,9 @@ def main() -> None:
                         help="also time the forward as the seam calls it and, up to ROUTE_TRITON_MAX_ROWS routed rows, "
                              "the pairs decode with the tiles the decode uses at B = 256: where the decode path should "
                              "hand over to the grouped GEMM")
+    parser.add_argument("--pairs-max-rows", type=int, default=None,
+                        help="experiment: with --decode-pairs, raise the pairs decode's routing limit "
+                             "(moe_mxfp4.ROUTE_TRITON_MAX_ROWS, one program's tl.sort) to this many routed rows")
     parser.add_argument("--deadline-s", type=float, default=200.0,
                         help="start no sweep row after this many seconds (the rows before it are kept)")
     args = parser.parse_args()
@@ -98,6 +101,8 @@ def main() -> None:
         BenchResult, bf16_matmul_tflops, copy_bandwidth_gbs, relative_error, time_in_cuda_graph)
 
     t_start = time.time()
+    if args.pairs_max_rows:
+        moe.ROUTE_TRITON_MAX_ROWS = args.pairs_max_rows
     if args.smoke:
         from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
 
