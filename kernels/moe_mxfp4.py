@@ -2580,7 +2580,8 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
 class PairsConfig:
     """Tile of the tensor-core pairs decode: ``block_n`` output columns per program (gate/up: intermediate
     columns, i.e. 2*block_n weight rows, the MMA's M side), ``block_k`` K values per loop step (a multiple
-    of 32: one MMA + scale FFMA per 32-group), ``block_m`` routed rows per pass (the MMA's N side, >= 16),
+    of 32: one MMA + scale FFMA per 32-group), ``block_m`` routed rows per pass (the MMA's N side: 8, 16, 32 or
+    64; 8 is one m16n8k16 MMA per 16 values of K, half the activation loads of 16),
     ``mul_pairs``: nibble pairs placed by a multiply (3 instead of 4 integer instructions per pair);
     ``scale_bf16``: the E8M0 scale multiplies the pair words in packed bf16 (one MMA per K step instead
     of one per 32-group plus an FFMA; exact for E8M0 bytes 34..160, inf above 160); ``scale_on_words`` (round 9,
@@ -2742,11 +2743,12 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
         raise ValueError(f"configs for upcast='pairs' must be two PairsConfig (or a TMA PairsConfig and a TMA "
                          f"GemvConfig), got {configs!r}")
     gu_k, dn_k = min(gu_cfg.block_k, hidden), min(dn_cfg.block_k, inter)
-    dn_mma = min(dn_cfg.block_n, 16 if gemv_down else dn_cfg.block_m)  # the GEMV down has no MMA side
+    dn_mma = dn_cfg.block_n  # the weight side of the down MMA (the GEMV down has none: its block_n)
     if (inter % gu_cfg.block_n or hidden % dn_cfg.block_n or gu_k % 32 or dn_k % 32 or hidden % gu_k
-            or inter % dn_k or min(gu_cfg.block_m, 2 * gu_cfg.block_n, dn_mma) < 16):
+            or inter % dn_k or min(2 * gu_cfg.block_n, dn_mma) < 16
+            or any(c.block_m not in (8, 16, 32, 64) for c in (gu_cfg, dn_cfg) if isinstance(c, PairsConfig))):
         raise ValueError(f"pairs tiles {configs!r} do not fit H={hidden}, I={inter} (block_k a multiple of 32 "
-                         f"dividing K, block_n dividing the outputs, MMA sides >= 16)")
+                         f"dividing K, block_n dividing the outputs, weight side >= 16, block_m 8 / 16 / 32 / 64)")
     tma_ring = gu_cfg.tma_ring
     if gemv_down:
         if (tma_ring <= 0 or dn_cfg.tma_ring <= 0 or min(gu_k, dn_k) < 512 or not gu_cfg.scale_bf16 or dn_cfg.x_f32

@@ -292,6 +292,31 @@ def run18b_candidates():
             (dataclasses.replace(gu, sub_k=128), dataclasses.replace(wide_down, sub_k=128))]
 
 
+# run 20 (--run20, issue 4 at B = 64 / 256): where the TMA pairs decode's K loop spends its issue slots (sm_90a, per warp
+# and 512-wide K step: gate/up 1044 instructions for 2 HMMA per weight word, 32 LDS.128 + ~100 IMAD.MOV of activations
+# for 64 HMMAs; 168 registers, 6 programs per SM) -- 8 routed rows per MMA pass instead of 16 (block_m 8: one m16n8k16
+# per 16 values of K, half the activation loads, gate/up 905 instructions and 128 registers; an expert with more than 8
+# rows takes another pass over its weights), 32 weight rows per warp (the activations of an MMA reused by two M tiles,
+# sub_k 128 / 256 to hold the registers), 64 gate/up rows on 2 warps; every launch also timed alone
+RUN20_BATCHES = (64, 256, 128, 48, 32)
+RUN20_DEADLINE_S = 170  # for a 220 s device limit
+
+
+def run20_candidates():
+    import dataclasses
+
+    gu, dn = moe.PAIRS_TMA_WIDE_DOWN_TILES  # the default at B = 48..256 (gate/up 32 rows / 2 warps, down 32 / 2, c128)
+
+    def tile(cfg, **kw):
+        return dataclasses.replace(cfg, **kw)
+
+    return [(tile(gu, block_m=8), tile(dn, block_m=8)),
+            (tile(gu, block_m=8, num_warps=1, sub_k=128), tile(dn, block_m=8, num_warps=1)),
+            (tile(gu, block_m=8, block_n=32, sub_k=128), tile(dn, block_m=8, block_n=64)),
+            (tile(gu, num_warps=1, sub_k=128), tile(dn, num_warps=1)),
+            (tile(gu, block_m=8, num_warps=1, sub_k=256), tile(dn, block_m=8, sub_k=0))]
+
+
 F16_DEADLINE_S = 230  # for a 300 s device limit
 F16_EXTRA_ROWS = (TOP_K, 8 * TOP_K)  # B = 1 and 8: two more fp16 tilings
 
@@ -731,6 +756,9 @@ def main() -> None:
                         help="run 17: PDL on the fp16 TMA GEMV forward vs without, T=1/2/4 B=1..64")
     parser.add_argument("--run18", action="store_true",
                         help="run 18: the pairs decode at B = 64 / 128 / 256 launch by launch, TMA tiles with sub_k")
+    parser.add_argument("--run20", action="store_true",
+                        help="run 20: the pairs decode at B = 32..256 launch by launch, 8 routed rows per MMA pass, "
+                             "32 weight rows per warp")
     parser.add_argument("--run18b", action="store_true",
                         help="run 18b: the TMA gate/up with the down launch on 32 rows / 2 warps, sub_k 512 / 256 / 128")
     parser.add_argument("--shipped", action="store_true",
@@ -795,6 +823,10 @@ def main() -> None:
         if args.f16b:  # TMA needs K >= 512; I = 512 = the T=4 shape: the persistent down launch on 5 programs
             hidden, base_inter, tps, batches, candidates = 512, 512, (1,), (1, 3), None
             moe.CPU_SM_COUNT = 5
+        if args.run20:  # TMA needs K >= 512; block_m 8 (B = 16 on 8 experts: two passes) and sub_k on reduced tiles
+            hidden, base_inter, tps, batches = 512, 512, (1,), (3, 16)
+            form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2}
+            candidates = [tuple(P(n, 512, 4, block_m=8, sub_k=k, **form) for n in (128, 256)) for k in (0, 128)]
         if args.run18 or args.run18b:  # TMA needs K >= 512; the run's sub_k forms on reduced tiles
             hidden, base_inter, tps, batches = 512, 512, (1,), (3,)
             form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2}
@@ -824,25 +856,31 @@ def main() -> None:
             batches, candidates = RUN18_BATCHES, run18_candidates()
         if args.run18b:
             batches, candidates = RUN18B_BATCHES, run18b_candidates()
+        if args.run20:
+            batches, candidates = RUN20_BATCHES, run20_candidates()
     if args.only and candidates is not None:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
     if args.batches:
         batches = tuple(int(b) for b in args.batches.split(","))
     if args.tps:
         tps = tuple(int(t) for t in args.tps.split(","))
+    if args.run20:
+        args.run18 = True  # the run-18 form, labels, breakdown (run 20's own deadline and name below)
     if args.run18b:
         args.run18 = True  # the run-18 form, labels, breakdown
     if args.words or args.swap_ab or args.run18:
         args.pairs = True  # the pairs form, labels and notes
-    deadline = (RUN18B_DEADLINE_S if args.run18b else RUN18_DEADLINE_S if args.run18 else F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
+    deadline = (RUN20_DEADLINE_S if args.run20 else RUN18B_DEADLINE_S if args.run18b else RUN18_DEADLINE_S if args.run18 else F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
                 else PERSISTENT_DEADLINE_S if args.persistent else TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run18b" if args.run18b else "moe_mxfp4-h200-run18" if args.run18 else "moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run20" if args.run20 else "moe_mxfp4-h200-run18b" if args.run18b else "moe_mxfp4-h200-run18" if args.run18 else "moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, run 18b: the TMA gate/up with the down launch on 32 rows / 2 warps, sub_k 512 / 256 / "
+        title=("sm120 MoE decode, run 20: the TMA pairs decode at B = 32..256 launch by launch, 8 routed rows per "
+               "MMA pass, 32 weight rows per warp, DSv4-Flash shapes, H200" if args.run20 else
+               "sm120 MoE decode, run 18b: the TMA gate/up with the down launch on 32 rows / 2 warps, sub_k 512 / 256 / "
                "128, DSv4-Flash shapes, H200" if args.run18b else
                "sm120 MoE decode, run 18: the pairs decode at B = 64 / 128 / 256 launch by launch, TMA tiles with a K "
                "step as 2 / 4 MMAs, DSv4-Flash shapes, H200" if args.run18 else
@@ -951,7 +989,7 @@ def main() -> None:
         result.notes.append("pairs labels: gate/up / down PairsConfig as n<block_n>k<block_k>w<warps>s<num_stages>, "
                             "mul = nibble pairs placed by one multiply, h = E8M0 factor on the pair values in packed "
                             "bf16, wd = the factor on the int32 pair words by PTX mul.rn.bf16x2 (round 9); "
-                            "16 routed rows per MMA pass; tma<R> (round 15) = swap-AB fed by TMA: weight words and "
+                            "16 routed rows per MMA pass (m<M>: M rows, run 20); tma<R> (round 15) = swap-AB fed by TMA: weight words and "
                             "scale bytes through a ring of R stages, activations by plain loads; c<S> (run 18) = a K "
                             "step as MMAs of S values (words by TMA in blocks of S); a pairs gate/up with "
                             "a GEMV down label (e.g. n16k512w4tma3) = run 15c's mixed forward: swap-AB gate/up "
