@@ -156,6 +156,13 @@ def _load_activation_hoisted(row_ptr, k, mask, k_first, cos, signed_sin, is_rope
     else:
         rope_mask = mask & is_rope & ((k_first % HEAD) == HEAD - WIDTH)
     partner = tl.load(row_ptr + (k ^ 1), mask=rope_mask, other=0.0).to(tl.float32)
+    return _rotate_rope_pairs(x, partner, cos, signed_sin, rope_mask)
+
+
+@triton.jit
+def _rotate_rope_pairs(x, partner, cos, signed_sin, rope_mask):
+    """bf16 ``x`` with its rope columns (``rope_mask``) rotated against their fp32 pair ``partner``: x*c + p*(+-s),
+    rounded to bf16 as upstream's in-place write is."""
     xf = x.to(tl.float32)
     return tl.where(rope_mask, xf * cos + partner * signed_sin, xf).to(tl.bfloat16)
 
@@ -226,10 +233,10 @@ def _prefetch_weight_l2(w_rows, rn, N, stride_wn, kb_begin, kb_end, BLOCK_K: tl.
 @triton.jit
 def _program_start(w_ptr, stride_wg, stride_wn, N, K, tiles_per_group, num_splits, k_blocks_per_split,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, L2_PREFETCH_BLOCKS: tl.constexpr, PDL: tl.constexpr,
-                   PDL_LATE_TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr):
+                   PDL_LATE_TRIGGER: tl.constexpr, PERSISTENT: tl.constexpr, WAIT: tl.constexpr = True):
     """A program's first work item (tile, K split, group): its grid position, or (PERSISTENT) work item pid. Issues
     the early PDL trigger and the L2 prefetch of that item's weight, then the PDL wait: once per program, before its
-    first activation load."""
+    first activation load (not WAIT: the caller waits itself, after loading its weight)."""
     if PERSISTENT:
         tile, pid_k, pid_g = _work_item(tl.program_id(0), tiles_per_group, num_splits)
     else:
@@ -237,7 +244,7 @@ def _program_start(w_ptr, stride_wg, stride_wn, N, K, tiles_per_group, num_split
     _pdl_launch_dependents(PDL and not PDL_LATE_TRIGGER)
     _prefetch_item_l2(w_ptr, stride_wg, stride_wn, N, K, tile, pid_k, pid_g, k_blocks_per_split, BLOCK_N, BLOCK_K,
                       L2_PREFETCH_BLOCKS)
-    _pdl_wait(PDL)
+    _pdl_wait(PDL and WAIT)
     return tile, pid_k, pid_g
 
 
@@ -771,10 +778,15 @@ def _block_fp8_gemv_fp8mma_kernel(
     CHAIN: tl.constexpr = False, PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
     PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
-    SPLIT_SUM_BATCH: tl.constexpr = 1, ROPE_HOIST: tl.constexpr = 0,
+    SPLIT_SUM_BATCH: tl.constexpr = 1, ROPE_HOIST: tl.constexpr = 0, W_BEFORE_WAIT: tl.constexpr = 0,
+    INLINE_PTX: tl.constexpr = True,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
+
+    W_BEFORE_WAIT > 0 (GemvConfig.w_before_wait; the launch guarantees a split of exactly K_UNROLL blocks): the
+    one-shot program of _fp8mma_one_shot_item, the weight tiles and scales of the split's first W_BEFORE_WAIT blocks
+    loaded before the PDL wait.
 
     The FP8 weight tile is the MMA's M side, as loaded (no conversion); the N side is 2*BLOCK_M columns:
     column j < BLOCK_M holds row j's hi term, column BLOCK_M + j its lo term (both e4m3, split in
@@ -797,11 +809,18 @@ def _block_fp8_gemv_fp8mma_kernel(
     byte by byte on sm_120a (STS.U8 / LDS.U8); without JOIN (each row loaded for both its columns) the
     operand keeps the load's K-contiguous layout and moves by ldmatrix (LDSM), at twice the split work."""
     tl.static_assert(not (PERSISTENT and CHAIN))  # the chain pre-pass is a second loop inside the work-item loop
+    tl.static_assert(not W_BEFORE_WAIT or not (PERSISTENT or CHAIN or W_TMA))
     tiles_per_group = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     tile, pid_k, pid_g = _program_start(w_ptr, stride_wg, stride_wn, N, K, tiles_per_group, num_splits,
                                         k_blocks_per_split, BLOCK_N, BLOCK_K, L2_PREFETCH_BLOCKS, PDL,
-                                        PDL_LATE_TRIGGER, PERSISTENT)
-    if PERSISTENT:
+                                        PDL_LATE_TRIGGER, PERSISTENT, not W_BEFORE_WAIT)
+    if W_BEFORE_WAIT:
+        _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, M, N, K,
+                              stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
+                              stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
+                              BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, INV_ROPE, HEAD, ROPE, PDL,
+                              PDL_LATE_TRIGGER, SPLIT_SUM_BATCH, ROPE_HOIST, W_BEFORE_WAIT, INLINE_PTX)
+    elif PERSISTENT:
         num_items = tiles_per_group * num_splits * num_groups
         for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), flatten=FLATTEN,
                              num_stages=W_TMA if W_TMA else None):
@@ -924,6 +943,16 @@ def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, 
             acc = acc * _hi_lo_column_scale(row_scale)[None, :]
         else:
             acc = acc * tl.where(is_lo, row_scale / _LO_FACTOR, row_scale)[None, :]
+    _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partial_ptr, counter_ptr, pid, pid_k, pid_g,
+                  num_splits, tiles_per_group, BLOCK_M, BLOCK_N, IS_SPLIT, SPLIT_SUM_BATCH)
+
+
+@triton.jit
+def _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partial_ptr, counter_ptr, pid, pid_k, pid_g,
+                  num_splits, tiles_per_group, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_SPLIT: tl.constexpr,
+                  SPLIT_SUM_BATCH: tl.constexpr):
+    """The FP8 tensor-core form's epilogue: hi + lo columns of ``acc [BN, 2*BM]`` added per row, then the bf16 tile
+    stored, or (split-K) the fp32 partial stored and the tile's last arriver summing the partials."""
     # hi + lo per row: [BN, 2, BM] summed over the middle axis, then rows first
     out = tl.trans(tl.sum(tl.reshape(acc, (BLOCK_N, 2, BLOCK_M)), axis=1))  # [BM, BN]
 
@@ -938,6 +967,193 @@ def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, 
         tl.store(part_base + pid_k.to(tl.int64) * M * N + tile_part, out, mask=y_mask)
         _sum_split_partials(part_base, M * N, tile_part, y_ptrs, y_mask, counter_ptr, pid_g * tiles_per_group + pid,
                             num_splits, BLOCK_M, BLOCK_N, SPLIT_SUM_BATCH)
+
+
+# One-shot FP8 tensor-core program with its weight loaded before the PDL wait (GemvConfig.w_before_wait): a split of
+# K_UNROLL blocks, each block's weight tile and scale its own variables (Triton has no indexing into a register tensor).
+ONE_SHOT_WAIT_UNROLLS = (1, 2, 4, 8)
+
+
+@triton.jit
+def _one_shot_weight(w_rows, s_row, kb, kb_end, k_stop, rk, n_mask, BLOCK_K: tl.constexpr):
+    """Block ``kb``'s FP8 weight tile [BN, BLOCK_K] (16-byte loads into registers) and its weight scale; past the
+    split: zeros."""
+    k = kb * BLOCK_K + rk
+    w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k < k_stop)[None, :], other=0.0)
+    return w, tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
+
+
+@triton.jit
+def _one_shot_x(x_rows, freq_rows, kb, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE: tl.constexpr,
+                ROPE_HOIST: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Block ``kb``'s activation rows [BM, BLOCK_K] bf16; the inverse RoPE applied as ROPE_HOIST says, except
+    ROPE_PRELOAD, whose rope block (the split's last) the caller rotates (_rotate_rope_pairs)."""
+    k = kb * BLOCK_K + rk
+    mask = x_valid[:, None] & (k < k_stop)[None, :]
+    if INV_ROPE and ROPE_HOIST == ROPE_FACTORS_HOISTED:
+        x = _load_activation_hoisted(x_rows, k[None, :], mask, kb * BLOCK_K, cos, signed_sin, is_rope, HEAD, BLOCK_K)
+    else:
+        x = _load_activation(x_rows, freq_rows, k[None, :], mask, kb * BLOCK_K, INV_ROPE and ROPE_HOIST == 0, HEAD,
+                             ROPE, BLOCK_K)
+    return x
+
+
+@triton.jit
+def _register_barrier(w, INLINE_PTX: tl.constexpr):
+    """``w`` (e4m3) as is, through an opaque move the compiler keeps in program order: the weight tile's copy into the
+    MMA operand's shared-memory buffer stays at its own block (one buffer reused by every block, not one per block
+    made right after the loads before the PDL wait). ptxas folds the moves. INLINE_PTX False: the CPU interpreter."""
+    if not INLINE_PTX:
+        return w
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=tl.float8e4nv, is_pure=False, pack=4)
+
+
+@triton.jit
+def _one_shot_block(acc, w, w_scale, x, u: tl.constexpr, partner, cos, signed_sin, rope_mask,
+                    LAST_ROTATED: tl.constexpr, K_UNROLL: tl.constexpr, INLINE_PTX: tl.constexpr, PRE: tl.constexpr):
+    """acc + one 128-block's FP8 MMA: activation rows ``x`` split into joined hi / lo e4m3 columns, the product
+    scaled per column. LAST_ROTATED: block u = K_UNROLL - 1 is the split's rope block, rotated here from its
+    preloaded ``partner`` and factors (its loads were issued blocks earlier). Blocks u < PRE (loaded before the PDL
+    wait) pass their weight through _register_barrier."""
+    if LAST_ROTATED and u == K_UNROLL - 1:
+        x = _rotate_rope_pairs(x, partner, cos, signed_sin, rope_mask)
+    if u < PRE:
+        w = _register_barrier(w, INLINE_PTX)
+    q, x_scale = _split_activation_joined(x.to(tl.float32))
+    return acc + tl.dot(w, tl.trans(q)) * (x_scale * w_scale)[None, :]
+
+
+@triton.jit
+def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, M, N, K,
+                          stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
+                          stride_freq, k_blocks_per_split, num_splits, tiles_per_group, pid, pid_k, pid_g,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          K_UNROLL: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
+                          ROPE: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
+                          SPLIT_SUM_BATCH: tl.constexpr, ROPE_HOIST: tl.constexpr, W_BEFORE_WAIT: tl.constexpr,
+                          INLINE_PTX: tl.constexpr):
+    """_fp8mma_item's joined, unchained form as one program per split of K_UNROLL blocks, whose weight tiles and
+    scales (constants of the model) are all loaded into registers before the PDL wait: with PDL the weight stream
+    starts while the previous kernel drains. After the wait: the activation loads of every block, then the MMAs in
+    block order. ROPE_PRELOAD: the split is one head, its last block the rope block; the position -> cos / sin gather
+    is issued after the first block's MMA and the rotation done just before the last, off the other blocks' path."""
+    tl.static_assert(K_UNROLL == 1 or K_UNROLL == 2 or K_UNROLL == 4 or K_UNROLL == 8)
+    PRE: tl.constexpr = W_BEFORE_WAIT if W_BEFORE_WAIT < K_UNROLL else K_UNROLL
+    tl.static_assert(PRE == 1 or PRE == 2 or PRE == 4 or PRE == 8)
+    tl.static_assert(BLOCK_K % BLOCK_N == 0)
+    TWO_M: tl.constexpr = 2 * BLOCK_M
+    LAST_ROTATED: tl.constexpr = INV_ROPE and ROPE_HOIST == ROPE_PRELOAD
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // n_tiles
+    pid_n = pid % n_tiles
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_mask = rn < N
+    x_valid = rm < M
+    x_rows = x_ptr + pid_g * stride_xg + rm[:, None] * stride_xm
+    w_rows = w_ptr + pid_g * stride_wg + rn[:, None] * stride_wn  # [BN, 1]
+    s_row = s_ptr + pid_g * stride_sg + (pid_n * BLOCK_N // BLOCK_K) * stride_sn
+    kb0 = pid_k * k_blocks_per_split
+    kb_end = tl.minimum(kb0 + k_blocks_per_split, tl.cdiv(K, BLOCK_K))
+    k_stop = tl.minimum(kb_end * BLOCK_K, K)
+
+    # blocks 0..PRE-1 before the PDL wait; the others in block order after it, where ptxas hoists them as far as
+    # registers allow (as in _fp8mma_item's one-shot loop)
+    w0, ws0 = _one_shot_weight(w_rows, s_row, kb0, kb_end, k_stop, rk, n_mask, BLOCK_K)
+    w1, ws1, w2, ws2, w3, ws3 = w0, ws0, w0, ws0, w0, ws0
+    w4, ws4, w5, ws5, w6, ws6, w7, ws7 = w0, ws0, w0, ws0, w0, ws0, w0, ws0
+    if PRE > 1:
+        w1, ws1 = _one_shot_weight(w_rows, s_row, kb0 + 1, kb_end, k_stop, rk, n_mask, BLOCK_K)
+    if PRE > 2:
+        w2, ws2 = _one_shot_weight(w_rows, s_row, kb0 + 2, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        w3, ws3 = _one_shot_weight(w_rows, s_row, kb0 + 3, kb_end, k_stop, rk, n_mask, BLOCK_K)
+    if PRE > 4:
+        w4, ws4 = _one_shot_weight(w_rows, s_row, kb0 + 4, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        w5, ws5 = _one_shot_weight(w_rows, s_row, kb0 + 5, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        w6, ws6 = _one_shot_weight(w_rows, s_row, kb0 + 6, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        w7, ws7 = _one_shot_weight(w_rows, s_row, kb0 + 7, kb_end, k_stop, rk, n_mask, BLOCK_K)
+    _pdl_wait(PDL)  # the weight loads above are in flight while the previous kernel drains
+
+    freq_rows = freqs_ptr
+    cos = tl.full((BLOCK_M, BLOCK_K), 1.0, tl.float32)
+    signed_sin = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+    is_rope = rk[None, :] < 0
+    rope_mask = x_valid[:, None] & is_rope
+    partner = signed_sin
+    if INV_ROPE:
+        pos = tl.load(pos_ptr + rm, mask=x_valid, other=0)
+        freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
+        if ROPE_HOIST == ROPE_FACTORS_HOISTED:
+            cos, signed_sin, is_rope = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE,
+                                                           BLOCK_K)
+    x0 = _one_shot_x(x_rows, freq_rows, kb0, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
+                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
+    x1, x2, x3, x4, x5, x6, x7 = x0, x0, x0, x0, x0, x0, x0
+    if K_UNROLL > 1:
+        x1 = _one_shot_x(x_rows, freq_rows, kb0 + 1, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
+                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
+    if K_UNROLL > 2:
+        x2 = _one_shot_x(x_rows, freq_rows, kb0 + 2, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
+                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
+        x3 = _one_shot_x(x_rows, freq_rows, kb0 + 3, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
+                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
+    if K_UNROLL > 4:
+        x4 = _one_shot_x(x_rows, freq_rows, kb0 + 4, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
+                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
+        x5 = _one_shot_x(x_rows, freq_rows, kb0 + 5, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
+                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
+        x6 = _one_shot_x(x_rows, freq_rows, kb0 + 6, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
+                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
+        x7 = _one_shot_x(x_rows, freq_rows, kb0 + 7, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
+                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
+    if LAST_ROTATED:  # the rope block's pair partners: in flight with the other activation loads
+        k_last = (kb_end - 1) * BLOCK_K + rk
+        is_rope = rk >= BLOCK_K - ROPE  # the head's last ROPE dims (rope_preloadable)
+        rope_mask = x_valid[:, None] & (is_rope & (k_last < k_stop))[None, :]
+        partner = tl.load(x_rows + (k_last ^ 1)[None, :], mask=rope_mask, other=0.0).to(tl.float32)
+        if K_UNROLL == 1:
+            cos, signed_sin, _ = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE, BLOCK_K)
+
+    acc = tl.zeros((BLOCK_N, TWO_M), tl.float32)
+    acc = _one_shot_block(acc, w0, ws0, x0, 0, partner, cos, signed_sin, rope_mask, LAST_ROTATED, K_UNROLL,
+                          INLINE_PTX, PRE)
+    if LAST_ROTATED and K_UNROLL > 1:  # the cos / sin gather, once the position has arrived; rotated at block L
+        cos, signed_sin, _ = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE, BLOCK_K)
+    if K_UNROLL > 1:
+        if PRE <= 1:
+            w1, ws1 = _one_shot_weight(w_rows, s_row, kb0 + 1, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        acc = _one_shot_block(acc, w1, ws1, x1, 1, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
+                              K_UNROLL, INLINE_PTX, PRE)
+    if K_UNROLL > 2:
+        if PRE <= 2:
+            w2, ws2 = _one_shot_weight(w_rows, s_row, kb0 + 2, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        acc = _one_shot_block(acc, w2, ws2, x2, 2, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
+                              K_UNROLL, INLINE_PTX, PRE)
+        if PRE <= 3:
+            w3, ws3 = _one_shot_weight(w_rows, s_row, kb0 + 3, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        acc = _one_shot_block(acc, w3, ws3, x3, 3, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
+                              K_UNROLL, INLINE_PTX, PRE)
+    if K_UNROLL > 4:
+        if PRE <= 4:
+            w4, ws4 = _one_shot_weight(w_rows, s_row, kb0 + 4, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        acc = _one_shot_block(acc, w4, ws4, x4, 4, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
+                              K_UNROLL, INLINE_PTX, PRE)
+        if PRE <= 5:
+            w5, ws5 = _one_shot_weight(w_rows, s_row, kb0 + 5, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        acc = _one_shot_block(acc, w5, ws5, x5, 5, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
+                              K_UNROLL, INLINE_PTX, PRE)
+        if PRE <= 6:
+            w6, ws6 = _one_shot_weight(w_rows, s_row, kb0 + 6, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        acc = _one_shot_block(acc, w6, ws6, x6, 6, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
+                              K_UNROLL, INLINE_PTX, PRE)
+        if PRE <= 7:
+            w7, ws7 = _one_shot_weight(w_rows, s_row, kb0 + 7, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        acc = _one_shot_block(acc, w7, ws7, x7, 7, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
+                              K_UNROLL, INLINE_PTX, PRE)
+    _pdl_launch_dependents(PDL and PDL_LATE_TRIGGER)
+    _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partial_ptr, counter_ptr, pid, pid_k, pid_g,
+                  num_splits, tiles_per_group, BLOCK_M, BLOCK_N, IS_SPLIT, SPLIT_SUM_BATCH)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1007,6 +1223,11 @@ class GemvConfig:
     # FP8 tensor-core form with the fused inverse RoPE where every K split is one head (rope_preloadable): the split's
     # rotated rope block is loaded before the K loop and selected in it; elsewhere as rope_hoist
     rope_preload: bool = False
+    # FP8 tensor-core one-shot program (joined, unchained, 1 stage, plain loads, not persistent; k_unroll in
+    # ONE_SHOT_WAIT_UNROLLS): where a launch's K split is exactly k_unroll blocks, the weight tiles and scales of the
+    # split's first w_before_wait blocks (a power of two; all of them if more) are loaded into registers before the PDL
+    # wait, the others right after it (_fp8mma_one_shot_item); 0: off; elsewhere the form is unchanged
+    w_before_wait: int = 0
 
     def __post_init__(self):
         if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M or self.rope_hoist)) or (
@@ -1035,6 +1256,13 @@ class GemvConfig:
             raise ValueError(f"config: split_sum_batch >= 1, and above 1 needs fp8_mma; got {self}")
         if self.one_chunk and not (self.rows_form and self.prefetch):
             raise ValueError(f"config: one_chunk needs the rows form with prefetch; got {self}")
+        one_shot_fp8 = (self.fp8_mma and self.fp8_join and not self.fp8_chain and self.num_stages == 1
+                        and not self.w_tma and not self.persistent_programs_per_sm
+                        and self.k_unroll in ONE_SHOT_WAIT_UNROLLS)
+        if self.w_before_wait < 0 or self.w_before_wait & (self.w_before_wait - 1) or (
+                self.w_before_wait and not one_shot_fp8):
+            raise ValueError(f"config: w_before_wait (a power of two or 0) needs the joined, unchained fp8_mma form "
+                             f"with num_stages=1, no w_tma, not persistent, k_unroll in {ONE_SHOT_WAIT_UNROLLS}; got {self}")
 
     @property
     def weight_tile_k(self) -> int:
@@ -1056,6 +1284,7 @@ class GemvConfig:
             extra += f"_pp{self.persistent_programs_per_sm}"
         extra += (f"_sb{self.split_sum_batch}" if self.split_sum_batch > 1 else "") + ("_oc" if self.one_chunk else "")
         extra += ("_rh" if self.rope_hoist else "") + ("_rp" if self.rope_preload else "")
+        extra += f"_ww{self.w_before_wait}" if self.w_before_wait else ""
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -1488,6 +1717,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             SPLIT_SUM_BATCH=cfg.split_sum_batch,
             ROPE_HOIST=rope_mode(cfg, inv_rope, FP8_BLOCK, per_split, k, head_dim, rope_dim),
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
+            W_BEFORE_WAIT=cfg.w_before_wait if per_split == cfg.k_unroll else 0, INLINE_PTX=not interpreter_enabled(),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args, **persistent_args,
         )
         return
@@ -1775,7 +2005,7 @@ _AOT_FP8MMA_SIGNATURE = {
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
                                     "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS",
                                     "PDL_LATE_TRIGGER", "W_TMA", "PERSISTENT", "FLATTEN", "SPLIT_SUM_BATCH",
-                                    "ROPE_HOIST")},
+                                    "ROPE_HOIST", "W_BEFORE_WAIT", "INLINE_PTX")},
 }
 
 
@@ -1823,7 +2053,8 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_fp8mma_kernel, signature=_AOT_FP8MMA_SIGNATURE,
             constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common,
-                        **persistent, "SPLIT_SUM_BATCH": cfg.split_sum_batch,
+                        **persistent, "SPLIT_SUM_BATCH": cfg.split_sum_batch, "W_BEFORE_WAIT": cfg.w_before_wait,
+                        "INLINE_PTX": True,
                         # the wo_a geometry: K split 8 of 4096 (4 blocks, one head, per split)
                         "ROPE_HOIST": rope_mode(cfg, rope, FP8_BLOCK, HEAD_DIM // FP8_BLOCK, 8 * HEAD_DIM, HEAD_DIM,
                                                 ROPE_DIM)},

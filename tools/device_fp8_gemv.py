@@ -104,6 +104,11 @@ ONE_CHUNK_MAX_BYTES_PER_THREAD = 256  # raw FP8 weight a thread holds across the
 # the default without it, and the other one-chunk tiles, at every distinct <= 8 MiB DSv4 shape (T = 1, 2, 4, 8); wo_a
 # with the fused RoPE as the seam runs it at 1..2 rows
 RUN18B_NAME = "fp8_gemv-h200-run18b"
+# --run19-sweep (run 19): the 33.5 MB weights at T=1 (wo_a at 1..8 rows with the fused RoPE as the seam runs it, wo_b,
+# wq_b): the one-shot FP8 program with its weight loaded before the PDL wait (GemvConfig.w_before_wait), 64-column and
+# 8-warp variants; wo_a first (the issue's <= 12 us target)
+RUN19_NAME = "fp8_gemv-h200-run19"
+RUN19_POINTS = {("wo_a", 1): (2, 8, 4, 1), ("wo_b", 1): (8, 2, 1), ("wq_b", 1): (8, 1)}
 RUN18B_POINTS = {("wqkv_a", 1): (1, 2), ("shared_down", 1): (1, 2), ("indexer_wq_b", 1): (1, 2),
                  ("shared_gate_up", 8): (1, 2), ("wo_b", 8): (1, 2), ("wo_a", 8): (1, 2), ("wo_a", 4): (1, 2),
                  ("shared_gate_up", 4): (1, 2), ("shared_gate_up", 2): (1, 2), ("shared_down", 4): (1, 2),
@@ -614,6 +619,41 @@ def run18b_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def run19_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run19-sweep (run 19): the 33.5 MB weights at T=1. old_default = default_config's form (wo_a: wo_a_config's
+    plain form), seam_default (wo_a) = wo_a_config with the fused RoPE (every wo_a variant is timed with the RoPE too);
+    os = the one-shot FP8 program (4 warps, a split's K blocks in one iteration, 8 partials per sum step, wo_a: the rope
+    block preloaded); wwN = that program with the weight tiles and scales of its first N blocks loaded before the PDL
+    wait (GemvConfig.w_before_wait); n64 = 64-column tiles (twice the programs); w8 = 8 warps; wq_b: one program per
+    64 columns over the whole K (8 blocks, no split-K), with PDL."""
+    import dataclasses
+
+    replace = dataclasses.replace
+    if POINT_IS_WO_A[0]:
+        shape = _wo_a_full_shape(m, n, k, groups)
+        out = [("old_default", g.wo_a_config(*shape, fused_rope=False)),
+               ("seam_default", g.wo_a_config(*shape, fused_rope=True))]
+        one_shot = g.wo_a_config(*_wo_a_full_shape(2, n, k, groups), fused_rope=True)  # the 2..8-row seam form
+    else:
+        out = [("old_default", g.default_config(m, n, k, groups))]
+        if groups * n * k < 1 << 20:  # --smoke's reduced shapes: the full shape's tile (K 1024: wq_b, else wo_b)
+            n, k, groups = (32768, 1024, 1) if k <= 1024 else (4096, 8192, 1)
+        wide = g._fp8_mma_config(8, n, k, groups)
+        wide = replace(wide, pdl=True, num_warps=4, num_stages=1, split_sum_batch=8 if wide.split_k > 1 else 1)
+        blocks = math.ceil(k / g.FP8_BLOCK) // wide.split_k
+        one_shot = replace(wide, k_unroll=min(blocks, 8))
+    n64 = replace(one_shot, block_n=64)
+    if one_shot.k_unroll == 8:  # wq_b: 64-column programs over 8 blocks
+        out += [("os", one_shot), ("os_ww2", replace(one_shot, w_before_wait=2)),
+                ("os_ww4", replace(one_shot, w_before_wait=4)), ("os_ww8", replace(one_shot, w_before_wait=8))]
+        return distinct_configs(out)
+    out += [("os", one_shot), ("os_ww1", replace(one_shot, w_before_wait=1)),
+            ("os_ww2", replace(one_shot, w_before_wait=2)), ("os_ww4", replace(one_shot, w_before_wait=4)),
+            ("os_w8_ww4", replace(one_shot, num_warps=8, w_before_wait=4)),
+            ("n64_os", n64), ("n64_ww2", replace(n64, w_before_wait=2)), ("n64_ww4", replace(n64, w_before_wait=4))]
+    return distinct_configs(out)
+
+
 def pdl_floor(torch, timed, smoke: bool) -> dict:
     """us per call of a CUDA-graph chain of trivial Triton kernels (each program: PDL trigger, wait, one store), with
     and without PDL, at 1 / 132 / 528 programs of 4 warps: the launch + dependency floor of any kernel in the chain."""
@@ -822,7 +862,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
          tma_sweep: bool = False, tma2_sweep: bool = False, run12_sweep: bool = False,
          run13_sweep: bool = False, run15_sweep: bool = False, run15b_sweep: bool = False,
          run17_sweep: bool = False, run17b_sweep: bool = False, run18_sweep: bool = False,
-         run18b_sweep: bool = False) -> None:
+         run18b_sweep: bool = False, run19_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -832,7 +872,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "55" if chain_final else "175" if run18_sweep else "170" if run17_sweep or run17b_sweep else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "150" if run19_sweep else "55" if chain_final else "175" if run18_sweep else "170" if run17_sweep or run17b_sweep else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
@@ -877,6 +917,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     if run18b_sweep:
         rows, tps, run_name, pick = (1, 2), (1, 2, 4, 8), RUN18B_NAME, run18b_candidates
         points13, run13_sweep, run18_sweep = RUN18B_POINTS, True, True
+    if run19_sweep:
+        rows, tps, run_name, pick = (2, 8, 4, 1), (1,), RUN19_NAME, run19_candidates
+        points13, run13_sweep, run18_sweep = RUN19_POINTS, True, True  # run 18's: no baselines, every variant's RoPE
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -927,7 +970,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     sweep_log = []
     failures = {}
     numerics = {}
-    if run18_sweep:
+    if run18_sweep and not run19_sweep:
         res.extra["PDL chain floor (us per trivial kernel)"] = pdl_floor(torch, timed, smoke)
         print(res.extra["PDL chain floor (us per trivial kernel)"], flush=True)
     if pdl_sweep:
@@ -1157,14 +1200,21 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "q8j_n64_tma = the 64-column FP8 tile on 4 warps by TMA; fma2_* = the 1-row default's "
                          "64-column FMA tile by TMA with 2 rows; rowsR_* = the rows form, R rows per program, on that "
                          "tile. wo_a rope_us: every variant with the fused inverse RoPE.")
-    if run18b_sweep:
+    if run19_sweep:
+        res.notes.append("run 19 variants (see run19_candidates): old_default = default_config as shipped (wo_a: "
+                         "wo_a_config's plain form); seam_default = wo_a_config with the fused RoPE; os = the one-shot "
+                         "FP8 program (4 warps, the split's K blocks in one iteration, 8 partials per sum step; wo_a "
+                         "with the RoPE: the rope block preloaded); wwN = its first N blocks' weight and scales loaded "
+                         "before the PDL wait; n64 = 64-column tiles; w8 = 8 warps. wo_a rope_us: every variant with "
+                         "the fused inverse RoPE. No bf16 / upstream baselines.")
+    elif run18b_sweep:
         res.notes.append("run 18b variants (see run18b_candidates): old_default = default_config without the "
                          "one-chunk rule (USE_ONE_CHUNK = False, the defaults before this run); current_default = "
                          "with it; sb8 = old_default with 8 split partials per sum step; wk_nN_wW = rows form, no "
                          "split-K, N columns, W warps, the whole K one chunk loaded with its scales before the PDL "
                          "wait; old_seam / seam = wo_a_config with the fused RoPE without / with the rule. wo_a "
                          "rope_us: every variant with the fused inverse RoPE. No bf16 / upstream baselines.")
-    elif run18_sweep:
+    elif run18_sweep and not run19_sweep:
         res.notes.append("run 18 variants (see run18_candidates): old_default = default_config as shipped; sb8 = the "
                          "split-K sum loading 8 partials per step; wk_nN_wW = rows form, no split-K, N columns, W "
                          "warps, the whole K one chunk loaded with its scales before the PDL wait (one_chunk); "
@@ -1345,6 +1395,9 @@ if __name__ == "__main__":
     parser.add_argument("--run18b-sweep", action="store_true",
                         help="run 18b: the one-chunk rule (weights <= 8 MiB, 1..2 rows) beside the old default and "
                              "other one-chunk tiles at every distinct <= 8 MiB DSv4 shape, T = 1/2/4/8")
+    parser.add_argument("--run19-sweep", action="store_true",
+                        help="run 19: the 33.5 MB weights at T=1 (wo_a M 1/2/4/8 with the fused RoPE, wo_b, wq_b): the "
+                             "one-shot FP8 program with its weight loaded before the PDL wait")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -1361,4 +1414,4 @@ if __name__ == "__main__":
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
              args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep, args.run13_sweep,
              args.run15_sweep, args.run15b_sweep, args.run17_sweep, args.run17b_sweep, args.run18_sweep,
-             args.run18b_sweep)
+             args.run18b_sweep, args.run19_sweep)
