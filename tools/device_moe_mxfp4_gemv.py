@@ -317,6 +317,26 @@ def run20_candidates():
             (tile(gu, block_m=8, num_warps=1, sub_k=256), tile(dn, block_m=8, sub_k=0))]
 
 
+# run 20b (--run20b): run 20 (benchmarks/moe_mxfp4-h200-run20-summary.md) had 8 routed rows per pass 1.20-1.34x faster
+# than the defaults at T = 1 / 4, B = 32..128 (64 gate/up rows on 2 warps with a 64-row down tile the fastest), but the
+# m8 gate/up slower at B = 256 (two passes over most experts' weights) where the m8 down still won; the forward of each
+# launch choice, B = 8..256 (the fp16 GEMV's range included), every launch also timed alone
+RUN20B_BATCHES = (256, 64, 128, 32, 16, 24, 40, 8)
+RUN20B_DEADLINE_S = 125  # for a 170 s device limit
+
+
+def run20b_candidates():
+    import dataclasses
+
+    gu, dn = moe.PAIRS_TMA_WIDE_DOWN_TILES
+    gu64_m8 = dataclasses.replace(gu, block_m=8, block_n=32, sub_k=128)  # 64 gate/up rows on 2 warps
+    dn64_m8 = dataclasses.replace(dn, block_m=8, block_n=64)
+    return [(gu64_m8, dn64_m8), (gu, dn64_m8), (dataclasses.replace(gu, block_m=8), dn64_m8),
+            (dataclasses.replace(gu, block_n=32, sub_k=128), dn64_m8),
+            (gu64_m8, dataclasses.replace(dn, block_m=8, num_warps=1)), (gu, dataclasses.replace(dn, block_n=64)),
+            (dataclasses.replace(gu64_m8, sub_k=256), dn64_m8), (dataclasses.replace(gu, block_m=8, sub_k=256), dn64_m8)]
+
+
 F16_DEADLINE_S = 230  # for a 300 s device limit
 F16_EXTRA_ROWS = (TOP_K, 8 * TOP_K)  # B = 1 and 8: two more fp16 tilings
 
@@ -756,6 +776,8 @@ def main() -> None:
                         help="run 17: PDL on the fp16 TMA GEMV forward vs without, T=1/2/4 B=1..64")
     parser.add_argument("--run18", action="store_true",
                         help="run 18: the pairs decode at B = 64 / 128 / 256 launch by launch, TMA tiles with sub_k")
+    parser.add_argument("--run20b", action="store_true",
+                        help="run 20b: the forward of run 20's launch choices at B = 8..256")
     parser.add_argument("--run20", action="store_true",
                         help="run 20: the pairs decode at B = 32..256 launch by launch, 8 routed rows per MMA pass, "
                              "32 weight rows per warp")
@@ -823,6 +845,8 @@ def main() -> None:
         if args.f16b:  # TMA needs K >= 512; I = 512 = the T=4 shape: the persistent down launch on 5 programs
             hidden, base_inter, tps, batches, candidates = 512, 512, (1,), (1, 3), None
             moe.CPU_SM_COUNT = 5
+        if args.run20b:
+            args.run20 = True
         if args.run20:  # TMA needs K >= 512; block_m 8 (B = 16 on 8 experts: two passes) and sub_k on reduced tiles
             hidden, base_inter, tps, batches = 512, 512, (1,), (3, 16)
             form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2}
@@ -856,7 +880,10 @@ def main() -> None:
             batches, candidates = RUN18_BATCHES, run18_candidates()
         if args.run18b:
             batches, candidates = RUN18B_BATCHES, run18b_candidates()
-        if args.run20:
+        if args.run20b:
+            args.run20 = True
+            batches, candidates = RUN20B_BATCHES, run20b_candidates()
+        elif args.run20:
             batches, candidates = RUN20_BATCHES, run20_candidates()
     if args.only and candidates is not None:
         candidates = [c for c in candidates if any(part in label(c) for part in args.only.split(","))]
@@ -870,15 +897,17 @@ def main() -> None:
         args.run18 = True  # the run-18 form, labels, breakdown
     if args.words or args.swap_ab or args.run18:
         args.pairs = True  # the pairs form, labels and notes
-    deadline = (RUN20_DEADLINE_S if args.run20 else RUN18B_DEADLINE_S if args.run18b else RUN18_DEADLINE_S if args.run18 else F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
+    deadline = (RUN20B_DEADLINE_S if args.run20b else RUN20_DEADLINE_S if args.run20 else RUN18B_DEADLINE_S if args.run18b else RUN18_DEADLINE_S if args.run18 else F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
                 else PERSISTENT_DEADLINE_S if args.persistent else TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run20" if args.run20 else "moe_mxfp4-h200-run18b" if args.run18b else "moe_mxfp4-h200-run18" if args.run18 else "moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run20b" if args.run20b else "moe_mxfp4-h200-run20" if args.run20 else "moe_mxfp4-h200-run18b" if args.run18b else "moe_mxfp4-h200-run18" if args.run18 else "moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, run 20: the TMA pairs decode at B = 32..256 launch by launch, 8 routed rows per "
+        title=("sm120 MoE decode, run 20b: the forward of run 20's launch choices (8 routed rows per pass, 64-row "
+               "tiles), B = 8..256, DSv4-Flash shapes, H200" if args.run20b else
+               "sm120 MoE decode, run 20: the TMA pairs decode at B = 32..256 launch by launch, 8 routed rows per "
                "MMA pass, 32 weight rows per warp, DSv4-Flash shapes, H200" if args.run20 else
                "sm120 MoE decode, run 18b: the TMA gate/up with the down launch on 32 rows / 2 warps, sub_k 512 / 256 / "
                "128, DSv4-Flash shapes, H200" if args.run18b else
