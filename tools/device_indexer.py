@@ -86,6 +86,19 @@ VARIANT_CATALOG = {
     # run 11b: group maxima per row of the page-max form (2048 shipped)
     "pmax_keys1024": dict(PAGE_MAX_KEYS=1024),
     "pmax_keys4096": dict(PAGE_MAX_KEYS=4096),
+    # run 12, where the page-max select's time goes: the split pass alone (the finish skipped: wrong selection,
+    # workspace cleaned), the logits kernel without the bound's 16 search rounds (bound = lowest key: every logit a
+    # candidate, the finish rescans the row); candidates: the one-block finish loading the list beside its count,
+    # at most 512 split programs (each then takes 2 or 4 chunks, loading the next before sending the current out)
+    "split_only": dict(HIST_DIAG_SKIP_FINISH=True),
+    "bound_bits0": dict(PAGE_MAX_BOUND_BITS=0),
+    "early_cand": dict(PAGE_MAX_EARLY_CAND=True),
+    "split_max512": dict(PAGE_MAX_SPLIT_MAX_PROGRAMS=512),
+    "early_max512": dict(PAGE_MAX_EARLY_CAND=True, PAGE_MAX_SPLIT_MAX_PROGRAMS=512),
+    # the bound derived by every split program from the group maxima (the logits kernel without arrival / bound)
+    "bis": dict(PAGE_MAX_BOUND_IN_SELECT=True),
+    "bis_early": dict(PAGE_MAX_BOUND_IN_SELECT=True, PAGE_MAX_EARLY_CAND=True),
+    "bis_early_max512": dict(PAGE_MAX_BOUND_IN_SELECT=True, PAGE_MAX_EARLY_CAND=True, PAGE_MAX_SPLIT_MAX_PROGRAMS=512),
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -153,16 +166,40 @@ def check_selection(slots_raw, ref, lens, k=INDEX_TOPK):
     top = torch.topk(masked, min(k, width), dim=1)
     kth = top.values[:, -1:]
     tol = 1e-4 * masked.clamp(min=-1e30).abs().amax(dim=1, keepdim=True)
-    picked = torch.gather(masked, 1, slots_raw.long().clamp(min=0))
+    picked = torch.gather(masked, 1, slots_raw.long().clamp(min=0, max=width - 1))  # (split_only leaves junk)
     valid = slots_raw >= 0
     below = (valid & (picked < kth - tol)).sum().item()
     above_all = (masked > kth + tol).sum(dim=1)
     above_picked = (valid & (picked > kth + tol)).sum(dim=1)
     missed = (above_all - above_picked).clamp(min=0).sum().item()
     exact = torch.zeros_like(masked, dtype=torch.bool).scatter_(1, top.indices, True) & torch.isfinite(masked)
-    hit = torch.gather(exact, 1, slots_raw.long().clamp(min=0)) & valid
+    hit = torch.gather(exact, 1, slots_raw.long().clamp(min=0, max=width - 1)) & valid
     overlap = hit.sum().item() / max(int(valid.sum().item()), 1)
     return int(pad_bad + below + missed), round(overlap, 5)
+
+
+def page_max_candidates(ref, lens, batch, c4_len, k=INDEX_TOPK):
+    """(min, mean, max) over rows of the logits at or above the page-max bound (the top 16 key bits of the k-th
+    largest group maximum, as the logits kernel's page-max form groups them), from the float32 reference."""
+    consts = ix.page_max_consts(batch, c4_len)
+    pps = ix.logits_pages_per_split(batch, c4_len)
+    splits = -(-(-(-c4_len // INDEX_PAGE_SIZE)) // pps)
+    groups = consts["GROUPS"]
+    padded = torch.nn.functional.pad(ref, (0, splits * pps * INDEX_PAGE_SIZE - c4_len), value=float("-inf"))
+    group_max = padded.view(batch, splits, pps, INDEX_PAGE_SIZE).amax(2).view(batch, splits * groups, -1).amax(2)
+
+    def signed(x):
+        bits = (x + 0.0).contiguous().view(torch.int32).long()
+        return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+    if splits * groups < k:
+        bound = torch.full((batch,), -2**31, dtype=torch.long, device=ref.device)
+    else:
+        kth = signed(group_max).sort(dim=1, descending=True).values[:, k - 1]
+        bound = ((kth + 2**31) >> 16 << 16) - 2**31
+    live = torch.arange(c4_len, device=ref.device)[None, :] < lens[:, None].long()
+    counts = (live & (signed(ref) >= bound[:, None])).sum(1).float()
+    return [int(counts.min()), round(float(counts.mean()), 1), int(counts.max())]
 
 
 def timer(smoke, rotations):
@@ -194,6 +231,8 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
     ref = ix.reference_paged_mqa_logits(q, kv, w, lens, pt, c4_len)
     logits = ix.paged_mqa_logits(q, kv, w, lens, pt, c4_len)
     err = ix_relative_error(logits, ref)
+    n_cand = page_max_candidates(ref, lens, batch, c4_len)
+    result.extra.setdefault("page_max_candidates (per row: min/mean/max)", {})[f"B={batch} ctx={ctx}"] = n_cand
     checks = {}
     out = torch.empty(batch, INDEX_TOPK, dtype=torch.int32, device=device)
     raw = torch.empty_like(out)
@@ -340,7 +379,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--name", default="indexer-h200-run11", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--name", default="indexer-h200-run12", help="result file stem (run 4 was the select-form sweep)")
     parser.add_argument("--forms", default="hist", help=f"comma-separated select forms forced beside the default "
                         f"(two_kernel_<form> rows), from {sorted(FORM_CATALOG)}")
     parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")
@@ -381,7 +420,8 @@ def main() -> None:
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
     shipped = ("HIST_COPIES", "USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_ONE_BLOCK_MAX_PROGRAMS",
-               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS", "PAGE_MAX_KEYS")
+               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS", "PAGE_MAX_KEYS",
+               "PAGE_MAX_EARLY_CAND", "PAGE_MAX_SPLIT_MAX_PROGRAMS", "PAGE_MAX_BOUND_IN_SELECT")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
                {attr: ("modified plan table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})
