@@ -71,10 +71,9 @@ class PrefillConfig:
     block_k: int
     num_warps: int
     num_stages: int
-    bits: bool = False  # the bf16-bits upcast (_grouped_tile_bits) instead of the pair words
 
     def label(self) -> str:
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}" + "b" * self.bits
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
 
     def fitted(self, n_total: int, k_total: int) -> "PrefillConfig":
         """The tile clipped to a launch whose output has ``n_total`` columns and whose K is ``k_total``."""
@@ -91,59 +90,6 @@ def _x_pairs_kernel(x_ptr, x_pairs_ptr, numel, BLOCK: tl.constexpr):
     ok = k < numel
     x = tl.load(x_ptr + k, mask=ok, other=0.0).to(tl.float32)
     tl.store(x_pairs_ptr + _pairs_position(k), (x * PAIRS_ACT_SCALE).to(tl.bfloat16), mask=ok)
-
-
-@triton.jit
-def _split_position(k, BLOCK_K: tl.constexpr):
-    """Index of value ``k`` of a row in the split order: within each BLOCK_K block the even values first, then the
-    odd ones (what the two MMAs of :func:`_grouped_tile_bits` read as contiguous halves)."""
-    j = k % BLOCK_K
-    return (k - j) + (j % 2) * (BLOCK_K // 2) + j // 2
-
-
-@triton.jit
-def _x_split_kernel(x_ptr, x_split_ptr, numel, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
-    """x [B, H] bf16 -> the same values in the split order of BLOCK_K blocks (H is a multiple of BLOCK_K)."""
-    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = k < numel
-    tl.store(x_split_ptr + _split_position(k, BLOCK_K), tl.load(x_ptr + k, mask=ok, other=0.0), mask=ok)
-
-
-@triton.jit
-def _e2m1_bf16_bits(code, scale):
-    """e2m1 codes (int16, 0..15) times 2**(scale - 127), ``scale`` the E8M0 bytes as int16, -> the bf16 bit
-    patterns (int16): the scale goes straight into the exponent field, exact for E8M0 bytes 2..252. Integer
-    operations only, so Triton builds the MMA operand in registers from the packed tile's shared-memory load
-    (float arithmetic on it sent the dequantised tile through shared memory on sm_120a)."""
-    mag = code & 7
-    bits = ((scale - 1 + (mag >> 1)) << 7) | tl.where(mag >= 2, (mag & 1) << 6, 0)
-    return tl.where(mag == 0, 0, bits) | ((code & 8) << 12)
-
-
-@triton.jit
-def _grouped_tile_bits(a_ptrs, a_ok, w_ptr, s_ptr, expert, w_rows, rows_per_expert, k_total, ROWS: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """float32 [BLOCK_M, ROWS] as :func:`_grouped_tile`, from split-ordered bf16 rows (``a_ptrs`` [BLOCK_M,
-    BLOCK_K/2]: the even half of step 0) and the weights as bytes [E, rows_per_expert, k_total/2] (low nibble: the
-    even value): the low and the high nibbles of a [ROWS, BLOCK_K/2] byte tile are two MMA operands, against the even
-    and the odd half of the step."""
-    kh = tl.arange(0, BLOCK_K // 2)
-    ks = tl.arange(0, BLOCK_K // 32)
-    row_at = expert * rows_per_expert + w_rows.to(tl.int64)
-    w_ptrs = w_ptr + row_at[:, None] * (k_total // 2) + kh[None, :]
-    s_ptrs = s_ptr + row_at[:, None] * (k_total // 32) + ks[None, :]
-    acc_t = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, k_total, BLOCK_K):
-        codes = tl.load(w_ptrs + k0 // 2).to(tl.int16) & 0xFF
-        scale = tl.load(s_ptrs + k0 // 32).to(tl.int16) & 0xFF
-        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [ROWS, BLOCK_K // 32, 16]), [ROWS, BLOCK_K // 2])
-        w_even = _e2m1_bf16_bits(codes & 0xF, scale).to(tl.bfloat16, bitcast=True)
-        w_odd = _e2m1_bf16_bits(codes >> 4, scale).to(tl.bfloat16, bitcast=True)
-        a_even = tl.load(a_ptrs + k0, mask=a_ok, other=0.0)
-        a_odd = tl.load(a_ptrs + k0 + BLOCK_K // 2, mask=a_ok, other=0.0)
-        acc_t = tl.dot(w_even, tl.trans(a_even), acc_t)
-        acc_t = tl.dot(w_odd, tl.trans(a_odd), acc_t)
-    return tl.trans(acc_t)
 
 
 @triton.jit
@@ -166,13 +112,11 @@ def _grouped_tile(a_ptrs, a_ok, w_ptr, s_ptr, expert, w_rows, rows_per_expert, k
 def _prefill_gate_up_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                             num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            EMULATE: tl.constexpr, BITS: tl.constexpr = False, ACT_BITS_K: tl.constexpr = 0):
+                            EMULATE: tl.constexpr):
     """Program (block of BLOCK_N intermediate columns, slot): its expert's routed rows BLOCK_M at a time against
     the 2*BLOCK_N interleaved gate/up rows, then the clamped SwiGLU into ``act [B*top_k, I]`` at the rows' sorted
     positions, bf16 times 2**32 in the pair order. ``x_ptr``: the pair-ordered copy of x times 2**32;
-    ``w13_ptr``: the repacked weights as int32 words [E, 2I, H/8]. BITS: :func:`_grouped_tile_bits` (``x_ptr`` the
-    split-ordered copy of x, ``w13_ptr`` bytes [E, 2I, H/2]); ACT_BITS_K > 0: ``act`` plain bf16 in the split order of
-    the down launch's ACT_BITS_K-wide steps, what its bits form reads."""
+    ``w13_ptr``: the repacked weights as int32 words [E, 2I, H/8]."""
     n_tile = tl.program_id(0)
     slot = tl.program_id(1)
     if slot >= tl.load(num_active_ptr):
@@ -180,51 +124,38 @@ def _prefill_gate_up_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expe
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_rows = n_tile * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
     cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    kx = tl.arange(0, BLOCK_K // 2 if BITS else BLOCK_K)
+    kx = tl.arange(0, BLOCK_K)
     for m0 in range(row_begin, row_end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < row_end
         tokens = (tl.load(sorted_rows_ptr + m, mask=m_ok, other=0) // TOP_K).to(tl.int64)
-        if BITS:
-            acc = _grouped_tile_bits(x_ptr + tokens[:, None] * hidden + kx[None, :], m_ok[:, None], w13_ptr,
-                                     w13_scale_ptr, expert, w_rows, 2 * inter, hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K)
-        else:
-            acc = _grouped_tile(x_ptr + tokens[:, None] * hidden + kx[None, :], m_ok[:, None], w13_ptr,
-                                w13_scale_ptr, expert, w_rows, 2 * inter, hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
+        acc = _grouped_tile(x_ptr + tokens[:, None] * hidden + kx[None, :], m_ok[:, None], w13_ptr, w13_scale_ptr,
+                            expert, w_rows, 2 * inter, hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
         gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
-        act_rows = act_ptr + m.to(tl.int64)[:, None] * inter
-        if ACT_BITS_K > 0:
-            tl.store(act_rows + _split_position(cols, ACT_BITS_K)[None, :],
-                     _swiglu(gate, up, swiglu_limit).to(tl.bfloat16), mask=m_ok[:, None])
-        else:
-            act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE  # exact
-            tl.store(act_rows + _pairs_position(cols)[None, :], act.to(tl.bfloat16), mask=m_ok[:, None])
+        act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE  # exact
+        tl.store(act_ptr + m.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :], act.to(tl.bfloat16),
+                 mask=m_ok[:, None])
 
 
 @triton.jit
 def _prefill_down_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                          active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr,
-                         BITS: tl.constexpr = False):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
     """Program (block of BLOCK_N hidden columns, slot): the expert's sorted SwiGLU rows BLOCK_M at a time times the
     down weights (int32 words [E, H, I/8]) and each row's routing weight, into fp32 ``y [B*top_k, H]`` at the
-    routed row. BITS: :func:`_grouped_tile_bits` (``act`` plain bf16 in the split order, ``w2_ptr`` bytes)."""
+    routed row."""
     n_tile = tl.program_id(0)
     slot = tl.program_id(1)
     if slot >= tl.load(num_active_ptr):
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    kx = tl.arange(0, BLOCK_K // 2 if BITS else BLOCK_K)
+    kx = tl.arange(0, BLOCK_K)
     for m0 in range(row_begin, row_end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < row_end
-        if BITS:
-            acc = _grouped_tile_bits(act_ptr + m.to(tl.int64)[:, None] * inter + kx[None, :], m_ok[:, None], w2_ptr,
-                                     w2_scale_ptr, expert, n, hidden, inter, BLOCK_N, BLOCK_M, BLOCK_K)
-        else:
-            acc = _grouped_tile(act_ptr + m.to(tl.int64)[:, None] * inter + kx[None, :], m_ok[:, None], w2_ptr,
-                                w2_scale_ptr, expert, n, hidden, inter, BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
+        acc = _grouped_tile(act_ptr + m.to(tl.int64)[:, None] * inter + kx[None, :], m_ok[:, None], w2_ptr,
+                            w2_scale_ptr, expert, n, hidden, inter, BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
         rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
         weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows[:, None] * hidden + n[None, :], acc * weight[:, None], mask=m_ok[:, None])
@@ -328,23 +259,18 @@ def moe_mxfp4_prefill_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: tor
     sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)
     slots = min(num_rows, num_experts)
     emulate = interpreter_enabled()
-    x_in = torch.empty_like(x)  # x in the order the gate/up launch reads
-    if gu.bits:
-        _x_split_kernel[(triton.cdiv(x.numel(), X_PAIRS_BLOCK),)](x, x_in, x.numel(), BLOCK=X_PAIRS_BLOCK,
-                                                                 BLOCK_K=gu.block_k, num_warps=4)
-    else:
-        _x_pairs_kernel[(triton.cdiv(x.numel(), X_PAIRS_BLOCK),)](x, x_in, x.numel(), BLOCK=X_PAIRS_BLOCK, num_warps=4)
+    x_pairs = torch.empty_like(x)
+    _x_pairs_kernel[(triton.cdiv(x.numel(), X_PAIRS_BLOCK),)](x, x_pairs, x.numel(), BLOCK=X_PAIRS_BLOCK, num_warps=4)
     act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=device)  # at sorted positions
     y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)  # at routed rows
     _prefill_gate_up_kernel[(inter // gu.block_n, slots)](
-        x_in, w13.view(torch.uint8 if gu.bits else torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start,
-        active_experts, num_active, act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu.block_m,
-        BLOCK_N=gu.block_n, BLOCK_K=gu.block_k, EMULATE=emulate, BITS=gu.bits,
-        ACT_BITS_K=dn.block_k if dn.bits else 0, num_warps=gu.num_warps, num_stages=gu.num_stages)
+        x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts, num_active,
+        act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu.block_m, BLOCK_N=gu.block_n,
+        BLOCK_K=gu.block_k, EMULATE=emulate, num_warps=gu.num_warps, num_stages=gu.num_stages)
     _prefill_down_kernel[(hidden // dn.block_n, slots)](
-        act, w2.view(torch.uint8 if dn.bits else torch.int32), scale_bytes(w2_scale), weights, sorted_rows,
-        expert_start, active_experts, num_active, y, hidden, inter, BLOCK_M=dn.block_m, BLOCK_N=dn.block_n,
-        BLOCK_K=dn.block_k, EMULATE=emulate, BITS=dn.bits, num_warps=dn.num_warps, num_stages=dn.num_stages)
+        act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
+        num_active, y, hidden, inter, BLOCK_M=dn.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, EMULATE=emulate,
+        num_warps=dn.num_warps, num_stages=dn.num_stages)
     _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
         y, ids, out, hidden, 0, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, SPLITS=1, num_warps=4)
     return out
@@ -362,19 +288,14 @@ _DOWN_SIG = {"act_ptr": "*bf16", "w2_ptr": "*i32", "w2_scale_ptr": "*u8", "topk_
              "y_ptr": "*fp32", **_COMMON_SIG}
 
 
-def aot_config(kind: str, cfg: PrefillConfig, note: str = "", act_bits_k: int = 0) -> AotConfig:
-    """The AotConfig of one launch, ``kind`` "gate_up" or "down"; ``act_bits_k``: the gate/up launch's
-    ACT_BITS_K (its SwiGLU store for a bits-form down launch)."""
-    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EMULATE": False,
-                  "BITS": cfg.bits}
-    weight = "w13_ptr" if kind == "gate_up" else "w2_ptr"
+def aot_config(kind: str, cfg: PrefillConfig, note: str = "") -> AotConfig:
+    """The AotConfig of one launch, ``kind`` "gate_up" or "down"."""
+    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EMULATE": False}
     if kind == "gate_up":
-        kernel, sig = _prefill_gate_up_kernel, {**_GATE_UP_SIG, "BITS": "constexpr", "ACT_BITS_K": "constexpr"}
-        constexprs.update(TOP_K=TOP_K, ACT_BITS_K=act_bits_k)
+        kernel, sig = _prefill_gate_up_kernel, _GATE_UP_SIG
+        constexprs["TOP_K"] = TOP_K
     else:
-        kernel, sig = _prefill_down_kernel, {**_DOWN_SIG, "BITS": "constexpr"}
-    if cfg.bits:
-        sig[weight] = "*u8"
+        kernel, sig = _prefill_down_kernel, _DOWN_SIG
     return AotConfig(name=f"moe_prefill_{kind}_{cfg.label()}", kernel=kernel, signature=sig, constexprs=constexprs,
                      num_warps=cfg.num_warps, num_stages=cfg.num_stages, div16=("hidden", "inter"),
                      expect_opcodes=("HMMA.16816.F32.BF16",), note=note)

@@ -63,17 +63,17 @@ DOWN_SWEEP = [
 
 
 def parse_label(label: str) -> mp.PrefillConfig:
-    """A tile from its ``PrefillConfig.label()`` (e.g. ``m128n64k64w8s3``; a trailing ``b``: the bf16-bits upcast)."""
+    """A tile from its ``PrefillConfig.label()`` (e.g. ``m128n64k64w8s3``)."""
     import re
 
-    m = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(b?)", label)
+    m = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)", label)
     if not m:
         raise SystemExit(f"not a tile label: {label}")
-    return P(*(int(g) for g in m.groups()[:5]), bits=bool(m.group(6)))
+    return P(*(int(g) for g in m.groups()))
 
 
-SMOKE_GATE_UP = [P(32, 32, 64, 4, 2), P(32, 32, 64, 4, 2, bits=True)]
-SMOKE_DOWN = [P(32, 64, 64, 4, 2), P(32, 64, 64, 4, 2, bits=True)]
+SMOKE_GATE_UP = [P(32, 32, 64, 4, 2)]
+SMOKE_DOWN = [P(32, 64, 64, 4, 2)]
 
 
 def main() -> None:

@@ -107,51 +107,6 @@ def test_invalid_ids_and_clamp(config, monkeypatch):
     assert relative_error(out, ref) < TOLERANCE
 
 
-BITS = P(16, 32, 64, 4, 2, bits=True), P(16, 64, 32, 4, 2, bits=True)
-
-
-@pytest.mark.parametrize("inter", [256, 64, 32])
-@pytest.mark.parametrize("forms", ["bits", "bits_gate_up", "bits_down"])
-def test_bits_upcast(inter, forms, monkeypatch):
-    """The bf16-bits upcast (split-ordered activations, the two nibbles of a byte tile as two MMA operands) in
-    either launch or both, invalid ids and the clamp active, NaN-poisoned scratch: the reference, and the pair-word
-    forward's result within the interpreter's rounding."""
-    config = {"bits": BITS, "bits_gate_up": (BITS[0], SMALL[1]), "bits_down": (SMALL[0], BITS[1])}[forms]
-    out, ref, ckpt, x, ids = run_and_check(inter, 11, "invalid", config, monkeypatch, seed=7)
-    assert relative_error(out, ref) < TOLERANCE
-    _, layer = make_layer(inter, seed=7)
-    _, weights, _ = make_routing(11, "invalid", seed=8)
-    pairs = mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=SMALL)
-    assert relative_error(out, pairs.float()) < 1e-2
-
-
-def test_e2m1_bf16_bits_every_code_and_scale():
-    """_e2m1_bf16_bits gives the bf16 bits of e2m1 x 2**(s - 127) exactly for every code and E8M0 byte 2..252."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def bits_kernel(code_ptr, scale_ptr, out_ptr, N: tl.constexpr):
-        i = tl.arange(0, N)
-        code = tl.load(code_ptr + i).to(tl.int16)
-        scale = tl.load(scale_ptr + i).to(tl.int16) & 0xFF
-        tl.store(out_ptr + i, mp._e2m1_bf16_bits(code, scale))
-
-    scales = torch.arange(2, 253, dtype=torch.int32)
-    codes = torch.arange(16, dtype=torch.int32)
-    code, scale = (t.reshape(-1) for t in torch.meshgrid(codes, scales, indexing="ij"))
-    n = triton.next_power_of_2(code.numel())
-    code_in = torch.zeros(n, dtype=torch.int8)
-    scale_in = torch.full((n,), 127, dtype=torch.uint8)
-    code_in[:code.numel()], scale_in[:code.numel()] = code.to(torch.int8), scale.to(torch.uint8)
-    out = torch.full((n,), -1, dtype=torch.int16, device=DEVICE)
-    bits_kernel[(1,)](code_in.to(DEVICE), scale_in.to(DEVICE), out, N=n)
-    e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-    value = e2m1[code % 8] * torch.where(code >= 8, -1.0, 1.0) * torch.exp2(scale.double() - 127).float()
-    expected = value.to(torch.bfloat16).view(torch.int16)
-    assert torch.equal(out[:code.numel()].cpu(), expected)
-
-
 def test_no_clamp(monkeypatch):
     out, ref, *_ = run_and_check(32, 7, "random", SMALL, monkeypatch, limit=0.0)
     assert relative_error(out, ref) < TOLERANCE
