@@ -242,10 +242,7 @@ def main() -> None:
                         "CUDA graph (3 calls per graph, median of 5 replays) and checked against reference_moe_mxfp4")
     result.notes.append("tile labels: m block_m (routed rows, the MMA's N side), n block_n (output columns; gate/up: "
                         "SwiGLU columns = 2n weight rows, the MMA's M side), k block_k, w warps, s stages")
-    result.extra["wall seconds"] = round(time.time() - t_start, 1)
-    paths = result.write(args.out)
-    print(result.markdown())
-    print("wrote", paths)
+    result.finish(args.out, t_start)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import statistics
+import time
 from typing import Callable, Sequence
 
 
@@ -185,6 +186,15 @@ class BenchResult:
         if self.notes:
             lines += [""] + [f"- {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
+
+    def finish(self, out_dir: str | None, t_start: float) -> tuple[str, str]:
+        """A device script's last step: the wall time since ``t_start`` (time.time()), the files, the table on
+        stdout."""
+        self.extra["wall seconds"] = round(time.time() - t_start, 1)
+        paths = self.write(out_dir)
+        print(self.markdown())
+        print("wrote", paths)
+        return paths
 
     def write(self, out_dir: str | None = None) -> tuple[str, str]:
         # a run without a GPU (a device script's --smoke) must not land among the committed device results

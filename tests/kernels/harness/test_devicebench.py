@@ -31,6 +31,18 @@ def test_result_files_carry_environment_and_rows(tmp_path):
     assert "copy bandwidth GB/s: 4245" in md and "timed in CUDA graphs" in md
 
 
+def test_finish_records_wall_time_writes_and_prints(tmp_path, capsys):
+    import time
+
+    result = BenchResult("demo", "Demo kernel", columns=("B",))
+    result.add(B=3)
+    json_path, md_path = result.finish(str(tmp_path), time.time() - 2.0)
+    data = json.loads(open(json_path).read())
+    assert data["rows"] == [{"B": 3}] and data["extra"]["wall seconds"] >= 2.0
+    printed = capsys.readouterr().out
+    assert "# Demo kernel" in printed and "| 3 |" in printed and md_path in printed
+
+
 def test_result_without_gpu_never_defaults_to_benchmarks(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("OUT", raising=False)
