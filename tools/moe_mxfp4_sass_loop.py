@@ -5,6 +5,7 @@
     .venv/bin/python tools/moe_mxfp4_sass_loop.py --pairs [--arch 120]   # the pairs decode's AOT configs
     .venv/bin/python tools/moe_mxfp4_sass_loop.py --pairs-tma [--arch 90]  # run 18: the TMA swap-AB tiles, sub_k forms
     .venv/bin/python tools/moe_mxfp4_sass_loop.py --gemv-f16 [--arch 90]   # run 19: the shipped fp16 TMA GEMV tiles
+    .venv/bin/python tools/moe_mxfp4_sass_loop.py --pairs-rows [--arch 90]  # run 20: the tiles by routed rows (block_m 8)
 
 Compiles ``_gate_up_kernel`` / ``_down_kernel`` at the decode tiles with each ``moe_mxfp4.UPCASTS``
 variant (same divisibility hints as the JIT), finds the innermost backward branch whose body holds the
@@ -130,6 +131,41 @@ def pairs_tma_loops(archs) -> None:
                                   "top": hist.most_common(14)}), flush=True)
 
 
+def pairs_rows_loops(archs) -> None:
+    """Run 20: the tiles of PAIRS_TMA_ROWS_WHERE (8 routed rows per pass, 64 weight rows on 2 warps) beside the 16-row
+    tiles they replaced and the shipped gate/up tile at 8 rows: registers, spills, shared memory, HMMAs in the kernel,
+    and the K-loop body (the innermost loop holding an MMA: one 512-wide K step of one warp without sub_k; with sub_k
+    the body found is a part of the step, so compare those by registers and device time)."""
+    import dataclasses
+
+    gu, dn = moe.PAIRS_TMA_TILES
+    old_down = dataclasses.replace(dn, block_n=32, num_warps=2, sub_k=128)  # the run-18 down tile
+    forms = [("gate_up", gu), ("gate_up", dataclasses.replace(gu, block_m=8)), ("down", old_down)]
+    forms += [(kind, cfg) for tiles in dict.fromkeys(t for *_, t in moe.PAIRS_TMA_ROWS_WHERE)
+              for kind, cfg in zip(("gate_up", "down"), tiles)]
+    for kind, cfg in dict.fromkeys(forms):
+        kernel = moe._gate_up_pairs_tma_kernel if kind == "gate_up" else moe._down_pairs_tma_kernel
+        rows_w = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
+        constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                      "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring,
+                      "SUB_K": cfg.mma_k(cfg.block_k)}
+        if kind == "gate_up":
+            constexprs.update(TOP_K=moe.TOP_K, NATURAL_ACT=False)
+        aot_cfg = aot.AotConfig(f"{kind}_{cfg.label()}", kernel,
+                                moe._pairs_tma_sig(kind, rows_w, cfg.block_k, cfg.mma_k(cfg.block_k)), constexprs,
+                                cfg.num_warps, cfg.tma_ring, ("hidden", "inter"))
+        for arch in archs:
+            rows, compiled = sass_lines(aot_cfg, arch)
+            body = mma_loop(rows)
+            hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
+            res = aot.ptxas_resources(compiled.asm["ptx"], arch)
+            print(json.dumps({"config": aot_cfg.name, "arch": arch, "regs": res.get("registers"),
+                              "spills": res.get("spill_store_bytes"), "smem": compiled.metadata.shared,
+                              "kernel_hmma": sum(op.startswith("HMMA") for _, op, _ in rows),
+                              "loop_instructions": len(body), "loop_hmma": hist.get("HMMA", 0),
+                              "top": hist.most_common(8)}), flush=True)
+
+
 H200_SMS, H200_CLOCK_HZ, SCHEDULERS_PER_SM = 132, 1.98e9, 4
 # (T, B) -> programs of the shipped grid (gate/up: active experts x I / block_n; down: experts x H / block_n, or the
 # persistent grid's work items) are derived below from the shapes: B = 1 touches 6 experts, one routed row each
@@ -179,7 +215,11 @@ def main() -> None:
     parser.add_argument("--pairs", action="store_true", help="the pairs decode's AOT configs instead")
     parser.add_argument("--pairs-tma", action="store_true", help="run 18: the TMA swap-AB tiles and their sub_k forms")
     parser.add_argument("--gemv-f16", action="store_true", help="run 19: the shipped fp16 TMA GEMV tiles, issue floors")
+    parser.add_argument("--pairs-rows", action="store_true", help="run 20: the PAIRS_TMA_ROWS_WHERE tiles (8 rows per pass)")
     args = parser.parse_args()
+    if args.pairs_rows:
+        pairs_rows_loops(args.arch or (90, 120))
+        return
     if args.gemv_f16:
         gemv_f16_loops(args.arch or (90, 120))
         return
