@@ -1262,7 +1262,8 @@ class GemvConfig:
         if self.w_before_wait < 0 or self.w_before_wait & (self.w_before_wait - 1) or (
                 self.w_before_wait and not one_shot_fp8):
             raise ValueError(f"config: w_before_wait (a power of two or 0) needs the joined, unchained fp8_mma form "
-                             f"with num_stages=1, no w_tma, not persistent, k_unroll in {ONE_SHOT_WAIT_UNROLLS}; got {self}")
+                             f"with num_stages=1, no w_tma, not persistent, k_unroll in {ONE_SHOT_WAIT_UNROLLS}; "
+                             f"got {self}")
 
     @property
     def weight_tile_k(self) -> int:
@@ -1974,10 +1975,19 @@ _ONE_CHUNK_FORMS = tuple(
                                      (512, 32, 4, (False,)), (256, 32, 4, (False,)))
     for rope in ropes)
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
+_WO_A_SEAM_ONE_SHOT = GemvConfig(FP8_MMA_BLOCK_ROWS, FP8_MMA_WIDE["block_n"], 4, True, pdl=True, fp8_mma=True,
+                                 fp8_join=True, rope_preload=True, **WO_A_ONE_SHOT)
+# candidates compiled for sm_120a / sm_121a, no default uses them (tools/device_fp8_gemv.py --run19-sweep): the
+# one-shot FP8 program with its first 1 / 2 / 4 blocks' weight loaded before the PDL wait (wo_a's seam form, wo_b's
+# split 16 compiles the same), and wq_b's 64-column program over 8 blocks
+CANDIDATE_FORMS = tuple((dataclasses.replace(_WO_A_SEAM_ONE_SHOT, w_before_wait=pre, rope_preload=rope), rope)
+                        for pre in (1, 2, 4) for rope in (False, True)) + tuple(
+    (GemvConfig(FP8_MMA_BLOCK_ROWS, FP8_MMA_NARROW["block_n"], 1, True, k_unroll=8, num_stages=1, pdl=True,
+                fp8_mma=True, fp8_join=True, w_before_wait=pre), False) for pre in (2, 8))
 
 
 def aot_configs() -> list[AotConfig]:
-    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS]
+    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS + CANDIDATE_FORMS]
 
 
 _AOT_SIGNATURE = {
