@@ -121,13 +121,21 @@ WS_PMAX = WS_H1 + (1 << HIST_DIGITS[0])
 PAGE_MAX_CLEAN = WS_PMAX  # what the page-max form's finishing program zeroes (counters, H2, H3, copy 0)
 PAGE_MAX_BOUND_BITS = 16  # bits of the page-max bound (sign, exponent, 7 mantissa bits: within 1/128 below)
 PAGE_MAX_KEYS = 2048  # group maxima per row at most (the last logits program's block; sm_120a 118 registers at 4096)
-# Round 20 candidates (tools/device_indexer.py variants; H200 run 12): the one-block finish loading the list beside its count, the page-max split programs' entries / warps (None: the
-# count form's rules), and a diagnostic that skips the finish (the split pass alone; the selection is then wrong).
+# Round 20 candidates for the page-max select at B=16-32 x 256K, off (not timed yet: no device run in round 20;
+# tools/device_indexer.py variants early_cand, split_max512, bis, bis_early, bis_early_max512, split_only).
+# Why (sm_90a AOT, ptxas of triton 3.8): the select kernel (2048-entry split programs, 4 warps, with the one-block
+# finish) takes 108 registers, so 4 programs per SM: 528 on the H200 at once, i.e. one wave of split programs at
+# B=16 x 256K (512) but two at B=32 (1024) and four at B=64, where run 11b's select cost 14.1 / 20.8 / 30.7 us.
+# - PAGE_MAX_EARLY_CAND: the one-block finish loads the first BLOCK list slots beside the candidate count (one
+#   dependent L2 round trip less; slots past the count dropped).
+# - PAGE_MAX_SPLIT_MAX_PROGRAMS: at most this many split programs (512: one wave at B=32), each taking 2 or 4
+#   consecutive chunks and loading the next before it sends the current one out (128 / 167 registers).
+# - PAGE_MAX_BOUND_IN_SELECT: the logits kernel only stores its group maxima (no arrival, no last-program bound:
+#   68 registers instead of 71), each split program derives the bound itself (126 registers).
+# - HIST_DIAG_SKIP_FINISH: diagnostic, the split pass alone (the finish skipped, the selection wrong).
 PAGE_MAX_EARLY_CAND = False
-PAGE_MAX_SPLIT_CHUNK = None
-PAGE_MAX_SPLIT_WARPS = None
-PAGE_MAX_SPLIT_MAX_PROGRAMS = None  # page-max split programs in all at most (each then takes several chunks)
-PAGE_MAX_BOUND_IN_SELECT = False  # the split programs derive the bound (the logits kernel has no arrival / bound)
+PAGE_MAX_SPLIT_MAX_PROGRAMS = None
+PAGE_MAX_BOUND_IN_SELECT = False
 HIST_DIAG_SKIP_FINISH = False
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
 HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores row)
@@ -1243,16 +1251,12 @@ def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False
     the set is exact, ties at the K-th score going to entries in list order."""
     batch, width = scores.shape
     chunk = hist_split_chunk(batch, width)
-    if page_max and PAGE_MAX_SPLIT_CHUNK:
-        chunk = PAGE_MAX_SPLIT_CHUNK
     cand_val = torch.empty(batch, HIST_CAP, dtype=torch.float32, device=scores.device)
     cand_pos = torch.empty(batch, HIST_CAP, dtype=torch.int32, device=scores.device)
     raw_arg = raw if raw is not None else out
     pdl = launch_pdl(scores.device, batch, _HISTOGRAM)
     programs = batch * _cdiv(width, chunk)
     warps = hist_select_warps(programs, chunk)
-    if page_max and PAGE_MAX_SPLIT_WARPS:
-        warps = PAGE_MAX_SPLIT_WARPS
     iters = 1
     if page_max and PAGE_MAX_SPLIT_MAX_PROGRAMS:
         iters = triton.next_power_of_2(_cdiv(programs, PAGE_MAX_SPLIT_MAX_PROGRAMS))

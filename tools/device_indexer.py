@@ -86,7 +86,7 @@ VARIANT_CATALOG = {
     # run 11b: group maxima per row of the page-max form (2048 shipped)
     "pmax_keys1024": dict(PAGE_MAX_KEYS=1024),
     "pmax_keys4096": dict(PAGE_MAX_KEYS=4096),
-    # run 12, where the page-max select's time goes: the split pass alone (the finish skipped: wrong selection,
+    # run 12 (prepared in round 20, not run: the device budget gate), where the page-max select's time goes: the split pass alone (the finish skipped: wrong selection,
     # workspace cleaned), the logits kernel without the bound's 16 search rounds (bound = lowest key: every logit a
     # candidate, the finish rescans the row); candidates: the one-block finish loading the list beside its count,
     # at most 512 split programs (each then takes 2 or 4 chunks, loading the next before sending the current out)
