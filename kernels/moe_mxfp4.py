@@ -94,9 +94,11 @@ the completed routing); in chains of forwards 1.02-1.17x on the H200 at T = 1 B 
 and T = 4 B <= 16 but 15 (with the prefetch) and the default there (:data:`GEMV_PDL_WHERE`,
 ``benchmarks/moe_mxfp4-h200-run17-summary.md``).
 Run 18 (``PairsConfig(sub_k=)``: a TMA K step of 512 as 2 or 4 MMAs): the swap-AB forward with its down launch on 32
-rows / 2 warps and MMAs of 128 (:data:`PAIRS_TMA_WIDE_DOWN_TILES`) is the default at T = 1 / 4, B = 48..256, where
-the H200 measured it 1.035-1.304x over the defaults (:data:`PAIRS_TMA_WIDE_DOWN_WHERE`; B = 65..256 had run the cp.async
-tiles; ``benchmarks/moe_mxfp4-h200-run18-summary.md``).
+rows / 2 warps and MMAs of 128 was the default at T = 1 / 4, B = 48..256 (1.035-1.304x on the H200;
+``benchmarks/moe_mxfp4-h200-run18-summary.md``). Runs 20 / 20b (``PairsConfig(block_m=8)``: 8 routed rows per MMA pass,
+64 weight rows per 2-warp program): at T = 1 / 4, B = 16..256 the tiles of :data:`PAIRS_TMA_ROWS_WHERE`, 1.05-1.49x
+over the defaults they replaced (the fp16 GEMV at B = 16..32; T=1 B=64 1089.6 -> 878.4 us;
+``benchmarks/moe_mxfp4-h200-run20-summary.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -1802,12 +1804,15 @@ def default_upcast(num_rows: int, inter: int, tma: bool = True) -> str:
     """The decode/prefill variant :func:`moe_mxfp4_forward` runs when not told: the tensor-core pairs
     decode and the CUDA-core GEMV where the H200 measured them faster (:data:`PAIRS_TMA_WHERE` where ``tma``
     says the operands allow its TMA-fed form, :data:`PAIRS_DEFAULT_WHERE`, :data:`GEMV_DEFAULT_WHERE`), else
-    :func:`default_gemm_upcast`; the fp16 TMA GEMV first where ``tma`` and :data:`GEMV_TMA_F16_WHERE` say; above
-    DECODE_MAX_ROWS the prefill grouped GEMM where :func:`moe_prefill.prefill_default` says."""
+    :func:`default_gemm_upcast`; first the TMA pairs decode where ``tma`` and :data:`PAIRS_TMA_ROWS_WHERE` say, then
+    the fp16 TMA GEMV where ``tma`` and :data:`GEMV_TMA_F16_WHERE` say; above DECODE_MAX_ROWS the prefill grouped
+    GEMM where :func:`moe_prefill.prefill_default` says."""
     if num_rows > DECODE_MAX_ROWS:
         from .moe_prefill import prefill_default  # moe_prefill builds on this module, so it is imported at call time
         if prefill_default(num_rows, inter):
             return PREFILL
+    if tma and pairs_rows_tiles(num_rows, inter):  # run 20b: from B = 16, before the fp16 GEMV's B <= 32
+        return PAIRS
     if tma and gemv_f16_default(num_rows, inter):
         return GEMV
     if tma and pairs_tma_default(num_rows, inter):
@@ -2654,19 +2659,36 @@ PAIR_WORDS_MUL_MIN_CAPABILITY = 9  # PTX mul.rn.bf16x2 (PairsConfig.scale_on_wor
 PAIRS_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 4 * TOP_K, 256 * TOP_K), (MOE_INTERMEDIATE_SIZE // 4, 16 * TOP_K, 256 * TOP_K))
 PAIRS_TMA_TILES = (PairsConfig(16, 512, 2, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2),
                    PairsConfig(16, 512, 1, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2))
-# Runs 18 / 18b (benchmarks/moe_mxfp4-h200-run18-summary.md, every variant reference-checked, every launch also timed
-# alone): the TMA gate/up tile above with the down launch on 32 rows / 2 warps and a K step of 512 as 4 MMAs of 128
-# (sub_k), beside the defaults in run 18b: I = 2048 (T=1) B = 48 / 64 / 128 / 256 in 1006.7 / 1107.7 / 1489.9 / 1547.6
-# us vs 1059.3 / 1146.0 (the TMA tiles) / 1891.8 / 1985.6 (the cp.async tiles), I = 512 (T=4) 297.1 / 321.5 / 401.7 /
-# 451.9 vs 331.6 / 356.9 / 523.7 / 570.9 (1.035-1.304x; down alone e.g. T=1 B=64 390.7 vs 446.8, T=4 131.6 vs 164.2).
-# The same down tile at sub_k 512 / 256 was 0.96-1.02x of the TMA tiles, sub_k on the gate/up tile slower (T=1 B=64
-# gate/up 719-770 vs 695-701 us), 3 stages 0.66-0.77x, 64 gate/up rows on 4 warps (wgmma on the H200) 0.69-0.91x.
-# B = 33..47 and I = 1024 / 256 not measured. (per-rank I, fewest routed rows, most routed rows):
-PAIRS_TMA_WIDE_DOWN_WHERE = ((MOE_INTERMEDIATE_SIZE, 48 * TOP_K, 256 * TOP_K),
-                             (MOE_INTERMEDIATE_SIZE // 4, 48 * TOP_K, 256 * TOP_K))
-PAIRS_TMA_WIDE_DOWN_TILES = (PAIRS_TMA_TILES[0],
-                             PairsConfig(32, 512, 2, mul_pairs=True, scale_bf16=True, scale_on_words=True, tma_ring=2,
-                                         sub_k=128))
+# Runs 18 / 18b (benchmarks/moe_mxfp4-h200-run18-summary.md) had shipped the gate/up tile above with a down launch on 32
+# rows / 2 warps and MMAs of 128 (sub_k) at B = 48..256; runs 20 / 20b (benchmarks/moe_mxfp4-h200-run20-summary.md,
+# every variant reference-checked, every launch also timed alone) replace it with tiles chosen by the routed rows per
+# expert.
+# 8 routed rows per MMA pass (block_m 8: one m16n8k16 per 16 values of K, half the activation loads; sm_90a gate/up K
+# step 905 instead of 1044 instructions, 128 instead of 168 registers) and 32 weight rows per warp (gate/up 64 rows,
+# down 64 rows, on 2 warps, MMAs of 128): run 20b against the defaults of the time, T=1 (I = 2048) B = 16 / 24 / 32 /
+# 40 / 64 / 128 in 339.8 / 499.8 / 568.5 / 730.2 / 878.4 / 1139.2 us vs 375.6 / 548.6 / 731.1 (the fp16 GEMV) / 946.6 /
+# 1089.6 / 1398.1 (1.10-1.30x; run 20: B = 32 / 48 / 64 / 128 1.25-1.31x, B = 64 819.1 vs 1075 us = 75.8 % of copy);
+# T=4 (I = 512) with MMAs of 256 in the gate/up launch (faster there than 128 at B = 24..128 by 1.8-4.8 %, equal at
+# B = 16) B = 16 / 24 / 32 / 40 / 64 / 128 in 108.3 / 143.3 / 171.6 / 190.9 / 239.9 / 305.1 vs 113.5 / 169.4 / 214.9 /
+# 284.2 / 325.9 / 405.3 (1.05-1.49x). At B = 256 (6 routed rows per expert on average: a second pass over the weights
+# of every expert with more than 8) the 64-row gate/up tile keeps 16 rows per pass, the down launch 8: T=1 1383.8 vs
+# 1514.9 us, T=4 406.7 vs 452.5 (1.095x / 1.113x; the 8-row gate/up 1410.8 / 410.6 here, 1465.8 / 420.3 in run 20).
+# B = 8 keeps the fp16 GEMV (0.90-1.00x), B = 9..15 are not measured and keep it; B = 129..255 are not measured and take
+# the B = 128 tiles; I = 1024 / 256 not measured. (per-rank I, fewest routed rows, most routed rows, tiles):
+_PAIRS_M8 = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2}
+PAIRS_TMA_ROWS8_TILES = (PairsConfig(32, 512, 2, block_m=8, sub_k=128, **_PAIRS_M8),
+                         PairsConfig(64, 512, 2, block_m=8, sub_k=128, **_PAIRS_M8))
+PAIRS_TMA_ROWS8_K256_TILES = (PairsConfig(32, 512, 2, block_m=8, sub_k=256, **_PAIRS_M8), PAIRS_TMA_ROWS8_TILES[1])
+PAIRS_TMA_ROWS16_GATE_UP_TILES = (PairsConfig(32, 512, 2, sub_k=128, **_PAIRS_M8), PAIRS_TMA_ROWS8_TILES[1])
+PAIRS_TMA_ROWS_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K, 255 * TOP_K, PAIRS_TMA_ROWS8_TILES),
+                        (MOE_INTERMEDIATE_SIZE, 255 * TOP_K + 1, 256 * TOP_K, PAIRS_TMA_ROWS16_GATE_UP_TILES),
+                        (MOE_INTERMEDIATE_SIZE // 4, 16 * TOP_K, 255 * TOP_K, PAIRS_TMA_ROWS8_K256_TILES),
+                        (MOE_INTERMEDIATE_SIZE // 4, 255 * TOP_K + 1, 256 * TOP_K, PAIRS_TMA_ROWS16_GATE_UP_TILES))
+
+
+def pairs_rows_tiles(num_rows: int, inter: int):
+    """The TMA pairs tiles :data:`PAIRS_TMA_ROWS_WHERE` names at (routed rows, per-rank I), or None."""
+    return next((tiles for i, lo, hi, tiles in PAIRS_TMA_ROWS_WHERE if inter == i and lo <= num_rows <= hi), None)
 
 
 # Run 15c (benchmarks/moe_mxfp4-h200-run15c-summary.md, H200 runs 15c / 15c2, every point reference-checked): the mixed
@@ -2697,7 +2719,8 @@ def pairs_tma_default(num_rows: int, inter: int) -> bool:
 def pairs_configs(num_rows: int, inter: int, words_mul: bool = True,
                   tma: bool = True) -> tuple[PairsConfig, PairsConfig | GemvConfig]:
     """(gate/up, down) tiles of the pairs decode: the TMA-fed swap-AB tiles :data:`PAIRS_TMA_TILES` where
-    :data:`PAIRS_TMA_WHERE` says (:data:`PAIRS_TMA_WIDE_DOWN_TILES` where :data:`PAIRS_TMA_WIDE_DOWN_WHERE` says), ``tma`` says the operands allow TMA (:func:`gemv_tma_usable`) and ``words_mul``
+    :data:`PAIRS_TMA_WHERE` says (the tiles of :data:`PAIRS_TMA_ROWS_WHERE` where it names the shape), ``tma`` says the
+    operands allow TMA (:func:`gemv_tma_usable`) and ``words_mul``
     the GPU has the packed bf16 multiply (under the same conditions, where :data:`PAIRS_GEMV_DOWN_WHERE` says, the
     mixed forward: the swap-AB gate/up tile and the TMA GEMV down tile of :func:`gemv_configs`); else the fastest
     of the H200 round-4 and round-5 runs at every measured (T, B) (gate/up 32 columns = 64 weight rows, down 64
@@ -2707,9 +2730,9 @@ def pairs_configs(num_rows: int, inter: int, words_mul: bool = True,
     needs (:func:`pair_words_mul_usable`)."""
     if tma and words_mul and pairs_gemv_down_default(num_rows, inter):
         return PAIRS_TMA_TILES[0], gemv_configs(num_rows, inter, f16=False)[1]
+    if tma and words_mul and pairs_rows_tiles(num_rows, inter):
+        return pairs_rows_tiles(num_rows, inter)
     if tma and words_mul and pairs_tma_default(num_rows, inter):
-        if any(inter == i and lo <= num_rows <= hi for i, lo, hi in PAIRS_TMA_WIDE_DOWN_WHERE):
-            return PAIRS_TMA_WIDE_DOWN_TILES
         return PAIRS_TMA_TILES
     on_words = words_mul and num_rows >= PAIRS_SCALE_ON_WORDS_MIN_ROWS.get(inter, 0)
     return (PairsConfig(32, 128, 4, mul_pairs=True, scale_bf16=True, scale_on_words=on_words),
@@ -3196,10 +3219,14 @@ def aot_configs() -> list[AotConfig]:
                     note="tensor-core pairs decode" + ("" if cfg in shipped_pairs else " (selectable, not a default)")))
     # TMA-fed swap-AB pairs decode (the default where PAIRS_TMA_WHERE says; one config serves every I), and its
     # gate/up launch with natural-order SwiGLU rows for the TMA GEMV down launch (PAIRS_GEMV_DOWN_WHERE)
+    rows_tiles = {cfg: kind for tiles in {t for *_, t in PAIRS_TMA_ROWS_WHERE}
+                  for kind, cfg in zip(("gate_up", "down"), tiles)}
     for kind, kernel, cfg, natural in (("gate_up", _gate_up_pairs_tma_kernel, PAIRS_TMA_TILES[0], False),
                                        ("down", _down_pairs_tma_kernel, PAIRS_TMA_TILES[1], False),
-                                       ("down", _down_pairs_tma_kernel, PAIRS_TMA_WIDE_DOWN_TILES[1], False),
-                                       ("gate_up", _gate_up_pairs_tma_kernel, PAIRS_TMA_TILES[0], True)):
+                                       ("gate_up", _gate_up_pairs_tma_kernel, PAIRS_TMA_TILES[0], True),
+                                       *((kind, _gate_up_pairs_tma_kernel if kind == "gate_up"
+                                          else _down_pairs_tma_kernel, cfg, False)
+                                         for cfg, kind in sorted(rows_tiles.items(), key=lambda t: t[0].label()))):
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                       "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring, "SUB_K": cfg.mma_k(cfg.block_k)}
         if kind == "gate_up":
@@ -3213,9 +3240,10 @@ def aot_configs() -> list[AotConfig]:
             expect_opcodes=("HMMA.16816.F32.BF16", "UTMALDG"),
             note=("swap-AB gate/up, natural-order SwiGLU rows for the TMA GEMV down (the default at T=1 B=2, 5..6, "
                   "T=4 B=4..6, 8)" if natural else
-                  "swap-AB down, 32 rows on 2 warps, MMAs of 128 (the default at T=1/4 B=48..256)" if cfg.sub_k else
-                  "swap-AB pairs decode, weights by TMA (the default at T=1 B=4..256, T=4 B=16..256; down from B=48: "
-                  "the 32-row tile)")))
+                  f"swap-AB {kind}, {cfg.block_m} routed rows per pass, 32 weight rows per warp, MMAs of {cfg.sub_k} "
+                  "(the tiles of PAIRS_TMA_ROWS_WHERE: T=1/4 B=16..256)" if cfg in rows_tiles else
+                  "swap-AB pairs decode, weights by TMA (pairs_configs' tiles at T=1 B=4..15, where the fp16 TMA GEMV "
+                  "is the default)")))
     configs.append(AotConfig(
         name="moe_mxfp4_route_pairs", kernel=_route_pairs_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",

@@ -371,12 +371,14 @@ def test_default_upcast_follows_the_h200_numbers():
     for inter, tma in ((full_i, False), (full_i // 2, True), (full_i // 2, False)):
         assert all(moe.default_upcast(b * TOP_K, inter, tma) == "gemv" for b in (1, 3, 7, 8, 12, 16))
         assert moe.default_upcast(16 * TOP_K + 1, inter, tma) == "pairs"
-    # the fp16 TMA GEMV at B = 1..32 for I = 2048 / 1024 / 512 (round 16, run 16b)
-    assert all(moe.default_upcast(b * TOP_K, full_i // tp) == "gemv" for b in range(1, 33) for tp in (1, 2, 4))
+    # the fp16 TMA GEMV at B = 1..32 for I = 2048 / 1024 / 512 (round 16, run 16b); from B = 16 the pairs decode's
+    # PAIRS_TMA_ROWS_WHERE tiles at I = 2048 / 512 (run 20b)
+    assert all(moe.default_upcast(b * TOP_K, full_i // tp) == ("pairs" if tp != 2 and b >= 16 else "gemv")
+               for b in range(1, 33) for tp in (1, 2, 4))
     assert moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(257 * TOP_K, full_i) == "split_bf16"
     assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
-    assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "dot_scaled"  # prefill
+    assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "prefill"  # moe_prefill's grouped GEMM (a3a1cca)
     assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(7 * TOP_K, full_i // 4) == "gemv"
     assert moe.default_upcast(9 * TOP_K - 1, full_i // 4) == "gemv"
     assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (33, 64, 128, 256))
@@ -618,7 +620,8 @@ def test_gemv_f16_default_follows_the_h200_numbers():
             if batch in PDL_DEFAULT_AT[inter][0]:  # run 17
                 gu = dataclasses.replace(gu, pdl=True)
                 dn = dataclasses.replace(dn, pdl=True, pdl_l2=PDL_DEFAULT_AT[inter][1])
-            assert moe.gemv_configs(rows, inter) == (gu, dn) and moe.default_upcast(rows, inter) == "gemv"
+            assert moe.gemv_configs(rows, inter) == (gu, dn)
+            assert moe.default_upcast(rows, inter) == ("pairs" if inter != 1024 and batch >= 16 else "gemv")  # run 20b
             assert not moe.gemv_configs(rows, inter, tma=False)[0].f16
             assert not moe.gemv_configs(rows, inter, f16=False)[0].f16
             for kind, cfg in (("gate_up", gu), ("down", dn)):
@@ -1252,19 +1255,22 @@ def test_pairs_tma_swap_ab(ring, batch, pattern, on_words):
     assert cfgs[0].label() == f"n{tiles[0]}k512w4tma{ring}mulh" + ("wd" if on_words else "")
 
 
-def test_pairs_tma_wide_down_default_forward(monkeypatch):
-    """The default forward where PAIRS_TMA_WIDE_DOWN_WHERE names the shape runs the shipped run-18b tiles as they are
-    (gate/up 32 rows on 2 warps, down 32 rows on 2 warps in MMAs of 128) at H = I = 512, against the reference with
-    every scratch tensor NaN-poisoned."""
+@pytest.mark.parametrize("tiles,batch,pattern", [("ROWS8", 2, "duplicate"), ("ROWS8_K256", 3, "skewed"),
+                                                  ("ROWS16_GATE_UP", 1, "random")])
+def test_pairs_tma_rows_default_forward(monkeypatch, tiles, batch, pattern):
+    """The default forward where PAIRS_TMA_ROWS_WHERE names the shape runs its tiles as they are (64 gate/up rows and
+    64 down rows on 2 warps, MMAs of 128 / 256, 8 routed rows per pass; the B = 256 tiles 16 per gate/up pass) at
+    H = I = 512, against the reference with every scratch tensor NaN-poisoned; skewed routing gives an expert more
+    than 8 rows (several 8-row passes over its weights)."""
     inter = TMA_HIDDEN
-    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=95)
-    weights, ids = make_routing(2, "duplicate", seed=96)
-    x = make_x(2, hidden=TMA_HIDDEN, seed=97, scale=4.0)
+    cfgs = getattr(moe, f"PAIRS_TMA_{tiles}_TILES")
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=95 + batch)
+    weights, ids = make_routing(batch, pattern, seed=96 + batch)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=97 + batch, scale=4.0)
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
-    monkeypatch.setattr(moe, "PAIRS_TMA_WHERE", ((inter, 2 * TOP_K, 2 * TOP_K),))
-    monkeypatch.setattr(moe, "PAIRS_TMA_WIDE_DOWN_WHERE", ((inter, 2 * TOP_K, 2 * TOP_K),))
-    monkeypatch.setattr(moe, "GEMV_TMA_F16_WHERE", {})
-    assert moe.pairs_configs(2 * TOP_K, inter) == moe.PAIRS_TMA_WIDE_DOWN_TILES
+    monkeypatch.setattr(moe, "PAIRS_TMA_ROWS_WHERE", ((inter, batch * TOP_K, batch * TOP_K, cfgs),))
+    assert moe.pairs_configs(batch * TOP_K, inter) == cfgs and moe.default_upcast(batch * TOP_K, inter) == "pairs"
+    assert moe.pairs_configs(batch * TOP_K, inter, tma=False) != cfgs
     used = []
     real = moe._down_pairs_tma_kernel
     monkeypatch.setattr(moe, "_down_pairs_tma_kernel", type("Spy", (), {
@@ -1272,7 +1278,41 @@ def test_pairs_tma_wide_down_default_forward(monkeypatch):
     with poisoned_scratch():
         out = run(x, experts, weights, ids)
     assert torch.isfinite(out).all() and rel(out, ref) < 2e-2
-    assert len(used) == 1 and used[0][1] == TMA_HIDDEN // 32
+    assert len(used) == 1 and used[0][1] == TMA_HIDDEN // 64
+
+
+@pytest.mark.parametrize("batch,pattern,sub_k", [(0, "random", 128), (1, "random", 0), (3, "skewed", 128),
+                                                 (4, "invalid", 256), (3, "duplicate", 0)])
+def test_pairs_tma_eight_rows_per_pass(batch, pattern, sub_k):
+    """Run 20: 8 routed rows per MMA pass (block_m 8, one m16n8k16 per 16 values of K) gives the products of 16 rows
+    per pass, an expert with more than 8 rows taking several passes (skewed / duplicate routing), -1 and out-of-range
+    ids contributing nothing; against the reference and the 16-row tiles, every scratch tensor NaN-poisoned."""
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=batch + 60)
+    weights, ids = make_routing(batch, pattern, seed=batch + 61)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=batch + 62, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2, "sub_k": sub_k}
+    tiles = (inter // 4, TMA_HIDDEN // 4)
+    rows8 = tuple(moe.PairsConfig(n, 512, 4, block_m=8, **form) for n in tiles)
+    rows16 = tuple(moe.PairsConfig(n, 512, 4, **form) for n in tiles)
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, upcast="pairs", configs=rows8)
+    assert out.shape == (batch, TMA_HIDDEN) and torch.isfinite(out).all()
+    if batch:
+        assert rel(out, ref) < 2e-2
+        assert rel(out, run(x, experts, weights, ids, upcast="pairs", configs=rows16)) < 1e-2
+    assert rows8[0].label() == f"n{tiles[0]}k512w4tma2m8mulhwd" + (f"c{sub_k}" if sub_k else "")
+
+
+@pytest.mark.parametrize("block_m", [4, 24])
+def test_pairs_block_m_arguments(block_m):
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2, "block_m": block_m}
+    with pytest.raises(ValueError, match="block_m"):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="pairs",
+            configs=(moe.PairsConfig(64, 512, 4, **form), moe.PairsConfig(128, 512, 4, **form)))
 
 
 @pytest.mark.parametrize("sub_k,batch,pattern,on_words", [
@@ -1335,34 +1375,47 @@ def test_pairs_tma_arguments(bad):
 def test_pairs_tma_default_follows_the_h200_numbers():
     """Round 15 (runs 15 / 15b): the TMA-fed swap-AB tiles (gate/up 32 rows on 2 warps, down 16 rows on 1 warp, 2
     stages, factor on the pair words) are the pairs tiles at I = 2048 from B = 4 and at I = 512 from B = 16, where the
-    operands allow TMA and the GPU has the packed multiply; run 18b: up to B = 256, from B = 48 with the down launch on
-    32 rows / 2 warps in MMAs of 128 (sub_k); elsewhere the cp.async tiles; every kernel in the AOT registry (HMMA +
-    UTMALDG)."""
-    tma_tiles, wide = moe.PAIRS_TMA_TILES, moe.PAIRS_TMA_WIDE_DOWN_TILES
+    operands allow TMA and the GPU has the packed multiply; runs 20 / 20b: from B = 16 to 256 the tiles chosen by routed
+    rows (PAIRS_TMA_ROWS_WHERE: 64 gate/up and 64 down rows on 2 warps with 8 routed rows per pass, MMAs of 128 / at
+    I = 512 256 in the gate/up launch; at B = 256 the gate/up launch 16 rows per pass), before the fp16 GEMV;
+    elsewhere the cp.async tiles; every kernel in the AOT registry (HMMA + UTMALDG)."""
+    tma_tiles = moe.PAIRS_TMA_TILES
+    rows8, rows8_k256, rows16 = (moe.PAIRS_TMA_ROWS8_TILES, moe.PAIRS_TMA_ROWS8_K256_TILES,
+                                 moe.PAIRS_TMA_ROWS16_GATE_UP_TILES)
     form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2}
     assert tma_tiles[0] == moe.PairsConfig(16, 512, 2, **form) and tma_tiles[1] == moe.PairsConfig(16, 512, 1, **form)
-    assert wide == (tma_tiles[0], moe.PairsConfig(32, 512, 2, sub_k=128, **form))
-    for inter, first in ((2048, 4), (512, 16)):
-        for batch in (first, 17, 32, 47, 48, 64, 65, 128, 255, 256):
-            assert moe.pairs_configs(batch * TOP_K, inter) == (tma_tiles if batch < 48 else wide)
-            # round 16 / run 16b: the fp16 TMA GEMV took B <= 32 at I = 2048 and 512
-            assert moe.default_upcast(batch * TOP_K, inter) == ("gemv" if batch <= 32 else "pairs")
+    down = moe.PairsConfig(64, 512, 2, block_m=8, sub_k=128, **form)
+    assert rows8 == (moe.PairsConfig(32, 512, 2, block_m=8, sub_k=128, **form), down)
+    assert rows8_k256 == (moe.PairsConfig(32, 512, 2, block_m=8, sub_k=256, **form), down)
+    assert rows16 == (moe.PairsConfig(32, 512, 2, sub_k=128, **form), down)
+    for inter, first, small in ((2048, 4, rows8), (512, 16, rows8_k256)):
+        for batch in (first, 15, 16, 17, 32, 47, 48, 64, 65, 128, 255, 256):
+            if batch < first:
+                continue
+            expected = rows16 if batch == 256 else small if batch >= 16 else tma_tiles
+            assert moe.pairs_configs(batch * TOP_K, inter) == expected
+            assert moe.pairs_rows_tiles(batch * TOP_K, inter) == (expected if batch >= 16 else None)
+            # round 16 / run 16b: the fp16 TMA GEMV took B <= 32 at I = 2048 and 512; run 20b: B >= 16 back
+            assert moe.default_upcast(batch * TOP_K, inter) == ("gemv" if batch < 16 else "pairs")
             for cfgs in (moe.pairs_configs(batch * TOP_K, inter, tma=False),
                          moe.pairs_configs(batch * TOP_K, inter, words_mul=False)):
                 assert not cfgs[0].tma_ring and not cfgs[1].tma_ring
-        assert moe.pairs_configs(48 * TOP_K - 1, inter) == tma_tiles
         for rows in (first * TOP_K - 1, 256 * TOP_K + 1):
-            assert moe.pairs_configs(rows, inter) not in (tma_tiles, wide)
+            assert moe.pairs_configs(rows, inter) not in (tma_tiles, rows8, rows8_k256, rows16)
     for inter in (1024, 256):
-        assert all(moe.pairs_configs(b * TOP_K, inter) not in (tma_tiles, wide) for b in (1, 4, 16, 64, 256))
+        assert all(moe.pairs_configs(b * TOP_K, inter) not in (tma_tiles, rows8, rows8_k256, rows16)
+                   for b in (1, 4, 16, 64, 256))
+        assert all(moe.pairs_rows_tiles(b * TOP_K, inter) is None for b in (16, 64, 256))
     assert moe.default_upcast(4 * TOP_K, 2048, tma=False) == "gemv"
+    assert moe.default_upcast(15 * TOP_K, 2048) == moe.default_upcast(15 * TOP_K, 512) == "gemv"
     names = {c.name: c for c in moe.aot_configs()}
     for kind, kernel, cfg in (("gate_up", moe._gate_up_pairs_tma_kernel, tma_tiles[0]),
                               ("down", moe._down_pairs_tma_kernel, tma_tiles[1]),
-                              ("down", moe._down_pairs_tma_kernel, wide[1])):
+                              *(("gate_up", moe._gate_up_pairs_tma_kernel, t[0]) for t in (rows8, rows8_k256, rows16)),
+                              ("down", moe._down_pairs_tma_kernel, down)):
         aot = names[f"moe_mxfp4_{kind}_pairs_{cfg.label()}"]
         assert aot.kernel is kernel and aot.num_warps == cfg.num_warps and aot.constexprs["RING"] == 2
-        assert aot.constexprs["SUB_K"] == (cfg.sub_k or 512)
+        assert aot.constexprs["SUB_K"] == (cfg.sub_k or 512) and aot.constexprs["BLOCK_M"] == cfg.block_m
         assert aot.constexprs["SCALE_BF16"] == 3 and aot.expect_opcodes == ("HMMA.16816.F32.BF16", "UTMALDG")
 
 

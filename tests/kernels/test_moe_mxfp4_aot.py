@@ -60,17 +60,17 @@ PAIRS_TMA_DOWN = {c.name: c for c in moe.aot_configs() if c.kernel is moe._down_
 
 @pytest.fixture(scope="module")
 def pairs_tma_reports():
-    """The TMA swap-AB down tiles (whole K steps, and the run-18 tile in MMAs of 128) compiled once per arch."""
+    """The TMA swap-AB down tiles (whole K steps, and run 20's tile in MMAs of 128) compiled once per arch."""
     return {(r.config, r.arch): (r, p)
-            for r, p in run_isolated(["moe_mxfp4"], archs=[120, 121], only=["_down_pairs_n16k512", "_down_pairs_n32k512"])}
+            for r, p in run_isolated(["moe_mxfp4"], archs=[120, 121], only=["_down_pairs_n16k512", "_down_pairs_n64k512"])}
 
 
 @pytest.mark.parametrize("arch", [120, 121])
 def test_pairs_tma_sub_k_down_tile_holds_fewer_registers(pairs_tma_reports, arch):
-    """Run 18's down tile (32 rows on 2 warps, a K step of 512 as 4 MMAs of 128) compiles to mma.sync fed by TMA
-    without spills, and its per-thread registers are below the whole-step tile's (the 512-wide MMA operand alone
-    is 128 registers per thread)."""
-    whole_cfg, sub_cfg = moe.PAIRS_TMA_TILES[1], moe.PAIRS_TMA_WIDE_DOWN_TILES[1]
+    """Run 20's down tile (64 rows on 2 warps, 8 routed rows per pass, a K step of 512 as 4 MMAs of 128) compiles to
+    mma.sync fed by TMA without spills, and its per-thread registers are below the whole-step 16-row tile's (the
+    512-wide MMA operand alone is 128 registers per thread)."""
+    whole_cfg, sub_cfg = moe.PAIRS_TMA_TILES[1], moe.PAIRS_TMA_ROWS8_TILES[1]
     assert set(PAIRS_TMA_DOWN) >= {f"moe_mxfp4_down_pairs_{c.label()}" for c in (whole_cfg, sub_cfg)}
     whole, whole_problems = pairs_tma_reports[(f"moe_mxfp4_down_pairs_{whole_cfg.label()}", arch)]
     sub, sub_problems = pairs_tma_reports[(f"moe_mxfp4_down_pairs_{sub_cfg.label()}", arch)]
