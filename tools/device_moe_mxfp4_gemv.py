@@ -337,6 +337,17 @@ def run20b_candidates():
             (dataclasses.replace(gu64_m8, sub_k=256), dn64_m8), (dataclasses.replace(gu, block_m=8, sub_k=256), dn64_m8)]
 
 
+# run 21 (--run21, prepared in round 20, not run): the PAIRS_TMA_ROWS_WHERE tiles where run 20b did not measure them --
+# B = 9..15 (the fp16 GEMV's), 129..255 (they take the B = 128 tiles), 257..341 (up to 2048 routed rows: split_bf16 /
+# regs today) -- each of the three tile pairs at every point, launch by launch
+RUN21_BATCHES = (12, 15, 192, 224, 300, 341)
+RUN21_DEADLINE_S = 125  # for a 170 s device limit
+
+
+def run21_candidates():
+    return list(dict.fromkeys(t for *_, t in moe.PAIRS_TMA_ROWS_WHERE))
+
+
 F16_DEADLINE_S = 230  # for a 300 s device limit
 F16_EXTRA_ROWS = (TOP_K, 8 * TOP_K)  # B = 1 and 8: two more fp16 tilings
 
@@ -776,6 +787,8 @@ def main() -> None:
                         help="run 17: PDL on the fp16 TMA GEMV forward vs without, T=1/2/4 B=1..64")
     parser.add_argument("--run18", action="store_true",
                         help="run 18: the pairs decode at B = 64 / 128 / 256 launch by launch, TMA tiles with sub_k")
+    parser.add_argument("--run21", action="store_true",
+                        help="run 21: the PAIRS_TMA_ROWS_WHERE tiles at B = 12 / 15 / 192 / 224 / 300 / 341")
     parser.add_argument("--run20b", action="store_true",
                         help="run 20b: the forward of run 20's launch choices at B = 8..256")
     parser.add_argument("--run20", action="store_true",
@@ -845,7 +858,7 @@ def main() -> None:
         if args.f16b:  # TMA needs K >= 512; I = 512 = the T=4 shape: the persistent down launch on 5 programs
             hidden, base_inter, tps, batches, candidates = 512, 512, (1,), (1, 3), None
             moe.CPU_SM_COUNT = 5
-        if args.run20b:
+        if args.run20b or args.run21:
             args.run20 = True
         if args.run20:  # TMA needs K >= 512; block_m 8 (B = 16 on 8 experts: two passes) and sub_k on reduced tiles
             hidden, base_inter, tps, batches = 512, 512, (1,), (3, 16)
@@ -880,7 +893,10 @@ def main() -> None:
             batches, candidates = RUN18_BATCHES, run18_candidates()
         if args.run18b:
             batches, candidates = RUN18B_BATCHES, run18b_candidates()
-        if args.run20b:
+        if args.run21:
+            args.run20 = True
+            batches, candidates = RUN21_BATCHES, run21_candidates()
+        elif args.run20b:
             args.run20 = True
             batches, candidates = RUN20B_BATCHES, run20b_candidates()
         elif args.run20:
@@ -897,15 +913,17 @@ def main() -> None:
         args.run18 = True  # the run-18 form, labels, breakdown
     if args.words or args.swap_ab or args.run18:
         args.pairs = True  # the pairs form, labels and notes
-    deadline = (RUN20B_DEADLINE_S if args.run20b else RUN20_DEADLINE_S if args.run20 else RUN18B_DEADLINE_S if args.run18b else RUN18_DEADLINE_S if args.run18 else F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
+    deadline = (RUN21_DEADLINE_S if args.run21 else RUN20B_DEADLINE_S if args.run20b else RUN20_DEADLINE_S if args.run20 else RUN18B_DEADLINE_S if args.run18b else RUN18_DEADLINE_S if args.run18 else F16B_DEADLINE_S if args.f16b else F16_DEADLINE_S if args.f16 else SWAP_AB_DEADLINE_S if args.swap_ab else WORDS_DEADLINE_S if args.words else PAIRS_DEADLINE_S if args.pairs
                 else PERSISTENT_DEADLINE_S if args.persistent else TMA_DEADLINE_S if args.tma else DEADLINE_S)
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run20b" if args.run20b else "moe_mxfp4-h200-run20" if args.run20 else "moe_mxfp4-h200-run18b" if args.run18b else "moe_mxfp4-h200-run18" if args.run18 else "moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
+        name=args.name or ("moe_mxfp4-h200-run21" if args.run21 else "moe_mxfp4-h200-run20b" if args.run20b else "moe_mxfp4-h200-run20" if args.run20 else "moe_mxfp4-h200-run18b" if args.run18b else "moe_mxfp4-h200-run18" if args.run18 else "moe_mxfp4-h200-run16b" if args.f16b else "moe_mxfp4-h200-run16" if args.f16 else "moe_mxfp4-h200-run15c" if args.swap_ab3 else "moe_mxfp4-h200-run15b" if args.swap_ab2 else "moe_mxfp4-h200-run15" if args.swap_ab else "moe_mxfp4-h200-run11" if args.persistent else "moe_mxfp4-h200-run10" if args.words else "moe_mxfp4-h200-run2" if args.pairs else
                            "moe_mxfp4-h200-run7" if args.tma else "moe_mxfp4-h200-gemv3"),
-        title=("sm120 MoE decode, run 20b: the forward of run 20's launch choices (8 routed rows per pass, 64-row "
+        title=("sm120 MoE decode, run 21: the PAIRS_TMA_ROWS_WHERE tiles at B = 12..341 where run 20b did not "
+               "measure them, DSv4-Flash shapes, H200" if args.run21 else
+               "sm120 MoE decode, run 20b: the forward of run 20's launch choices (8 routed rows per pass, 64-row "
                "tiles), B = 8..256, DSv4-Flash shapes, H200" if args.run20b else
                "sm120 MoE decode, run 20: the TMA pairs decode at B = 32..256 launch by launch, 8 routed rows per "
                "MMA pass, 32 weight rows per warp, DSv4-Flash shapes, H200" if args.run20 else
