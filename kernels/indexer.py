@@ -121,22 +121,6 @@ WS_PMAX = WS_H1 + (1 << HIST_DIGITS[0])
 PAGE_MAX_CLEAN = WS_PMAX  # what the page-max form's finishing program zeroes (counters, H2, H3, copy 0)
 PAGE_MAX_BOUND_BITS = 16  # bits of the page-max bound (sign, exponent, 7 mantissa bits: within 1/128 below)
 PAGE_MAX_KEYS = 2048  # group maxima per row at most (the last logits program's block; sm_120a 118 registers at 4096)
-# Round 20 candidates for the page-max select at B=16-32 x 256K, off (not timed yet: no device run in round 20;
-# tools/device_indexer.py variants early_cand, split_max512, bis, bis_early, bis_early_max512, split_only).
-# Why (sm_90a AOT, ptxas of triton 3.8): the select kernel (2048-entry split programs, 4 warps, with the one-block
-# finish) takes 108 registers, so 4 programs per SM: 528 on the H200 at once, i.e. one wave of split programs at
-# B=16 x 256K (512) but two at B=32 (1024) and four at B=64, where run 11b's select cost 14.1 / 20.8 / 30.7 us.
-# - PAGE_MAX_EARLY_CAND: the one-block finish loads the first BLOCK list slots beside the candidate count (one
-#   dependent L2 round trip less; slots past the count dropped).
-# - PAGE_MAX_SPLIT_MAX_PROGRAMS: at most this many split programs (512: one wave at B=32), each taking 2 or 4
-#   consecutive chunks and loading the next before it sends the current one out (128 / 167 registers).
-# - PAGE_MAX_BOUND_IN_SELECT: the logits kernel only stores its group maxima (no arrival, no last-program bound:
-#   68 registers instead of 71), each split program derives the bound itself (126 registers).
-# - HIST_DIAG_SKIP_FINISH: diagnostic, the split pass alone (the finish skipped, the selection wrong).
-PAGE_MAX_EARLY_CAND = False
-PAGE_MAX_SPLIT_MAX_PROGRAMS = None
-PAGE_MAX_BOUND_IN_SELECT = False
-HIST_DIAG_SKIP_FINISH = False
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
 HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores row)
 # The select after the first digit (H200 run 7, benchmarks/indexer-h200-run7-summary.md): split
@@ -262,15 +246,14 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
                    HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0,
                    PDL: tl.constexpr = False, REDUCE: tl.constexpr = 0, PAGE_MAX: tl.constexpr = False,
                    WS_PMAX_C: tl.constexpr = 0, NPM: tl.constexpr = 1, GROUPS: tl.constexpr = 1,
-                   BOUND_BITS: tl.constexpr = 16, DEFER_BOUND: tl.constexpr = False):
+                   BOUND_BITS: tl.constexpr = 16):
     """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row.
     HIST_BITS > 0 also counts each live logit into its row's first-digit histogram in the
     workspace ``ws_ptr`` (see :func:`_count_first_digit`); the row's last program reduces it.
     PAGE_MAX (with HIST_BITS > 0) instead keeps the elementwise maximum of its pages' logits (the
     largest per page row, no atomics per logit) and stores it as GROUPS group maxima; the row's last
     program turns the row's group maxima into a bound at or below its K-th largest logit
-    (:func:`_finish_page_max_bound`); DEFER_BOUND: no arrival and no bound here, each select split program
-    derives it (:func:`_hist_select_kernel` BOUND_IN_SELECT).
+    (:func:`_finish_page_max_bound`).
     PDL: every input (q and the weights from the projection just before, lengths, page table,
     index-K cache) may be written by earlier kernels, so the wait comes before any load."""
     b = tl.program_id(0)
@@ -307,8 +290,7 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
             group_max = tl.max(tl.reshape(run_max, (GROUPS, PAGE // GROUPS)), axis=1)
             tl.store(ws_ptr + b64 * stride_wsb + WS_PMAX_C + split * GROUPS + tl.arange(0, GROUPS),
                      _signed_key(group_max))
-            if not DEFER_BOUND:  # else the select's split programs derive the bound from the group maxima
-                _finish_page_max_bound(ws_ptr + b64 * stride_wsb, K, WS_PMAX_C, NPM, GROUPS, BOUND_BITS)
+            _finish_page_max_bound(ws_ptr + b64 * stride_wsb, K, WS_PMAX_C, NPM, GROUPS, BOUND_BITS)
         else:
             _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1, REDUCE)
 
@@ -628,10 +610,7 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
                         CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr,
                         HAS_RAW: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr,
                         WS_H2: tl.constexpr, WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
-                        PDL: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False, PAGE_MAX: tl.constexpr = False,
-                        EARLY_CAND: tl.constexpr = False, SKIP_FINISH: tl.constexpr = False,
-                        ITERS: tl.constexpr = 1, BOUND_IN_SELECT: tl.constexpr = False, WS_PMAX_C: tl.constexpr = 0,
-                        NPM: tl.constexpr = 1, N_KEYS: tl.constexpr = 0, BOUND_BITS: tl.constexpr = 16):
+                        PDL: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False, PAGE_MAX: tl.constexpr = False):
     """Grid (B, groups): the histogram select after the first digit, in one launch. The split
     programs of a long row (:func:`_hist_split_part`) count their arrivals; the last to arrive
     finishes the row (:func:`_hist_finish_row`), so no launch of one program per row follows (H200
@@ -639,49 +618,31 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
     program alone. The split programs load their scores and the threshold bin beside the row length
     (H200 run 9b). ONE_BLOCK: a threshold bin of at most BLOCK entries is finished from one register
     block (:func:`_hist_finish_one_block`). PAGE_MAX: WS_THR1 holds the logits kernel's page-max bound
-    instead of a first-digit bin (:func:`_bound_split_part`, :func:`_bound_finish_row`). ITERS (page-max form):
-    each split program takes ITERS consecutive chunks, loading the next before it sends the current one out.
-    BOUND_IN_SELECT (page-max form): each split program derives the bound itself from the row's N_KEYS group
-    maxima (the logits kernel stored them with DEFER_BOUND); the finishing program zeroes them with the rest."""
+    instead of a first-digit bin (:func:`_bound_split_part`, :func:`_bound_finish_row`)."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     b64 = b.to(tl.int64)
     pdl_wait(PDL)  # the scores and the first-digit threshold come from the logits launch just before
     pdl_launch_dependents(PDL)
     length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
-    idx = g * ITERS * CHUNK + tl.arange(0, CHUNK)
+    idx = g * CHUNK + tl.arange(0, CHUNK)
     vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=idx < n_in, other=float("-inf"))
     thr1 = tl.load(ws_ptr + b64 * stride_wsb + WS_THR1)
-    if BOUND_IN_SELECT:
-        key_idx = tl.arange(0, NPM)
-        group_keys = tl.load(ws_ptr + b64 * stride_wsb + WS_PMAX_C + key_idx, mask=key_idx < N_KEYS, other=0)
-    if (length > K) & (g * ITERS * CHUNK < length):
-        if BOUND_IN_SELECT:
-            thr1 = _key_prefix_bound(group_keys, key_idx < N_KEYS, K, BOUND_BITS)
+    if (length > K) & (g * CHUNK < length):
         if PAGE_MAX:
-            for it in tl.static_range(ITERS):
-                if it + 1 < ITERS:
-                    idx_next = (g * ITERS + it + 1) * CHUNK + tl.arange(0, CHUNK)
-                    vals_next = tl.load(scores_ptr + b64 * stride_sb + idx_next, mask=idx_next < length,
-                                        other=float("-inf"))
-                _bound_split_part(vals, thr1, ws_ptr, cand_val_ptr, cand_pos_ptr, b64, g * ITERS + it, length,
-                                  stride_wsb, stride_cb, CHUNK, CAP, B1)
-                if it + 1 < ITERS:
-                    vals = vals_next
+            _bound_split_part(vals, thr1, ws_ptr, cand_val_ptr, cand_pos_ptr, b64, g, length, stride_wsb, stride_cb,
+                              CHUNK, CAP, B1)
         else:
             _hist_split_part(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
                              stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb, CHUNK, PAGE, CAP, HAS_RAW,
                              B1, B2, WS_H2)
         tl.debug_barrier()  # all of this program's stores and counts performed before its arrival
         arrived = tl.atomic_add(ws_ptr + b64 * stride_wsb + WS_SPLIT_DONE, 1, sem="acq_rel")
-        if arrived == tl.cdiv(length, ITERS * CHUNK) - 1:
-            if SKIP_FINISH:  # diagnostic (tools/device_indexer.py): the split pass alone, workspace cleaned
-                _clean_row_workspace(ws_ptr + b64 * stride_wsb, WS_CLEAN)
-            elif PAGE_MAX:
+        if arrived == tl.cdiv(length, CHUNK) - 1:
+            if PAGE_MAX:
                 _bound_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64,
                                   length, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
-                                  K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK, ONE_BLOCK,
-                                  EARLY_CAND)
+                                  K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK, ONE_BLOCK)
             else:
                 _hist_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64,
                                  length, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
@@ -716,23 +677,18 @@ def _bound_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, ou
                       K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
                       B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, WS_H2: tl.constexpr,
                       WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
-                      ONE_BLOCK: tl.constexpr = False, EARLY_CAND: tl.constexpr = False):
+                      ONE_BLOCK: tl.constexpr = False):
     """The rest of one row's top-K, page-max form: the candidates' first-digit histogram gives the
     K-th key's first digit (every logit at or above it is a candidate, so it is the row's); candidates
     with a higher first digit go out, those with the threshold's first digit are counted by their second
     digit, then :func:`_hist_finish_blocks` finishes as in the counting form. An overflowed list (more
-    than CAP candidates) is replaced by the whole row, filtered by the first digit alone. EARLY_CAND: the
-    first BLOCK list slots are loaded beside the candidate count (one round trip less; slots past the count
-    are dropped afterwards)."""
+    than CAP candidates) is replaced by the whole row, filtered by the first digit alone."""
     out_row = out_ptr + b64 * stride_outb
     raw_row = raw_ptr + b64 * stride_rawb
     pt_row = pt_ptr + b64 * stride_ptb
     ws_row = ws_ptr + b64 * stride_wsb
     cand_val_row = cand_val_ptr + b64 * stride_cb
     cand_pos_row = cand_pos_ptr + b64 * stride_cb
-    if EARLY_CAND:
-        early_vals = tl.load(cand_val_row + tl.arange(0, BLOCK), cache_modifier=".cg")
-        early_pos = tl.load(cand_pos_row + tl.arange(0, BLOCK), cache_modifier=".cg")
     n_cand = tl.load(ws_row + WS_TIE, cache_modifier=".cg")
     bins1 = tl.arange(0, 1 << B1)
     hist1 = tl.load(ws_row + WS_CAND_H1 + bins1, cache_modifier=".cg")
@@ -749,12 +705,7 @@ def _bound_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, ou
         # one register block: read once, three digit rounds, one store of every taken entry
         idx = tl.arange(0, BLOCK)
         inside = idx < n_src
-        if EARLY_CAND:
-            row_vals = tl.load(scores_row + idx, mask=inside & from_row, other=float("-inf"), cache_modifier=".cg")
-            vals = tl.where(from_row, row_vals, tl.where(inside, early_vals, float("-inf")))
-            pos = tl.where(from_row, idx, early_pos)
-        else:
-            vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
+        vals, pos = _hist_source(scores_row, cand_val_row, cand_pos_row, idx, inside, from_row)
         key_u = _order_key(vals)
         digit1 = _key_bits(key_u, 0, B1)
         digit2 = _key_bits(key_u, B1, B2)
@@ -1171,22 +1122,10 @@ def page_max_consts(batch: int, max_seq_len: int) -> dict:
     splits = _cdiv(max(1, _cdiv(max_seq_len, INDEX_PAGE_SIZE)), logits_pages_per_split(batch, max_seq_len))
     groups = min(INDEX_PAGE_SIZE, 1 << max(0, (PAGE_MAX_KEYS // splits).bit_length() - 1))
     return dict(PAGE_MAX=True, WS_PMAX_C=WS_PMAX, NPM=triton.next_power_of_2(splits * groups), GROUPS=groups,
-                BOUND_BITS=PAGE_MAX_BOUND_BITS, DEFER_BOUND=PAGE_MAX_BOUND_IN_SELECT)
+                BOUND_BITS=PAGE_MAX_BOUND_BITS)
 
 
-def page_max_select_consts(batch: int, max_seq_len: int) -> dict:
-    """The select kernel's constants when its split programs derive the page-max bound (PAGE_MAX_BOUND_IN_SELECT):
-    where the row's group maxima lie and how many; it then also zeroes them."""
-    if not PAGE_MAX_BOUND_IN_SELECT:
-        return {}
-    c = page_max_consts(batch, max_seq_len)
-    splits = _cdiv(max(1, _cdiv(max_seq_len, INDEX_PAGE_SIZE)), logits_pages_per_split(batch, max_seq_len))
-    return dict(BOUND_IN_SELECT=True, WS_PMAX_C=WS_PMAX, NPM=c["NPM"], N_KEYS=splits * c["GROUPS"],
-                BOUND_BITS=c["BOUND_BITS"], WS_CLEAN=WS_PMAX + c["NPM"])
-
-
-_NO_PAGE_MAX = dict(PAGE_MAX=False, WS_PMAX_C=0, NPM=1, GROUPS=1, BOUND_BITS=PAGE_MAX_BOUND_BITS,
-                    DEFER_BOUND=False)
+_NO_PAGE_MAX = dict(PAGE_MAX=False, WS_PMAX_C=0, NPM=1, GROUPS=1, BOUND_BITS=PAGE_MAX_BOUND_BITS)
 
 
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
@@ -1233,14 +1172,10 @@ def _hist_digit_consts():
     return dict(B1=b1, B2=b2, WS_H2=WS_H2)
 
 
-def _hist_select_consts(k, has_raw, chunk, one_block=False, page_max=False, iters=1, bound_in_select=None):
-    c = dict(CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=has_raw, B3=HIST_DIGITS[2],
-             WS_H3=WS_H3, WS_CLEAN=PAGE_MAX_CLEAN if page_max else WS_H1, BLOCK=HIST_FINAL_BLOCK,
-             ONE_BLOCK=one_block, PAGE_MAX=page_max, EARLY_CAND=page_max and PAGE_MAX_EARLY_CAND,
-             SKIP_FINISH=HIST_DIAG_SKIP_FINISH, ITERS=iters, BOUND_IN_SELECT=False, WS_PMAX_C=0, NPM=1, N_KEYS=0,
-             BOUND_BITS=PAGE_MAX_BOUND_BITS, **_hist_digit_consts())
-    c.update(bound_in_select or {})
-    return c
+def _hist_select_consts(k, has_raw, chunk, one_block=False, page_max=False):
+    return dict(CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=has_raw, B3=HIST_DIGITS[2],
+                WS_H3=WS_H3, WS_CLEAN=PAGE_MAX_CLEAN if page_max else WS_H1, BLOCK=HIST_FINAL_BLOCK,
+                ONE_BLOCK=one_block, PAGE_MAX=page_max, **_hist_digit_consts())
 
 
 def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False):
@@ -1257,15 +1192,11 @@ def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False
     pdl = launch_pdl(scores.device, batch, _HISTOGRAM)
     programs = batch * _cdiv(width, chunk)
     warps = hist_select_warps(programs, chunk)
-    iters = 1
-    if page_max and PAGE_MAX_SPLIT_MAX_PROGRAMS:
-        iters = triton.next_power_of_2(_cdiv(programs, PAGE_MAX_SPLIT_MAX_PROGRAMS))
-    _hist_select_kernel[(batch, _cdiv(width, chunk * iters))](
+    _hist_select_kernel[(batch, _cdiv(width, chunk))](
         scores, lens, page_table, workspace, cand_val, cand_pos, out, raw_arg, width, page_table.shape[1],
         scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
         raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk,
-                                                 page_max or hist_one_block(programs), page_max, iters,
-                                                 page_max_select_consts(batch, width) if page_max else None),
+                                                 page_max or hist_one_block(programs), page_max),
         PDL=pdl, num_warps=warps, num_stages=1, launch_pdl=pdl)
     return out
 

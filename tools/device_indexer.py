@@ -86,19 +86,9 @@ VARIANT_CATALOG = {
     # run 11b: group maxima per row of the page-max form (2048 shipped)
     "pmax_keys1024": dict(PAGE_MAX_KEYS=1024),
     "pmax_keys4096": dict(PAGE_MAX_KEYS=4096),
-    # run 12 (prepared in round 20, not run: the device budget gate), where the page-max select's time goes: the split pass alone (the finish skipped: wrong selection,
-    # workspace cleaned), the logits kernel without the bound's 16 search rounds (bound = lowest key: every logit a
-    # candidate, the finish rescans the row); candidates: the one-block finish loading the list beside its count,
-    # at most 512 split programs (each then takes 2 or 4 chunks, loading the next before sending the current out)
-    "split_only": dict(HIST_DIAG_SKIP_FINISH=True),
+    # run 12 (H200, 2026-12-03): the page-max select's parts; its round-20 candidates (the list loaded beside its
+    # count, at most 512 split programs, the bound in the select) were level or slower and are removed
     "bound_bits0": dict(PAGE_MAX_BOUND_BITS=0),
-    "early_cand": dict(PAGE_MAX_EARLY_CAND=True),
-    "split_max512": dict(PAGE_MAX_SPLIT_MAX_PROGRAMS=512),
-    "early_max512": dict(PAGE_MAX_EARLY_CAND=True, PAGE_MAX_SPLIT_MAX_PROGRAMS=512),
-    # the bound derived by every split program from the group maxima (the logits kernel without arrival / bound)
-    "bis": dict(PAGE_MAX_BOUND_IN_SELECT=True),
-    "bis_early": dict(PAGE_MAX_BOUND_IN_SELECT=True, PAGE_MAX_EARLY_CAND=True),
-    "bis_early_max512": dict(PAGE_MAX_BOUND_IN_SELECT=True, PAGE_MAX_EARLY_CAND=True, PAGE_MAX_SPLIT_MAX_PROGRAMS=512),
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -166,7 +156,7 @@ def check_selection(slots_raw, ref, lens, k=INDEX_TOPK):
     top = torch.topk(masked, min(k, width), dim=1)
     kth = top.values[:, -1:]
     tol = 1e-4 * masked.clamp(min=-1e30).abs().amax(dim=1, keepdim=True)
-    picked = torch.gather(masked, 1, slots_raw.long().clamp(min=0, max=width - 1))  # (split_only leaves junk)
+    picked = torch.gather(masked, 1, slots_raw.long().clamp(min=0, max=width - 1))  # (a wrong selection may leave junk)
     valid = slots_raw >= 0
     below = (valid & (picked < kth - tol)).sum().item()
     above_all = (masked > kth + tol).sum(dim=1)
@@ -420,8 +410,7 @@ def main() -> None:
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
     shipped = ("HIST_COPIES", "USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_ONE_BLOCK_MAX_PROGRAMS",
-               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS", "PAGE_MAX_KEYS",
-               "PAGE_MAX_EARLY_CAND", "PAGE_MAX_SPLIT_MAX_PROGRAMS", "PAGE_MAX_BOUND_IN_SELECT")
+               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS", "PAGE_MAX_KEYS")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
                {attr: ("modified plan table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})

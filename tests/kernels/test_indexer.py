@@ -716,27 +716,6 @@ def test_page_max_select_with_ties_clusters_and_overflow(one_block, monkeypatch)
     _page_max_select_cases()
 
 
-# (PAGE_MAX_EARLY_CAND, PAGE_MAX_SPLIT_MAX_PROGRAMS): the list loaded beside its count; split programs of 2 / 4 chunks
-PAGE_MAX_SPLIT_FORMS = [(True, None), (False, 16), (True, 8)]
-
-
-@pytest.mark.parametrize("early,max_programs", PAGE_MAX_SPLIT_FORMS)
-def test_page_max_split_forms(early, max_programs, monkeypatch):
-    """The page-max select with the candidate list loaded beside its count and/or split programs taking
-    several chunks each (ITERS 2 / 4, the last program's chunks partly past the row): the same cases as
-    above and the full indexer call, exact, the workspace left zeroed."""
-    monkeypatch.setattr(ix, "PAGE_MAX_EARLY_CAND", early)
-    monkeypatch.setattr(ix, "PAGE_MAX_SPLIT_MAX_PROGRAMS", max_programs)
-    _page_max_select_cases()
-    lens, max_seq_len = [4100, 4160, 513, 64, 4000], 4160
-    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=91)
-    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
-    out = torch.full((len(lens), INDEX_TOPK), 12345, dtype=torch.int32)
-    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, plan=ix.Plan("two_kernel", select=PAGE_MAX))
-    assert_selection_matches(out, ref, l, pt, k=INDEX_TOPK, rel_tol=1e-5)
-    assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
-
-
 def _page_max_select_cases():
     gen = torch.Generator().manual_seed(77)
     width = 6000
@@ -777,22 +756,3 @@ def test_histogram_one_copy_plan_and_threshold(k):
     ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, plan=ix.Plan("two_kernel", select=FORMS_BY_NAME["hist1"]))
     assert_selection_matches(out, ref, l, pt, k=k, rel_tol=1e-5)
     assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
-
-
-@pytest.mark.parametrize("max_programs", [None, 8])
-def test_page_max_bound_in_select(max_programs, monkeypatch):
-    """PAGE_MAX_BOUND_IN_SELECT: the logits kernel only stores the group maxima (no arrival, no bound), each
-    select split program derives the bound from them; exact as the default, and the whole workspace (group
-    maxima included) is zero after each call, so a count-form call after it counts from zero."""
-    monkeypatch.setattr(ix, "PAGE_MAX_BOUND_IN_SELECT", True)
-    monkeypatch.setattr(ix, "PAGE_MAX_SPLIT_MAX_PROGRAMS", max_programs)
-    for lens, max_seq_len, k in (([4100, 4160, 513, 64, 0], 4160, 64), ([2500, 1999, 0, 300, 2560], 2560, 512)):
-        q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=95 + k)
-        ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
-        out = torch.full((len(lens), k), 12345, dtype=torch.int32)
-        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, plan=ix.Plan("two_kernel", select=PAGE_MAX))
-        assert_selection_matches(out, ref, l, pt, k=k, rel_tol=1e-5)
-        assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
-        count = torch.full_like(out, 12345)
-        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, count, plan=ix.Plan("two_kernel", select=FORMS_BY_NAME["histogram"]))
-        assert [sorted(r) for r in out.tolist()] == [sorted(r) for r in count.tolist()]
