@@ -61,6 +61,7 @@ class AotConfig:
     expect_opcodes: Sequence[str] = ()
     forbid_opcodes: Sequence[str] = ()
     max_spill_bytes: int = 0
+    max_registers: int = 0  # ptxas register cap per thread (Triton's maxnreg option); 0: none
     archs: Sequence[int] = SM120_ARCHS
     note: str = ""
 
@@ -197,9 +198,11 @@ def compile_config(cfg: AotConfig, arch: int) -> AotReport:
         src = triton.compiler.ASTSource(fn=kernel, signature=dict(cfg.signature), constexprs=dict(cfg.constexprs),
                                         attrs=attrs)
         # Triton prints the whole PTX to stdout when ptxas fails; keep the report readable.
+        options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        if cfg.max_registers:
+            options["maxnreg"] = cfg.max_registers
         with contextlib.redirect_stdout(io.StringIO()):
-            compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                      options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+            compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
         ptx = compiled.asm["ptx"]
         report = AotReport(cfg.name, arch, True, compile_s=round(time.time() - t0, 2))
         m = re.search(r"^\.target\s+(\S+)", ptx, re.M)
