@@ -89,9 +89,8 @@ VARIANT_CATALOG = {
     # run 12 (H200, 2026-12-03): the page-max select's parts; its round-20 candidates (the list loaded beside its
     # count, at most 512 split programs, the bound in the select) were level or slower and are removed
     "bound_bits0": dict(PAGE_MAX_BOUND_BITS=0),
-    # round 21: the page-max select overlapping the logits row by row (row-major logits grid, per-row ready flag,
-    # the select launched with PDL at every batch, each program waiting for its row's flag)
-    "overlap": dict(PAGE_MAX_OVERLAP=True),
+    # run 13 (round 21) timed PAGE_MAX_OVERLAP (commit 92685f2: row-major logits grid, per-row ready flag, the select
+    # launched with PDL waiting per row): 59.0 -> 60.6 us at B=16 x 256K, level at B=32, slower at B=64; removed
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -372,7 +371,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--name", default="indexer-h200-run13", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--name", default="indexer-h200-run12", help="result file stem (run 4 was the select-form sweep)")
     parser.add_argument("--forms", default="hist", help=f"comma-separated select forms forced beside the default "
                         f"(two_kernel_<form> rows), from {sorted(FORM_CATALOG)}")
     parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")
@@ -413,8 +412,7 @@ def main() -> None:
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
     shipped = ("HIST_COPIES", "USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_ONE_BLOCK_MAX_PROGRAMS",
-               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS", "PAGE_MAX_KEYS",
-               "PAGE_MAX_OVERLAP")
+               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS", "PAGE_MAX_KEYS")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
                {attr: ("modified plan table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})
