@@ -18,6 +18,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "indexer",
     "fp8_gemv",
     "bench_common",
+    "bf16_gemv",
 )
 
 

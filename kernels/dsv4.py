@@ -127,3 +127,15 @@ LAYER_COUNTS = {kind: sum(layer_compress_ratio(i) == ratio for i in range(NUM_LA
 # --- bench common stages (issue 8 follow-up: kernels/bench_common.py) --------------------------
 RMS_NORM_EPS = 1e-6  # rms_norm_eps of DeepSeek-V4-Flash's config (every RMSNorm of the layer)
 SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus: above it softplus(x) = x
+
+# --- replicated bf16 projections at decode (kernels/bf16_gemv.py, the bf16_linear seam) ----------
+# (N, K) of each bf16 linear the seam routes to the GEMV: both compressors' wkv_gate (fp32 out, SGLang's
+# linear_bf16_fp32) and the indexer's weights_proj (bf16 out); replicated, so the same at every T
+BF16_LINEAR_SHAPES = {
+    "compressor_c4": (COMPRESSOR_OUT[C4_RATIO], HIDDEN_SIZE),
+    "compressor_c128": (COMPRESSOR_OUT[C128_RATIO], HIDDEN_SIZE),
+    "index_compressor": (INDEX_COMPRESSOR_OUT, HIDDEN_SIZE),
+    "weights_proj": (INDEX_N_HEADS, HIDDEN_SIZE),
+}
+# SM counts of the sm_12x GPUs the plugin targets (tile choices that depend on the grid are compiled for each)
+SM12X_SM_COUNTS = {"RTX PRO 6000 Blackwell": 188, "RTX 5090": 170}

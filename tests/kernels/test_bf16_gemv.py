@@ -1,0 +1,155 @@
+"""kernels/bf16_gemv.py under the CPU interpreter against its float32 reference: fresh random inputs,
+NaN-poisoned outputs, M = 0 / 1 / odd / the largest row block, K and N off the tile, strided activation
+rows, both output dtypes, the fused scale, input validation, the tile rule, and the AOT registration."""
+
+import pytest
+import torch
+
+from sglang_sm120.kernels import bf16_gemv as g
+from sglang_sm120.kernels.dsv4 import BF16_LINEAR_SHAPES, SM12X_SM_COUNTS
+
+from ..conftest import DEVICE
+
+# float32 out: only the summation order differs from the reference; bf16 out: one rounding on top
+F32_TOL = 1e-5
+BF16_TOL = 2 ** -8
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def randn(*shape, gen, scale=1.0):
+    return (scale * torch.randn(*shape, generator=gen)).to(torch.bfloat16).to(DEVICE)
+
+
+# reduced shapes: a multiple of every tile, N and K off the tile, one weight row, a short K
+SHAPES = [(64, 512), (40, 200), (1, 96), (130, 64), (24, 1040)]
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("rows", [0, 1, 3, g.MAX_ROWS])
+@pytest.mark.parametrize("out_dtype", g.OUT_DTYPES)
+def test_matches_reference(n, k, rows, out_dtype):
+    gen = torch.Generator().manual_seed(n * 7919 + k * 31 + rows + (out_dtype == torch.bfloat16))
+    x, w = randn(rows, k, gen=gen, scale=2.0), randn(n, k, gen=gen, scale=0.05)
+    out = torch.full((rows, n), float("nan"), dtype=out_dtype, device=DEVICE)
+    got = g.bf16_linear(x, w, out_dtype=out_dtype, out=out)
+    assert got is out and got.shape == (rows, n) and got.dtype == out_dtype
+    if rows == 0:
+        return
+    assert torch.isfinite(got).all(), "an output element was never written"
+    tol = F32_TOL if out_dtype == torch.float32 else BF16_TOL
+    assert rel_err(got, g.reference_bf16_linear(x, w)) < tol
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_scale_and_strided_rows(rows):
+    gen = torch.Generator().manual_seed(rows)
+    n, k = 64, 256
+    wide = randn(rows, 3 * k, gen=gen)
+    x = wide[:, k:2 * k]  # rows 3k apart, contiguous along K
+    w = randn(n, k, gen=gen, scale=0.1)
+    scale = 0.0883883
+    got = g.bf16_linear(x, w, out_dtype=torch.bfloat16, scale=scale)
+    ref = g.reference_bf16_linear(x, w, scale)
+    assert rel_err(got, ref) < BF16_TOL
+    # the scale is applied in float32 before the single rounding to bf16: each element within one bf16 ulp of
+    # the float32 value (the interpreter's float32 -> bf16 conversion truncates, so not half an ulp here)
+    assert ((got.float() - ref).abs() <= ref.abs() * 2 ** -7).all()
+
+
+def test_every_config_computes_the_same():
+    """Every shipped tile computes the reference (the tile rule only picks among them)."""
+    gen = torch.Generator().manual_seed(5)
+    n, k = 48, 2048
+    for cfg in g.shipped_configs():
+        rows = cfg.block_m
+        x, w = randn(rows, k, gen=gen), randn(n, k, gen=gen, scale=0.05)
+        got = g.bf16_linear(x, w, config=dataclass_without_pdl(cfg))
+        assert rel_err(got, g.reference_bf16_linear(x, w)) < F32_TOL, cfg.name
+
+
+def dataclass_without_pdl(cfg):
+    import dataclasses
+
+    return dataclasses.replace(cfg, pdl=False)  # the interpreter has no launch attributes
+
+
+def test_zero_k_gives_zeros():
+    x = torch.empty(2, 0, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.empty(8, 0, dtype=torch.bfloat16, device=DEVICE)
+    assert torch.equal(g.bf16_linear(x, w), torch.zeros(2, 8, device=DEVICE))
+
+
+@pytest.mark.parametrize("case,match", [
+    ("w_dtype", "weight must be a 2-D bf16"),
+    ("w_dim", "weight must be a 2-D bf16"),
+    ("x_dtype", "x must be a bf16 tensor"),
+    ("x_k", "x must be a bf16 tensor"),
+    ("rows", "at most"),
+    ("w_stride", "contiguous along K"),
+    ("out_dtype", "out_dtype must be one of"),
+    ("out_shape", "out must be a"),
+])
+def test_bad_input_is_named(case, match):
+    gen = torch.Generator().manual_seed(0)
+    x, w = randn(2, 64, gen=gen), randn(16, 64, gen=gen)
+    kwargs = {}
+    if case == "w_dtype":
+        w = w.float()
+    elif case == "w_dim":
+        w = w.view(2, 8, 64)
+    elif case == "x_dtype":
+        x = x.half()
+    elif case == "x_k":
+        x = randn(2, 32, gen=gen)
+    elif case == "rows":
+        x = randn(g.MAX_ROWS + 1, 64, gen=gen)
+    elif case == "w_stride":
+        w = randn(64, 16, gen=gen).t()
+    elif case == "out_dtype":
+        kwargs["out_dtype"] = torch.float16
+    elif case == "out_shape":
+        kwargs["out"] = torch.empty(2, 15, device=DEVICE)
+    with pytest.raises(ValueError, match=match):
+        g.bf16_linear(x, w, **kwargs)
+
+
+def test_config_too_small_for_the_rows_is_refused():
+    gen = torch.Generator().manual_seed(1)
+    x, w = randn(3, 64, gen=gen), randn(8, 64, gen=gen)
+    with pytest.raises(ValueError, match="holds 2 rows"):
+        g.bf16_linear(x, w, config=g.Bf16GemvConfig(block_m=2, block_n=1, block_k=64))
+
+
+@pytest.mark.parametrize("name", sorted(BF16_LINEAR_SHAPES))
+@pytest.mark.parametrize("rows", range(1, g.MAX_ROWS + 1))
+@pytest.mark.parametrize("sms", sorted({*SM12X_SM_COUNTS.values(), g.DEFAULT_SM_COUNT}))
+def test_tile_rule(name, rows, sms):
+    n, k = BF16_LINEAR_SHAPES[name]
+    cfg = g.default_config(rows, n, k, sms)
+    threads = 32 * cfg.num_warps
+    assert cfg.block_m >= rows and cfg.block_m in g.ROW_BLOCKS
+    assert cfg.block_n * cfg.block_k >= g.LOAD_ELEMENTS * threads, "less than one 16-byte load per thread"
+    per_thread = g.ONE_ROW_PRODUCT_ELEMENTS_PER_THREAD if cfg.block_m == 1 else g.PRODUCT_ELEMENTS_PER_THREAD
+    assert cfg.block_m * cfg.block_n * cfg.block_k <= per_thread * threads
+    assert cfg.block_n == g.MEASURED_BLOCK_N[n][cfg.block_m], "DSv4's widths take the measured tile"
+    # the AOT check compiles what a PDL GPU launches
+    assert g.default_config(rows, n, k, sms, pdl=True).name in {c.name for c in g.shipped_configs()}
+
+
+@pytest.mark.parametrize("n", [96, 3000, 40960])
+@pytest.mark.parametrize("sms", [132, 188])
+def test_tile_rule_elsewhere_keeps_programs_per_sm(n, sms):
+    cfg = g.default_config(1, n, 4096, sms)
+    assert -(-n // cfg.block_n) >= g.PROGRAMS_PER_SM * sms or cfg.block_n == 1
+    assert cfg.block_n == 1 or -(-n // (cfg.block_n // 2)) >= g.PROGRAMS_PER_SM * sms or cfg.block_n == 8
+
+
+def test_aot_configs_cover_the_shipped_tiles():
+    names = {c.name for c in g.aot_configs()}
+    for cfg in g.shipped_configs():
+        assert {cfg.name + "_of32", cfg.name + "_obf16"} <= names
+    for aot in g.aot_configs():
+        assert "LDG.E.EF.128" in aot.expect_opcodes and "HMMA" in aot.forbid_opcodes
