@@ -20,7 +20,7 @@ logger = logging.getLogger("sglang_sm120")
 ENV_DISABLE = "SGLANG_SM120_DISABLE"
 ENV_FORCE = "SGLANG_SM120_FORCE"
 
-SEAM_NAMES = ("attention", "indexer", "moe", "dense", "disagg")
+SEAM_NAMES = ("attention", "indexer", "moe", "dense", "bf16_linear", "disagg")
 
 
 class SeamState(str, enum.Enum):
