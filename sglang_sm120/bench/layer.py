@@ -30,8 +30,8 @@ PLUGIN, UPSTREAM = "plugin", "upstream"
 def common_name(pdl: bool = True) -> str:
     """What the shared 'common' component runs, with or without PDL on its Triton stand-ins."""
     launch = "PDL kernels like SGLang's" if pdl else "launched without PDL"
-    return (f"Triton fused norms/router/SwiGLU/combine ({launch}) + torch bf16 GEMMs (same code in both paths), "
-            "standing in for SGLang's fused JIT kernels")
+    return (f"Triton fused norms/router/SwiGLU/combine ({launch}) + the router gate's torch bf16 GEMM (same code in "
+            "both paths), standing in for SGLang's fused JIT kernels")
 
 
 COMMON_NAME = common_name()
@@ -43,6 +43,9 @@ COMPONENT_NAMES = {
     "indexer": {PLUGIN: "indexer_topk (FP8 paged logits + Triton top-k)", UPSTREAM: upstream_ops.NAMES["indexer"]},
     "wo_a": {PLUGIN: "grouped_fp8_wo_a (FP8 weight)", UPSTREAM: upstream_ops.NAMES["wo_a"]},
     "moe": {PLUGIN: "moe_mxfp4_forward (MXFP4 experts)", UPSTREAM: upstream_ops.NAMES["moe"]},
+    "bf16_linear": {PLUGIN: "bf16_gemv (Triton, CUDA cores) where the bf16_linear seam takes the call (compressors "
+                            "<= 4 rows, weights_proj <= 8), else upstream's call",
+                    UPSTREAM: upstream_ops.NAMES["bf16_linear"]},
     "common": {PLUGIN: COMMON_NAME, UPSTREAM: COMMON_NAME},
 }
 COMPONENTS = tuple(COMPONENT_NAMES)
@@ -93,7 +96,8 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
                  state: dict, common_pdl: bool = True) -> list[Stage]:
     """The decode step of one ``kind`` layer on ``x [B, hidden]`` as stages of ``path``; ``common_pdl``: the
     shared bench_common kernels launch with PDL where the GPU has it (both paths alike)."""
-    from ..kernels import bench_common, fp8_gemv, indexer, moe_mxfp4, sparse_mla_decode
+    from .. import bf16_linear as bf16_seam
+    from ..kernels import bench_common, bf16_gemv, fp8_gemv, indexer, moe_mxfp4, sparse_mla_decode
 
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -132,11 +136,32 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
             return {"rel_err": _relerr(st[dst], spec), "rel_err_vs_exact": exact}
         add(name, "dense", fn, model.fp8_linear_bytes(n, k, batch), check)
 
-    def bf16_proj(name, weight, src, dst, scale=None):
-        def fn():  # bf16 output, or fp32 times ``scale`` (weights_proj, as the indexer takes it)
-            out = torch.nn.functional.linear(st[src], weight)
-            st[dst] = out if scale is None else out.float() * scale
-        add(name, "common", fn, model.bf16_linear_bytes(weight.shape[0], weight.shape[1], batch))
+    def router_gate(src, dst):
+        def fn():  # SGLang: tiny_gemm_bf16 (JIT CUDA) at <= 16 rows, cuBLAS above; not replaced by the plugin
+            st[dst] = torch.nn.functional.linear(st[src], w.gate)
+        add("router_gate", "common", fn, model.bf16_linear_bytes(w.gate.shape[0], w.gate.shape[1], batch))
+
+    def bf16_proj(name, weight, src, dst, max_rows, index_weights=False):
+        """A projection of the bf16_linear seam: the compressors' wkv_gate (SGLang's linear_bf16_fp32, float32 out)
+        or, with ``index_weights``, weights_proj (bf16 out; both paths then hand the indexer float32 weights with
+        the index weight scale, the same code, standing in for the scale SGLang folds into its fused q kernel)."""
+        out_dtype = torch.bfloat16 if index_weights else torch.float32
+        ours = path == PLUGIN and 1 <= batch <= max_rows
+
+        def fn():
+            x = st[src]
+            if ours:
+                out = bf16_gemv.bf16_linear(x, weight, out_dtype=out_dtype)
+            elif index_weights:
+                out = torch.nn.functional.linear(x, weight)
+            else:
+                out = upstream_ops.linear_bf16_fp32(x, weight)
+            st[dst] = out.float() * dsv4.INDEX_WEIGHT_SCALE if index_weights else out
+
+        def check():
+            ref = bf16_gemv.reference_bf16_linear(st[src], weight)
+            return {"rel_err": _relerr(st[dst], ref * dsv4.INDEX_WEIGHT_SCALE if index_weights else ref)}
+        add(name, "bf16_linear", fn, model.bf16_linear_bytes(weight.shape[0], weight.shape[1], batch), check)
 
     act_bytes = batch * d.hidden * 2 * 2
 
@@ -157,10 +182,10 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     add("q_norm", "common", q_norm, batch * d.q_lora * 4, check_q_norm)
 
     if kind in ("c4", "c128"):
-        bf16_proj("compressor_wkv_gate", w.compressor[kind], "h", "kv_score")
+        bf16_proj("compressor_wkv_gate", w.compressor[kind], "h", "kv_score", bf16_seam.COMPRESSOR_MAX_ROWS)
 
     if kind == "c4":
-        bf16_proj("indexer_compressor", w.index_compressor, "h", "index_score")
+        bf16_proj("indexer_compressor", w.index_compressor, "h", "index_score", bf16_seam.COMPRESSOR_MAX_ROWS)
         dense("indexer_wq_b", "q_lora", "index_q")
 
         def index_q_quant():  # stands for the fused RoPE + Hadamard + FP8 quant (JIT CUDA upstream)
@@ -168,7 +193,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
             q = st["index_q"].view(batch, 1, d.index_heads, d.index_head_dim)
             st["index_q_fp8"] = q.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
         add("indexer_q_quant", "common", index_q_quant, batch * d.index_heads * d.index_head_dim * 3)
-        bf16_proj("weights_proj", w.weights_proj, "h", "index_w", dsv4.INDEX_WEIGHT_SCALE)
+        bf16_proj("weights_proj", w.weights_proj, "h", "index_w", bf16_seam.WEIGHTS_PROJ_MAX_ROWS, index_weights=True)
         n_c = caches.compressed_len
         k = d.index_topk
 
@@ -237,7 +262,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
         ref = bench_common.reference_rms_norm(st["attn_out"], w.norms["ffn"], residual=st["x"])
         return {"rel_err": _relerr(st["h2"], ref)}
     add("post_attention_norm", "common", post_norm, act_bytes * 2, check_post_norm)
-    bf16_proj("router_gate", w.gate, "h2", "router_logits")
+    router_gate("h2", "router_logits")
 
     def router_topk():
         # sqrtsoftplus + bias top-k + renormalise x routed scale, on the gate GEMM's bf16 logits

@@ -148,7 +148,7 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
                   f"after an L2 flush; a layer is one graph of all its stages (the layer µs and step figures), a "
                   f"stage its own one-call graph (the per-component µs, which therefore each carry one graph launch "
                   f"and sum to more than the layer). 'common' is the code both paths share (fused Triton norms, "
-                  f"router, SwiGLU of the shared expert and combine; torch bf16 compressor GEMMs). Bytes: what each "
+                  f"router, SwiGLU of the shared expert and combine; the router gate's torch bf16 GEMM). Bytes: what each "
                   f"piece must read in the checkpoint formats (FP8 + block scales, MXFP4 + E8M0, KV rows touched), the same figure for "
                   f"both paths; upstream actually reads more (bf16 wo_a and experts).", ""]
     lines += ["## What each path runs", "", "| component | plugin | upstream |", "|---|---|---|"]

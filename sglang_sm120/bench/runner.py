@@ -27,6 +27,7 @@ TOLERANCE = {
     (L.PLUGIN, "wo_a"): 2e-2, (L.UPSTREAM, "wo_a"): 2e-2,
     (L.PLUGIN, "moe"): 3e-2, (L.UPSTREAM, "moe"): 3e-2,
     (L.PLUGIN, "common"): 1e-2, (L.UPSTREAM, "common"): 1e-2,  # one bf16 rounding (router: fp32)
+    (L.PLUGIN, "bf16_linear"): 1e-2, (L.UPSTREAM, "bf16_linear"): 1e-2,  # fp32 out; weights_proj one bf16 rounding
 }
 # Under the CPU interpreter Triton's fp32 -> e4m3 cast drops the rounding carry (31.6 -> 16;
 # shared/reference/triton-on-sm120.md, triton#8322), which doubles upstream's activation-quantisation

@@ -52,6 +52,8 @@ NAMES = {
     "wo_a": "SGLang _apply_wo_a_bf16_matmul (bf16 einsum on dequantised wo_a)",
     "dense": "SGLang Triton per_token_group_quant + w8a8_block_fp8_matmul (default config)",
     "moe": "SGLang Triton fused_moe_kernel on bf16-dequantised experts",
+    "bf16_linear": "SGLang linear_bf16_fp32 (cuBLAS torch.mm, fp32 out) for the compressors, F.linear (cuBLAS, "
+                   "bf16) for weights_proj",
 }
 
 
@@ -227,6 +229,14 @@ def block_fp8_linear(ops: UpstreamOps, x: torch.Tensor, weight: torch.Tensor, sc
         xs.stride(-2), xs.stride(-1), scale.stride(1), scale.stride(0),
         needs_masking=bool(k % cfg["BLOCK_SIZE_K"]), **cfg)
     return out
+
+
+def linear_bf16_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """SGLang 0.5.23's default ``linear_bf16_fp32`` (sglang/kernels/ops/gemm/bf16_fp32.py,
+    ``_linear_bf16_fp32_cublas``): cuBLAS bf16 x bf16 -> float32 on CUDA, a float32 matmul elsewhere."""
+    if x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16:
+        return torch.mm(x, weight.t(), out_dtype=torch.float32)
+    return torch.mm(x.float(), weight.float().t())
 
 
 def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):

@@ -11,7 +11,7 @@ from sglang_sm120.bench import layer as L
 from sglang_sm120.bench import model, projection, report, runner, upstream_ops
 from sglang_sm120.kernels import dsv4
 
-REPLACED = {"dense", "attention", "indexer", "wo_a", "moe"}
+REPLACED = {"dense", "attention", "indexer", "wo_a", "moe", "bf16_linear"}
 COMMON_CHECKED = {"input_norm", "q_norm", "q_head_norm", "post_attention_norm", "router_topk", "shared_act", "combine"}
 
 
