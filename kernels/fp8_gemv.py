@@ -784,9 +784,9 @@ def _block_fp8_gemv_fp8mma_kernel(
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
 
-    W_BEFORE_WAIT > 0 (GemvConfig.w_before_wait; the launch guarantees a split of exactly K_UNROLL blocks): the
-    one-shot program of _fp8mma_one_shot_item, the weight tiles and scales of the split's first W_BEFORE_WAIT blocks
-    loaded before the PDL wait.
+    W_BEFORE_WAIT (GemvConfig.w_before_wait; the launch guarantees a split of exactly K_UNROLL = ONE_SHOT_BLOCKS
+    blocks): the one-shot program of _fp8mma_one_shot_item, block 0's weight tile and scale loaded before the PDL
+    wait.
 
     The FP8 weight tile is the MMA's M side, as loaded (no conversion); the N side is 2*BLOCK_M columns:
     column j < BLOCK_M holds row j's hi term, column BLOCK_M + j its lo term (both e4m3, split in
@@ -815,11 +815,12 @@ def _block_fp8_gemv_fp8mma_kernel(
                                         k_blocks_per_split, BLOCK_N, BLOCK_K, L2_PREFETCH_BLOCKS, PDL,
                                         PDL_LATE_TRIGGER, PERSISTENT, not W_BEFORE_WAIT)
     if W_BEFORE_WAIT:
+        tl.static_assert(K_UNROLL == ONE_SHOT_BLOCKS and JOIN and not CHAIN)
         _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, M, N, K,
                               stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                               stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
-                              BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, INV_ROPE, HEAD, ROPE, PDL,
-                              PDL_LATE_TRIGGER, SPLIT_SUM_BATCH, ROPE_HOIST, W_BEFORE_WAIT, INLINE_PTX)
+                              BLOCK_M, BLOCK_N, BLOCK_K, IS_SPLIT, INV_ROPE, HEAD, ROPE, PDL,
+                              PDL_LATE_TRIGGER, SPLIT_SUM_BATCH, ROPE_HOIST, INLINE_PTX)
     elif PERSISTENT:
         num_items = tiles_per_group * num_splits * num_groups
         for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), flatten=FLATTEN,
@@ -969,9 +970,11 @@ def _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partia
                             num_splits, BLOCK_M, BLOCK_N, SPLIT_SUM_BATCH)
 
 
-# One-shot FP8 tensor-core program with its weight loaded before the PDL wait (GemvConfig.w_before_wait): a split of
-# K_UNROLL blocks, each block's weight tile and scale its own variables (Triton has no indexing into a register tensor).
-ONE_SHOT_WAIT_UNROLLS = (1, 2, 4, 8)
+# One-shot FP8 tensor-core program with block 0's weight loaded before the PDL wait (GemvConfig.w_before_wait): a split
+# of ONE_SHOT_BLOCKS 128-blocks; each block's activation rows its own variable (Triton has no indexing into a register
+# tensor), selected per unrolled block at compile time. Runs 19 / 20: 2 or 4 blocks before the wait, wq_b's 8-block
+# split and 64-column tiles lost; they and the untimed 1- / 2-block splits were removed.
+ONE_SHOT_BLOCKS = tl.constexpr(4)
 
 
 @triton.jit
@@ -1010,14 +1013,14 @@ def _register_barrier(w, INLINE_PTX: tl.constexpr):
 
 @triton.jit
 def _one_shot_block(acc, w, w_scale, x, u: tl.constexpr, partner, cos, signed_sin, rope_mask,
-                    LAST_ROTATED: tl.constexpr, K_UNROLL: tl.constexpr, INLINE_PTX: tl.constexpr, PRE: tl.constexpr):
+                    LAST_ROTATED: tl.constexpr, INLINE_PTX: tl.constexpr):
     """acc + one 128-block's FP8 MMA: activation rows ``x`` split into joined hi / lo e4m3 columns, the product
-    scaled per column. LAST_ROTATED: block u = K_UNROLL - 1 is the split's rope block, rotated here from its
-    preloaded ``partner`` and factors (its loads were issued blocks earlier). Blocks u < PRE (loaded before the PDL
-    wait) pass their weight through _register_barrier."""
-    if LAST_ROTATED and u == K_UNROLL - 1:
+    scaled per column. LAST_ROTATED: the last block is the split's rope block, rotated here from its preloaded
+    ``partner`` and factors (its loads were issued blocks earlier). Block 0 (loaded before the PDL wait) passes its
+    weight through _register_barrier."""
+    if LAST_ROTATED and u == ONE_SHOT_BLOCKS - 1:
         x = _rotate_rope_pairs(x, partner, cos, signed_sin, rope_mask)
-    if u < PRE:
+    if u == 0:
         w = _register_barrier(w, INLINE_PTX)
     q, x_scale = _split_activation_joined(x.to(tl.float32))
     return acc + tl.dot(w, tl.trans(q)) * (x_scale * w_scale)[None, :]
@@ -1028,18 +1031,14 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
                           stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                           stride_freq, k_blocks_per_split, num_splits, tiles_per_group, pid, pid_k, pid_g,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          K_UNROLL: tl.constexpr, IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
+                          IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
                           ROPE: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
-                          SPLIT_SUM_BATCH: tl.constexpr, ROPE_HOIST: tl.constexpr, W_BEFORE_WAIT: tl.constexpr,
-                          INLINE_PTX: tl.constexpr):
-    """_fp8mma_item's joined, unchained form as one program per split of K_UNROLL blocks, whose weight tiles and
-    scales (constants of the model) are all loaded into registers before the PDL wait: with PDL the weight stream
-    starts while the previous kernel drains. After the wait: the activation loads of every block, then the MMAs in
-    block order. ROPE_PRELOAD: the split is one head, its last block the rope block; the position -> cos / sin gather
-    is issued after the first block's MMA and the rotation done just before the last, off the other blocks' path."""
-    tl.static_assert(K_UNROLL == 1 or K_UNROLL == 2 or K_UNROLL == 4 or K_UNROLL == 8)
-    PRE: tl.constexpr = W_BEFORE_WAIT if W_BEFORE_WAIT < K_UNROLL else K_UNROLL
-    tl.static_assert(PRE == 1 or PRE == 2 or PRE == 4 or PRE == 8)
+                          SPLIT_SUM_BATCH: tl.constexpr, ROPE_HOIST: tl.constexpr, INLINE_PTX: tl.constexpr):
+    """_fp8mma_item's joined, unchained form as one program per split of ONE_SHOT_BLOCKS blocks, block 0's weight tile
+    and scale (constants of the model) loaded into registers before the PDL wait: with PDL the weight stream starts
+    while the previous kernel drains. After the wait: the activation loads of every block, then per block in order its
+    weight load and its MMA. ROPE_PRELOAD: the split is one head, its last block the rope block; the position -> cos /
+    sin gather is issued after block 0's MMA and the rotation done just before the last, off the other blocks' path."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     TWO_M: tl.constexpr = 2 * BLOCK_M
     LAST_ROTATED: tl.constexpr = INV_ROPE and ROPE_HOIST == ROPE_PRELOAD
@@ -1058,22 +1057,8 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
     kb_end = tl.minimum(kb0 + k_blocks_per_split, tl.cdiv(K, BLOCK_K))
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
 
-    # blocks 0..PRE-1 before the PDL wait; the others in block order after it, where ptxas hoists them as far as
-    # registers allow (as in _fp8mma_item's one-shot loop)
     w0, ws0 = _one_shot_weight(w_rows, s_row, kb0, kb_end, k_stop, rk, n_mask, BLOCK_K)
-    w1, ws1, w2, ws2, w3, ws3 = w0, ws0, w0, ws0, w0, ws0
-    w4, ws4, w5, ws5, w6, ws6, w7, ws7 = w0, ws0, w0, ws0, w0, ws0, w0, ws0
-    if PRE > 1:
-        w1, ws1 = _one_shot_weight(w_rows, s_row, kb0 + 1, kb_end, k_stop, rk, n_mask, BLOCK_K)
-    if PRE > 2:
-        w2, ws2 = _one_shot_weight(w_rows, s_row, kb0 + 2, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        w3, ws3 = _one_shot_weight(w_rows, s_row, kb0 + 3, kb_end, k_stop, rk, n_mask, BLOCK_K)
-    if PRE > 4:
-        w4, ws4 = _one_shot_weight(w_rows, s_row, kb0 + 4, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        w5, ws5 = _one_shot_weight(w_rows, s_row, kb0 + 5, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        w6, ws6 = _one_shot_weight(w_rows, s_row, kb0 + 6, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        w7, ws7 = _one_shot_weight(w_rows, s_row, kb0 + 7, kb_end, k_stop, rk, n_mask, BLOCK_K)
-    _pdl_wait(PDL)  # the weight loads above are in flight while the previous kernel drains
+    _pdl_wait(PDL)  # block 0's weight loads are in flight while the previous kernel drains
 
     freq_rows = freqs_ptr
     cos = tl.full((BLOCK_M, BLOCK_K), 1.0, tl.float32)
@@ -1087,70 +1072,33 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
         if ROPE_HOIST == ROPE_FACTORS_HOISTED:
             cos, signed_sin, is_rope = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE,
                                                            BLOCK_K)
-    x0 = _one_shot_x(x_rows, freq_rows, kb0, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
-                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
-    x1, x2, x3, x4, x5, x6, x7 = x0, x0, x0, x0, x0, x0, x0
-    if K_UNROLL > 1:
-        x1 = _one_shot_x(x_rows, freq_rows, kb0 + 1, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
-                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
-    if K_UNROLL > 2:
-        x2 = _one_shot_x(x_rows, freq_rows, kb0 + 2, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
-                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
-        x3 = _one_shot_x(x_rows, freq_rows, kb0 + 3, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
-                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
-    if K_UNROLL > 4:
-        x4 = _one_shot_x(x_rows, freq_rows, kb0 + 4, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
-                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
-        x5 = _one_shot_x(x_rows, freq_rows, kb0 + 5, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
-                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
-        x6 = _one_shot_x(x_rows, freq_rows, kb0 + 6, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
-                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
-        x7 = _one_shot_x(x_rows, freq_rows, kb0 + 7, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE,
-                         ROPE_HOIST, HEAD, ROPE, BLOCK_K)
+    x0 = _one_shot_x(x_rows, freq_rows, kb0, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE, ROPE_HOIST,
+                     HEAD, ROPE, BLOCK_K)
+    x1 = _one_shot_x(x_rows, freq_rows, kb0 + 1, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE, ROPE_HOIST,
+                     HEAD, ROPE, BLOCK_K)
+    x2 = _one_shot_x(x_rows, freq_rows, kb0 + 2, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE, ROPE_HOIST,
+                     HEAD, ROPE, BLOCK_K)
+    x3 = _one_shot_x(x_rows, freq_rows, kb0 + 3, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE, ROPE_HOIST,
+                     HEAD, ROPE, BLOCK_K)
     if LAST_ROTATED:  # the rope block's pair partners: in flight with the other activation loads
         k_last = (kb_end - 1) * BLOCK_K + rk
         is_rope = rk >= BLOCK_K - ROPE  # the head's last ROPE dims (rope_preloadable)
         rope_mask = x_valid[:, None] & (is_rope & (k_last < k_stop))[None, :]
         partner = tl.load(x_rows + (k_last ^ 1)[None, :], mask=rope_mask, other=0.0).to(tl.float32)
-        if K_UNROLL == 1:
-            cos, signed_sin, _ = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE, BLOCK_K)
 
     acc = tl.zeros((BLOCK_N, TWO_M), tl.float32)
-    acc = _one_shot_block(acc, w0, ws0, x0, 0, partner, cos, signed_sin, rope_mask, LAST_ROTATED, K_UNROLL,
-                          INLINE_PTX, PRE)
-    if LAST_ROTATED and K_UNROLL > 1:  # the cos / sin gather, once the position has arrived; rotated at block L
+    acc = _one_shot_block(acc, w0, ws0, x0, 0, partner, cos, signed_sin, rope_mask, LAST_ROTATED, INLINE_PTX)
+    if LAST_ROTATED:  # the cos / sin gather, once the position has arrived; rotated at the last block
         cos, signed_sin, _ = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE, BLOCK_K)
-    if K_UNROLL > 1:
-        if PRE <= 1:
-            w1, ws1 = _one_shot_weight(w_rows, s_row, kb0 + 1, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        acc = _one_shot_block(acc, w1, ws1, x1, 1, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
-                              K_UNROLL, INLINE_PTX, PRE)
-    if K_UNROLL > 2:
-        if PRE <= 2:
-            w2, ws2 = _one_shot_weight(w_rows, s_row, kb0 + 2, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        acc = _one_shot_block(acc, w2, ws2, x2, 2, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
-                              K_UNROLL, INLINE_PTX, PRE)
-        if PRE <= 3:
-            w3, ws3 = _one_shot_weight(w_rows, s_row, kb0 + 3, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        acc = _one_shot_block(acc, w3, ws3, x3, 3, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
-                              K_UNROLL, INLINE_PTX, PRE)
-    if K_UNROLL > 4:
-        if PRE <= 4:
-            w4, ws4 = _one_shot_weight(w_rows, s_row, kb0 + 4, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        acc = _one_shot_block(acc, w4, ws4, x4, 4, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
-                              K_UNROLL, INLINE_PTX, PRE)
-        if PRE <= 5:
-            w5, ws5 = _one_shot_weight(w_rows, s_row, kb0 + 5, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        acc = _one_shot_block(acc, w5, ws5, x5, 5, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
-                              K_UNROLL, INLINE_PTX, PRE)
-        if PRE <= 6:
-            w6, ws6 = _one_shot_weight(w_rows, s_row, kb0 + 6, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        acc = _one_shot_block(acc, w6, ws6, x6, 6, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
-                              K_UNROLL, INLINE_PTX, PRE)
-        if PRE <= 7:
-            w7, ws7 = _one_shot_weight(w_rows, s_row, kb0 + 7, kb_end, k_stop, rk, n_mask, BLOCK_K)
-        acc = _one_shot_block(acc, w7, ws7, x7, 7, partner, cos, signed_sin, rope_mask, LAST_ROTATED,
-                              K_UNROLL, INLINE_PTX, PRE)
+    for u in tl.static_range(1, ONE_SHOT_BLOCKS):  # blocks 1..3: weight load, then MMA, in block order
+        w, ws = _one_shot_weight(w_rows, s_row, kb0 + u, kb_end, k_stop, rk, n_mask, BLOCK_K)
+        if u == 1:
+            x = x1
+        elif u == 2:
+            x = x2
+        else:
+            x = x3
+        acc = _one_shot_block(acc, w, ws, x, u, partner, cos, signed_sin, rope_mask, LAST_ROTATED, INLINE_PTX)
     _pdl_launch_dependents(PDL and PDL_LATE_TRIGGER)
     _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partial_ptr, counter_ptr, pid, pid_k, pid_g,
                   num_splits, tiles_per_group, BLOCK_M, BLOCK_N, IS_SPLIT, SPLIT_SUM_BATCH)
@@ -1163,6 +1111,7 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
 
 ROWS_FORM_BLOCK_M = (1, 2, 4, 8)
 FP8_MMA_BLOCK_M = (8, 16)
+MIN_MAX_REGISTERS, MAX_REGISTERS = 24, 255  # ptxas' range for .maxnreg
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1223,11 +1172,15 @@ class GemvConfig:
     # FP8 tensor-core form with the fused inverse RoPE where every K split is one head (rope_preloadable): the split's
     # rotated rope block is loaded before the K loop and selected in it; elsewhere as rope_hoist
     rope_preload: bool = False
-    # FP8 tensor-core one-shot program (joined, unchained, 1 stage, plain loads, not persistent; k_unroll in
-    # ONE_SHOT_WAIT_UNROLLS): where a launch's K split is exactly k_unroll blocks, the weight tiles and scales of the
-    # split's first w_before_wait blocks (a power of two; all of them if more) are loaded into registers before the PDL
-    # wait, the others right after it (_fp8mma_one_shot_item); 0: off; elsewhere the form is unchanged
+    # FP8 tensor-core one-shot program (joined, unchained, 1 stage, plain loads, not persistent, k_unroll
+    # ONE_SHOT_BLOCKS): 1 = where a launch's K split is exactly k_unroll blocks, block 0's weight tile and scale are
+    # loaded into registers before the PDL wait, the others in block order after it (_fp8mma_one_shot_item); 0: off;
+    # elsewhere the form is unchanged (runs 19 / 20: more blocks before the wait lost)
     w_before_wait: int = 0
+    # ptxas register cap per thread (Triton's maxnreg; 0: none): a program that fits the cap keeps one more program per
+    # SM where its natural count would not (sm_90a: 128 registers x 4 warps = 4 programs per SM); ptxas spills what
+    # does not fit to local memory
+    max_registers: int = 0
 
     def __post_init__(self):
         if (self.rows_form and (self.use_dot or self.block_m not in ROWS_FORM_BLOCK_M or self.rope_hoist)) or (
@@ -1258,12 +1211,12 @@ class GemvConfig:
             raise ValueError(f"config: one_chunk needs the rows form with prefetch; got {self}")
         one_shot_fp8 = (self.fp8_mma and self.fp8_join and not self.fp8_chain and self.num_stages == 1
                         and not self.w_tma and not self.persistent_programs_per_sm
-                        and self.k_unroll in ONE_SHOT_WAIT_UNROLLS)
-        if self.w_before_wait < 0 or self.w_before_wait & (self.w_before_wait - 1) or (
-                self.w_before_wait and not one_shot_fp8):
-            raise ValueError(f"config: w_before_wait (a power of two or 0) needs the joined, unchained fp8_mma form "
-                             f"with num_stages=1, no w_tma, not persistent, k_unroll in {ONE_SHOT_WAIT_UNROLLS}; "
-                             f"got {self}")
+                        and self.k_unroll == ONE_SHOT_BLOCKS.value)
+        if self.w_before_wait not in (0, 1) or (self.w_before_wait and not one_shot_fp8):
+            raise ValueError(f"config: w_before_wait (0 or 1) needs the joined, unchained fp8_mma form with "
+                             f"num_stages=1, no w_tma, not persistent, k_unroll {ONE_SHOT_BLOCKS.value}; got {self}")
+        if self.max_registers and not MIN_MAX_REGISTERS <= self.max_registers <= MAX_REGISTERS:
+            raise ValueError(f"config: max_registers 0 or in [{MIN_MAX_REGISTERS}, {MAX_REGISTERS}]; got {self}")
 
     @property
     def weight_tile_k(self) -> int:
@@ -1286,6 +1239,7 @@ class GemvConfig:
         extra += (f"_sb{self.split_sum_batch}" if self.split_sum_batch > 1 else "") + ("_oc" if self.one_chunk else "")
         extra += ("_rh" if self.rope_hoist else "") + ("_rp" if self.rope_preload else "")
         extra += f"_ww{self.w_before_wait}" if self.w_before_wait else ""
+        extra += f"_r{self.max_registers}" if self.max_registers else ""
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -1514,7 +1468,16 @@ def _default_config(m: int, n: int, k: int, groups: int, one_chunk_rule: bool) -
           and groups * n * k >= PERSISTENT_FMA_MIN_WEIGHT_BYTES):
         cfg = dataclasses.replace(cfg, block_n=TMA_FMA_BLOCK_N, w_tma=True,
                                   persistent_programs_per_sm=PERSISTENT_FMA_PROGRAMS_PER_SM)
+    elif USE_W_BEFORE_WAIT and _one_shot_split(cfg, k):
+        cfg = dataclasses.replace(cfg, w_before_wait=ONE_SHOT_W_BEFORE_WAIT, **WO_A_ONE_SHOT)
     return cfg
+
+
+def _one_shot_split(cfg: GemvConfig, k: int) -> bool:
+    """Whether ``cfg`` is the 128-column FP8 tile with PDL at a K split of WO_A_ONE_SHOT_K_BLOCKS blocks, where the
+    one-shot program (WO_A_ONE_SHOT) was measured (wo_a / wo_b at T=1, 2..8 rows)."""
+    return (cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"] and cfg.split_k > 1
+            and triton.cdiv(k, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k)
 
 
 # wo_a with the fused inverse RoPE (grouped_fp8_wo_a with positions), H200 runs 11 / 11b, against default_config's
@@ -1551,9 +1514,37 @@ WO_A_ROPE_FP8_MMA_WARPS = 4
 #   run the same 8-row tile and grid (not timed);
 # * T=2 (the 8-warp FP8 tile without PDL, 3..8 rows): the rope block preloaded, 11.54 / 11.79 us at 4 / 8 rows against
 #   11.85 / 12.19 (0.974 / 0.967x). The dense seam fuses the RoPE at T=2 only at 1..2 rows (rows / FMA forms).
-WO_A_ONE_SHOT_MAX_ROWS = 4
-WO_A_ONE_SHOT_K_BLOCKS = 4  # K blocks per split where the one-shot program was measured (K 4096, split 8)
+WO_A_ONE_SHOT_MAX_ROWS = 4  # run 15b's plain one-shot (before run 19; USE_W_BEFORE_WAIT = False)
+WO_A_ONE_SHOT_K_BLOCKS = ONE_SHOT_BLOCKS.value  # K blocks per split where the one-shot was measured (K 4096, split 8)
 WO_A_ONE_SHOT = dict(num_warps=4, k_unroll=WO_A_ONE_SHOT_K_BLOCKS, num_stages=1, split_sum_batch=8)
+# The one-shot program with its first block's weight tile and scale loaded before the PDL wait
+# (GemvConfig.w_before_wait = 1), H200 run 19 (benchmarks/fp8_gemv-h200-run19-summary.md, copy 4139.6 GB/s, T=1),
+# each beside the default of the time in the same graph-timed harness: without the RoPE, wo_a (split 8) 11.60 / 11.80
+# / 12.44 us at 2 / 4 / 8 rows against 12.84 / 13.00 / 13.82, wo_b (split 16) 11.96 / 12.93 at 2 / 8 rows against
+# 14.01 / 14.20 (0.85-0.91x); 3 and 5..7 rows run the same tile and grid (not timed). At 1 row the FMA tile stays
+# (wo_a 11.38 against 11.53, under the 2 % bar; wo_b 11.84 against 11.63). 2 and 4 blocks before the wait lost by
+# 3-4.5 us (sm_90a: 149-217 registers, under 4 programs per SM: 512 programs take two waves), as did 64-column tiles
+# (1024 programs) and 8 warps; wq_b's 64-column program over 8 blocks lost at every count (14.56-16.18 us against
+# 10.92 / 13.54 at 1 / 8 rows).
+USE_W_BEFORE_WAIT = True  # False: default_config / wo_a_config as before run 19
+ONE_SHOT_W_BEFORE_WAIT = 1
+# With the fused RoPE, H200 runs 19 / 20 (benchmarks/fp8_gemv-h200-run20-summary.md, copy 4173.6 GB/s, T=1): that
+# program with the rope block preloaded (its cos / sin gathered after block 0's MMA) takes 144 registers on sm_90a
+# (Triton 3.6), 3 programs per SM, so 512 programs run in two waves: 16.82 / 17.19 / 17.45 us at 2 / 4 / 8 rows. Capped
+# at 128 registers (GemvConfig.max_registers; ptxas spills 16-20 B) it runs in one wave: 12.95 / 13.39 / 14.05 us
+# against the rp one-shot's 13.55 / 13.89 / 14.69 (0.956 / 0.964 / 0.956x). At 1 row it lost (12.83 against the FMA
+# tile's 12.37). The cap is the one-wave bound of the launch on the device (one_wave_registers), not a constant.
+WO_A_ROPE_W_BEFORE_WAIT = 1
+REGISTERS_PER_SM = 64 * 1024  # sm_90 and sm_120 alike
+REGISTER_ALLOCATION_UNIT = 8  # ptxas allocates registers per thread in multiples of 8
+
+
+def one_wave_registers(programs: int, num_warps: int, sms: int) -> int:
+    """The most registers per thread (GemvConfig.max_registers) at which ``programs`` programs of ``num_warps`` warps
+    all fit on ``sms`` SMs at once; 0 (no cap) where that bound is above ptxas' maximum."""
+    per_sm = -(-programs // sms)
+    regs = REGISTERS_PER_SM // (per_sm * num_warps * 32) // REGISTER_ALLOCATION_UNIT * REGISTER_ALLOCATION_UNIT
+    return 0 if regs > MAX_REGISTERS else max(MIN_MAX_REGISTERS, regs)
 
 
 def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvConfig:
@@ -1569,12 +1560,17 @@ def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvCo
     one_shot = (wide_pdl_tile and cfg.split_k > 1
                 and triton.cdiv(d, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k)
     if not fused_rope:
-        if one_shot and b <= WO_A_ONE_SHOT_MAX_ROWS:
+        if one_shot and not USE_W_BEFORE_WAIT and b <= WO_A_ONE_SHOT_MAX_ROWS:  # run 15b's one-shot, before run 19
             return dataclasses.replace(cfg, **WO_A_ONE_SHOT)
-        return cfg
+        return cfg  # run 19: default_config's one-shot program with its first block before the wait
     # runs 17 / 17b: the one-shot program (2..8 rows) and the FP8 tile without PDL (T=2) with the rope block preloaded
     if one_shot:
-        return dataclasses.replace(cfg, rope_preload=True, **WO_A_ONE_SHOT)
+        cfg = dataclasses.replace(cfg, rope_preload=True, w_before_wait=WO_A_ROPE_W_BEFORE_WAIT if USE_W_BEFORE_WAIT
+                                  else 0, **WO_A_ONE_SHOT)
+        if cfg.w_before_wait:  # run 20: capped to fit every program at once
+            programs = groups * triton.cdiv(r, cfg.block_n) * triton.cdiv(b, cfg.block_m) * cfg.split_k
+            cfg = dataclasses.replace(cfg, max_registers=one_wave_registers(programs, cfg.num_warps, sm_count()))
+        return cfg
     if cfg.fp8_mma and not cfg.pdl:
         return dataclasses.replace(cfg, rope_preload=True)
     if not USE_TMA:
@@ -1687,6 +1683,8 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     w_desc = _weight_descriptor(w3, cfg) if w_tma else w3
     # W_TMA: 0 (plain loads) or the number of shared-memory buffers the K loop pipelines the TMA copies through
     launch_args["W_TMA"] = cfg.num_stages if w_tma else 0
+    if cfg.max_registers:
+        launch_args["maxnreg"] = cfg.max_registers
     if cfg.rows_form:
         _block_fp8_gemv_rows_kernel[grid](
             x3, w3, s3, y3, partial, counters, pos, fr, w_desc,
@@ -1975,19 +1973,24 @@ _ONE_CHUNK_FORMS = tuple(
                                      (512, 32, 4, (False,)), (256, 32, 4, (False,)))
     for rope in ropes)
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
-_WO_A_SEAM_ONE_SHOT = GemvConfig(FP8_MMA_BLOCK_ROWS, FP8_MMA_WIDE["block_n"], 4, True, pdl=True, fp8_mma=True,
-                                 fp8_join=True, rope_preload=True, **WO_A_ONE_SHOT)
-# candidates compiled for sm_120a / sm_121a, no default uses them (tools/device_fp8_gemv.py --run19-sweep): the
-# one-shot FP8 program with its first 1 / 2 / 4 blocks' weight loaded before the PDL wait (wo_a's seam form, wo_b's
-# split 16 compiles the same), and wq_b's 64-column program over 8 blocks
-CANDIDATE_FORMS = tuple((dataclasses.replace(_WO_A_SEAM_ONE_SHOT, w_before_wait=pre, rope_preload=rope), rope)
-                        for pre in (1, 2, 4) for rope in (False, True)) + tuple(
-    (GemvConfig(FP8_MMA_BLOCK_ROWS, FP8_MMA_NARROW["block_n"], 1, True, k_unroll=8, num_stages=1, pdl=True,
-                fp8_mma=True, fp8_join=True, w_before_wait=pre), False) for pre in (2, 8))
+# run 19 / 20: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a / wo_b at
+# T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded) under the register cap
+# wo_a_config computes for one wave (one_wave_registers): 128 on the H200 and a 170-SM RTX 5090, 168 on a 188-SM RTX
+# PRO 6000 (above sm_120a's natural count: the same code as uncapped)
+_W_BEFORE_WAIT_ONE_SHOT = GemvConfig(FP8_MMA_BLOCK_ROWS, FP8_MMA_WIDE["block_n"], 4, True, pdl=True, fp8_mma=True,
+                                     fp8_join=True, w_before_wait=1, **WO_A_ONE_SHOT)
+_W_BEFORE_WAIT_FORMS = ((_W_BEFORE_WAIT_ONE_SHOT, False),) + tuple(
+    (dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True, max_registers=cap), True) for cap in (128, 168))
+SHIPPED_FORMS += _W_BEFORE_WAIT_FORMS
+
+
+# a register-capped form (GemvConfig.max_registers) trades a few spilled bytes (local memory, L1-resident) for one
+# more program per SM; run 20's capped wo_a + RoPE program spilled 16-20 B on sm_90a and won
+CAPPED_MAX_SPILL_BYTES = 64
 
 
 def aot_configs() -> list[AotConfig]:
-    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS + CANDIDATE_FORMS]
+    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS]
 
 
 _AOT_SIGNATURE = {
@@ -2075,6 +2078,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
             # stage (no pipeline) by 16-byte loads into registers
             expect_opcodes=("QMMA.16832.F32.E4M3.E4M3", "LDGSTS.E.BYPASS.128" if cfg.num_stages > 1 else "LDG.E.128"),
             forbid_opcodes=("HMMA.16816.F32.BF16",),
+            max_registers=cfg.max_registers, max_spill_bytes=CAPPED_MAX_SPILL_BYTES if cfg.max_registers else 0,
         )
     return AotConfig(
         name=name, kernel=_block_fp8_gemv_kernel, signature=_AOT_SIGNATURE,

@@ -151,8 +151,10 @@ def test_wo_a_config_with_fused_rope_where_measured_faster(monkeypatch):
     hoisted (runs 17 / 17b), at T = 2 / 4 on 64-column FMA tiles with plain loads (not T=8); 2..8 rows at T=1 on the
     one-shot FP8 tile with the rope block preloaded (run 17b), 3..8 rows at T=2 on default_config's FP8 tile with it;
     without it, at T=1 the one-shot FP8 tile at 2..4 rows (runs 15 / 15b), else default_config. (Without the one-chunk
-    rule of runs 18 / 18b: test_fp8_gemv_one_chunk.py.)"""
+    rule of runs 18 / 18b: test_fp8_gemv_one_chunk.py; the one-shot program with block 0 before the PDL wait of runs
+    19 / 20, which replaces the T=1 2..8-row forms: test_fp8_gemv_w_before_wait.py.)"""
     monkeypatch.setattr(g, "USE_ONE_CHUNK", False)
+    monkeypatch.setattr(g, "USE_W_BEFORE_WAIT", False)
     cfg = g.wo_a_config(1, 1024, 4096, 8, fused_rope=True)
     assert cfg == dataclasses.replace(g.default_config(1, 1024, 4096, 8), rope_hoist=True) and cfg.w_tma
     for groups in (4, 2):
