@@ -33,8 +33,12 @@ MAX_ROWS = 8
 ROW_BLOCKS = (1, 2, 4, 8)
 # float32 products of one K step held per thread (block_m * block_n * block_k / threads)
 PRODUCT_ELEMENTS_PER_THREAD = 64
-# the one-row form at 64 (1 x 4 x 2048) stops at 128 registers with 8 bytes of spills on sm_120a (ptxas 12.8+)
+# the one-row form at 64 (1 x 4 x 2048 on 4 warps) stops at 128 registers with 8 bytes of spills on sm_120a
 ONE_ROW_PRODUCT_ELEMENTS_PER_THREAD = 32
+# ... so one-row tiles of 4+ weight rows run on 8 warps: the 2048-wide K step then fits (72 registers), where
+# a 1024 step on 4 warps lost 6.13 -> 9.08 us on [2048, 4096] (H200 run 3)
+ONE_ROW_WIDE_MIN_BLOCK_N = 4
+ONE_ROW_WIDE_WARPS = 8
 MAX_BLOCK_K = 2048
 LOAD_ELEMENTS = 8  # bf16 values in one 16-byte load
 NUM_WARPS = 4
@@ -131,11 +135,12 @@ MEASURED_BLOCK_N = {
 def tile(block_m: int, block_n: int, k: int, pdl: bool = False) -> Bf16GemvConfig:
     """``block_m`` x ``block_n`` with the longest K step that keeps the per-thread product within budget and
     gives every thread at least one 16-byte weight load per step."""
-    threads = 32 * NUM_WARPS
+    num_warps = ONE_ROW_WIDE_WARPS if block_m == 1 and block_n >= ONE_ROW_WIDE_MIN_BLOCK_N else NUM_WARPS
+    threads = 32 * num_warps
     budget = (ONE_ROW_PRODUCT_ELEMENTS_PER_THREAD if block_m == 1 else PRODUCT_ELEMENTS_PER_THREAD) * threads
     min_block_k = LOAD_ELEMENTS * threads // block_n
     block_k = max(min_block_k, min(MAX_BLOCK_K, triton.next_power_of_2(k), budget // (block_m * block_n)))
-    return Bf16GemvConfig(block_m, block_n, block_k, pdl=pdl)
+    return Bf16GemvConfig(block_m, block_n, block_k, num_warps=num_warps, pdl=pdl)
 
 
 def default_config(m: int, n: int, k: int, sms: int = DEFAULT_SM_COUNT, pdl: bool = False) -> Bf16GemvConfig:

@@ -44,6 +44,8 @@ def variants(g, m, n, k, sms, pdl):
             out[f"n{block_n}"] = g.tile(base.block_m, block_n, k, pdl)
     if base.block_k < min(g.MAX_BLOCK_K, k):  # the longer K step (one-row forms: spills on sm_120a, not on sm_90)
         out["k2x"] = dataclasses.replace(base, block_k=2 * base.block_k)
+    if base.num_warps != g.NUM_WARPS:  # the one-row 8-warp tile on 4 warps (spills on sm_120a, not on sm_90)
+        out["w4"] = dataclasses.replace(base, num_warps=g.NUM_WARPS)
     if pdl:
         out["nopdl"] = dataclasses.replace(base, pdl=False)
     return out

@@ -130,6 +130,8 @@ def test_tile_rule(name, rows, sms):
     n, k = BF16_LINEAR_SHAPES[name]
     cfg = g.default_config(rows, n, k, sms)
     threads = 32 * cfg.num_warps
+    assert cfg.num_warps == (g.ONE_ROW_WIDE_WARPS if cfg.block_m == 1 and cfg.block_n >= g.ONE_ROW_WIDE_MIN_BLOCK_N
+                             else g.NUM_WARPS)
     assert cfg.block_m >= rows and cfg.block_m in g.ROW_BLOCKS
     assert cfg.block_n * cfg.block_k >= g.LOAD_ELEMENTS * threads, "less than one 16-byte load per thread"
     per_thread = g.ONE_ROW_PRODUCT_ELEMENTS_PER_THREAD if cfg.block_m == 1 else g.PRODUCT_ELEMENTS_PER_THREAD
