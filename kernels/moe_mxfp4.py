@@ -98,7 +98,9 @@ rows / 2 warps and MMAs of 128 was the default at T = 1 / 4, B = 48..256 (1.035-
 ``benchmarks/moe_mxfp4-h200-run18-summary.md``). Runs 20 / 20b (``PairsConfig(block_m=8)``: 8 routed rows per MMA pass,
 64 weight rows per 2-warp program): at T = 1 / 4, B = 16..256 the tiles of :data:`PAIRS_TMA_ROWS_WHERE`, 1.05-1.49x
 over the defaults they replaced (the fp16 GEMV at B = 16..32; T=1 B=64 1089.6 -> 878.4 us;
-``benchmarks/moe_mxfp4-h200-run20-summary.md``).
+``benchmarks/moe_mxfp4-h200-run20-summary.md``). Run 21: the same decode at T=1 B = 12..15 and, with 16 routed rows per
+pass in both launches, past B = 256 up to :data:`PAIRS_MAX_ROWS` (640 tokens) at T = 1 / 4, where the tl.dot decode and
+the grouped GEMM ran (1.17-2.59x; ``benchmarks/moe_mxfp4-h200-run21-summary.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
@@ -114,7 +116,8 @@ too-small grid: even split 2-4x the decode stays at 10-31 % of the copy bandwidt
 
 The same kernels serve decode (``BLOCK_M`` 16: every weight byte read once per step) and prefill
 (``BLOCK_M`` 128/64: a grouped GEMM, weights re-read from L2 per row block). Routing: one Triton
-program up to ``ROUTE_TRITON_MAX_ROWS`` routed rows, a torch sort beyond (prefill).
+program up to ``ROUTE_TRITON_MAX_ROWS`` routed rows, a torch sort beyond (prefill); the pairs decode's routing launch
+sorts up to ``PAIRS_MAX_ROWS`` in one program.
 Weight upcast (``upcast``, :data:`UPCASTS`): ``split_bf16`` -- :func:`_dequant_nibble_tiles` builds the
 low nibbles (even k) and high nibbles (odd k) as two bf16 tiles with a few integer ops and two packed
 bf16 multiplies per pair of values and multiplies them with the even and odd activation columns, so
@@ -1806,8 +1809,9 @@ def default_upcast(num_rows: int, inter: int, tma: bool = True) -> str:
     says the operands allow its TMA-fed form, :data:`PAIRS_DEFAULT_WHERE`, :data:`GEMV_DEFAULT_WHERE`), else
     :func:`default_gemm_upcast`; first the TMA pairs decode where ``tma`` and :data:`PAIRS_TMA_ROWS_WHERE` say, then
     the fp16 TMA GEMV where ``tma`` and :data:`GEMV_TMA_F16_WHERE` say; above DECODE_MAX_ROWS the prefill grouped
-    GEMM where :func:`moe_prefill.prefill_default` says."""
-    if num_rows > DECODE_MAX_ROWS:
+    GEMM where :func:`moe_prefill.prefill_default` says, except where the TMA pairs decode's table reaches (up to
+    :data:`PAIRS_MAX_ROWS`)."""
+    if num_rows > DECODE_MAX_ROWS and not (tma and pairs_rows_tiles(num_rows, inter)):
         from .moe_prefill import prefill_default  # moe_prefill builds on this module, so it is imported at call time
         if prefill_default(num_rows, inter):
             return PREFILL
@@ -2680,10 +2684,27 @@ PAIRS_TMA_ROWS8_TILES = (PairsConfig(32, 512, 2, block_m=8, sub_k=128, **_PAIRS_
                          PairsConfig(64, 512, 2, block_m=8, sub_k=128, **_PAIRS_M8))
 PAIRS_TMA_ROWS8_K256_TILES = (PairsConfig(32, 512, 2, block_m=8, sub_k=256, **_PAIRS_M8), PAIRS_TMA_ROWS8_TILES[1])
 PAIRS_TMA_ROWS16_GATE_UP_TILES = (PairsConfig(32, 512, 2, sub_k=128, **_PAIRS_M8), PAIRS_TMA_ROWS8_TILES[1])
-PAIRS_TMA_ROWS_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K, 255 * TOP_K, PAIRS_TMA_ROWS8_TILES),
+# Round 21 (benchmarks/moe_mxfp4-h200-run21-summary.md, H200 run 21, two scripts in one call, every row checked):
+# - T=1 B = 12 / 15 (the fp16 GEMV's until then): the 8-row tiles with 256-wide gate/up MMAs 270.2 / 330.3 vs 289.7 /
+#   354.3 us (1.072x / 1.073x; B = 13 / 14 between them take it, B = 9..11 are not measured and keep the GEMV); at T=4
+#   B = 12 / 15 they were 1.010x / 0.97x, the GEMV stays.
+# - B = 192 / 224 (the B = 128 tiles) and B = 256 unchanged: the other tile pairs 0.94-1.017x there.
+# - Past B = 256 up to PAIRS_MAX_ROWS (640 tokens) the pairs decode replaces the tl.dot decode (up to 2048 routed rows)
+#   and the grouped GEMM of kernels/moe_prefill.py (above), with the 64-row gate/up and a 64-row down tile both 16
+#   routed rows per pass (an expert gets 7-15 rows on average there): T=1 300 / 341 / 384 / 512 / 640 tokens 1292.1 /
+#   1338.1 / 1412.4 / 1649.3 / 1942.8 us against 2713.3 / 2787.3 (split_bf16) / 2484.7 / 2569.9 / 2530.0 (grouped
+#   GEMM), T=4 415.6 / 420.8 / 503.2 / 559.7 / 661.2 against 1075.7 / 1087.0 (regs) / 753.6 / 760.2 / 771.6 (1.17-2.59x);
+#   with the B = 256 tiles' 8-row down launch 1.01-1.12x slower. At 768 tokens (4608 rows) the pairs decode was 1.03x at
+#   T=1 (2499.0 vs 2575.0) but 0.90x at T=4 (890.3 vs 805.5), so the grouped GEMM keeps it; 3841..4607 not measured.
+PAIRS_MAX_ROWS = 640 * TOP_K  # routed rows up to which the pairs decode runs (its routing sorts them in one program)
+PAIRS_TMA_ROWS16_TILES = (PAIRS_TMA_ROWS16_GATE_UP_TILES[0], PairsConfig(64, 512, 2, sub_k=128, **_PAIRS_M8))
+PAIRS_TMA_ROWS_WHERE = ((MOE_INTERMEDIATE_SIZE, 12 * TOP_K, 15 * TOP_K, PAIRS_TMA_ROWS8_K256_TILES),
+                        (MOE_INTERMEDIATE_SIZE, 16 * TOP_K, 255 * TOP_K, PAIRS_TMA_ROWS8_TILES),
                         (MOE_INTERMEDIATE_SIZE, 255 * TOP_K + 1, 256 * TOP_K, PAIRS_TMA_ROWS16_GATE_UP_TILES),
+                        (MOE_INTERMEDIATE_SIZE, 256 * TOP_K + 1, PAIRS_MAX_ROWS, PAIRS_TMA_ROWS16_TILES),
                         (MOE_INTERMEDIATE_SIZE // 4, 16 * TOP_K, 255 * TOP_K, PAIRS_TMA_ROWS8_K256_TILES),
-                        (MOE_INTERMEDIATE_SIZE // 4, 255 * TOP_K + 1, 256 * TOP_K, PAIRS_TMA_ROWS16_GATE_UP_TILES))
+                        (MOE_INTERMEDIATE_SIZE // 4, 255 * TOP_K + 1, 256 * TOP_K, PAIRS_TMA_ROWS16_GATE_UP_TILES),
+                        (MOE_INTERMEDIATE_SIZE // 4, 256 * TOP_K + 1, PAIRS_MAX_ROWS, PAIRS_TMA_ROWS16_TILES))
 
 
 def pairs_rows_tiles(num_rows: int, inter: int):
@@ -2749,14 +2770,14 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
                    configs=None) -> list:
     """The pairs forward as its four launches ``[(name, fn)]`` (:data:`GEMV_LAUNCH_NAMES`): routing + x in
     the pair order, gate/up, down, top-k sum, over buffers sized by the shapes only (graph-capturable).
-    Inputs as validated by :func:`moe_mxfp4_forward`; up to ``ROUTE_TRITON_MAX_ROWS`` routed rows."""
+    Inputs as validated by :func:`moe_mxfp4_forward`; up to ``PAIRS_MAX_ROWS`` routed rows."""
     batch, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter = two_i // 2
     top_k = topk_ids.shape[1]
     num_rows = batch * top_k
-    if num_rows > ROUTE_TRITON_MAX_ROWS:
-        raise ValueError(f"upcast='pairs' is a decode form: at most {ROUTE_TRITON_MAX_ROWS} routed rows "
+    if num_rows > PAIRS_MAX_ROWS:
+        raise ValueError(f"upcast='pairs' is a decode form: at most {PAIRS_MAX_ROWS} routed rows "
                          f"(B*top_k), got {num_rows}")
     gu_cfg, dn_cfg = configs if configs else pairs_configs(num_rows, inter, pair_words_mul_usable(x.device),
                                                            tma=gemv_tma_usable(x, w13, w13_scale, w2, w2_scale))
@@ -3193,7 +3214,8 @@ def aot_configs() -> list[AotConfig]:
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
-        shipped = (pairs_configs(TOP_K, inter), pairs_configs(DECODE_MAX_ROWS, inter))  # both ends of the range
+        # both ends of the cp.async tiles' range (the TMA tiles below)
+        shipped = (pairs_configs(TOP_K, inter, tma=False), pairs_configs(DECODE_MAX_ROWS, inter, tma=False))
         shipped_pairs = [dataclasses.replace(c, block_k=min(c.block_k, k))
                          for pair in shipped for c, k in zip(pair, (HIDDEN_SIZE, inter))]
         for gu_cfg, dn_cfg in shipped + PAIRS_AOT_EXTRA:
@@ -3241,7 +3263,7 @@ def aot_configs() -> list[AotConfig]:
             note=("swap-AB gate/up, natural-order SwiGLU rows for the TMA GEMV down (the default at T=1 B=2, 5..6, "
                   "T=4 B=4..6, 8)" if natural else
                   f"swap-AB {kind}, {cfg.block_m} routed rows per pass, 32 weight rows per warp, MMAs of {cfg.sub_k} "
-                  "(the tiles of PAIRS_TMA_ROWS_WHERE: T=1/4 B=16..256)" if cfg in rows_tiles else
+                  "(the tiles of PAIRS_TMA_ROWS_WHERE: T=1 B=12..640, T=4 B=16..640)" if cfg in rows_tiles else
                   "swap-AB pairs decode, weights by TMA (pairs_configs' tiles at T=1 B=4..15, where the fp16 TMA GEMV "
                   "is the default)")))
     configs.append(AotConfig(
@@ -3252,6 +3274,11 @@ def aot_configs() -> list[AotConfig]:
                    "BLOCK_ROWS": "constexpr", "NUM_BINS": "constexpr", "BLOCK_X": "constexpr"},
         constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": 512, "NUM_BINS": 512, "BLOCK_X": PAIRS_X_BLOCK},
         num_warps=4, div16=("x_numel",), note="routing + x -> bf16 pair order (pairs decode)"))
+    block_rows = triton.next_power_of_2(PAIRS_MAX_ROWS)  # the pairs decode's largest one-program sort
+    configs.append(dataclasses.replace(
+        configs[-1], name=f"moe_mxfp4_route_pairs{block_rows}", constexprs={**configs[-1].constexprs,
+                                                                               "BLOCK_ROWS": block_rows},
+        note=f"routing + x -> bf16 pair order (pairs decode up to PAIRS_MAX_ROWS = {PAIRS_MAX_ROWS} routed rows)"))
     configs.append(AotConfig(
         name="moe_mxfp4_route_x_f32", kernel=_route_x_f32_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",

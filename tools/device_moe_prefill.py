@@ -19,6 +19,7 @@ Rows are written after each one, so a timeout keeps what was measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 import time
@@ -45,6 +46,9 @@ P = mp.PrefillConfig
 OLD_PATH = "old path (moe_mxfp4_forward, tl.dot_scaled)"
 SEAM_DEFAULT = "forward default (moe_mxfp4_forward as the seam calls it)"
 DECODE_PAIRS = "decode pairs (moe_mxfp4_forward, upcast='pairs', the decode's largest-batch tiles)"
+# round 21: the 16-row down tile beside the B = 256 tiles' 8-row one (an expert gets ~9-12 rows at 1800-3072 routed rows)
+DECODE_PAIRS_DOWN16 = "decode pairs, down 16 rows per pass"
+DECODE_TLDOT = "decode tl.dot (moe_mxfp4_forward's default up to DECODE_MAX_ROWS before round 21)"
 DECODE_PAIRS_ROWS = 256 * TOP_K  # the largest batch the issue times the decode at (B = 256)
 # gate/up tiles, each with DOWN_PARTNER; down tiles, each with GATE_UP_PARTNER. Every tile here compiles for
 # sm_120a within 101376 B of shared memory and without spills (the AOT check). Run 1b also measured tl.dot_scaled
@@ -88,12 +92,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="*",
                         help="prefill token counts (default 4096); the sweeps and upstream run at the largest only")
     parser.add_argument("--decode-pairs", action="store_true",
-                        help="also time the forward as the seam calls it and, up to ROUTE_TRITON_MAX_ROWS routed rows, "
-                             "the pairs decode with the tiles the decode uses at B = 256: where the decode path should "
-                             "hand over to the grouped GEMM")
+                        help="also time the forward as the seam calls it, up to DECODE_MAX_ROWS the tl.dot decode "
+                             "(the default there before round 21) and, up to PAIRS_MAX_ROWS routed rows, the pairs "
+                             "decode with the tiles the decode uses at B = 256 (and with a 16-row down tile): where the "
+                             "decode path should hand over to the grouped GEMM")
     parser.add_argument("--pairs-max-rows", type=int, default=None,
-                        help="experiment: with --decode-pairs, raise the pairs decode's routing limit "
-                             "(moe_mxfp4.ROUTE_TRITON_MAX_ROWS, one program's tl.sort) to this many routed rows")
+                        help="experiment: with --decode-pairs, raise the pairs decode's row limit "
+                             "(moe_mxfp4.PAIRS_MAX_ROWS: its routing sorts in one program) to this many routed rows")
     parser.add_argument("--deadline-s", type=float, default=200.0,
                         help="start no sweep row after this many seconds (the rows before it are kept)")
     args = parser.parse_args()
@@ -102,7 +107,7 @@ def main() -> None:
 
     t_start = time.time()
     if args.pairs_max_rows:
-        moe.ROUTE_TRITON_MAX_ROWS = args.pairs_max_rows
+        moe.PAIRS_MAX_ROWS = args.pairs_max_rows  # pairs_launches' limit; the default dispatch table stays as built
     if args.smoke:
         from sglang_sm120.kernels.harness.interpreter import patch_bf16_dot
 
@@ -192,12 +197,24 @@ def main() -> None:
 
         record(OLD_PATH, lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, upcast="dot_scaled"))
         if args.decode_pairs:
-            record(SEAM_DEFAULT, lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT))
-            pairs_tiles = moe.pairs_configs(min(tokens * TOP_K, DECODE_PAIRS_ROWS), inter)
-            if tokens * TOP_K <= moe.ROUTE_TRITON_MAX_ROWS:  # the pairs decode's routing sorts in one program
-                record(DECODE_PAIRS, lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT,
-                                                                   upcast="pairs", configs=pairs_tiles),
-                       *(tile.label() for tile in pairs_tiles))
+            rows = tokens * TOP_K
+            seam = moe.default_upcast(rows, inter)
+            seam_tiles = moe.pairs_configs(rows, inter) if seam == moe.PAIRS else ("", "")
+            record(f"{SEAM_DEFAULT}: {seam}", lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT),
+                   *(tile.label() if tile else "" for tile in seam_tiles))
+            if rows <= moe.DECODE_MAX_ROWS:
+                up = moe.default_gemm_upcast(rows, inter)
+                record(f"{DECODE_TLDOT}: {up}",
+                       lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, upcast=up))
+            pairs_tiles = moe.pairs_configs(min(rows, DECODE_PAIRS_ROWS), inter)
+            down16 = (pairs_tiles[0], dataclasses.replace(pairs_tiles[1], block_m=16))
+            if rows <= moe.PAIRS_MAX_ROWS:  # the pairs decode's routing sorts in one program
+                for path, tiles in ((DECODE_PAIRS, pairs_tiles), (DECODE_PAIRS_DOWN16, down16)):
+                    if tiles == seam_tiles or (path == DECODE_PAIRS_DOWN16 and tiles == pairs_tiles):
+                        continue  # the same forward as a row above
+                    record(path, lambda tiles=tiles: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT,
+                                                                           upcast="pairs", configs=tiles),
+                           *(tile.label() for tile in tiles))
         gu0, dn0 = mp.prefill_configs(tokens * TOP_K, inter)
         record("new default", ours(None), gu0.label(), dn0.label())
         if kernel_mod is not None and largest:

@@ -372,13 +372,19 @@ def test_default_upcast_follows_the_h200_numbers():
         assert all(moe.default_upcast(b * TOP_K, inter, tma) == "gemv" for b in (1, 3, 7, 8, 12, 16))
         assert moe.default_upcast(16 * TOP_K + 1, inter, tma) == "pairs"
     # the fp16 TMA GEMV at B = 1..32 for I = 2048 / 1024 / 512 (round 16, run 16b); from B = 16 the pairs decode's
-    # PAIRS_TMA_ROWS_WHERE tiles at I = 2048 / 512 (run 20b)
-    assert all(moe.default_upcast(b * TOP_K, full_i // tp) == ("pairs" if tp != 2 and b >= 16 else "gemv")
+    # PAIRS_TMA_ROWS_WHERE tiles at I = 2048 / 512 (run 20b), at I = 2048 from B = 12 (run 21)
+    assert all(moe.default_upcast(b * TOP_K, full_i // tp) == ("pairs" if b >= {1: 12, 4: 16}.get(tp, 33) else "gemv")
                for b in range(1, 33) for tp in (1, 2, 4))
     assert moe.default_gemm_upcast(TOP_K, full_i) == "split_bf16"
-    assert moe.default_upcast(257 * TOP_K, full_i) == "split_bf16"
-    assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i) == "split_bf16"
-    assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i) == "prefill"  # moe_prefill's grouped GEMM (a3a1cca)
+    # round 21: the TMA pairs decode up to PAIRS_MAX_ROWS (640 tokens) at I = 2048 / 512, the grouped GEMM beyond
+    assert moe.PAIRS_MAX_ROWS == 640 * TOP_K
+    for rows in (257 * TOP_K, moe.DECODE_MAX_ROWS, moe.DECODE_MAX_ROWS + 1, moe.PAIRS_MAX_ROWS):
+        assert moe.default_upcast(rows, full_i) == moe.default_upcast(rows, full_i // 4) == "pairs"
+    assert moe.default_upcast(moe.PAIRS_MAX_ROWS + 1, full_i) == "prefill"  # moe_prefill's grouped GEMM
+    # without TMA the tl.dot decode up to DECODE_MAX_ROWS, then the grouped GEMM (a3a1cca)
+    assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i, tma=False) == "split_bf16"
+    assert moe.default_upcast(moe.DECODE_MAX_ROWS, full_i // 4, tma=False) == "regs"
+    assert moe.default_upcast(moe.DECODE_MAX_ROWS + 1, full_i, tma=False) == "prefill"
     assert moe.default_upcast(TOP_K, full_i // 4) == moe.default_upcast(7 * TOP_K, full_i // 4) == "gemv"
     assert moe.default_upcast(9 * TOP_K - 1, full_i // 4) == "gemv"
     assert all(moe.default_upcast(b * TOP_K, full_i) == "pairs" for b in (33, 64, 128, 256))
@@ -388,7 +394,6 @@ def test_default_upcast_follows_the_h200_numbers():
     assert all(moe.default_upcast(b * TOP_K, full_i // 8) == "pairs" for b in (1, 8, 16, 32, 64))
     assert moe.default_upcast(65 * TOP_K, full_i // 2) == "dot_scaled"  # T=2 beyond B=64: not measured
     assert moe.default_upcast(65 * TOP_K, full_i // 8) == "regs"  # T=8 beyond B=64: not measured
-    assert moe.default_upcast(257 * TOP_K, full_i // 4) == "regs"
     assert set(moe.default_upcast(r, full_i // tp) for r in (TOP_K, 4096) for tp in SUPPORTED_TP) <= set(
         moe.FORWARD_UPCASTS)
     assert all(moe.default_gemm_upcast(r, full_i // tp) in moe.UPCASTS for r in (TOP_K, 4096) for tp in SUPPORTED_TP)
@@ -399,8 +404,13 @@ def test_prefill_dispatch():
     it faster (moe_prefill.PREFILL_DEFAULT_WHERE); upcast='prefill' selects it at any size, bit-identical to calling
     it directly, and it refuses the GEMM path's arguments."""
     for where_inter, rows in moe_prefill.PREFILL_DEFAULT_WHERE:
-        assert moe.default_upcast(rows, where_inter) == moe.PREFILL
-        assert moe.default_upcast(rows - 1, where_inter) != moe.PREFILL
+        assert moe.default_upcast(rows, where_inter, tma=False) == moe.PREFILL
+        assert moe.default_upcast(rows - 1, where_inter, tma=False) != moe.PREFILL
+        # round 21: where the TMA pairs decode's table reaches past DECODE_MAX_ROWS (I = 2048 / 512), it hands over
+        # to the grouped GEMM after PAIRS_MAX_ROWS
+        first = moe.PAIRS_MAX_ROWS + 1 if moe.pairs_rows_tiles(rows, where_inter) else rows
+        assert moe.default_upcast(first, where_inter) == moe.PREFILL
+        assert moe.default_upcast(first - 1, where_inter) != moe.PREFILL
     measured = {where_inter for where_inter, _ in moe_prefill.PREFILL_DEFAULT_WHERE}
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
@@ -1156,7 +1166,7 @@ def test_pairs_layout_launches_and_validation():
         run(x, experts, weights, ids, upcast="pairs", split_k=(2, 1))
     with pytest.raises(ValueError, match="pairs"):
         run(x, experts, weights, ids, upcast="pairs", act_mxfp8=True)
-    many = moe.ROUTE_TRITON_MAX_ROWS // TOP_K + 1
+    many = moe.PAIRS_MAX_ROWS // TOP_K + 1
     big_w, big_ids = make_routing(many, "random")
     with pytest.raises(ValueError, match="decode form"):
         run(make_x(many), experts, big_w, big_ids, upcast="pairs")
@@ -1215,7 +1225,7 @@ def test_pairs_aot_configs_expect_tensor_cores():
     pairs = [c for c in moe.aot_configs() if "_pairs_" in c.name]
     for tp in SUPPORTED_TP:
         for rows in (TOP_K, moe.DECODE_MAX_ROWS):
-            gu, dn = moe.pairs_configs(rows, 2048 // tp)
+            gu, dn = moe.pairs_configs(rows, 2048 // tp, tma=False)  # the TMA tiles: test_pairs_tma_default_...
             flag = 3 if gu.scale_on_words else 1
             assert any(c.kernel is moe._gate_up_pairs_kernel and c.constexprs["BLOCK_N"] == gu.block_n
                        and c.constexprs["SCALE_BF16"] == flag and "selectable" not in c.note for c in pairs)
@@ -1223,6 +1233,9 @@ def test_pairs_aot_configs_expect_tensor_cores():
                        and c.constexprs["SCALE_BF16"] == flag and "selectable" not in c.note for c in pairs)
     assert all(c.expect_opcodes == ("HMMA.16816.F32.BF16",) + (("UTMALDG",) if "tma" in c.name else ()) for c in pairs)
     assert any(c.kernel is moe._route_pairs_kernel for c in moe.aot_configs())
+    # round 21: the routing of the pairs decode up to PAIRS_MAX_ROWS sorts in one 4096-row program
+    assert any(c.kernel is moe._route_pairs_kernel and c.constexprs["BLOCK_ROWS"] >= moe.PAIRS_MAX_ROWS
+               for c in moe.aot_configs())
 
 
 # --- swap-AB fed by TMA (PairsConfig(tma_ring=)): K steps of 512, so H = I = 512 as the TMA GEMV's tests ------------
@@ -1256,12 +1269,13 @@ def test_pairs_tma_swap_ab(ring, batch, pattern, on_words):
 
 
 @pytest.mark.parametrize("tiles,batch,pattern", [("ROWS8", 2, "duplicate"), ("ROWS8_K256", 3, "skewed"),
-                                                  ("ROWS16_GATE_UP", 1, "random")])
+                                                  ("ROWS16_GATE_UP", 1, "random"), ("ROWS16", 7, "skewed")])
 def test_pairs_tma_rows_default_forward(monkeypatch, tiles, batch, pattern):
     """The default forward where PAIRS_TMA_ROWS_WHERE names the shape runs its tiles as they are (64 gate/up rows and
     64 down rows on 2 warps, MMAs of 128 / 256, 8 routed rows per pass; the B = 256 tiles 16 per gate/up pass) at
     H = I = 512, against the reference with every scratch tensor NaN-poisoned; skewed routing gives an expert more
-    than 8 rows (several 8-row passes over its weights)."""
+    than 8 rows (several 8-row passes over its weights; at B = 7 one expert with 20 rows: two 16-row passes of run 21's
+    tiles past B = 256)."""
     inter = TMA_HIDDEN
     cfgs = getattr(moe, f"PAIRS_TMA_{tiles}_TILES")
     experts = make_experts(inter, hidden=TMA_HIDDEN, seed=95 + batch)
@@ -1372,47 +1386,80 @@ def test_pairs_tma_arguments(bad):
             configs=(moe.PairsConfig(**gu), moe.PairsConfig(**dn)))
 
 
+def test_pairs_decode_above_decode_max_rows(monkeypatch):
+    """Round 21: where PAIRS_TMA_ROWS_WHERE names a shape past DECODE_MAX_ROWS (up to PAIRS_MAX_ROWS, 640 tokens) the
+    default forward runs the pairs decode there instead of the grouped GEMM, its routing sorting every row in one
+    4096-row program; skewed routing (one expert with hundreds of rows: many passes) and invalid ids, every scratch
+    tensor NaN-poisoned, against the reference. Without TMA, or above PAIRS_MAX_ROWS, not the pairs decode."""
+    inter = 64
+    tiles = pairs_tiles(inter, mul_pairs=True, block_m=64)
+    monkeypatch.setattr(moe, "PAIRS_TMA_ROWS_WHERE", ((inter, moe.DECODE_MAX_ROWS + 1, moe.PAIRS_MAX_ROWS, tiles),))
+    batch = moe.DECODE_MAX_ROWS // TOP_K + 1
+    assert triton.next_power_of_2(batch * TOP_K) == triton.next_power_of_2(moe.PAIRS_MAX_ROWS) == 4096
+    assert moe.default_upcast(batch * TOP_K, inter) == moe.default_upcast(moe.PAIRS_MAX_ROWS, inter) == "pairs"
+    assert moe.default_upcast(batch * TOP_K, inter, tma=False) != "pairs"
+    assert moe.default_upcast(moe.PAIRS_MAX_ROWS + 1, inter) != "pairs"
+    experts = make_experts(inter, seed=31)
+    weights, ids = make_routing(batch, "invalid", seed=32)
+    ids[:400, 0] = 3
+    x = make_x(batch, seed=33, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    calls = []
+    real = moe.pairs_launches
+    monkeypatch.setattr(moe, "pairs_launches", lambda *a, **kw: calls.append(a[-1]) or real(*a, **kw))
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids)
+    assert calls == [None] and torch.isfinite(out).all() and rel(out, ref) < 2e-2
+
+
 def test_pairs_tma_default_follows_the_h200_numbers():
     """Round 15 (runs 15 / 15b): the TMA-fed swap-AB tiles (gate/up 32 rows on 2 warps, down 16 rows on 1 warp, 2
     stages, factor on the pair words) are the pairs tiles at I = 2048 from B = 4 and at I = 512 from B = 16, where the
     operands allow TMA and the GPU has the packed multiply; runs 20 / 20b: from B = 16 to 256 the tiles chosen by routed
     rows (PAIRS_TMA_ROWS_WHERE: 64 gate/up and 64 down rows on 2 warps with 8 routed rows per pass, MMAs of 128 / at
-    I = 512 256 in the gate/up launch; at B = 256 the gate/up launch 16 rows per pass), before the fp16 GEMV;
-    elsewhere the cp.async tiles; every kernel in the AOT registry (HMMA + UTMALDG)."""
+    I = 512 256 in the gate/up launch; at B = 256 the gate/up launch 16 rows per pass), before the fp16 GEMV; run 21:
+    at I = 2048 B = 12..15 the 8-row tiles with gate/up MMAs of 256, past B = 256 up to PAIRS_MAX_ROWS both launches
+    16 rows per pass; elsewhere the cp.async tiles; every kernel in the AOT registry (HMMA + UTMALDG)."""
     tma_tiles = moe.PAIRS_TMA_TILES
-    rows8, rows8_k256, rows16 = (moe.PAIRS_TMA_ROWS8_TILES, moe.PAIRS_TMA_ROWS8_K256_TILES,
-                                 moe.PAIRS_TMA_ROWS16_GATE_UP_TILES)
+    rows8, rows8_k256, rows16_gu, rows16 = (moe.PAIRS_TMA_ROWS8_TILES, moe.PAIRS_TMA_ROWS8_K256_TILES,
+                                            moe.PAIRS_TMA_ROWS16_GATE_UP_TILES, moe.PAIRS_TMA_ROWS16_TILES)
     form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": 2}
     assert tma_tiles[0] == moe.PairsConfig(16, 512, 2, **form) and tma_tiles[1] == moe.PairsConfig(16, 512, 1, **form)
     down = moe.PairsConfig(64, 512, 2, block_m=8, sub_k=128, **form)
+    down16 = moe.PairsConfig(64, 512, 2, sub_k=128, **form)
     assert rows8 == (moe.PairsConfig(32, 512, 2, block_m=8, sub_k=128, **form), down)
     assert rows8_k256 == (moe.PairsConfig(32, 512, 2, block_m=8, sub_k=256, **form), down)
-    assert rows16 == (moe.PairsConfig(32, 512, 2, sub_k=128, **form), down)
-    for inter, first, small in ((2048, 4, rows8), (512, 16, rows8_k256)):
-        for batch in (first, 15, 16, 17, 32, 47, 48, 64, 65, 128, 255, 256):
+    assert rows16_gu == (moe.PairsConfig(32, 512, 2, sub_k=128, **form), down)
+    assert rows16 == (rows16_gu[0], down16)
+    ours = (tma_tiles, rows8, rows8_k256, rows16_gu, rows16)
+    for inter, first, rows_first, small in ((2048, 4, 12, rows8), (512, 16, 16, rows8_k256)):
+        for batch in (first, 11, 12, 15, 16, 17, 32, 47, 48, 64, 65, 128, 255, 256, 257, 341, 342, 512, 640):
             if batch < first:
                 continue
-            expected = rows16 if batch == 256 else small if batch >= 16 else tma_tiles
+            expected = (rows16 if batch > 256 else rows16_gu if batch == 256 else small if batch >= 16
+                        else rows8_k256 if batch >= rows_first else tma_tiles)
             assert moe.pairs_configs(batch * TOP_K, inter) == expected
-            assert moe.pairs_rows_tiles(batch * TOP_K, inter) == (expected if batch >= 16 else None)
-            # round 16 / run 16b: the fp16 TMA GEMV took B <= 32 at I = 2048 and 512; run 20b: B >= 16 back
-            assert moe.default_upcast(batch * TOP_K, inter) == ("gemv" if batch < 16 else "pairs")
+            assert moe.pairs_rows_tiles(batch * TOP_K, inter) == (expected if batch >= rows_first else None)
+            # round 16 / run 16b: the fp16 TMA GEMV took B <= 32 at I = 2048 and 512; run 20b: B >= 16 back; run 21:
+            # B >= 12 at I = 2048
+            assert moe.default_upcast(batch * TOP_K, inter) == ("gemv" if batch < rows_first else "pairs")
             for cfgs in (moe.pairs_configs(batch * TOP_K, inter, tma=False),
                          moe.pairs_configs(batch * TOP_K, inter, words_mul=False)):
                 assert not cfgs[0].tma_ring and not cfgs[1].tma_ring
-        for rows in (first * TOP_K - 1, 256 * TOP_K + 1):
-            assert moe.pairs_configs(rows, inter) not in (tma_tiles, rows8, rows8_k256, rows16)
+        for rows in (first * TOP_K - 1, moe.PAIRS_MAX_ROWS + 1):
+            assert moe.pairs_configs(rows, inter) not in ours
+        assert moe.pairs_rows_tiles(moe.PAIRS_MAX_ROWS, inter) == rows16
+        assert moe.pairs_rows_tiles(moe.PAIRS_MAX_ROWS + 1, inter) is None
     for inter in (1024, 256):
-        assert all(moe.pairs_configs(b * TOP_K, inter) not in (tma_tiles, rows8, rows8_k256, rows16)
-                   for b in (1, 4, 16, 64, 256))
-        assert all(moe.pairs_rows_tiles(b * TOP_K, inter) is None for b in (16, 64, 256))
-    assert moe.default_upcast(4 * TOP_K, 2048, tma=False) == "gemv"
-    assert moe.default_upcast(15 * TOP_K, 2048) == moe.default_upcast(15 * TOP_K, 512) == "gemv"
+        assert all(moe.pairs_configs(b * TOP_K, inter) not in ours for b in (1, 4, 12, 16, 64, 256))
+        assert all(moe.pairs_rows_tiles(b * TOP_K, inter) is None for b in (12, 16, 64, 256, 300))
+    assert moe.default_upcast(4 * TOP_K, 2048, tma=False) == moe.default_upcast(12 * TOP_K, 2048, tma=False) == "gemv"
+    assert moe.default_upcast(11 * TOP_K, 2048) == moe.default_upcast(15 * TOP_K, 512) == "gemv"
     names = {c.name: c for c in moe.aot_configs()}
     for kind, kernel, cfg in (("gate_up", moe._gate_up_pairs_tma_kernel, tma_tiles[0]),
                               ("down", moe._down_pairs_tma_kernel, tma_tiles[1]),
                               *(("gate_up", moe._gate_up_pairs_tma_kernel, t[0]) for t in (rows8, rows8_k256, rows16)),
-                              ("down", moe._down_pairs_tma_kernel, down)):
+                              ("down", moe._down_pairs_tma_kernel, down), ("down", moe._down_pairs_tma_kernel, down16)):
         aot = names[f"moe_mxfp4_{kind}_pairs_{cfg.label()}"]
         assert aot.kernel is kernel and aot.num_warps == cfg.num_warps and aot.constexprs["RING"] == 2
         assert aot.constexprs["SUB_K"] == (cfg.sub_k or 512) and aot.constexprs["BLOCK_M"] == cfg.block_m
