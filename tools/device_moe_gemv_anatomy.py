@@ -424,10 +424,7 @@ def main() -> None:
                         "rotate), L2 flushed before each replay, median of 15 replays; GB/s over the bytes the "
                         "shipped launch reads; rel_err: the replica's gate/up (pre-SwiGLU) / down (pre-routing-weight) "
                         "rows against a float32 dequant @ activations; regs..ptx_*: the compiled variant (sm_90a)")
-    result.extra["wall seconds"] = round(time.time() - t_start, 1)
-    paths = result.write(args.out)
-    print(result.markdown())
-    print("wrote", paths)
+    result.finish(args.out, t_start)
 
 
 if __name__ == "__main__":

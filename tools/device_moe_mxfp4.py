@@ -391,10 +391,7 @@ def variant_comparison(args) -> None:
                             "(slot, n block, K split) atomically add weighted rows into a zeroed fp32 [B, H] (the "
                             "top-k sum), then one cast to bf16. 'auto' = split_k_choice from the SM count; labels "
                             "give the resolved (gate/up)x(down) splits; 'off 1x1' is the unsplit path")
-    result.extra["wall seconds"] = round(time.time() - t_start, 1)
-    paths = result.write(args.out)
-    print(result.markdown())
-    print("wrote", paths)
+    result.finish(args.out, t_start)
 
 
 def main() -> None:
@@ -569,12 +566,9 @@ def main() -> None:
                         "GB/s = touched bytes / time for every path (upstream reads bf16 experts, 4x those bytes)")
     result.notes.append("upstream triton = SGLang 0.5.23 fused_moe_kernel (extracted) with upstream's tile choice (tuned "
                         f"H200 tables where shipped: {sorted(tables)}), torch alignment/SwiGLU/top-k sum around it")
-    result.extra["wall seconds"] = round(time.time() - t_start, 1)
     if sweep_log:
         result.extra["sweep"] = json.dumps(sweep_log)
-    paths = result.write(args.out)
-    print(result.markdown())
-    print("wrote", paths)
+    result.finish(args.out, t_start)
 
 
 if __name__ == "__main__":

@@ -337,9 +337,10 @@ def run20b_candidates():
             (dataclasses.replace(gu64_m8, sub_k=256), dn64_m8), (dataclasses.replace(gu, block_m=8, sub_k=256), dn64_m8)]
 
 
-# run 21 (--run21, prepared in round 20, not run): the PAIRS_TMA_ROWS_WHERE tiles where run 20b did not measure them --
+# run 21 (--run21, prepared in round 20, run in round 21: benchmarks/moe_mxfp4-h200-run21-summary.md): the
+# PAIRS_TMA_ROWS_WHERE tiles where run 20b did not measure them --
 # B = 9..15 (the fp16 GEMV's), 129..255 (they take the B = 128 tiles), 257..341 (up to 2048 routed rows: split_bf16 /
-# regs today) -- each of the three tile pairs at every point, launch by launch
+# regs then) -- each tile pair of the table at every point (three at the time of the run, four since), launch by launch
 RUN21_BATCHES = (12, 15, 192, 224, 300, 341)
 RUN21_DEADLINE_S = 125  # for a 170 s device limit
 
@@ -556,10 +557,7 @@ def pdl_comparison(args) -> None:
                         "down program's weight block (and E8M0 bytes) prefetched into L2 by cp.async.bulk.prefetch "
                         "before its wait; chain_equal = a captured chain of 12 PDL forwards into separate outputs "
                         "gives each output bit for bit as the same tiles without PDL")
-    result.extra["wall seconds"] = round(time.time() - t_start, 1)
-    paths = result.write(args.out)
-    print(result.markdown())
-    print("wrote", paths)
+    result.finish(args.out, t_start)
 
 
 # run 19 (--run19, issue 4 / issue 8 at B = 1..8): where the fp16 TMA GEMV forward's time goes (each launch alone, the
@@ -742,10 +740,7 @@ def run19(args) -> None:
                         "forwards of the other launches; labels as in run 17, fs = the top-k sum folded into the down "
                         "launch (GemvConfig.fold_sum, run 19); l2 on the gate/up label (run 19b) = each gate/up "
                         "program's L2 prefetch before its wait")
-    result.extra["wall seconds"] = round(time.time() - t_start, 1)
-    paths = result.write(args.out)
-    print(result.markdown())
-    print("wrote", paths)
+    result.finish(args.out, t_start)
 
 
 def label(cfgs) -> str:
@@ -1049,10 +1044,7 @@ def main() -> None:
                         "ring; run 11's 'nest': nested, the K loop the ring, since removed); h (after tma<stages>, round 16) = the "
                         "fp16 pair decode (packed fma.rn.f16x2, activations as scaled fp16 pairs); "
                         "*_us columns: each launch alone in its own CUDA graph (B = 1 only; --persistent2: everywhere)")
-    result.extra["wall seconds"] = round(time.time() - t_start, 1)
-    paths = result.write(args.out)
-    print(result.markdown())
-    print("wrote", paths)
+    result.finish(args.out, t_start)
 
 
 if __name__ == "__main__":
