@@ -19,6 +19,7 @@ inputs accumulated in float32 (cuBLAS accumulates in float32 too; the summation 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -117,8 +118,21 @@ def _row_block(m: int) -> int:
 
 def sm_count(device: torch.device | None = None) -> int:
     if device is not None and device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _device_facts(device.index if device.index is not None else torch.cuda.current_device())[0]
     return DEFAULT_SM_COUNT
+
+
+@functools.lru_cache(maxsize=None)
+def _device_facts(index: int) -> tuple[int, bool]:
+    """(SM count, PDL support) of CUDA device ``index``, asked once: decode calls this every step."""
+    device = torch.device("cuda", index)
+    return torch.cuda.get_device_properties(device).multi_processor_count, pdl_supported(device)
+
+
+def _launch_with_pdl(device: torch.device) -> bool:
+    if not USE_PDL or device.type != "cuda":
+        return False
+    return _device_facts(device.index if device.index is not None else torch.cuda.current_device())[1]
 
 
 # weight rows per program measured fastest on the H200 (run 2, benchmarks/bf16_gemv-h200-run2-summary.md) for
@@ -190,7 +204,7 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype = 
         return y
     if k == 0:
         return y.zero_()
-    cfg = config or default_config(m, n, k, sm_count(x.device), pdl=USE_PDL and pdl_supported(x.device))
+    cfg = config or default_config(m, n, k, sm_count(x.device), pdl=_launch_with_pdl(x.device))
     if cfg.block_m < m:
         raise ValueError(f"config {cfg.name} holds {cfg.block_m} rows, x has {m}")
     extra = {"launch_pdl": True} if cfg.pdl else {}
