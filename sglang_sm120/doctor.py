@@ -131,8 +131,10 @@ def _report(out: Callable[[str], None]) -> int:
     out(f"Seams ({ENV_FORCE}={os.environ.get(ENV_FORCE, '')!s}, {ENV_DISABLE}={os.environ.get(ENV_DISABLE, '')!s})")
     gpu = visible_sm12x()
     try:
-        for name, state, reason in seam_decisions(gpu):
-            out(f"  {name:10s} {state}: {reason}")
+        decisions = seam_decisions(gpu)
+        width = max((len(name) for name, _state, _reason in decisions), default=0)
+        for name, state, reason in decisions:
+            out(f"  {name:{width}s} {state}: {reason}")
             if state == SeamState.FAILED.value:
                 problems.append(f"seam {name} failed: {reason}")
     except Exception as exc:

@@ -1,12 +1,14 @@
 """``sglang-sm120 doctor`` on this GPU-less machine, and its verdict when the install is broken."""
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from sglang_sm120 import doctor, plugin
+from sglang_sm120.seams import SEAM_NAMES
 
 
 def test_doctor_command_on_a_machine_without_gpu():
@@ -17,8 +19,8 @@ def test_doctor_command_on_a_machine_without_gpu():
     out = proc.stdout
     assert "no CUDA device" in out
     assert "sglang: 0.5.23 (supported)" in out
-    for seam in ("attention", "indexer", "moe", "dense", "disagg"):
-        assert f"{seam}" in out
+    for seam in SEAM_NAMES:
+        assert re.search(rf"^  {seam} +not applicable", out, re.M), seam
     assert "not applicable: needs an sm_12x GPU or SGLANG_SM120_FORCE=1" in out
     assert "--moe-runner-backend sm120" in out
     assert out.rstrip().endswith("usable: yes")
@@ -30,8 +32,12 @@ def test_doctor_reports_forced_and_disabled_seams(monkeypatch):
     lines = []
     assert doctor.run(out=lines.append) == 0
     text = "\n".join(lines)
-    assert "dense      disabled by env" in text
-    assert "attention  active: SGLANG_SM120_FORCE=1" in text
+    assert re.search(r"^  dense +disabled by env", text, re.M)
+    assert re.search(r"^  attention +active: SGLANG_SM120_FORCE=1", text, re.M)
+    # the names form one column, however long the longest seam name is
+    starts = [re.match(r"  (\S+) +", line) for line in lines]
+    columns = {m.end() for m in starts if m and m.group(1) in SEAM_NAMES}
+    assert len(columns) == 1 and len([m for m in starts if m and m.group(1) in SEAM_NAMES]) == len(SEAM_NAMES)
 
 
 def test_doctor_fails_on_unsupported_sglang(monkeypatch):
