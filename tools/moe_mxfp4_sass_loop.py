@@ -93,6 +93,20 @@ def pairs_loops(archs) -> None:
                               "smem": compiled.metadata.shared, "top": hist.most_common(10)}), flush=True)
 
 
+def _pairs_tma_aot_config(kind: str, cfg: moe.PairsConfig) -> tuple[int, aot.AotConfig]:
+    """(weight rows of one program, the AotConfig) of a TMA-fed swap-AB pairs tile (PairsConfig with tma_ring): the
+    gate/up launch (natural-order SwiGLU rows off) or the down launch, as the registry builds them."""
+    kernel = moe._gate_up_pairs_tma_kernel if kind == "gate_up" else moe._down_pairs_tma_kernel
+    rows_w = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
+    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                  "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring, "SUB_K": cfg.mma_k(cfg.block_k)}
+    if kind == "gate_up":
+        constexprs.update(TOP_K=moe.TOP_K, NATURAL_ACT=False)
+    return rows_w, aot.AotConfig(f"{kind}_{cfg.label()}", kernel,
+                                 moe._pairs_tma_sig(kind, rows_w, cfg.block_k, cfg.mma_k(cfg.block_k)), constexprs,
+                                 cfg.num_warps, cfg.tma_ring, ("hidden", "inter"))
+
+
 def pairs_tma_loops(archs) -> None:
     """Run 18: the TMA-fed swap-AB tiles (PAIRS_TMA_TILES) with a K step as 1 / 2 / 4 MMAs (sub_k), 3 stages, 64 gate/up
     rows on 4 warps, 32 down rows on 2 warps: registers, spills, shared memory, K-loop instructions per weight word
@@ -107,17 +121,8 @@ def pairs_tma_loops(archs) -> None:
     forms.append((dataclasses.replace(gu, sub_k=128, block_n=32, num_warps=4),
                   dataclasses.replace(dn, sub_k=128, block_n=32, num_warps=2)))
     for pair in forms:
-        for kind, kernel, cfg in (("gate_up", moe._gate_up_pairs_tma_kernel, pair[0]),
-                                  ("down", moe._down_pairs_tma_kernel, pair[1])):
-            rows_w = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
-            constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                          "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring,
-                          "SUB_K": cfg.mma_k(cfg.block_k)}
-            if kind == "gate_up":
-                constexprs.update(TOP_K=moe.TOP_K, NATURAL_ACT=False)
-            aot_cfg = aot.AotConfig(f"{kind}_{cfg.label()}", kernel,
-                                    moe._pairs_tma_sig(kind, rows_w, cfg.block_k, cfg.mma_k(cfg.block_k)), constexprs,
-                                    cfg.num_warps, cfg.tma_ring, ("hidden", "inter"))
+        for kind, cfg in zip(("gate_up", "down"), pair):
+            rows_w, aot_cfg = _pairs_tma_aot_config(kind, cfg)
             words = rows_w * cfg.block_k // 8
             for arch in archs:
                 rows, compiled = sass_lines(aot_cfg, arch)
@@ -144,16 +149,7 @@ def pairs_rows_loops(archs) -> None:
     forms += [(kind, cfg) for tiles in dict.fromkeys(t for *_, t in moe.PAIRS_TMA_ROWS_WHERE)
               for kind, cfg in zip(("gate_up", "down"), tiles)]
     for kind, cfg in dict.fromkeys(forms):
-        kernel = moe._gate_up_pairs_tma_kernel if kind == "gate_up" else moe._down_pairs_tma_kernel
-        rows_w = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
-        constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                      "MUL_PAIRS": cfg.mul_pairs, "SCALE_BF16": 3, "RING": cfg.tma_ring,
-                      "SUB_K": cfg.mma_k(cfg.block_k)}
-        if kind == "gate_up":
-            constexprs.update(TOP_K=moe.TOP_K, NATURAL_ACT=False)
-        aot_cfg = aot.AotConfig(f"{kind}_{cfg.label()}", kernel,
-                                moe._pairs_tma_sig(kind, rows_w, cfg.block_k, cfg.mma_k(cfg.block_k)), constexprs,
-                                cfg.num_warps, cfg.tma_ring, ("hidden", "inter"))
+        _, aot_cfg = _pairs_tma_aot_config(kind, cfg)
         for arch in archs:
             rows, compiled = sass_lines(aot_cfg, arch)
             body = mma_loop(rows)
