@@ -779,7 +779,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
     PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
     SPLIT_SUM_BATCH: tl.constexpr = 1, ROPE_HOIST: tl.constexpr = 0, W_BEFORE_WAIT: tl.constexpr = 0,
-    INLINE_PTX: tl.constexpr = True,
+    INLINE_PTX: tl.constexpr = True, ROPE_PAIRS: tl.constexpr = False,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
@@ -820,7 +820,7 @@ def _block_fp8_gemv_fp8mma_kernel(
                               stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                               stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                               BLOCK_M, BLOCK_N, BLOCK_K, IS_SPLIT, INV_ROPE, HEAD, ROPE, PDL,
-                              PDL_LATE_TRIGGER, SPLIT_SUM_BATCH, ROPE_HOIST, INLINE_PTX)
+                              PDL_LATE_TRIGGER, SPLIT_SUM_BATCH, ROPE_HOIST, INLINE_PTX, ROPE_PAIRS)
     elif PERSISTENT:
         num_items = tiles_per_group * num_splits * num_groups
         for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), flatten=FLATTEN,
@@ -1027,13 +1027,41 @@ def _one_shot_block(acc, w, w_scale, x, u: tl.constexpr, partner, cos, signed_si
 
 
 @triton.jit
+def _rope_pair_factors(freq_rows, valid, ROPE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """GemvConfig.rope_pairs: the inverse RoPE's (cos, sin) per (re, im) pair of the split's rope block, [BM, BLOCK_K/2]
+    (the head's last ROPE dims are the block's last ROPE / 2 pairs; other pairs: cos 1, sin 0)."""
+    pair = tl.arange(0, BLOCK_K // 2)
+    r = pair - (BLOCK_K - ROPE) // 2
+    is_rope = r >= 0
+    mask = valid[:, None] & is_rope[None, :]
+    r = tl.where(is_rope, r, 0)
+    cos = tl.load(freq_rows + 2 * r[None, :], mask=mask, other=1.0)
+    sin = tl.load(freq_rows + 2 * r[None, :] + 1, mask=mask, other=0.0)
+    return cos, sin
+
+
+@triton.jit
+def _rotate_rope_block_pairs(x, cos, sin, valid, ROPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """bf16 rope block ``x`` [BM, BLOCK_K] with its last ROPE columns rotated as _rotate_rope_pairs does (re' = re*c +
+    im*s, im' = im*c + re*(-s), rounded to bf16), each (re, im) pair taken from the block itself in registers (no
+    partner load)."""
+    re, im = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_M, BLOCK_K // 2, 2)))
+    is_rope = tl.arange(0, BLOCK_K // 2) >= (BLOCK_K - ROPE) // 2
+    mask = valid[:, None] & is_rope[None, :]
+    re2 = tl.where(mask, re * cos + im * sin, re)
+    im2 = tl.where(mask, im * cos + re * (-sin), im)
+    return tl.reshape(tl.join(re2, im2), (BLOCK_M, BLOCK_K)).to(tl.bfloat16)
+
+
+@triton.jit
 def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, M, N, K,
                           stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                           stride_freq, k_blocks_per_split, num_splits, tiles_per_group, pid, pid_k, pid_g,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
                           ROPE: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
-                          SPLIT_SUM_BATCH: tl.constexpr, ROPE_HOIST: tl.constexpr, INLINE_PTX: tl.constexpr):
+                          SPLIT_SUM_BATCH: tl.constexpr, ROPE_HOIST: tl.constexpr, INLINE_PTX: tl.constexpr,
+                          ROPE_PAIRS: tl.constexpr):
     """_fp8mma_item's joined, unchained form as one program per split of ONE_SHOT_BLOCKS blocks, block 0's weight tile
     and scale (constants of the model) loaded into registers before the PDL wait: with PDL the weight stream starts
     while the previous kernel drains. After the wait: the activation loads of every block, then per block in order its
@@ -1080,7 +1108,7 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
                      HEAD, ROPE, BLOCK_K)
     x3 = _one_shot_x(x_rows, freq_rows, kb0 + 3, k_stop, x_valid, rk, cos, signed_sin, is_rope, INV_ROPE, ROPE_HOIST,
                      HEAD, ROPE, BLOCK_K)
-    if LAST_ROTATED:  # the rope block's pair partners: in flight with the other activation loads
+    if LAST_ROTATED and not ROPE_PAIRS:  # the rope block's pair partners: in flight with the other activation loads
         k_last = (kb_end - 1) * BLOCK_K + rk
         is_rope = rk >= BLOCK_K - ROPE  # the head's last ROPE dims (rope_preloadable)
         rope_mask = x_valid[:, None] & (is_rope & (k_last < k_stop))[None, :]
@@ -1089,7 +1117,10 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
     acc = tl.zeros((BLOCK_N, TWO_M), tl.float32)
     acc = _one_shot_block(acc, w0, ws0, x0, 0, partner, cos, signed_sin, rope_mask, LAST_ROTATED, INLINE_PTX)
     if LAST_ROTATED:  # the cos / sin gather, once the position has arrived; rotated at the last block
-        cos, signed_sin, _ = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE, BLOCK_K)
+        if ROPE_PAIRS:
+            pair_cos, pair_sin = _rope_pair_factors(freq_rows, x_valid, ROPE, BLOCK_K)
+        else:
+            cos, signed_sin, _ = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE, BLOCK_K)
     for u in tl.static_range(1, ONE_SHOT_BLOCKS):  # blocks 1..3: weight load, then MMA, in block order
         w, ws = _one_shot_weight(w_rows, s_row, kb0 + u, kb_end, k_stop, rk, n_mask, BLOCK_K)
         if u == 1:
@@ -1098,7 +1129,10 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
             x = x2
         else:
             x = x3
-        acc = _one_shot_block(acc, w, ws, x, u, partner, cos, signed_sin, rope_mask, LAST_ROTATED, INLINE_PTX)
+            if LAST_ROTATED and ROPE_PAIRS:  # after the last block's weight loads are issued
+                x = _rotate_rope_block_pairs(x, pair_cos, pair_sin, x_valid, ROPE, BLOCK_M, BLOCK_K)
+        acc = _one_shot_block(acc, w, ws, x, u, partner, cos, signed_sin, rope_mask, LAST_ROTATED and not ROPE_PAIRS,
+                              INLINE_PTX)
     _pdl_launch_dependents(PDL and PDL_LATE_TRIGGER)
     _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partial_ptr, counter_ptr, pid, pid_k, pid_g,
                   num_splits, tiles_per_group, BLOCK_M, BLOCK_N, IS_SPLIT, SPLIT_SUM_BATCH)
@@ -1177,6 +1211,9 @@ class GemvConfig:
     # loaded into registers before the PDL wait, the others in block order after it (_fp8mma_one_shot_item); 0: off;
     # elsewhere the form is unchanged (runs 19 / 20: more blocks before the wait lost)
     w_before_wait: int = 0
+    # with rope_preload on the one-shot program (w_before_wait): the rope block rotated from its own (re, im) pairs in
+    # registers (no partner load), cos / sin gathered per pair (half the factors); candidate, no default uses it
+    rope_pairs: bool = False
     # ptxas register cap per thread (Triton's maxnreg; 0: none): a program that fits the cap keeps one more program per
     # SM where its natural count would not (sm_90a: 128 registers x 4 warps = 4 programs per SM); ptxas spills what
     # does not fit to local memory
@@ -1215,6 +1252,8 @@ class GemvConfig:
         if self.w_before_wait not in (0, 1) or (self.w_before_wait and not one_shot_fp8):
             raise ValueError(f"config: w_before_wait (0 or 1) needs the joined, unchained fp8_mma form with "
                              f"num_stages=1, no w_tma, not persistent, k_unroll {ONE_SHOT_BLOCKS.value}; got {self}")
+        if self.rope_pairs and not (self.w_before_wait and self.rope_preload):
+            raise ValueError(f"config: rope_pairs needs w_before_wait and rope_preload; got {self}")
         if self.max_registers and not MIN_MAX_REGISTERS <= self.max_registers <= MAX_REGISTERS:
             raise ValueError(f"config: max_registers 0 or in [{MIN_MAX_REGISTERS}, {MAX_REGISTERS}]; got {self}")
 
@@ -1239,7 +1278,7 @@ class GemvConfig:
         extra += (f"_sb{self.split_sum_batch}" if self.split_sum_batch > 1 else "") + ("_oc" if self.one_chunk else "")
         extra += ("_rh" if self.rope_hoist else "") + ("_rp" if self.rope_preload else "")
         extra += f"_ww{self.w_before_wait}" if self.w_before_wait else ""
-        extra += f"_r{self.max_registers}" if self.max_registers else ""
+        extra += ("_pairs" if self.rope_pairs else "") + (f"_r{self.max_registers}" if self.max_registers else "")
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -1717,6 +1756,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             ROPE_HOIST=rope_mode(cfg, inv_rope, FP8_BLOCK, per_split, k, head_dim, rope_dim),
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
             W_BEFORE_WAIT=cfg.w_before_wait if per_split == cfg.k_unroll else 0, INLINE_PTX=not interpreter_enabled(),
+            ROPE_PAIRS=cfg.rope_pairs,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args, **persistent_args,
         )
         return
@@ -1982,6 +2022,10 @@ _W_BEFORE_WAIT_ONE_SHOT = GemvConfig(FP8_MMA_BLOCK_ROWS, FP8_MMA_WIDE["block_n"]
 _W_BEFORE_WAIT_FORMS = ((_W_BEFORE_WAIT_ONE_SHOT, False),) + tuple(
     (dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True, max_registers=cap), True) for cap in (128, 168))
 SHIPPED_FORMS += _W_BEFORE_WAIT_FORMS
+# candidates compiled for sm_120a / sm_121a, no default uses them (tools/device_fp8_gemv_run20.py --run21, prepared):
+# the fused-RoPE one-shot with the rope block rotated from its own pairs (rope_pairs), uncapped and at both caps
+CANDIDATE_FORMS = tuple((dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True, rope_pairs=True,
+                                             max_registers=cap), True) for cap in (0, 128, 168))
 
 
 # a register-capped form (GemvConfig.max_registers) trades a few spilled bytes (local memory, L1-resident) for one
@@ -1990,7 +2034,7 @@ CAPPED_MAX_SPILL_BYTES = 64
 
 
 def aot_configs() -> list[AotConfig]:
-    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS]
+    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS + CANDIDATE_FORMS]
 
 
 _AOT_SIGNATURE = {
@@ -2018,7 +2062,7 @@ _AOT_FP8MMA_SIGNATURE = {
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
                                     "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS",
                                     "PDL_LATE_TRIGGER", "W_TMA", "PERSISTENT", "FLATTEN", "SPLIT_SUM_BATCH",
-                                    "ROPE_HOIST", "W_BEFORE_WAIT", "INLINE_PTX")},
+                                    "ROPE_HOIST", "W_BEFORE_WAIT", "INLINE_PTX", "ROPE_PAIRS")},
 }
 
 
@@ -2067,7 +2111,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
             name=name, kernel=_block_fp8_gemv_fp8mma_kernel, signature=_AOT_FP8MMA_SIGNATURE,
             constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common,
                         **persistent, "SPLIT_SUM_BATCH": cfg.split_sum_batch, "W_BEFORE_WAIT": cfg.w_before_wait,
-                        "INLINE_PTX": True,
+                        "INLINE_PTX": True, "ROPE_PAIRS": cfg.rope_pairs,
                         # the wo_a geometry: K split 8 of 4096 (4 blocks, one head, per split)
                         "ROPE_HOIST": rope_mode(cfg, rope, FP8_BLOCK, HEAD_DIM // FP8_BLOCK, 8 * HEAD_DIM, HEAD_DIM,
                                                 ROPE_DIM)},

@@ -16,8 +16,12 @@ relative error) and CUDA-graph timed over rotating weight copies (``devicebench.
   (unchanged by run 19: timed once where old == new).
 
 Run 20 also timed blocks 0..1 before the wait capped at 128 registers (``ww2_r128``, wo_a with and without the RoPE,
-wo_b): it lost to ww1 everywhere and was removed (``fp8_gemv-h200-run20.md``). Each variant's registers / spills on the
-device (Triton's compiled kernel) are recorded. ``--smoke`` runs the logic
+wo_b): it lost to ww1 everywhere and was removed (``fp8_gemv-h200-run20.md``).
+
+``--run21`` (prepared in round 21, not run): wo_a with the fused RoPE at T=1, M = 8 / 2 / 4 / 1 only, the default
+beside GemvConfig.rope_pairs (the rope block rotated from its own pairs in registers), uncapped and capped.
+
+Each variant's registers / spills on the device (Triton's compiled kernel) are recorded. ``--smoke`` runs the logic
 on the CPU under the Triton interpreter at reduced shapes (no timing; the RoPE stand-in is the torch rotation).
 """
 
@@ -44,6 +48,9 @@ MAX_REL_ERR = 1e-2
 REGISTER_CAP = 128  # sm_90a: 65536 registers / (4 programs x 128 threads)
 POINTS = (("wo_a", 1, (8, 2, 4, 1)), ("wo_b", 1, (8, 2, 1)), ("wq_b", 1, (8, 1)),
           ("wo_a", 4, (1, 2, 4, 8)), ("wo_b", 4, (1, 2, 8)), ("wq_b", 4, (1, 8)))
+# --run21 (prepared in round 21, not run): wo_a + fused RoPE at T=1 only, GemvConfig.rope_pairs beside the default
+RUN21_NAME = "fp8_gemv-h200-run21"
+RUN21_POINTS = (("wo_a", 1, (8, 2, 4, 1)),)
 
 
 def _old(g, fn, *args, **kwargs):
@@ -53,6 +60,34 @@ def _old(g, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     finally:
         g.USE_W_BEFORE_WAIT = True
+
+
+def run21_variants(g, name: str, tp: int, m: int, n: int, k: int, groups: int):
+    """--run21: ``new`` = wo_a_config's plain form, ``seam`` = wo_a_config with the fused RoPE (since run 20 at 2..8
+    rows the one-shot with block 0 before the wait and the rope block preloaded, capped at the one-wave register
+    count); ``pairs`` = that program with the rope block rotated from its own (re, im) pairs (GemvConfig.rope_pairs:
+    no partner load, cos / sin per pair; sm_90a Triton 3.6: 128 registers uncapped, no spills), uncapped and with the
+    seam's cap (1 row: the 2-row seam form's)."""
+    replace = dataclasses.replace
+    seam = g.wo_a_config(m, n, k, groups, True)
+    seam2 = g.wo_a_config(2, n, k, groups, True)
+    out = [("new", g.wo_a_config(m, n, k, groups, False), "plain"), ("seam", seam, "rope")]
+    if seam2.w_before_wait:
+        pairs = replace(seam2, rope_pairs=True, max_registers=0)
+        out += [("pairs", pairs, "rope"), ("pairs_cap", replace(pairs, max_registers=seam2.max_registers), "rope")]
+    return _distinct(out)
+
+
+def _distinct(out):
+    seen, unique = {}, []
+    for label, cfg, mode in out:  # one timing per distinct (config, mode); later labels alias the first
+        if (cfg, mode) in seen:
+            seen[cfg, mode][0].append(label)
+            continue
+        entry = ([label], cfg, mode)
+        seen[cfg, mode] = entry
+        unique.append(entry)
+    return unique
 
 
 def variants(g, name: str, tp: int, m: int, n: int, k: int, groups: int):
@@ -73,15 +108,7 @@ def variants(g, name: str, tp: int, m: int, n: int, k: int, groups: int):
     else:
         old, new = _old(g, g.default_config, m, n, k, groups), g.default_config(m, n, k, groups)
         out += [("old", old, "plain"), ("new", new, "plain")]
-    seen, unique = {}, []
-    for label, cfg, mode in out:  # one timing per distinct (config, mode); later labels alias the first
-        if (cfg, mode) in seen:
-            seen[cfg, mode][0].append(label)
-            continue
-        entry = ([label], cfg, mode)
-        seen[cfg, mode] = entry
-        unique.append(entry)
-    return unique
+    return _distinct(out)
 
 
 def compiled_resources(g):
@@ -98,7 +125,7 @@ def compiled_resources(g):
     return found
 
 
-def main(out_dir: str | None, smoke: bool) -> None:
+def main(out_dir: str | None, smoke: bool, run21: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -131,10 +158,12 @@ def main(out_dir: str | None, smoke: bool) -> None:
     copy_gbs = float("nan") if smoke else db.copy_bandwidth_gbs()
     print(f"eager copy bandwidth {copy_gbs:.1f} GB/s (read+write)", flush=True)
     res = db.BenchResult(
-        name=RUN_NAME,
-        title=("Block-FP8 GEMV run 20: run 19's defaults (one-shot program, first block before the PDL wait) beside "
-               "the ones before; wo_a with the fused RoPE, register-capped one-shot candidates (CUDA-graph timed, "
-               "weight copies rotated past L2)"),
+        name=RUN21_NAME if run21 else RUN_NAME,
+        title=(("Block-FP8 GEMV run 21: wo_a with the fused RoPE, the rope block rotated from its own pairs "
+                "(rope_pairs) beside the default" if run21 else
+                "Block-FP8 GEMV run 20: run 19's defaults (one-shot program, first block before the PDL wait) beside "
+                "the ones before; wo_a with the fused RoPE, register-capped one-shot candidates")
+               + " (CUDA-graph timed, weight copies rotated past L2)"),
         columns=["linear", "T", "M", "mode", "labels", "config", "us", "pct_copy", "rel_err", "regs", "spills"])
     res.extra["copy bandwidth (GB/s, read+write, eager, this run)"] = round(copy_gbs, 1)
     failures = {}
@@ -148,7 +177,8 @@ def main(out_dir: str | None, smoke: bool) -> None:
 
     # the smoke run: T=1 only (under the interpreter the bf16 tensor-core tile of T=4's 4..8 rows, dot_m16_n32 at
     # split 8, returns garbage at reduced shapes, at HEAD before this script too; the device runs check it)
-    for name, tp, rows in (point for point in POINTS if not smoke or point[1] == 1):
+    pick = run21_variants if run21 else variants
+    for name, tp, rows in (point for point in (RUN21_POINTS if run21 else POINTS) if not smoke or point[1] == 1):
         n, k = dsv4.dense_linear_shapes(tp)[name]
         is_wo_a = name == "wo_a"
         groups = dsv4.O_GROUPS // tp if is_wo_a else 1
@@ -191,7 +221,7 @@ def main(out_dir: str | None, smoke: bool) -> None:
                 return g.grouped_fp8_wo_a(x, w, s, config=cfg)
 
             line = []
-            for labels, cfg, mode in variants(g, name, tp, m, *full):
+            for labels, cfg, mode in pick(g, name, tp, m, *full):
                 try:
                     before = compiled_resources(g)
                     if mode == "sep":
@@ -227,6 +257,10 @@ def main(out_dir: str | None, smoke: bool) -> None:
         if not smoke:
             torch.cuda.empty_cache()
     res.extra["failures"] = failures
+    if run21:
+        res.notes.append("run 21 variants (run21_variants): new = wo_a_config without the RoPE; seam = with it (the "
+                         "default); pairs / pairs_cap = the seam's one-shot with GemvConfig.rope_pairs, uncapped / "
+                         "at the seam's register cap. A default changes only where pairs is >= 2 % faster.")
     res.notes += [
         "old: the form default_config / wo_a_config picked before run 19's defaults (USE_W_BEFORE_WAIT = False); new: "
         "the form they pick in this code; seam_*: wo_a_config with the fused inverse RoPE (the seam's call at G=8, "
@@ -248,5 +282,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT"))
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter run at reduced shapes, no timing")
+    parser.add_argument("--run21", action="store_true",
+                        help="run 21 (prepared): wo_a + fused RoPE at T=1, GemvConfig.rope_pairs beside the default")
     args = parser.parse_args()
-    main(args.out, args.smoke)
+    main(args.out, args.smoke, args.run21)

@@ -62,11 +62,13 @@ def test_w_before_wait_zero_rows():
 ROPE_CASES = [(512, 64), (256, 64), (512, 192)]
 
 
+@pytest.mark.parametrize("pairs", [False, True])
 @pytest.mark.parametrize("cap", [0, 128])
 @pytest.mark.parametrize("head,rope", ROPE_CASES)
-def test_w_before_wait_wo_a_rope(head, rope, cap):
+def test_w_before_wait_wo_a_rope(head, rope, cap, pairs):
     """grouped wo_a with the fused inverse RoPE: within OUTPUT_TOL of the reference and bit for bit the one-shot loop's
-    result without the wait-split (ragged R, strided o, rows past M masked)."""
+    result without the wait-split (ragged R, strided o, rows past M masked); rope_pairs (the rope block rotated from its
+    own pairs; where the rope block is not preloaded it changes nothing) the same arithmetic."""
     gen = torch.Generator().manual_seed(head + rope + cap)
     b, groups, r, d = 3, 2, 160, 1024
     w, s = random_weight(r, d, groups=groups, gen=gen)
@@ -74,18 +76,19 @@ def test_w_before_wait_wo_a_rope(head, rope, cap):
     pos = torch.randint(0, 64, (b,), generator=gen).to(DEVICE)
     freqs = rope_freqs(rope, gen)
     kw = dict(positions=pos, freqs=freqs, head_dim=head, rope_dim=rope)
-    cfg = dataclasses.replace(one_shot(block_n=128, cap=cap), rope_preload=True)
+    cfg = dataclasses.replace(one_shot(block_n=128, cap=cap), rope_preload=True, rope_pairs=pairs)
     y = g.grouped_fp8_wo_a(o, w, s, out=poisoned((b, groups, r)), config=cfg, **kw)
     ref = g.reference_grouped_wo_a(o, w, s, pos, freqs, head, rope)
     assert torch.isfinite(y).all() and rel_err(y, ref) < OUTPUT_TOL
-    loop_form = dataclasses.replace(cfg, w_before_wait=0, max_registers=0)
+    loop_form = dataclasses.replace(cfg, w_before_wait=0, max_registers=0, rope_pairs=False)
     assert torch.equal(y, g.grouped_fp8_wo_a(o, w, s, config=loop_form, **kw))
 
 
+@pytest.mark.parametrize("pairs", [False, True])
 @pytest.mark.parametrize("rope", [False, True])
-def test_w_before_wait_wo_a_ragged(rope):
-    check_ragged_grouped_wo_a(dataclasses.replace(one_shot(block_n=128, cap=128), rope_preload=True), rope,
-                              seed=71 + rope, groups=2)
+def test_w_before_wait_wo_a_ragged(rope, pairs):
+    check_ragged_grouped_wo_a(dataclasses.replace(one_shot(block_n=128, cap=128), rope_preload=True, rope_pairs=pairs),
+                              rope, seed=71 + rope, groups=2)
 
 
 def test_w_before_wait_validation_and_name():
@@ -96,6 +99,11 @@ def test_w_before_wait_validation_and_name():
             dataclasses.replace(one_shot(), **bad)
     with pytest.raises(ValueError, match="w_before_wait"):
         g.GemvConfig(1, 32, 2, False, k_unroll=4, w_before_wait=1)
+    pairs = dataclasses.replace(one_shot(), rope_preload=True, rope_pairs=True)
+    assert pairs.name.endswith("_rp_ww1_pairs")
+    for bad in (dict(w_before_wait=0), dict(rope_preload=False)):
+        with pytest.raises(ValueError, match="rope_pairs"):
+            dataclasses.replace(pairs, **bad)
     for bad_cap in (-8, 8, 256):
         with pytest.raises(ValueError, match="max_registers"):
             one_shot(cap=bad_cap)
@@ -149,3 +157,6 @@ def test_aot_registers_the_run_20_forms():
         assert capped.name in names and names[capped.name].max_registers == cap
         assert names[capped.name].max_spill_bytes == g.CAPPED_MAX_SPILL_BYTES
     assert not any("_ww2" in n or "_ww4" in n or "_ww8" in n for n in names)
+    for cap in (0, 128, 168):  # the rope_pairs candidates (tools/device_fp8_gemv_run20.py --run21, not run yet)
+        pairs = dataclasses.replace(plain, rope_preload=True, rope_pairs=True, max_registers=cap)
+        assert g.aot_config(pairs, True).name in names and not g.wo_a_config(8, 1024, 4096, 8, True).rope_pairs
