@@ -1578,6 +1578,24 @@ REGISTERS_PER_SM = 64 * 1024  # sm_90 and sm_120 alike
 REGISTER_ALLOCATION_UNIT = 8  # ptxas allocates registers per thread in multiples of 8
 
 
+# The cap is an H200 (sm_90) measurement. On sm_12x ptxas spills under it (16 B at 128 registers on sm_120a, an RTX
+# 5090's one-wave bound), which the AOT standard (no spills) rules out, and what it does there is unmeasured: sm_12x
+# GPUs run the form uncapped (its AOT config: no spills).
+ONE_WAVE_CAP_CAPABILITY_MAJORS = (9,)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_major(device_index: int) -> int:
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+def one_wave_cap_applies() -> bool:
+    """Whether wo_a_config caps the fused-RoPE one-shot program's registers for one wave on this device."""
+    if not torch.cuda.is_available():
+        return False
+    return _capability_major(torch.cuda.current_device()) in ONE_WAVE_CAP_CAPABILITY_MAJORS
+
+
 def one_wave_registers(programs: int, num_warps: int, sms: int) -> int:
     """The most registers per thread (GemvConfig.max_registers) at which ``programs`` programs of ``num_warps`` warps
     all fit on ``sms`` SMs at once; 0 (no cap) where that bound is above ptxas' maximum."""
@@ -1606,7 +1624,7 @@ def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvCo
     if one_shot:
         cfg = dataclasses.replace(cfg, rope_preload=True, w_before_wait=WO_A_ROPE_W_BEFORE_WAIT if USE_W_BEFORE_WAIT
                                   else 0, **WO_A_ONE_SHOT)
-        if cfg.w_before_wait:  # run 20: capped to fit every program at once
+        if cfg.w_before_wait and one_wave_cap_applies():  # run 20: capped to fit every program at once (H200)
             programs = groups * triton.cdiv(r, cfg.block_n) * triton.cdiv(b, cfg.block_m) * cfg.split_k
             cfg = dataclasses.replace(cfg, max_registers=one_wave_registers(programs, cfg.num_warps, sm_count()))
         return cfg
@@ -2014,23 +2032,16 @@ _ONE_CHUNK_FORMS = tuple(
     for rope in ropes)
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
 # run 19 / 20: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a / wo_b at
-# T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded) under the register cap
-# wo_a_config computes for one wave (one_wave_registers): 128 on the H200 and a 170-SM RTX 5090, 168 on a 188-SM RTX
-# PRO 6000 (above sm_120a's natural count: the same code as uncapped)
+# T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded), uncapped as sm_12x runs
+# it (the H200's one-wave register cap is not shipped there: one_wave_cap_applies)
 _W_BEFORE_WAIT_ONE_SHOT = GemvConfig(FP8_MMA_BLOCK_ROWS, FP8_MMA_WIDE["block_n"], 4, True, pdl=True, fp8_mma=True,
                                      fp8_join=True, w_before_wait=1, **WO_A_ONE_SHOT)
-_W_BEFORE_WAIT_FORMS = ((_W_BEFORE_WAIT_ONE_SHOT, False),) + tuple(
-    (dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True, max_registers=cap), True) for cap in (128, 168))
+_W_BEFORE_WAIT_FORMS = ((_W_BEFORE_WAIT_ONE_SHOT, False),
+                        (dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True), True))
 SHIPPED_FORMS += _W_BEFORE_WAIT_FORMS
-# candidates compiled for sm_120a / sm_121a, no default uses them (tools/device_fp8_gemv_run20.py --run21, prepared):
-# the fused-RoPE one-shot with the rope block rotated from its own pairs (rope_pairs), uncapped and at both caps
-CANDIDATE_FORMS = tuple((dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True, rope_pairs=True,
-                                             max_registers=cap), True) for cap in (0, 128, 168))
-
-
-# a register-capped form (GemvConfig.max_registers) trades a few spilled bytes (local memory, L1-resident) for one
-# more program per SM; run 20's capped wo_a + RoPE program spilled 16-20 B on sm_90a and won
-CAPPED_MAX_SPILL_BYTES = 64
+# candidate compiled for sm_120a / sm_121a, no default uses it (tools/device_fp8_gemv_run20.py --run21, prepared):
+# the fused-RoPE one-shot with the rope block rotated from its own pairs (rope_pairs)
+CANDIDATE_FORMS = ((dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True, rope_pairs=True), True),)
 
 
 def aot_configs() -> list[AotConfig]:
@@ -2122,7 +2133,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
             # stage (no pipeline) by 16-byte loads into registers
             expect_opcodes=("QMMA.16832.F32.E4M3.E4M3", "LDGSTS.E.BYPASS.128" if cfg.num_stages > 1 else "LDG.E.128"),
             forbid_opcodes=("HMMA.16816.F32.BF16",),
-            max_registers=cfg.max_registers, max_spill_bytes=CAPPED_MAX_SPILL_BYTES if cfg.max_registers else 0,
+            max_registers=cfg.max_registers,
         )
     return AotConfig(
         name=name, kernel=_block_fp8_gemv_kernel, signature=_AOT_SIGNATURE,
