@@ -25,14 +25,11 @@ that the seam is active, so installed hooks of an inactive seam change nothing.
 
 from __future__ import annotations
 
-import logging
 
 import torch
 
 from .hooks import install_hooks
-from .seams import REGISTRY, Seam
-
-logger = logging.getLogger("sglang_sm120")
+from .seams import REGISTRY, OnceLog, Seam, kernels_runnable
 
 COMPRESSOR_GATE = "sglang.srt.layers.attention.dsv4.compressor.Compressor._compute_wkv_gate"
 INDEXER_WEIGHTS = "sglang.srt.layers.attention.dsv4.indexer.C4Indexer.compute_weights"
@@ -43,13 +40,7 @@ TARGETS = (COMPRESSOR_GATE, INDEXER_WEIGHTS)
 COMPRESSOR_MAX_ROWS = 4
 WEIGHTS_PROJ_MAX_ROWS = 8
 
-_logged: set[str] = set()
-
-
-def _log_once(key: str, message: str, *args) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        logger.info("sglang-sm120 bf16_linear: " + message, *args)
+_log_once = OnceLog("bf16_linear")
 
 
 def _kernels():
@@ -62,14 +53,6 @@ def active() -> bool:
     return REGISTRY.is_active("bf16_linear")
 
 
-def _runnable(t: torch.Tensor) -> bool:
-    if t.is_cuda:
-        return True
-    from .kernels.harness.interpreter import interpreter_enabled
-
-    return interpreter_enabled()
-
-
 def covers(x: torch.Tensor, weight, max_rows: int) -> bool:
     """Whether ``x @ weight.T`` is a call the GEMV takes: bf16 2-D operands contiguous along K on one device,
     1..``max_rows`` rows."""
@@ -79,7 +62,7 @@ def covers(x: torch.Tensor, weight, max_rows: int) -> bool:
         return False
     if x.shape[1] != weight.shape[1] or not 1 <= x.shape[0] <= min(max_rows, _kernels().MAX_ROWS):
         return False
-    return x.device == weight.device and x.stride(1) == 1 and weight.stride(1) == 1 and _runnable(x)
+    return x.device == weight.device and x.stride(1) == 1 and weight.stride(1) == 1 and kernels_runnable(x)
 
 
 def _upstream_gemm_is_cublas() -> bool:

@@ -41,16 +41,13 @@ is active, so a seam that is not active changes nothing even where hooks were in
 
 from __future__ import annotations
 
-import logging
 import os
 import weakref
 
 import torch
 
 from .hooks import install_hooks
-from .seams import REGISTRY, Seam
-
-logger = logging.getLogger("sglang_sm120")
+from .seams import REGISTRY, OnceLog, Seam, kernels_runnable
 
 DSV4 = "sglang.srt.models.deepseek_v4"
 WO_A_ENABLED = f"{DSV4}.wo_a_fp8_gemm_enabled"
@@ -85,15 +82,9 @@ ROPE_DIMS_ATTR = "sm120_wo_a_rope_dims"  # (head_dim, rope_dim) of the layer, fo
 FP8 = torch.float8_e4m3fn
 BLOCK = [128, 128]
 
-_logged: set[str] = set()
+_log_once = OnceLog("dense")
 # every FP8 wo_a weight Parameter the seam adopted, to find the scales of a view not made from it
 _adopted: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
-
-
-def _log_once(key: str, message: str, *args) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        logger.info("sglang-sm120 dense: " + message, *args)
 
 
 def _kernels():
@@ -138,14 +129,6 @@ def _upstream_fp8_wo_a_opted_in() -> bool:
     import sglang.srt.models.deepseek_v4 as dsv4
 
     return bool(dsv4._FP8_WO_A_GEMM)
-
-
-def _runnable(t: torch.Tensor) -> bool:
-    if t.is_cuda:
-        return True
-    from .kernels.harness.interpreter import interpreter_enabled
-
-    return interpreter_enabled()
 
 
 # --- wo_a ------------------------------------------------------------------------------------------
@@ -309,7 +292,7 @@ class SmallRowFp8Linear:
             return False
         if bias is not None and (bias.dtype != torch.bfloat16 or bias.shape[-1] != n):
             return False
-        return _runnable(x) and weight.stride(-1) == 1 and x.stride(-1) == 1
+        return kernels_runnable(x) and weight.stride(-1) == 1 and x.stride(-1) == 1
 
     def __call__(self, input, weight, block_size, weight_scale, input_scale=None, bias=None, **extra):
         if self.covers(input, weight, block_size, weight_scale, input_scale, bias, extra):

@@ -33,7 +33,7 @@ import os
 import torch
 
 from .hooks import install_hooks, resolve
-from .seams import REGISTRY, Seam
+from .seams import REGISTRY, OnceLog, Seam, kernels_runnable
 
 logger = logging.getLogger("sglang_sm120")
 
@@ -46,7 +46,7 @@ TARGETS = (TILELANG_LOGITS, TORCH_LOGITS, TOPK, FORWARD_C4)
 ENV_PATH = "SGLANG_SM120_INDEXER_PATH"  # auto (decision table) | fused | two_kernel
 
 _fusable = contextvars.ContextVar("sglang_sm120_indexer_fusable", default=False)
-_logged: set[str] = set()
+_log_once = OnceLog("indexer")
 
 
 @dataclasses.dataclass
@@ -67,20 +67,6 @@ def _kernels():
     return indexer
 
 
-def _log_once(key: str, message: str, *args) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        logger.info("sglang-sm120 indexer: " + message, *args)
-
-
-def _runnable(t: torch.Tensor) -> bool:
-    if t.is_cuda:
-        return True
-    from .kernels.harness.interpreter import interpreter_enabled
-
-    return interpreter_enabled()
-
-
 def logits_uncovered(q, kv, weights, seq_lens, page_table, max_seq_len, clean_logits) -> str | None:
     """Why our logits kernel cannot serve this call (None when it can)."""
     ix = _kernels()
@@ -92,7 +78,7 @@ def logits_uncovered(q, kv, weights, seq_lens, page_table, max_seq_len, clean_lo
         return "clean_logits=True"
     if q.dim() == 4 and q.shape[1] != 1:
         return f"s_q={q.shape[1]} (only 1 is covered)"
-    if not _runnable(q):
+    if not kernels_runnable(q):
         return f"{q.device} tensors without a GPU or the Triton interpreter"
     if seq_lens.dim() == 2 and seq_lens.shape[1] == 1:
         seq_lens = seq_lens[:, 0]
@@ -106,7 +92,7 @@ def logits_uncovered(q, kv, weights, seq_lens, page_table, max_seq_len, clean_lo
 def topk_uncovered(scores, seq_lens, page_tables, out, page_size, raw) -> str | None:
     if not REGISTRY.is_active("indexer"):
         return "seam not active"
-    if not isinstance(scores, torch.Tensor) or not _runnable(scores):
+    if not isinstance(scores, torch.Tensor) or not kernels_runnable(scores):
         return "scores without a GPU or the Triton interpreter"
     try:
         _kernels().validate_topk_inputs(scores, seq_lens, page_tables, out, page_size, raw)

@@ -152,3 +152,27 @@ class SeamRegistry:
 
 
 REGISTRY = SeamRegistry()
+
+
+class OnceLog:
+    """A seam's call-time log lines, each key logged once per process (a decision taken on every forward must
+    not flood the log)."""
+
+    def __init__(self, seam_name: str) -> None:
+        self.prefix = f"sglang-sm120 {seam_name}: "
+        self.seen: set[str] = set()
+
+    def __call__(self, key: str, message: str, *args) -> None:
+        if key not in self.seen:
+            self.seen.add(key)
+            logger.info(self.prefix + message, *args)
+
+
+def kernels_runnable(t) -> bool:
+    """Whether the plugin's Triton kernels can run on ``t``: a CUDA tensor, or any tensor under the CPU
+    interpreter (the seam tests)."""
+    if t.is_cuda:
+        return True
+    from .kernels.harness.interpreter import interpreter_enabled
+
+    return interpreter_enabled()
