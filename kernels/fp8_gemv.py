@@ -1567,41 +1567,21 @@ WO_A_ONE_SHOT = dict(num_warps=4, k_unroll=WO_A_ONE_SHOT_K_BLOCKS, num_stages=1,
 # 10.92 / 13.54 at 1 / 8 rows).
 USE_W_BEFORE_WAIT = True  # False: default_config / wo_a_config as before run 19
 ONE_SHOT_W_BEFORE_WAIT = 1
-# With the fused RoPE, H200 runs 19 / 20 (benchmarks/fp8_gemv-h200-run20-summary.md, copy 4173.6 GB/s, T=1): that
-# program with the rope block preloaded (its cos / sin gathered after block 0's MMA) takes 144 registers on sm_90a
-# (Triton 3.6), 3 programs per SM, so 512 programs run in two waves: 16.82 / 17.19 / 17.45 us at 2 / 4 / 8 rows. Capped
-# at 128 registers (GemvConfig.max_registers; ptxas spills 16-20 B) it runs in one wave: 12.95 / 13.39 / 14.05 us
-# against the rp one-shot's 13.55 / 13.89 / 14.69 (0.956 / 0.964 / 0.956x). At 1 row it lost (12.83 against the FMA
-# tile's 12.37). The cap is the one-wave bound of the launch on the device (one_wave_registers), not a constant.
+# With the fused RoPE, H200 runs 19 / 20 / 21 (benchmarks/fp8_gemv-h200-run20-summary.md, -run21-summary.md, T=1):
+# that program with the rope block preloaded took 144 registers on sm_90a (Triton 3.6), two waves of 512 programs,
+# 16.82 / 17.19 / 17.45 us at 2 / 4 / 8 rows (run 20; 12.95 / 13.39 / 14.05 when capped at 128 registers, with
+# spills). With the rope block rotated from its own (re, im) pairs (GemvConfig.rope_pairs: no partner load, 128
+# registers on sm_90a and 140 on sm_120a uncapped, no spills) it is the default at 1..8 rows: run 21 (copy 4209.5 GB/s)
+# 11.78 / 11.99 / 12.41 / 12.88 us at 1 / 2 / 4 / 8 rows against the defaults before it, 12.40 (the FMA tile, RoPE
+# factors hoisted) / 12.89 / 13.38 / 13.97 (the capped program): 0.92-0.95x. At 1 row the one-shot tile of 2 rows runs.
 WO_A_ROPE_W_BEFORE_WAIT = 1
-REGISTERS_PER_SM = 64 * 1024  # sm_90 and sm_120 alike
-REGISTER_ALLOCATION_UNIT = 8  # ptxas allocates registers per thread in multiples of 8
+USE_WO_A_ROPE_PAIRS = True  # False: the forms before run 21 (the FMA tile at 1 row; 2..8 rows uncapped, no pairs)
 
 
-# The cap is an H200 (sm_90) measurement. On sm_12x ptxas spills under it (16 B at 128 registers on sm_120a, an RTX
-# 5090's one-wave bound), which the AOT standard (no spills) rules out, and what it does there is unmeasured: sm_12x
-# GPUs run the form uncapped (its AOT config: no spills).
-ONE_WAVE_CAP_CAPABILITY_MAJORS = (9,)
-
-
-@functools.lru_cache(maxsize=None)
-def _capability_major(device_index: int) -> int:
-    return torch.cuda.get_device_capability(device_index)[0]
-
-
-def one_wave_cap_applies() -> bool:
-    """Whether wo_a_config caps the fused-RoPE one-shot program's registers for one wave on this device."""
-    if not torch.cuda.is_available():
-        return False
-    return _capability_major(torch.cuda.current_device()) in ONE_WAVE_CAP_CAPABILITY_MAJORS
-
-
-def one_wave_registers(programs: int, num_warps: int, sms: int) -> int:
-    """The most registers per thread (GemvConfig.max_registers) at which ``programs`` programs of ``num_warps`` warps
-    all fit on ``sms`` SMs at once; 0 (no cap) where that bound is above ptxas' maximum."""
-    per_sm = -(-programs // sms)
-    regs = REGISTERS_PER_SM // (per_sm * num_warps * 32) // REGISTER_ALLOCATION_UNIT * REGISTER_ALLOCATION_UNIT
-    return 0 if regs > MAX_REGISTERS else max(MIN_MAX_REGISTERS, regs)
+def _wo_a_one_shot(cfg: GemvConfig, d: int) -> bool:
+    """Whether ``cfg`` is the 128-column FP8 tile with PDL whose K splits are one-shot blocks of wo_a's K ``d``."""
+    wide_pdl_tile = cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"]
+    return wide_pdl_tile and cfg.split_k > 1 and triton.cdiv(d, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k
 
 
 def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvConfig:
@@ -1614,20 +1594,20 @@ def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvCo
         # against 4.70 / 6.12)
         cfg = _default_config(b, r, d, groups, one_chunk_rule=False)
     wide_pdl_tile = cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"]
-    one_shot = (wide_pdl_tile and cfg.split_k > 1
-                and triton.cdiv(d, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k)
+    one_shot = _wo_a_one_shot(cfg, d)
+    if fused_rope and b == 1 and USE_WO_A_ROPE_PAIRS and USE_W_BEFORE_WAIT:
+        two_rows = default_config(2, r, d, groups)  # run 21: at 1 row too, the 2-row one-shot tile with rope pairs
+        if _wo_a_one_shot(two_rows, d):
+            cfg, wide_pdl_tile, one_shot = two_rows, True, True
     if not fused_rope:
         if one_shot and not USE_W_BEFORE_WAIT and b <= WO_A_ONE_SHOT_MAX_ROWS:  # run 15b's one-shot, before run 19
             return dataclasses.replace(cfg, **WO_A_ONE_SHOT)
         return cfg  # run 19: default_config's one-shot program with its first block before the wait
     # runs 17 / 17b: the one-shot program (2..8 rows) and the FP8 tile without PDL (T=2) with the rope block preloaded
     if one_shot:
-        cfg = dataclasses.replace(cfg, rope_preload=True, w_before_wait=WO_A_ROPE_W_BEFORE_WAIT if USE_W_BEFORE_WAIT
-                                  else 0, **WO_A_ONE_SHOT)
-        if cfg.w_before_wait and one_wave_cap_applies():  # run 20: capped to fit every program at once (H200)
-            programs = groups * triton.cdiv(r, cfg.block_n) * triton.cdiv(b, cfg.block_m) * cfg.split_k
-            cfg = dataclasses.replace(cfg, max_registers=one_wave_registers(programs, cfg.num_warps, sm_count()))
-        return cfg
+        pre = WO_A_ROPE_W_BEFORE_WAIT if USE_W_BEFORE_WAIT else 0
+        return dataclasses.replace(cfg, rope_preload=True, w_before_wait=pre,
+                                   rope_pairs=bool(pre) and USE_WO_A_ROPE_PAIRS, **WO_A_ONE_SHOT)
     if cfg.fp8_mma and not cfg.pdl:
         return dataclasses.replace(cfg, rope_preload=True)
     if not USE_TMA:
@@ -2031,21 +2011,19 @@ _ONE_CHUNK_FORMS = tuple(
                                      (512, 32, 4, (False,)), (256, 32, 4, (False,)))
     for rope in ropes)
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
-# run 19 / 20: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a / wo_b at
-# T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded), uncapped as sm_12x runs
-# it (the H200's one-wave register cap is not shipped there: one_wave_cap_applies)
+# run 19 / 20 / 21: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a /
+# wo_b at T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded, rotated from its
+# own pairs) wo_a_config's at 1..8 rows; the same without pairs as USE_WO_A_ROPE_PAIRS = False runs it
 _W_BEFORE_WAIT_ONE_SHOT = GemvConfig(FP8_MMA_BLOCK_ROWS, FP8_MMA_WIDE["block_n"], 4, True, pdl=True, fp8_mma=True,
                                      fp8_join=True, w_before_wait=1, **WO_A_ONE_SHOT)
 _W_BEFORE_WAIT_FORMS = ((_W_BEFORE_WAIT_ONE_SHOT, False),
+                        (dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True, rope_pairs=True), True),
                         (dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True), True))
 SHIPPED_FORMS += _W_BEFORE_WAIT_FORMS
-# candidate compiled for sm_120a / sm_121a, no default uses it (tools/device_fp8_gemv_run20.py --run21, prepared):
-# the fused-RoPE one-shot with the rope block rotated from its own pairs (rope_pairs)
-CANDIDATE_FORMS = ((dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True, rope_pairs=True), True),)
 
 
 def aot_configs() -> list[AotConfig]:
-    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS + CANDIDATE_FORMS]
+    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS]
 
 
 _AOT_SIGNATURE = {

@@ -109,61 +109,49 @@ def test_w_before_wait_validation_and_name():
             one_shot(cap=bad_cap)
 
 
-def test_one_wave_registers():
-    """The register cap at which every program fits on the SMs at once (64 K registers per SM, in steps of 8)."""
-    assert g.one_wave_registers(512, 4, 132) == 128  # H200: 4 programs per SM
-    assert g.one_wave_registers(512, 4, 170) == 128  # RTX 5090: 510 < 512 at 3 per SM
-    assert g.one_wave_registers(512, 4, 188) == 168  # RTX PRO 6000: 3 per SM, 170 -> 168
-    assert g.one_wave_registers(132, 4, 132) == 0  # one program per SM: 512 registers, above ptxas' 255 (no cap)
-    assert g.one_wave_registers(132 * 64, 4, 132) == g.MIN_MAX_REGISTERS
-
-
-@pytest.mark.parametrize("sms,capped", [(132, True), (188, True), (170, False), (188, False)])
-def test_defaults_where_runs_19_and_20_measured_faster(monkeypatch, sms, capped):
+@pytest.mark.parametrize("sms", [132, 170, 188])
+def test_defaults_where_runs_19_to_21_measured_faster(monkeypatch, sms):
     """T=1, 2..8 rows: wo_a (8 groups, split 8) and wo_b ([4096, 8192], split 16) on the one-shot program with block
-    0 before the wait; wo_a with the fused RoPE the same with the rope block preloaded, under the one-wave register cap
-    of the device where the cap applies (an sm_90 GPU: the H200 measured it) and uncapped elsewhere (sm_12x: ptxas
-    spills under it); 1 row, wq_b and T >= 2 unchanged; USE_W_BEFORE_WAIT = False restores the forms before run 19."""
+    0 before the wait; wo_a with the fused RoPE at 1..8 rows the same program (2-row tile at 1 row) with the rope block
+    preloaded and rotated from its own pairs, no register cap; 1 row without the RoPE, wq_b and T >= 2 unchanged;
+    USE_WO_A_ROPE_PAIRS = False / USE_W_BEFORE_WAIT = False restore the forms before runs 21 / 19."""
     monkeypatch.setattr(g, "sm_count", lambda device_index=None: sms)
-    monkeypatch.setattr(g, "one_wave_cap_applies", lambda: capped)
-    for m in range(2, 9):
+    for m in range(1, 9):
+        seam = g.wo_a_config(m, 1024, 4096, 8, fused_rope=True)
+        plain2 = g.default_config(max(m, 2), 1024, 4096, 8)
+        assert seam == dataclasses.replace(plain2, rope_preload=True, rope_pairs=True)
+        assert seam.w_before_wait == 1 and not seam.max_registers
+        for groups in (4, 2, 1):  # T >= 2: no PDL on the wide tile, no one-shot
+            assert not g.wo_a_config(m, 1024, 4096, groups, fused_rope=True).w_before_wait
+            assert not g.wo_a_config(m, 1024, 4096, groups, fused_rope=False).w_before_wait
+        if m == 1:
+            continue
         wo_b = g.default_config(m, 4096, 8192)
         assert wo_b.w_before_wait == 1 and wo_b.k_unroll == 4 and wo_b.split_k == 16 and wo_b.num_warps == 4
         assert wo_b.num_stages == 1 and wo_b.split_sum_batch == 8 and wo_b.pdl and not wo_b.max_registers
         plain = g.wo_a_config(m, 1024, 4096, 8, fused_rope=False)
         assert plain == g.default_config(m, 1024, 4096, 8) and plain.w_before_wait == 1 and plain.split_k == 8
-        seam = g.wo_a_config(m, 1024, 4096, 8, fused_rope=True)
-        programs = 8 * (1024 // 128) * 8
-        cap = g.one_wave_registers(programs, 4, sms) if capped else 0
-        assert seam == dataclasses.replace(plain, rope_preload=True, max_registers=cap)
-        assert seam.max_registers == ({132: 128, 188: 168}[sms] if capped else 0)
-        for groups in (4, 2, 1):  # T >= 2: no PDL on the wide tile, no one-shot
-            assert not g.wo_a_config(m, 1024, 4096, groups, fused_rope=True).w_before_wait
-            assert not g.wo_a_config(m, 1024, 4096, groups, fused_rope=False).w_before_wait
         assert not g.default_config(m, 32768, 1024).w_before_wait  # wq_b: its 8-block program lost
-    for fused in (False, True):  # 1 row: the FMA tile stays
-        assert not g.wo_a_config(1, 1024, 4096, 8, fused_rope=fused).w_before_wait
+    assert not g.wo_a_config(1, 1024, 4096, 8, fused_rope=False).w_before_wait  # 1 row, no RoPE: the FMA tile
     assert not g.default_config(1, 4096, 8192).w_before_wait
+    monkeypatch.setattr(g, "USE_WO_A_ROPE_PAIRS", False)
+    assert not g.wo_a_config(1, 1024, 4096, 8, fused_rope=True).w_before_wait  # run 17b's FMA tile at 1 row
+    before21 = g.wo_a_config(4, 1024, 4096, 8, fused_rope=True)
+    assert before21.rope_preload and before21.w_before_wait == 1 and not before21.rope_pairs
     monkeypatch.setattr(g, "USE_W_BEFORE_WAIT", False)
     assert g.default_config(8, 4096, 8192).num_stages == 3 and not g.default_config(8, 4096, 8192).w_before_wait
     seam = g.wo_a_config(8, 1024, 4096, 8, fused_rope=True)
     assert seam.rope_preload and not seam.w_before_wait and not seam.max_registers
 
 
-def test_aot_registers_the_run_20_forms():
+def test_aot_registers_the_run_21_forms():
     names = {c.name: c for c in g.aot_configs()}
     plain = one_shot(block_n=128, split=4)  # split_k matters to the compile only as 1 vs > 1
     assert g.aot_config(plain).name in names
-    # sm_12x runs the fused-RoPE form uncapped, so that is what the AOT check compiles (no spills allowed)
-    rope = g.aot_config(dataclasses.replace(plain, rope_preload=True), True)
-    assert rope.name in names and not names[rope.name].max_registers and names[rope.name].max_spill_bytes == 0
+    # the fused-RoPE forms, with and without rope pairs, uncapped: the AOT check allows no spills
+    for pairs in (True, False):
+        rope = g.aot_config(dataclasses.replace(plain, rope_preload=True, rope_pairs=pairs), True)
+        assert rope.name in names and names[rope.name].max_spill_bytes == 0
     assert not any(c.max_registers for c in names.values())
     assert not any("_ww2" in n or "_ww4" in n or "_ww8" in n for n in names)
-    # the rope_pairs candidate (tools/device_fp8_gemv_run20.py --run21, not run yet)
-    pairs = dataclasses.replace(plain, rope_preload=True, rope_pairs=True)
-    assert g.aot_config(pairs, True).name in names and not g.wo_a_config(8, 1024, 4096, 8, True).rope_pairs
-
-
-def test_one_wave_cap_applies_only_where_measured(monkeypatch):
-    monkeypatch.setattr(g.torch.cuda, "is_available", lambda: False)
-    assert not g.one_wave_cap_applies()  # no GPU (the interpreter): no cap
+    assert g.wo_a_config(8, 1024, 4096, 8, True).rope_pairs
