@@ -82,6 +82,9 @@ SELECT_MAX_CHUNK = 4096  # largest chunk by default (8192: fewer merge levels, 1
 SELECT_MAX_WARPS = 16
 FUSED_SPLIT_PAGES = (8, 16, 32, 64)  # pages one fused program scores and reduces to K candidates
 LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this many programs run
+# Round 21 (run 14 candidate): logits programs of the page-max form (0: LOGITS_TARGET_PROGRAMS). More programs
+# (fewer pages each) make the logits grid several waves, so that with PAGE_MAX_OVERLAP rows finish one after another.
+PAGE_MAX_TARGET_PROGRAMS = 0
 LOGITS_NUM_WARPS, LOGITS_NUM_STAGES = 4, 3
 # Histogram select: the order-preserving key in three digits (11 + 11 + 10 bits). Workspace row
 # (int32; zero between calls: each call leaves it zeroed): counters, the second and third digits'
@@ -102,6 +105,7 @@ WS_DONE = tl.constexpr(2)  # counting programs finished (the last one reduces th
 WS_THR1 = tl.constexpr(3)  # the first digit's threshold bin
 WS_ABOVE1 = tl.constexpr(4)  # entries in the bins above it
 WS_SPLIT_DONE = tl.constexpr(5)  # split programs finished (folded form: the last one finishes the row)
+WS_READY = tl.constexpr(6)  # page-max overlap form: the row's bound and logits are ready (set by the logits kernel)
 HIST_REDUCE_BLOCK = tl.constexpr(256)  # first-digit bins the reducing program sums at a time
 # How the last counting program of a row reduces the first digit's copies (_finish_first_digit)
 REDUCE_BLOCKS = tl.constexpr(0)
@@ -121,6 +125,15 @@ WS_PMAX = WS_H1 + (1 << HIST_DIGITS[0])
 PAGE_MAX_CLEAN = WS_PMAX  # what the page-max form's finishing program zeroes (counters, H2, H3, copy 0)
 PAGE_MAX_BOUND_BITS = 16  # bits of the page-max bound (sign, exponent, 7 mantissa bits: within 1/128 below)
 PAGE_MAX_KEYS = 2048  # group maxima per row at most (the last logits program's block; sm_120a 118 registers at 4096)
+# Round 21 candidate (off until timed): the page-max select overlapping the logits row by row. The logits grid
+# runs row-major (all programs of row 0 first, ...), so rows finish one after another instead of all at the end;
+# the row's last logits program publishes a ready flag after its bound; the select launches with PDL (at every
+# batch) and each of its programs waits for its own row's flag instead of the whole logits launch, so only the
+# last rows' select (and the bound) is exposed. Run 12 at B=16 x 256K: logits alone 41.2 us, + bound 3.9,
+# + select launch 14.0 (its finish ~6.3). Why not the selection inside the row's last logits program: one
+# program of 4 warps would scan (or gather from) the row's 65536 logits in L2 alone, a chain of dependent
+# round trips, and its registers would count against the whole logits kernel's occupancy.
+PAGE_MAX_OVERLAP = False
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
 HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores row)
 # The select after the first digit (H200 run 7, benchmarks/indexer-h200-run7-summary.md): split
@@ -246,18 +259,27 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
                    HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0,
                    PDL: tl.constexpr = False, REDUCE: tl.constexpr = 0, PAGE_MAX: tl.constexpr = False,
                    WS_PMAX_C: tl.constexpr = 0, NPM: tl.constexpr = 1, GROUPS: tl.constexpr = 1,
-                   BOUND_BITS: tl.constexpr = 16):
+                   BOUND_BITS: tl.constexpr = 16, ROW_MAJOR: tl.constexpr = False, READY: tl.constexpr = False):
     """Grid (B, splits): each program writes the logits of ``pages_per_split`` pages of one row.
     HIST_BITS > 0 also counts each live logit into its row's first-digit histogram in the
     workspace ``ws_ptr`` (see :func:`_count_first_digit`); the row's last program reduces it.
     PAGE_MAX (with HIST_BITS > 0) instead keeps the elementwise maximum of its pages' logits (the
     largest per page row, no atomics per logit) and stores it as GROUPS group maxima; the row's last
     program turns the row's group maxima into a bound at or below its K-th largest logit
-    (:func:`_finish_page_max_bound`).
+    (:func:`_finish_page_max_bound`). ROW_MAJOR: grid (splits, B) instead, so that the programs of row 0
+    start first, then those of row 1, ... (a row's programs run together and rows finish one after another);
+    READY (page-max form): the row's last program also publishes that the row's bound and logits are ready
+    (WS_READY, release), for the select launched beside it (:func:`hist_select` overlap).
     PDL: every input (q and the weights from the projection just before, lengths, page table,
     index-K cache) may be written by earlier kernels, so the wait comes before any load."""
-    b = tl.program_id(0)
-    split = tl.program_id(1)
+    if ROW_MAJOR:
+        b = tl.program_id(1)
+        split = tl.program_id(0)
+        n_splits = tl.num_programs(0)
+    else:
+        b = tl.program_id(0)
+        split = tl.program_id(1)
+        n_splits = tl.num_programs(1)
     b64 = b.to(tl.int64)
     pdl_wait(PDL)
     pdl_launch_dependents(PDL)
@@ -290,7 +312,7 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
             group_max = tl.max(tl.reshape(run_max, (GROUPS, PAGE // GROUPS)), axis=1)
             tl.store(ws_ptr + b64 * stride_wsb + WS_PMAX_C + split * GROUPS + tl.arange(0, GROUPS),
                      _signed_key(group_max))
-            _finish_page_max_bound(ws_ptr + b64 * stride_wsb, K, WS_PMAX_C, NPM, GROUPS, BOUND_BITS)
+            _finish_page_max_bound(ws_ptr + b64 * stride_wsb, n_splits, K, WS_PMAX_C, NPM, GROUPS, BOUND_BITS, READY)
         else:
             _finish_first_digit(ws_ptr + b64 * stride_wsb, length, K, HIST_BITS, R, WS_H1, REDUCE)
 
@@ -327,23 +349,28 @@ def _key_prefix_bound(key, valid, need, BITS: tl.constexpr):
 
 
 @triton.jit
-def _finish_page_max_bound(ws_row, K: tl.constexpr, WS_PMAX_C: tl.constexpr, NPM: tl.constexpr,
-                           GROUPS: tl.constexpr, BOUND_BITS: tl.constexpr):
+def _finish_page_max_bound(ws_row, n_splits, K: tl.constexpr, WS_PMAX_C: tl.constexpr, NPM: tl.constexpr,
+                           GROUPS: tl.constexpr, BOUND_BITS: tl.constexpr, READY: tl.constexpr = False):
     """Called by every logits program of a row at its end (PAGE_MAX form); the last one to finish
     reads the row's group maxima (GROUPS per program; zeroing them for the next call) and stores in
     WS_THR1 a signed key at or below the K-th largest of them. K disjoint groups hold a logit at or
     above it, so it is at or below the row's K-th largest logit too: the select need only look at the
     logits at or above it (about 1 % of a row of random scores with 1024-4096 groups). Groups past the
-    row's length hold -inf; fewer than K groups: the lowest key (every logit is a candidate)."""
+    row's length hold -inf; fewer than K groups: the lowest key (every logit is a candidate). READY: then
+    sets WS_READY (release: the row's logits, stored by every program before its arrival, and the bound are
+    visible to whoever reads the flag with acquire)."""
     tl.debug_barrier()  # all of this program's group maxima stored before its arrival is published
     arrived = tl.atomic_add(ws_row + WS_DONE, 1, sem="acq_rel")
-    if arrived == tl.num_programs(1) - 1:
+    if arrived == n_splits - 1:
         idx = tl.arange(0, NPM)
-        live = idx < tl.num_programs(1) * GROUPS
+        live = idx < n_splits * GROUPS
         key = tl.load(ws_row + WS_PMAX_C + idx, mask=live, other=0, cache_modifier=".cg")
         tl.store(ws_row + WS_PMAX_C + idx, tl.zeros((NPM,), tl.int32), mask=live)
         tl.store(ws_row + WS_THR1, _key_prefix_bound(key, live, K, BOUND_BITS))
         tl.store(ws_row + WS_DONE, 0)  # every program has arrived: ready for the next call
+        if READY:
+            tl.debug_barrier()  # the bound and the zeroing performed before the flag
+            tl.atomic_xchg(ws_row + WS_READY, 1, sem="release")
 
 
 @triton.jit
@@ -610,7 +637,8 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
                         CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr,
                         HAS_RAW: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr,
                         WS_H2: tl.constexpr, WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
-                        PDL: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False, PAGE_MAX: tl.constexpr = False):
+                        PDL: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False, PAGE_MAX: tl.constexpr = False,
+                        SPIN: tl.constexpr = False):
     """Grid (B, groups): the histogram select after the first digit, in one launch. The split
     programs of a long row (:func:`_hist_split_part`) count their arrivals; the last to arrive
     finishes the row (:func:`_hist_finish_row`), so no launch of one program per row follows (H200
@@ -618,13 +646,28 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
     program alone. The split programs load their scores and the threshold bin beside the row length
     (H200 run 9b). ONE_BLOCK: a threshold bin of at most BLOCK entries is finished from one register
     block (:func:`_hist_finish_one_block`). PAGE_MAX: WS_THR1 holds the logits kernel's page-max bound
-    instead of a first-digit bin (:func:`_bound_split_part`, :func:`_bound_finish_row`)."""
-    b = tl.program_id(0)
-    g = tl.program_id(1)
+    instead of a first-digit bin (:func:`_bound_split_part`, :func:`_bound_finish_row`).
+    SPIN (page-max overlap form; grid (groups, B), row-major like the logits launch it follows): no
+    ``griddepcontrol.wait``; each program that works on a row waits for that row's WS_READY (acquire), set by
+    the row's last logits program, so a row's select runs while later rows' logits are still computed. With
+    PDL this launch's programs start only once every logits program has started (and passed its own wait), so
+    the logits programs a spinning program waits for are all resident: no deadlock. The finishing program
+    zeroes the flag with the rest of the row's counters."""
+    if SPIN:
+        b = tl.program_id(1)
+        g = tl.program_id(0)
+    else:
+        b = tl.program_id(0)
+        g = tl.program_id(1)
     b64 = b.to(tl.int64)
-    pdl_wait(PDL)  # the scores and the first-digit threshold come from the logits launch just before
+    pdl_wait(PDL and not SPIN)  # the scores and the first-digit threshold come from the logits launch just before
     pdl_launch_dependents(PDL)
     length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
+    if SPIN:  # only programs that work on the row: the flag is zeroed once they all have
+        if ((length > K) & (g * CHUNK < length)) | ((length <= K) & (g == 0)):
+            ready = tl.atomic_add(ws_ptr + b64 * stride_wsb + WS_READY, 0, sem="acquire")
+            while ready == 0:
+                ready = tl.atomic_add(ws_ptr + b64 * stride_wsb + WS_READY, 0, sem="acquire")
     idx = g * CHUNK + tl.arange(0, CHUNK)
     vals = tl.load(scores_ptr + b64 * stride_sb + idx, mask=idx < n_in, other=float("-inf"))
     thr1 = tl.load(ws_ptr + b64 * stride_wsb + WS_THR1)
@@ -1067,19 +1110,23 @@ def _page_consts():
                 PAGE_WORDS=PAGE_WORDS, SCALE_WORDS=SCALE_WORD_OFFSET)
 
 
-def logits_pages_per_split(batch: int, max_seq_len: int) -> int:
-    """Pages per program of the logits kernel: enough programs to fill the GPU, shapes only."""
+def logits_pages_per_split(batch: int, max_seq_len: int, page_max: bool = False) -> int:
+    """Pages per program of the logits kernel: enough programs to fill the GPU, shapes only (the page-max form:
+    :data:`PAGE_MAX_TARGET_PROGRAMS` where set)."""
     pages = max(1, -(-max_seq_len // INDEX_PAGE_SIZE))
-    return max(1, -(-pages * max(batch, 1) // LOGITS_TARGET_PROGRAMS))
+    target = PAGE_MAX_TARGET_PROGRAMS if page_max and PAGE_MAX_TARGET_PROGRAMS else LOGITS_TARGET_PROGRAMS
+    return max(1, -(-pages * max(batch, 1) // target))
 
 
 def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_dot=None, out=None,
-                     hist_workspace=None, hist_k=INDEX_TOPK, page_max=False, hist_copies=None):
+                     hist_workspace=None, hist_k=INDEX_TOPK, page_max=False, hist_copies=None, overlap=False):
     """FP8 paged MQA logits ``[B, max_seq_len]`` fp32 (``-inf`` past each length). With
     ``hist_workspace`` (:func:`hist_workspace`) it also counts the first-digit histogram and
     stores the bin of each row's ``hist_k``-th largest logit, where :func:`hist_select` starts; with
     ``page_max`` too, instead a bound at or below that logit from the page maxima (no counting);
-    ``hist_copies`` copies of the histogram (None: :data:`HIST_COPIES`)."""
+    ``hist_copies`` copies of the histogram (None: :data:`HIST_COPIES`); ``overlap`` (page-max form): the
+    row-major grid and the per-row ready flag of the overlap form (:data:`PAGE_MAX_OVERLAP`), with PDL where
+    supported; only for :func:`hist_select` ``overlap=True`` right after it (it zeroes the flags)."""
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
     if hist_workspace is not None:
         _check("hist_workspace", hist_workspace, (q.shape[0], WS_WIDTH), torch.int32, q.device)
@@ -1093,17 +1140,20 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
         return out
     scaled = use_scaled_dot(q.device) if scaled_dot is None else scaled_dot
     kv_fp8, kv_f32 = _kv_views(kv)
-    pps = logits_pages_per_split(batch, max_seq_len)
+    pps = logits_pages_per_split(batch, max_seq_len, page_max and hist_workspace is not None)
     splits = -(-_cdiv(max_seq_len, INDEX_PAGE_SIZE) // pps)
     ws = hist_workspace if hist_workspace is not None else out
     if hist_copies is not None and hist_copies not in (1, 2, 4, 8) or (hist_copies or 0) > HIST_COPIES:
         raise ValueError(f"hist_copies must be None or a power of two <= {HIST_COPIES}, got {hist_copies!r}")
     hist = dict(HIST_BITS=HIST_DIGITS[0], R=hist_copies or HIST_COPIES, K=hist_k, WS_H1=WS_H1,
                 REDUCE=hist_reduce_mode(pps)) if hist_workspace is not None else {}
+    overlap = bool(hist) and page_max and overlap
     if hist and page_max:
-        hist.update(page_max_consts(batch, max_seq_len))
+        hist.update(page_max_consts(batch, max_seq_len, overlap))
     pdl = launch_pdl(q.device, batch, choose_plan(batch, max_seq_len).select)
-    _logits_kernel[(batch, splits)](
+    if overlap:
+        pdl = USE_PDL and pdl_supported(q.device)
+    _logits_kernel[(splits, batch) if overlap else (batch, splits)](
         q, kv_fp8, kv_f32, weights, lens, page_table, out, ws, max_seq_len, page_table.shape[1], pps,
         q.stride(0), weights.stride(0), page_table.stride(0), out.stride(0), ws.stride(0), **_page_consts(),
         USE_SCALED_DOT=scaled, **hist, PDL=pdl, num_warps=LOGITS_NUM_WARPS, num_stages=LOGITS_NUM_STAGES,
@@ -1115,17 +1165,20 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
 PAGE_MAX_AOT_SHAPES = ((1, 65536), (16, 65536), (64, 65536))
 
 
-def page_max_consts(batch: int, max_seq_len: int) -> dict:
+def page_max_consts(batch: int, max_seq_len: int, overlap: bool = False) -> dict:
     """The logits kernel's page-max form: group maxima per program (the most, up to one per page row,
     with at most PAGE_MAX_KEYS per row), where they lie in the workspace, and the block the row's last
     program reads them in."""
-    splits = _cdiv(max(1, _cdiv(max_seq_len, INDEX_PAGE_SIZE)), logits_pages_per_split(batch, max_seq_len))
+    splits = _cdiv(max(1, _cdiv(max_seq_len, INDEX_PAGE_SIZE)), logits_pages_per_split(batch, max_seq_len, True))
+    if splits > PAGE_MAX_KEYS:
+        raise ValueError(f"page-max form: {splits} logits programs per row, at most PAGE_MAX_KEYS = {PAGE_MAX_KEYS}")
     groups = min(INDEX_PAGE_SIZE, 1 << max(0, (PAGE_MAX_KEYS // splits).bit_length() - 1))
     return dict(PAGE_MAX=True, WS_PMAX_C=WS_PMAX, NPM=triton.next_power_of_2(splits * groups), GROUPS=groups,
-                BOUND_BITS=PAGE_MAX_BOUND_BITS)
+                BOUND_BITS=PAGE_MAX_BOUND_BITS, ROW_MAJOR=overlap, READY=overlap)
 
 
-_NO_PAGE_MAX = dict(PAGE_MAX=False, WS_PMAX_C=0, NPM=1, GROUPS=1, BOUND_BITS=PAGE_MAX_BOUND_BITS)
+_NO_PAGE_MAX = dict(PAGE_MAX=False, WS_PMAX_C=0, NPM=1, GROUPS=1, BOUND_BITS=PAGE_MAX_BOUND_BITS, ROW_MAJOR=False,
+                    READY=False)
 
 
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
@@ -1172,31 +1225,37 @@ def _hist_digit_consts():
     return dict(B1=b1, B2=b2, WS_H2=WS_H2)
 
 
-def _hist_select_consts(k, has_raw, chunk, one_block=False, page_max=False):
+def _hist_select_consts(k, has_raw, chunk, one_block=False, page_max=False, spin=False):
     return dict(CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, CAP=HIST_CAP, HAS_RAW=has_raw, B3=HIST_DIGITS[2],
                 WS_H3=WS_H3, WS_CLEAN=PAGE_MAX_CLEAN if page_max else WS_H1, BLOCK=HIST_FINAL_BLOCK,
-                ONE_BLOCK=one_block, PAGE_MAX=page_max, **_hist_digit_consts())
+                ONE_BLOCK=one_block, PAGE_MAX=page_max, SPIN=spin, **_hist_digit_consts())
 
 
-def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False):
+def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False, overlap=False):
     """Top-``out.shape[1]`` of each scores row from the first-digit histogram already counted in
     ``workspace`` (by the logits kernel or :func:`_score_hist_kernel`): one launch whose split
     programs send each row's entries above the K-th key's bin out, and whose last program per row
     finishes it. Long rows list their selection in no fixed order (slots are claimed with atomics);
-    the set is exact, ties at the K-th score going to entries in list order."""
+    the set is exact, ties at the K-th score going to entries in list order. ``overlap`` (page-max form,
+    right after :func:`paged_mqa_logits` with ``overlap=True``): grid (groups, B), launched with PDL where
+    supported, each program waiting for its row's ready flag instead of the whole logits launch."""
     batch, width = scores.shape
+    overlap = page_max and overlap
     chunk = hist_split_chunk(batch, width)
     cand_val = torch.empty(batch, HIST_CAP, dtype=torch.float32, device=scores.device)
     cand_pos = torch.empty(batch, HIST_CAP, dtype=torch.int32, device=scores.device)
     raw_arg = raw if raw is not None else out
     pdl = launch_pdl(scores.device, batch, _HISTOGRAM)
+    if overlap:
+        pdl = USE_PDL and pdl_supported(scores.device)
     programs = batch * _cdiv(width, chunk)
     warps = hist_select_warps(programs, chunk)
-    _hist_select_kernel[(batch, _cdiv(width, chunk))](
+    groups = _cdiv(width, chunk)
+    _hist_select_kernel[(groups, batch) if overlap else (batch, groups)](
         scores, lens, page_table, workspace, cand_val, cand_pos, out, raw_arg, width, page_table.shape[1],
         scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
         raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk,
-                                                 page_max or hist_one_block(programs), page_max),
+                                                 page_max or hist_one_block(programs), page_max, overlap),
         PDL=pdl, num_warps=warps, num_stages=1, launch_pdl=pdl)
     return out
 
@@ -1590,10 +1649,11 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
             return out
         workspace = hist_workspace(q.shape[0], q.device)
         page_max = plan.select.threshold == "page_max"
+        overlap = page_max and PAGE_MAX_OVERLAP
         logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot,
                                   hist_workspace=workspace, hist_k=out.shape[1], page_max=page_max,
-                                  hist_copies=plan.select.copies)
-        return hist_select(logits, lens, page_table, out, raw, workspace, page_max=page_max)
+                                  hist_copies=plan.select.copies, overlap=overlap)
+        return hist_select(logits, lens, page_table, out, raw, workspace, page_max=page_max, overlap=overlap)
     logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
     return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw, select=plan.select)
 

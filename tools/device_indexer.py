@@ -90,9 +90,14 @@ VARIANT_CATALOG = {
     # count, at most 512 split programs, the bound in the select) were level or slower and are removed
     "bound_bits0": dict(PAGE_MAX_BOUND_BITS=0),
     # run 13 (round 21) timed PAGE_MAX_OVERLAP (commit 92685f2: row-major logits grid, per-row ready flag, the select
-    # launched with PDL waiting per row): 59.0 -> 60.6 us at B=16 x 256K, level at B=32, slower at B=64; removed.
-    # Run 14 (the overlap with 2048 / 4096 page-max logits programs, variants overlap / tpN / overlap_tpN) is
-    # prepared in commit 8e87d33 and was not run (device gate not met); removed again with the candidate
+    # launched with PDL waiting per row): 59.0 -> 60.6 us at B=16 x 256K, level at B=32, slower at B=64; removed
+    # run 14 (round 21): the overlap again with several waves of page-max logits programs (PAGE_MAX_TARGET_PROGRAMS:
+    # programs per launch of the page-max form); tpN alone separates what more programs cost the logits kernel
+    "overlap": dict(PAGE_MAX_OVERLAP=True),
+    "tp2048": dict(PAGE_MAX_TARGET_PROGRAMS=2048),
+    "tp4096": dict(PAGE_MAX_TARGET_PROGRAMS=4096),
+    "overlap_tp2048": dict(PAGE_MAX_OVERLAP=True, PAGE_MAX_TARGET_PROGRAMS=2048),
+    "overlap_tp4096": dict(PAGE_MAX_OVERLAP=True, PAGE_MAX_TARGET_PROGRAMS=4096),
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -176,7 +181,7 @@ def page_max_candidates(ref, lens, batch, c4_len, k=INDEX_TOPK):
     """(min, mean, max) over rows of the logits at or above the page-max bound (the top 16 key bits of the k-th
     largest group maximum, as the logits kernel's page-max form groups them), from the float32 reference."""
     consts = ix.page_max_consts(batch, c4_len)
-    pps = ix.logits_pages_per_split(batch, c4_len)
+    pps = ix.logits_pages_per_split(batch, c4_len, page_max=True)
     splits = -(-(-(-c4_len // INDEX_PAGE_SIZE)) // pps)
     groups = consts["GROUPS"]
     padded = torch.nn.functional.pad(ref, (0, splits * pps * INDEX_PAGE_SIZE - c4_len), value=float("-inf"))
@@ -373,7 +378,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--name", default="indexer-h200-run12", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--name", default="indexer-h200-run14", help="result file stem (run 4 was the select-form sweep)")
     parser.add_argument("--forms", default="hist", help=f"comma-separated select forms forced beside the default "
                         f"(two_kernel_<form> rows), from {sorted(FORM_CATALOG)}")
     parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")
@@ -414,7 +419,8 @@ def main() -> None:
     result.extra["scaled_dot (block-scaled fp8 MMA)"] = ix.use_scaled_dot(device)
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
     shipped = ("HIST_COPIES", "USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_ONE_BLOCK_MAX_PROGRAMS",
-               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS", "PAGE_MAX_KEYS")
+               "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS", "PAGE_MAX_KEYS",
+               "PAGE_MAX_OVERLAP", "PAGE_MAX_TARGET_PROGRAMS")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
                {attr: ("modified plan table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})

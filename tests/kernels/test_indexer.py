@@ -687,7 +687,7 @@ def test_logits_page_max_bound(k):
     workspace = torch.zeros(batch, ix.WS_WIDTH, dtype=torch.int32)
     logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k, page_max=True)
     consts = ix.page_max_consts(batch, max_seq_len)
-    pps = ix.logits_pages_per_split(batch, max_seq_len)
+    pps = ix.logits_pages_per_split(batch, max_seq_len, page_max=True)
     splits = -(-(-(-max_seq_len // INDEX_PAGE_SIZE)) // pps)
     groups = consts["GROUPS"]
     padded = torch.nn.functional.pad(logits, (0, splits * pps * INDEX_PAGE_SIZE - max_seq_len), value=float("-inf"))
@@ -756,3 +756,45 @@ def test_histogram_one_copy_plan_and_threshold(k):
     ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, plan=ix.Plan("two_kernel", select=FORMS_BY_NAME["hist1"]))
     assert_selection_matches(out, ref, l, pt, k=k, rel_tol=1e-5)
     assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
+
+
+@pytest.mark.parametrize("k", [512, 64])
+@pytest.mark.parametrize("lens,max_seq_len", [
+    ([2500, 1999, 0, 300, 2560], 2560),  # fewer groups than K: every logit a candidate, the list overflows
+    ([4100, 4160, 513, 64, 512, 1], 4160),  # ragged, not multiples of 64, at / around K, one position
+])
+@pytest.mark.parametrize("target", [0, 64])
+def test_page_max_overlap(lens, max_seq_len, k, target, monkeypatch):
+    """PAGE_MAX_OVERLAP (round 21): the logits grid row-major with the per-row ready flag, the select waiting
+    for its row's flag: the same logits as the default grid, the selection exact against the reference and the
+    same set as the shipped page-max launch (pages in random order), ties included; every flag and counter of
+    the workspace zero again after each call, so calls can follow one another. ``target``: the page-max form's
+    logits programs (PAGE_MAX_TARGET_PROGRAMS, run 14; 64 here: several pages per program, fewer group maxima
+    per program)."""
+    monkeypatch.setattr(ix, "PAGE_MAX_TARGET_PROGRAMS", target)
+    if target:
+        assert ix.logits_pages_per_split(len(lens), max_seq_len, page_max=True) > 1
+        assert ix.logits_pages_per_split(len(lens), max_seq_len) == 1  # the other forms keep their programs
+    plan = ix.Plan("two_kernel", select=PAGE_MAX)
+    for seed in (max_seq_len + 11, max_seq_len + 12):
+        q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=seed)
+        if seed % 2:  # ties: a run of equal index-K rows (equal logits) in every row's first pages
+            kv[:, 8:40] = kv[:, 8:9]
+        ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+        shipped = torch.full((len(lens), k), 12345, dtype=torch.int32)
+        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, shipped, plan=plan)
+        monkeypatch.setattr(ix, "PAGE_MAX_OVERLAP", True)
+        out = torch.full_like(shipped, 12345)
+        raw = torch.full_like(out, 12345)
+        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=plan)
+        monkeypatch.setattr(ix, "PAGE_MAX_OVERLAP", False)
+        assert_selection_matches(out, ref, l, pt, k=k, rel_tol=1e-5)
+        assert torch.equal(ix.positions_to_slots(raw.long(), pt), out)
+        assert [sorted(r) for r in out.tolist()] == [sorted(r) for r in shipped.tolist()]
+        assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
+    workspace = torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32)
+    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k, page_max=True,
+                                 overlap=True)
+    plain = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    assert torch.equal(logits, plain)
+    assert (workspace[:, ix.WS_READY.value] == 1).all() and (workspace[:, ix.WS_DONE.value] == 0).all()
