@@ -32,6 +32,11 @@ def add_bench_parser(subparsers) -> None:
                    help="launch the shared norm/router/SwiGLU/combine kernels of both paths with programmatic "
                         "dependent launch where the GPU has it (cc >= 9.0), as SGLang's own kernels for those "
                         "stages are launched (default on; off for an A/B)")
+    p.add_argument("--layer-streams", choices=("sglang", "one"), default="sglang",
+                   help="sglang: a layer's time (and the step's) on the streams SGLang's CUDA-graph decode forks "
+                        "(compressor and indexer beside the query projections, the shared expert beside the routed "
+                        "experts; both paths alike); one: every stage on one stream. The one-stream layer time is "
+                        "reported beside it either way")
     p.add_argument("--replays", type=int, default=7, help="CUDA-graph replays per timing (median)")
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="stop starting new grid points after this many seconds (the rest are listed as skipped)")
@@ -109,6 +114,7 @@ def run_bench(args) -> int:
         cfg.check = args.check
     cfg.replays = args.replays
     cfg.common_pdl = args.common_pdl == "on"
+    cfg.layer_streams = args.layer_streams == "sglang"
     cfg.time_budget_s = args.time_budget_s
     cfg.upstream_source = args.upstream
     cfg.upstream_dir = args.upstream_dir

@@ -10,6 +10,17 @@ SGLang runs there, so that the step's absolute time is not inflated by unfused t
 kernels for these stages on sm_90+ (sm_120 included), they launch with programmatic dependent launch
 by default (``common_pdl``; see kernels/bench_common.py for the SGLang/FlashInfer sources).
 
+Each stage also names the stream SGLang 0.5.23 runs it on in CUDA-graph decode and the stages of other
+streams it waits for, so that a layer can run as SGLang forks it (``run_layer`` with streams) or on one
+stream. SGLang on CUDA (sm_120 included) overlaps, with ``SGLANG_OPT_USE_MULTI_STREAM_OVERLAP`` on (its
+default): the compressor and the C4 indexer with the query projections in the attention's prepare, at up
+to ``ATTENTION_MULTI_STREAM_MAX_BATCH`` rows (``DeepseekV4Attention._forward_prepare_multi_stream``,
+srt/models/deepseek_v4.py:1891-1953, and ``_multi_stream_bs_limit`` at :1447; inside the indexer the
+weights projection and the indexer's query on two more streams, srt/layers/attention/dsv4/indexer.py:530-574),
+and the shared expert with the router and the routed experts at any batch size
+(``DeepseekV2MoE.forward_normal_dual_stream``, srt/models/deepseek_v2.py:1096-1111, 1128-1260; the MoE's
+alt stream comes from deepseek_v4.py:3143-3160). Both paths run the same schedule.
+
 Not modelled (the same in both paths on a real server, and not runnable here): the mHC boundary
 kernels (TileLang), RoPE and the KV/compressor cache writes (JIT CUDA), and the TP all-reduce.
 """
@@ -25,6 +36,18 @@ from ..kernels import dsv4
 from . import model, upstream_ops
 
 PLUGIN, UPSTREAM = "plugin", "upstream"
+
+# The streams of SGLang's CUDA-graph decode step (module docstring). MAIN is the capturing stream.
+MAIN = "main"
+STREAM_COMPRESSOR = "compressor"  # stream_compressor: the attention compressor's wkv_gate
+STREAM_INDEXER = "indexer"  # stream_indexer: the indexer compressor, then the logits + top-k
+STREAM_INDEX_WEIGHTS = "index_weights"  # the indexer's stream_weights: weights_proj
+STREAM_INDEX_Q = "index_q"  # the indexer's stream_q: its wq_b and the fused query quantisation
+STREAM_SHARED_EXPERT = "shared_expert"  # the MoE's alt stream: the shared expert
+SIDE_STREAMS = (STREAM_COMPRESSOR, STREAM_INDEXER, STREAM_INDEX_WEIGHTS, STREAM_INDEX_Q, STREAM_SHARED_EXPERT)
+# SGLang forks the attention's prepare over streams up to this many rows on Blackwell (sm_10x..sm_12x) GPUs,
+# the ones this bench stands for (deepseek_v4.py:1447; 64 on others); the MoE's dual stream has no limit.
+ATTENTION_MULTI_STREAM_MAX_BATCH = 128
 
 
 def common_name(pdl: bool = True) -> str:
@@ -58,6 +81,72 @@ class Stage:
     fn: Callable[[], None]
     bytes: int  # what it must read (and write), checkpoint formats, this rank
     check: Callable[[], dict] | None = None  # against the float32 reference, after a full run
+    stream: str = MAIN  # where SGLang's multi-stream decode runs it (MAIN or one of SIDE_STREAMS)
+    waits: tuple = ()  # names of earlier stages on other streams it waits for (SGLang's events / stream joins)
+
+
+def check_schedule(stages: list[Stage]) -> None:
+    """Raise ValueError unless the stream schedule can run (and be captured): every wait names an earlier stage
+    on another stream, every side stream starts by waiting for something (its fork from the capture), and MAIN
+    waits, directly or through later stages, for every side stream's last stage (the joins)."""
+    seen: dict[str, Stage] = {}
+    last_on: dict[str, str] = {}
+    for stage in stages:
+        if stage.stream != MAIN and stage.stream not in SIDE_STREAMS:
+            raise ValueError(f"stage {stage.name!r}: unknown stream {stage.stream!r}")
+        for dep in stage.waits:
+            if dep not in seen:
+                raise ValueError(f"stage {stage.name!r} waits for {dep!r}, which is not an earlier stage")
+            if seen[dep].stream == stage.stream:
+                raise ValueError(f"stage {stage.name!r} waits for {dep!r} on its own stream")
+        if stage.stream != MAIN and stage.stream not in last_on and not stage.waits:
+            raise ValueError(f"stage {stage.name!r} starts stream {stage.stream!r} without waiting for anything")
+        seen[stage.name] = stage
+        last_on[stage.stream] = stage.name
+    joined = {name for name in _happens_before(stages, stages[-1].name)} if stages else set()
+    for stream, name in last_on.items():
+        if stream != MAIN and name not in joined:
+            raise ValueError(f"stream {stream!r} is never joined: the last stage ({name!r}) is not waited for")
+
+
+def _happens_before(stages: list[Stage], name: str) -> set[str]:
+    """The stages ordered before ``name`` by the schedule: earlier on its stream, or waited for (transitively)."""
+    index = {s.name: i for i, s in enumerate(stages)}
+    before: set[str] = set()
+    todo = [name]
+    while todo:
+        cur = stages[index[todo.pop()]]
+        preds = [s.name for s in stages[:index[cur.name]] if s.stream == cur.stream] + list(cur.waits)
+        for p in preds:
+            if p not in before:
+                before.add(p)
+                todo.append(p)
+    return before
+
+
+def run_layer(stages: list[Stage], side_streams: dict | None = None) -> None:
+    """One layer: every stage in order on the current stream (``side_streams`` None), or with each stage on its
+    stream (a dict of SIDE_STREAMS name -> torch.cuda.Stream), the waits as events and the side streams joined
+    into the current stream at the end, so that back-to-back calls (and a CUDA graph of them) stay ordered."""
+    if side_streams is None:
+        for stage in stages:
+            stage.fn()
+        return
+    main = torch.cuda.current_stream()
+    events: dict[str, torch.cuda.Event] = {}
+    used = []
+    for stage in stages:
+        stream = main if stage.stream == MAIN else side_streams[stage.stream]
+        if stream is not main and stage.stream not in used:
+            used.append(stage.stream)
+        for dep in stage.waits:
+            stream.wait_event(events[dep])
+        with torch.cuda.stream(stream):
+            stage.fn()
+        events[stage.name] = torch.cuda.Event()
+        events[stage.name].record(stream)
+    for name in used:
+        main.wait_stream(side_streams[name])
 
 
 def _relerr(actual, expected) -> float:
@@ -111,10 +200,19 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     st["x"] = x
     stages: list[Stage] = []
 
-    def add(name, component, fn, nbytes, check=None):
-        stages.append(Stage(name, component, fn, int(nbytes), check))
+    def add(name, component, fn, nbytes, check=None, stream=MAIN, waits=()):
+        stages.append(Stage(name, component, fn, int(nbytes), check, stream, tuple(waits)))
 
-    def dense(name, src, dst, view=None):
+    # SGLang forks the attention's prepare only up to a batch limit; the shared expert always
+    prepare_streams = batch <= ATTENTION_MULTI_STREAM_MAX_BATCH
+
+    def side(stream):
+        return stream if prepare_streams else MAIN
+
+    def waits_on(stream, *deps):  # no waits where everything runs on MAIN
+        return deps if stream != MAIN else ()
+
+    def dense(name, src, dst, view=None, stream=MAIN, waits=()):
         weight, scale = w.dense[name]
         n, k = weight.shape
 
@@ -134,14 +232,14 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
             # that quantisation followed by the exact block GEMM; the error vs exact is reported too
             spec = fp8_gemv.reference_upstream_fp8_activation_linear(a, weight, scale)
             return {"rel_err": _relerr(st[dst], spec), "rel_err_vs_exact": exact}
-        add(name, "dense", fn, model.fp8_linear_bytes(n, k, batch), check)
+        add(name, "dense", fn, model.fp8_linear_bytes(n, k, batch), check, stream, waits)
 
     def router_gate(src, dst):
         def fn():  # SGLang: tiny_gemm_bf16 (JIT CUDA) at <= 16 rows, cuBLAS above; not replaced by the plugin
             st[dst] = torch.nn.functional.linear(st[src], w.gate)
         add("router_gate", "common", fn, model.bf16_linear_bytes(w.gate.shape[0], w.gate.shape[1], batch))
 
-    def bf16_proj(name, weight, src, dst, max_rows, index_weights=False):
+    def bf16_proj(name, weight, src, dst, max_rows, index_weights=False, stream=MAIN, waits=()):
         """A projection of the bf16_linear seam: the compressors' wkv_gate (SGLang's linear_bf16_fp32, float32 out)
         or, with ``index_weights``, weights_proj (bf16 out; both paths then hand the indexer float32 weights with
         the index weight scale, the same code, standing in for the scale SGLang folds into its fused q kernel)."""
@@ -161,7 +259,8 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
         def check():
             ref = bf16_gemv.reference_bf16_linear(st[src], weight)
             return {"rel_err": _relerr(st[dst], ref * dsv4.INDEX_WEIGHT_SCALE if index_weights else ref)}
-        add(name, "bf16_linear", fn, model.bf16_linear_bytes(weight.shape[0], weight.shape[1], batch), check)
+        add(name, "bf16_linear", fn, model.bf16_linear_bytes(weight.shape[0], weight.shape[1], batch), check, stream,
+            waits)
 
     act_bytes = batch * d.hidden * 2 * 2
 
@@ -181,19 +280,26 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
                                                                                  w.norms["q"]))}
     add("q_norm", "common", q_norm, batch * d.q_lora * 4, check_q_norm)
 
+    # SGLang forks its side streams before wqkv_a: the compressors need only the normed input
     if kind in ("c4", "c128"):
-        bf16_proj("compressor_wkv_gate", w.compressor[kind], "h", "kv_score", bf16_seam.COMPRESSOR_MAX_ROWS)
+        s_comp = side(STREAM_COMPRESSOR)
+        bf16_proj("compressor_wkv_gate", w.compressor[kind], "h", "kv_score", bf16_seam.COMPRESSOR_MAX_ROWS,
+                  stream=s_comp, waits=waits_on(s_comp, "input_norm"))
 
     if kind == "c4":
-        bf16_proj("indexer_compressor", w.index_compressor, "h", "index_score", bf16_seam.COMPRESSOR_MAX_ROWS)
-        dense("indexer_wq_b", "q_lora", "index_q")
+        s_idx, s_iw, s_iq = side(STREAM_INDEXER), side(STREAM_INDEX_WEIGHTS), side(STREAM_INDEX_Q)
+        bf16_proj("indexer_compressor", w.index_compressor, "h", "index_score", bf16_seam.COMPRESSOR_MAX_ROWS,
+                  stream=s_idx, waits=waits_on(s_idx, "input_norm"))
+        bf16_proj("weights_proj", w.weights_proj, "h", "index_w", bf16_seam.WEIGHTS_PROJ_MAX_ROWS, index_weights=True,
+                  stream=s_iw, waits=waits_on(s_iw, "input_norm"))
+        # the indexer's query waits for q_lora (main) and for the weights (they are folded into its fused kernel)
+        dense("indexer_wq_b", "q_lora", "index_q", stream=s_iq, waits=waits_on(s_iq, "q_norm", "weights_proj"))
 
         def index_q_quant():  # stands for the fused RoPE + Hadamard + FP8 quant (JIT CUDA upstream)
             # clamp in bf16 (exact: 448 is a bf16 value) then cast: two launches, as fp32 would be three
             q = st["index_q"].view(batch, 1, d.index_heads, d.index_head_dim)
             st["index_q_fp8"] = q.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-        add("indexer_q_quant", "common", index_q_quant, batch * d.index_heads * d.index_head_dim * 3)
-        bf16_proj("weights_proj", w.weights_proj, "h", "index_w", bf16_seam.WEIGHTS_PROJ_MAX_ROWS, index_weights=True)
+        add("indexer_q_quant", "common", index_q_quant, batch * d.index_heads * d.index_head_dim * 3, stream=s_iq)
         n_c = caches.compressed_len
         k = d.index_topk
 
@@ -212,7 +318,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
                                                      caches.page_table, n_c)
             return selection_check(caches.extra_indices.view(batch, k), ref, caches.page_table, k)
         add("indexer", "indexer", select, caches.index_k_bytes() + batch * (d.index_heads * (d.index_head_dim + 4)),
-            check_select)
+            check_select, stream=s_idx, waits=waits_on(s_idx, "indexer_q_quant"))
 
     dense("wq_b", "q_lora", "q_raw")
 
@@ -238,7 +344,10 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
         ref = sparse_mla_decode.reference_sparse_mla_decode(*attn_args())[0]
         return {"rel_err": _relerr(st["o"], ref)}
     attn_bytes = caches.kv_rows_read(d.index_topk) * dsv4.KV_TOKEN_BYTES + batch * rank.heads * d.head_dim * 4
-    add("attention", "attention", attention, attn_bytes, check_attention)
+    # the prepare's joins: the attention waits for every stream forked for it
+    joins = [name for name, stream in (("compressor_wkv_gate", STREAM_COMPRESSOR), ("indexer", STREAM_INDEXER))
+             if any(s.name == name and s.stream == stream for s in stages)]
+    add("attention", "attention", attention, attn_bytes, check_attention, waits=joins)
 
     wo_a_w, wo_a_s = w.wo_a
     o_view = lambda: st["o"].reshape(batch, rank.groups, rank.group_width)  # noqa: E731
@@ -288,7 +397,9 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     stage_index = len(stages)
     add("routed_experts", "moe", routed, 0, check_routed)  # bytes depend on the routing: set by moe_bytes()
 
-    dense("shared_gate_up", "h2", "shared_gu")
+    # the shared expert on the MoE's alt stream, forked after the post-attention norm (SGLang issues it after the
+    # routed experts; the graph's order is the events')
+    dense("shared_gate_up", "h2", "shared_gu", stream=STREAM_SHARED_EXPERT, waits=("post_attention_norm",))
 
     def shared_act():
         st["shared_act"] = bench_common.swiglu(st["shared_gu"], dsv4.SWIGLU_LIMIT, pdl=common_pdl)
@@ -296,8 +407,9 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     def check_shared_act():
         return {"rel_err": _relerr(st["shared_act"], bench_common.reference_swiglu(st["shared_gu"],
                                                                                    dsv4.SWIGLU_LIMIT))}
-    add("shared_act", "common", shared_act, batch * rank.shared_inter * 6, check_shared_act)
-    dense("shared_down", "shared_act", "shared_out")
+    add("shared_act", "common", shared_act, batch * rank.shared_inter * 6, check_shared_act,
+        stream=STREAM_SHARED_EXPERT)
+    dense("shared_down", "shared_act", "shared_out", stream=STREAM_SHARED_EXPERT)
 
     def combine():
         st["out"] = bench_common.combine(st["x"], st["attn_out"], st["routed"], st["shared_out"], pdl=common_pdl)
@@ -305,8 +417,9 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     def check_combine():
         ref = bench_common.reference_combine(st["x"], st["attn_out"], st["routed"], st["shared_out"])
         return {"rel_err": _relerr(st["out"], ref)}
-    add("combine", "common", combine, act_bytes * 3, check_combine)
+    add("combine", "common", combine, act_bytes * 3, check_combine, waits=("shared_down",))
     st["_moe_stage"] = stage_index
+    check_schedule(stages)
     return stages
 
 

@@ -52,12 +52,18 @@ def step_rows(results) -> list[dict]:
                     if results["timed"]:
                         us = sum(counts[x["kind"]] * x["layer_us"] for x in layers) + head["us"]
                         row[f"{path}_step_us"] = us
+                        if all(x.get("layer_us_one_stream") for x in layers):
+                            row[f"{path}_step_us_one_stream"] = sum(
+                                counts[x["kind"]] * x["layer_us_one_stream"] for x in layers) + head["us"]
                         row[f"{path}_pct_copy_bw"] = 100 * nbytes / (us * 1e-6) / (results["copy_bandwidth_gbs"] * 1e9)
                         row[f"{path}_tokens_per_s_per_seq"] = 1e6 / us
                 if not complete:
                     continue
                 if results["timed"] and f"{L.UPSTREAM}_step_us" in row and f"{L.PLUGIN}_step_us" in row:
                     row["speedup"] = row[f"{L.UPSTREAM}_step_us"] / row[f"{L.PLUGIN}_step_us"]
+                one = [row.get(f"{path}_step_us_one_stream") for path in (L.UPSTREAM, L.PLUGIN)]
+                if all(one):
+                    row["speedup_one_stream"] = one[0] / one[1]
                 rows.append(row)
     return rows
 
@@ -127,6 +133,17 @@ PDL_NOTE = ("The shared Triton stand-ins (norms, router top-k, shared-expert Swi
             "(sglang/kernels/ops/activation/silu_and_mul_clamp.py). The replaced components run as each path "
             "launches them: the plugin's FP8 GEMVs with PDL where their defaults say so, upstream's kernels as "
             "SGLang 0.5.23 launches them.")
+STREAMS_NOTE = ("Layer and step times run each layer on the streams SGLang 0.5.23's CUDA-graph decode forks on CUDA "
+                "GPUs (sm_120 included; `SGLANG_OPT_USE_MULTI_STREAM_OVERLAP`, on by default): the attention "
+                "compressor and the C4 indexer (its compressor, weights_proj, query, logits and top-k, on their "
+                "own streams) beside wqkv_a / wq_b up to 128 rows (DeepseekV4Attention._forward_prepare_multi_stream, "
+                "srt/models/deepseek_v4.py:1891-1953; indexer.py:530-574), and the shared expert beside the router "
+                "and the routed experts (DeepseekV2MoE.forward_normal_dual_stream, srt/models/deepseek_v2.py:"
+                "1128-1260). Both paths run the same schedule (sglang_sm120/bench/layer.py); the layer tables also "
+                "give each layer with every stage on one stream ('one-stream µs').")
+STREAMS_ONE_NOTE = ("Layer and step times in this run put every stage of a layer on one stream (`--layer-streams one`); "
+                    "SGLang's CUDA-graph decode overlaps the compressor, the indexer and the shared expert on side "
+                    "streams.")
 PDL_OFF_NOTE = ("The shared Triton stand-ins were launched WITHOUT programmatic dependent launch in this run "
                 "(`--common-pdl off`); SGLang launches its own kernels for those stages with it on sm_90+.")
 
@@ -145,7 +162,8 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
     else:
         lines += [f"Copy bandwidth measured in this run (device-to-device, read + write counted): "
                   f"**{results['copy_bandwidth_gbs']:.0f} GB/s**. All times are medians of CUDA-graph replays "
-                  f"after an L2 flush; a layer is one graph of all its stages (the layer µs and step figures), a "
+                  f"after an L2 flush; a layer is one graph of all its stages, on SGLang's decode streams unless "
+                  f"said otherwise below (the layer µs and step figures), a "
                   f"stage its own one-call graph (the per-component µs, which therefore each carry one graph launch "
                   f"and sum to more than the layer). 'common' is the code both paths share (fused Triton norms, "
                   f"router, SwiGLU of the shared expert and combine; the router gate's torch bf16 GEMM). Bytes: what each "
@@ -158,6 +176,8 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
         lines.append(f"| {comp} | {names[L.PLUGIN][comp]} | {names[L.UPSTREAM][comp]} |")
     if results.get("common_pdl") is not None:  # results of runs before the flag do not say
         lines += ["", PDL_NOTE if results["common_pdl"] else PDL_OFF_NOTE]
+    if results.get("layer_streams") is not None:  # nor of runs before the streams
+        lines += ["", STREAMS_NOTE if results["layer_streams"] == "sglang" else STREAMS_ONE_NOTE]
     lines += ["", f"Upstream code source: {results['upstream_source']}. Not modelled in either path: mHC boundaries, "
               "RoPE, KV/compressor cache writes, the TP all-reduce (see the projection for the latter).", ""]
     if timed and steps:
@@ -165,12 +185,17 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
         lines += [f"## Decode step: {counts['swa']} SWA + {counts['c4']} C4 + {counts['c128']} C128 layers + "
                   f"lm_head [{dsv4.VOCAB_SIZE}/T, {dsv4.HIDDEN_SIZE}] bf16, one rank of T", "",
                   "| T | context | B | plugin ms | upstream ms | speed-up | plugin GB read | plugin % copy BW "
-                  "| plugin tok/s/seq |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| plugin tok/s/seq | one stream: plugin ms | upstream ms | speed-up |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+        def ms(x):
+            return _f(x / 1e3, 2) if x else "-"
         for s in steps:
-            lines.append(f"| {s['T']} | {s['context']} | {s['B']} | {_f(s.get('plugin_step_us', 0) / 1e3, 2)} | "
-                         f"{_f(s.get('upstream_step_us', 0) / 1e3, 2)} | {_f(s.get('speedup'), 2)} | "
+            lines.append(f"| {s['T']} | {s['context']} | {s['B']} | {ms(s.get('plugin_step_us'))} | "
+                         f"{ms(s.get('upstream_step_us'))} | {_f(s.get('speedup'), 2)} | "
                          f"{_f(s.get('plugin_bytes', 0) / 1e9, 2)} | {_f(s.get('plugin_pct_copy_bw'))} | "
-                         f"{_f(s.get('plugin_tokens_per_s_per_seq'))} |")
+                         f"{_f(s.get('plugin_tokens_per_s_per_seq'))} | {ms(s.get('plugin_step_us_one_stream'))} | "
+                         f"{ms(s.get('upstream_step_us_one_stream'))} | {_f(s.get('speedup_one_stream'), 2)} |")
         lines.append("")
     comps = list(L.COMPONENTS)
     for kind in results["grid"]["kinds"]:
@@ -179,13 +204,14 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
             continue
         lines += [f"## {kind.upper()} layer", ""]
         if timed:
-            head = ["T", "context", "B", "path"] + [f"{c} µs" for c in comps] + ["layer µs", "MB read", "% copy BW",
-                                                                                 "speed-up"]
+            head = ["T", "context", "B", "path"] + [f"{c} µs" for c in comps] + ["layer µs", "one-stream µs", "MB read",
+                                                                                 "% copy BW", "speed-up"]
             lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             for r in rows:
                 cu = r["components_us"] or {}
                 cells = [r["T"], r["context"], r["B"], r["path"]] + [_f(cu.get(c)) for c in comps] + [
-                    _f(r["layer_us"]), _f(r["layer_bytes"] / 1e6), _f(r["pct_copy_bw"]), _f(r.get("speedup"), 2)]
+                    _f(r["layer_us"]), _f(r.get("layer_us_one_stream")), _f(r["layer_bytes"] / 1e6),
+                    _f(r["pct_copy_bw"]), _f(r.get("speedup"), 2)]
                 lines.append("| " + " | ".join(str(c) for c in cells) + " |")
             lines.append("")
         checked = [r for r in rows if r["checks"]]

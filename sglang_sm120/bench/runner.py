@@ -36,6 +36,10 @@ INTERPRETER_TOLERANCE = {(L.UPSTREAM, "dense"): 1.5e-1}
 MIN_TOPK_OVERLAP = 0.95  # fraction of the exact top-k selected (ties and bf16 logits may swap a few)
 
 
+LAYER_STREAMS_SGLANG = "sglang"  # results["layer_streams"]: layer_us on SGLang's decode streams
+LAYER_STREAMS_ONE = "one"  # layer_us with every stage on one stream
+
+
 @dataclasses.dataclass
 class BenchConfig:
     device: str = "cuda"
@@ -52,6 +56,7 @@ class BenchConfig:
     upstream_dir: str = ".upstream"
     seed: int = 0
     common_pdl: bool = True  # the shared bench_common kernels launch with PDL where the GPU has it
+    layer_streams: bool = True  # a layer runs on SGLang's decode streams (layer.run_layer); else on one stream
 
     @property
     def timed(self) -> bool:
@@ -145,9 +150,12 @@ def run(cfg: BenchConfig, log=print, on_point=None) -> dict:
         "paths": {p: {c: L.common_name(cfg.common_pdl) if c == "common" else L.COMPONENT_NAMES[c][p]
                       for c in L.COMPONENTS} for p in cfg.paths},
         "common_pdl": cfg.common_pdl,
+        "layer_streams": LAYER_STREAMS_SGLANG if cfg.layer_streams else LAYER_STREAMS_ONE,
         "upstream_source": ups.source if ups else None,
         "layers": [], "lm_head": [], "checks_failed": [], "errors": [], "skipped": [], "notes": notes,
     }
+    side_streams = ({name: torch.cuda.Stream() for name in L.SIDE_STREAMS} if cfg.timed and cfg.layer_streams
+                    else None)
     points = [(tp, ctx, kind, b) for tp in cfg.tps for ctx in cfg.contexts for kind in cfg.kinds for b in cfg.batches]
     bar = _progress(len(points), "decode-step bench" + ("" if cfg.timed else " (CPU interpreter: checks only)"))
     out_of_time = False
@@ -176,7 +184,7 @@ def run(cfg: BenchConfig, log=print, on_point=None) -> dict:
                         bar.set_postfix_str(f"T={tp} ctx={ctx} {kind} B={b}")
                         try:
                             results["layers"] += _run_point(cfg, point, state_w, timeit, copy_gbs,
-                                                            results["checks_failed"])
+                                                            results["checks_failed"], side_streams)
                         except Exception as exc:  # record and go on: one bad point must not lose the run
                             import traceback
 
@@ -199,7 +207,7 @@ def run(cfg: BenchConfig, log=print, on_point=None) -> dict:
     return results
 
 
-def _run_point(cfg, point, state_w, timeit, copy_gbs, failures) -> list[dict]:
+def _run_point(cfg, point, state_w, timeit, copy_gbs, failures, side_streams=None) -> list[dict]:
     kind, b, ctx = point["kind"], point["B"], point["context"]
     rank = state_w.w.rank
     caches = model.build_caches(kind, cfg.dims, b, ctx, cfg.device, seed=cfg.seed + 1)
@@ -226,12 +234,16 @@ def _run_point(cfg, point, state_w, timeit, copy_gbs, failures) -> list[dict]:
             entry["pct_copy_bw"] = _pct(stage.bytes, entry["us"], copy_gbs)
             row["stages"].append(entry)
 
-        def whole():
-            for stage in stages:
-                stage.fn()
-        row["layer_us"] = None
+        def one_stream():
+            L.run_layer(stages)
+
+        def on_streams():
+            L.run_layer(stages, side_streams)
+        row["layer_us"] = row["layer_us_one_stream"] = None
         try:
-            row["layer_us"] = timeit(whole, calls=2) if timeit else None
+            if timeit:
+                row["layer_us_one_stream"] = timeit(one_stream, calls=2)
+                row["layer_us"] = timeit(on_streams, calls=2) if side_streams else row["layer_us_one_stream"]
         except Exception as exc:
             row["error"] = f"layer timing: {type(exc).__name__}: {str(exc)[:300]}"
         row["layer_bytes"] = sum(s.bytes for s in stages)

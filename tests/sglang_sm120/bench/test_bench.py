@@ -74,6 +74,7 @@ def _as_timed(results):
             s["us"] = s["bytes"] / speed * 1e6 + 1.0
             s["pct_copy_bw"] = runner._pct(s["bytes"], s["us"], 4000.0)
         r["layer_us"] = sum(s["us"] for s in r["stages"])
+        r["layer_us_one_stream"] = 1.25 * r["layer_us"]
         r["pct_copy_bw"] = runner._pct(r["layer_bytes"], r["layer_us"], 4000.0)
         r["components_us"] = runner._components(r["stages"])
     for r in res["layers"]:
@@ -84,6 +85,17 @@ def _as_timed(results):
     for h in res["lm_head"]:
         h["us"] = h["bytes"] / 2000e9 * 1e6
     return res
+
+
+def test_report_says_when_the_layers_ran_on_one_stream(cpu_results, tmp_path):
+    res = copy.deepcopy(cpu_results)
+    assert res["layer_streams"] == runner.LAYER_STREAMS_SGLANG  # the default: SGLang's decode streams
+    res["layer_streams"] = runner.LAYER_STREAMS_ONE
+    md = open(report.write(res, str(tmp_path), "bench-one")["md"]).read()
+    assert report.STREAMS_ONE_NOTE in md and report.STREAMS_NOTE not in md
+    del res["layer_streams"]  # results of runs before the streams: no claim either way
+    md = open(report.write(res, str(tmp_path), "bench-old")["md"]).read()
+    assert report.STREAMS_ONE_NOTE not in md and report.STREAMS_NOTE not in md
 
 
 def test_report_says_when_pdl_was_off(cpu_results, tmp_path):
@@ -107,6 +119,10 @@ def test_step_time_and_projection_arithmetic(cpu_results):
             want = sum(dsv4.LAYER_COUNTS[k] * layers[(k, path)]["layer_us"] for k in model.KINDS) + head["us"]
             assert s[f"{path}_step_us"] == pytest.approx(want)
         assert s["speedup"] == pytest.approx(s["upstream_step_us"] / s["plugin_step_us"])
+        for path in L.PATHS:  # the same step with every layer on one stream, beside it
+            want = sum(dsv4.LAYER_COUNTS[k] * layers[(k, path)]["layer_us_one_stream"] for k in model.KINDS) + head["us"]
+            assert s[f"{path}_step_us_one_stream"] == pytest.approx(want)
+        assert s["speedup_one_stream"] == pytest.approx(s["upstream_step_us_one_stream"] / s["plugin_step_us_one_stream"])
     proj = report.projection_rows(res, allreduce_us=None)
     assert {p["gpu"] for p in proj} == set(projection.SM120_GPUS)
     for p in proj:
@@ -126,16 +142,20 @@ def test_timed_table_and_json_carry_every_field(cpu_results, tmp_path):
     for needle in ("## Decode step", "plugin ms", "upstream ms", "speed-up", "% copy BW", "MB read", "layer µs",
                    "dense µs", "attention µs", "indexer µs", "wo_a µs", "moe µs", "## SWA layer", "## C4 layer",
                    "## C128 layer", "a MODEL, not a measurement", "t_step", "all-reduce term is excluded",
-                   "RTX PRO 6000", "RTX 5090", "Copy bandwidth measured in this run", "## Issue targets"):
+                   "RTX PRO 6000", "RTX 5090", "Copy bandwidth measured in this run", "## Issue targets",
+                   "one-stream µs", "one stream: plugin ms", report.STREAMS_NOTE):
         assert needle in md, needle
     data = json.load(open(paths["json"]))
     assert data["copy_bandwidth_gbs"] == 4000.0 and data["env"]["date"]
     stage = data["layers"][0]["stages"][0]
     assert {"name", "component", "bytes", "us", "pct_copy_bw"} <= set(stage)
     row = next(r for r in data["layers"] if r["path"] == L.PLUGIN)
-    assert {"layer_us", "layer_bytes", "pct_copy_bw", "speedup", "components_us", "checks"} <= set(row)
+    assert {"layer_us", "layer_us_one_stream", "layer_bytes", "pct_copy_bw", "speedup", "components_us",
+            "checks"} <= set(row)
     step = data["steps"][0]
-    assert {"plugin_step_us", "upstream_step_us", "speedup", "plugin_bytes", "lm_head_us"} <= set(step)
+    assert {"plugin_step_us", "upstream_step_us", "speedup", "plugin_bytes", "lm_head_us", "plugin_step_us_one_stream",
+            "upstream_step_us_one_stream", "speedup_one_stream"} <= set(step)
+    assert data["layer_streams"] == runner.LAYER_STREAMS_SGLANG
     assert data["projection_model"]["allreduce"].startswith("excluded")
     assert "png" in paths or any(n.startswith("plot:") for n in data["notes"])
 
@@ -189,3 +209,106 @@ def test_weights_per_rank_shrink_with_tp():
     for tp in (2, 4, 8):
         # everything but wqkv_a, the indexer, compressors and the router is split T ways
         assert t1 / tp < model.weight_bytes_per_rank(full, tp) < 1.1 * t1 / tp
+
+
+class _RecordingState(dict):
+    """The stages' state dict, recording which stage read and wrote each key."""
+
+    def __init__(self):
+        super().__init__()
+        self.stage = None
+        self.reads: dict[str, set] = {}
+        self.writer: dict[str, str] = {}
+
+    def __getitem__(self, key):
+        if self.stage is not None:
+            self.reads.setdefault(self.stage, set()).add(key)
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value):
+        if self.stage is not None:
+            self.writer[key] = self.stage
+        super().__setitem__(key, value)
+
+
+def _streams(stages):
+    return {s.name: s.stream for s in stages}
+
+
+@pytest.mark.parametrize("kind", model.KINDS)
+def test_streams_order_every_read_after_its_write(kind):
+    """On SGLang's decode streams every stage still runs after the stages whose outputs it reads (a wait or the
+    same stream), so the multi-stream layer computes what the one-stream layer does."""
+    runner.interpreter_ready()
+    dims = model.Dims.reduced()
+    state_w = L.LayerState(model.build_weights(dims.rank(1), "cpu"), None)
+    caches = model.build_caches(kind, dims, 2, 1024, "cpu")
+    x = torch.randn(2, dims.hidden).to(torch.bfloat16)
+    st = _RecordingState()
+    stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, st)
+    for stage in stages:
+        st.stage = stage.name
+        stage.fn()
+    st.stage = None
+    assert torch.isfinite(st["out"].float()).all()
+    checked = 0
+    for stage in stages:
+        before = L._happens_before(stages, stage.name)
+        for key in st.reads.get(stage.name, ()):
+            writer = st.writer.get(key)
+            if writer is not None and writer != stage.name:
+                assert writer in before, (stage.name, key, writer)
+                checked += 1
+    assert checked >= 10
+    streams = _streams(stages)
+    assert streams["shared_gate_up"] == streams["shared_down"] == L.STREAM_SHARED_EXPERT
+    assert streams["routed_experts"] == streams["combine"] == L.MAIN
+    if kind != "swa":
+        assert streams["compressor_wkv_gate"] == L.STREAM_COMPRESSOR
+        assert "compressor_wkv_gate" in L._happens_before(stages, "attention")
+    if kind == "c4":  # the indexer writes the attention's extra indices in the caches, not in the state dict
+        assert streams["indexer"] == streams["indexer_compressor"] == L.STREAM_INDEXER
+        assert streams["weights_proj"] == L.STREAM_INDEX_WEIGHTS
+        assert streams["indexer_wq_b"] == streams["indexer_q_quant"] == L.STREAM_INDEX_Q
+        assert "indexer" in L._happens_before(stages, "attention")
+        # overlapped as in SGLang: neither the query projection nor the indexer waits for the other
+        assert "indexer" not in L._happens_before(stages, "wq_b")
+        assert "wq_b" not in L._happens_before(stages, "indexer")
+    # the shared expert overlaps the router and the routed experts
+    assert "routed_experts" not in L._happens_before(stages, "shared_down")
+    assert "shared_down" not in L._happens_before(stages, "routed_experts")
+
+
+def test_attention_prepare_stays_on_one_stream_above_sglangs_batch_limit():
+    dims = model.Dims.reduced()
+    batch = L.ATTENTION_MULTI_STREAM_MAX_BATCH + 1
+    state_w = L.LayerState(model.build_weights(dims.rank(1), "cpu"), None)
+    caches = model.build_caches("c4", dims, batch, 256, "cpu")
+    x = torch.zeros(batch, dims.hidden, dtype=torch.bfloat16)
+    streams = _streams(L.build_stages(L.PLUGIN, "c4", state_w, caches, x, {}))
+    side = {name for name, s in streams.items() if s != L.MAIN}
+    assert side == {"shared_gate_up", "shared_act", "shared_down"}  # the MoE's dual stream has no limit
+
+
+def _stage(name, stream=L.MAIN, waits=()):
+    return L.Stage(name, "common", lambda: None, 0, None, stream, tuple(waits))
+
+
+@pytest.mark.parametrize("stages, match", [
+    ([_stage("a"), _stage("b", "nowhere", ("a",))], "unknown stream"),
+    ([_stage("a"), _stage("b", L.STREAM_COMPRESSOR, ("c",)), _stage("c")], "not an earlier stage"),
+    ([_stage("a"), _stage("b", L.MAIN, ("a",))], "on its own stream"),
+    ([_stage("a"), _stage("b", L.STREAM_COMPRESSOR)], "without waiting"),
+    ([_stage("a"), _stage("b", L.STREAM_COMPRESSOR, ("a",)), _stage("c")], "never joined"),
+])
+def test_check_schedule_rejects_schedules_that_cannot_run(stages, match):
+    with pytest.raises(ValueError, match=match):
+        L.check_schedule(stages)
+    L.check_schedule([_stage("a"), _stage("b", L.STREAM_COMPRESSOR, ("a",)), _stage("c", L.MAIN, ("b",))])
+
+
+def test_run_layer_without_streams_runs_the_stages_in_order():
+    order = []
+    stages = [L.Stage(n, "common", (lambda n=n: order.append(n)), 0) for n in "abc"]
+    L.run_layer(stages)
+    assert order == ["a", "b", "c"]
