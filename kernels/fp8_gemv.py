@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -1212,7 +1213,8 @@ class GemvConfig:
     # elsewhere the form is unchanged (runs 19 / 20: more blocks before the wait lost)
     w_before_wait: int = 0
     # with rope_preload on the one-shot program (w_before_wait): the rope block rotated from its own (re, im) pairs in
-    # registers (no partner load), cos / sin gathered per pair (half the factors); candidate, no default uses it
+    # registers (no partner load), cos / sin gathered per pair (half the factors); wo_a_config's fused-RoPE form at T=1
+    # since run 21
     rope_pairs: bool = False
     # ptxas register cap per thread (Triton's maxnreg; 0: none): a program that fits the cap keeps one more program per
     # SM where its natural count would not (sm_90a: 128 registers x 4 warps = 4 programs per SM); ptxas spills what
@@ -1338,7 +1340,9 @@ def weight_tma_usable(w3: torch.Tensor) -> bool:
     CPU interpreter), a 16-byte aligned base, contiguous K and 16-byte multiples as the other strides."""
     if w3.data_ptr() % 16 or w3.stride(-1) != 1 or any(st % 16 for st in w3.stride()[:-1]):
         return False
-    return has_capability(w3.device, TMA_MIN_CAPABILITY)
+    if w3.device.type != "cuda":
+        return has_capability(w3.device, TMA_MIN_CAPABILITY)  # the interpreter emulates TMA
+    return _capability_major(_device_index(w3.device)) >= TMA_MIN_CAPABILITY
 
 
 def _weight_descriptor(w3: torch.Tensor, cfg: GemvConfig):
@@ -1353,15 +1357,43 @@ def pdl_supported(device: torch.device) -> bool:
     """Whether kernels on ``device`` can be launched with programmatic dependent launch."""
     if device.type != "cuda" or interpreter_enabled():
         return False
-    return torch.cuda.get_device_capability(device)[0] >= PDL_MIN_CAPABILITY
+    return _capability_major(_device_index(device)) >= PDL_MIN_CAPABILITY
+
+
+def sm_count(device_index: int | None = None) -> int:
+    """SM count of CUDA device ``device_index`` (None: the current device); DEFAULT_SM_COUNT without a GPU."""
+    if not _cuda_available():
+        return DEFAULT_SM_COUNT
+    return _device_sm_count(torch.cuda.current_device() if device_index is None else device_index)
+
+
+# A device's facts asked once per process (eager decode and prefill launch the GEMVs every step: the properties and
+# capability queries were host time on every call). Keyed by device index, so a process that switches its current
+# device gets each device's own answer.
+@functools.lru_cache(maxsize=None)
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
 
 
 @functools.lru_cache(maxsize=None)
-def sm_count(device_index: int | None = None) -> int:
-    if torch.cuda.is_available():
-        index = torch.cuda.current_device() if device_index is None else device_index
-        return torch.cuda.get_device_properties(index).multi_processor_count
-    return DEFAULT_SM_COUNT
+def _device_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def _device_index(device: torch.device) -> int:
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def clear_caches() -> None:
+    """Forget the cached device facts and configs (tests that fake a device; a caller that changes a rule constant
+    other than the USE_* switches, which are part of the config cache's key)."""
+    for cached in (_cuda_available, _device_sm_count, _capability_major, _cached_default_config, _cached_wo_a_config):
+        cached.cache_clear()
 
 
 def choose_split(tiles: int, k_blocks: int, target_programs: int) -> int:
@@ -1373,7 +1405,7 @@ def choose_split(tiles: int, k_blocks: int, target_programs: int) -> int:
     return split
 
 
-def _fp8_mma_config(m: int, n: int, k: int, groups: int) -> GemvConfig | None:
+def _fp8_mma_config(m: int, n: int, k: int, groups: int, sms: int) -> GemvConfig | None:
     """The FP8 tensor-core form where the H200 runs measured it faster (see FP8_MMA_* above), else None."""
     weight_bytes = groups * n * k
     min_bytes = FP8_MMA_TWO_ROW_MIN_WEIGHT_BYTES if m == 2 else FP8_MMA_MIN_WEIGHT_BYTES
@@ -1386,7 +1418,7 @@ def _fp8_mma_config(m: int, n: int, k: int, groups: int) -> GemvConfig | None:
     else:
         return None
     tiles = groups * triton.cdiv(n, tile["block_n"])
-    split = choose_split(tiles, triton.cdiv(k, FP8_BLOCK), PROGRAMS_PER_SM * sm_count())
+    split = choose_split(tiles, triton.cdiv(k, FP8_BLOCK), PROGRAMS_PER_SM * sms)
     return GemvConfig(FP8_MMA_BLOCK_ROWS, tile["block_n"], split, True, tile["num_warps"], tile["num_stages"],
                       fp8_mma=True, fp8_join=True)
 
@@ -1487,27 +1519,57 @@ def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig) -> 
                       one_chunk=True, pdl=True)
 
 
-def default_config(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
-    """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them)."""
-    return _default_config(m, n, k, groups, USE_ONE_CHUNK)
+class Rules(NamedTuple):
+    """The module's rule switches (USE_PDL, USE_TMA, USE_ONE_CHUNK, USE_W_BEFORE_WAIT, USE_WO_A_ROPE_PAIRS) as one
+    value: part of the config cache's key, so that setting a switch (the seam's PDL setting, the device tools' forms
+    before a run) takes effect on the next call."""
+    pdl: bool
+    tma: bool
+    one_chunk: bool
+    w_before_wait: bool
+    wo_a_rope_pairs: bool
 
 
-def _default_config(m: int, n: int, k: int, groups: int, one_chunk_rule: bool) -> GemvConfig:
-    form = launch_form(m, n, k, groups)
-    if not USE_PDL:
+def rules() -> Rules:
+    return Rules(USE_PDL, USE_TMA, USE_ONE_CHUNK, USE_W_BEFORE_WAIT, USE_WO_A_ROPE_PAIRS)
+
+
+# Configs cached per (shape, SM count, rules): default_config / wo_a_config are pure functions of those, and eager decode
+# and prefill ask for one on every call (on the 2-core development CPU 13-43 us per call before the cache, 0.5-1 us
+# with it). The bound only keeps a caller with unboundedly many row counts from growing it without end.
+CONFIG_CACHE_SIZE = 4096
+
+
+def default_config(m: int, n: int, k: int, groups: int = 1, sms: int | None = None) -> GemvConfig:
+    """The launch configuration for ``m`` rows of an ``[n, k]`` weight (``groups`` of them) on ``sms`` SMs (None: the
+    current device's, sm_count()), under the module's rules (USE_*); cached."""
+    return _cached_default_config(m, n, k, groups, sm_count() if sms is None else sms, rules())
+
+
+def pick_default_config(m: int, n: int, k: int, groups: int, sms: int, rule: Rules) -> GemvConfig:
+    """default_config without the cache."""
+    return _default_config(m, n, k, groups, sms, rule, rule.one_chunk)
+
+
+_cached_default_config = functools.lru_cache(maxsize=CONFIG_CACHE_SIZE)(pick_default_config)
+
+
+def _default_config(m: int, n: int, k: int, groups: int, sms: int, rule: Rules, one_chunk_rule: bool) -> GemvConfig:
+    form = _launch_form(m, n, k, groups, sms)
+    if not rule.pdl:
         return form
     one_chunk = _one_chunk_config(m, n, k, groups, form) if one_chunk_rule else None
     if one_chunk is not None:
         return one_chunk
     cfg = _with_pdl(form, m, groups * n * k)
-    if (USE_TMA and m == 1 and not cfg.use_dot and not cfg.rows_form and k >= TMA_FMA_MIN_K
+    if (rule.tma and m == 1 and not cfg.use_dot and not cfg.rows_form and k >= TMA_FMA_MIN_K
             and groups * n * k >= TMA_FMA_MIN_WEIGHT_BYTES):
         cfg = dataclasses.replace(cfg, block_n=TMA_FMA_BLOCK_N, w_tma=True)
-    elif (USE_TMA and m == 1 and not cfg.use_dot and not cfg.rows_form and cfg.split_k == 1
+    elif (rule.tma and m == 1 and not cfg.use_dot and not cfg.rows_form and cfg.split_k == 1
           and groups * n * k >= PERSISTENT_FMA_MIN_WEIGHT_BYTES):
         cfg = dataclasses.replace(cfg, block_n=TMA_FMA_BLOCK_N, w_tma=True,
                                   persistent_programs_per_sm=PERSISTENT_FMA_PROGRAMS_PER_SM)
-    elif USE_W_BEFORE_WAIT and _one_shot_split(cfg, k):
+    elif rule.w_before_wait and _one_shot_split(cfg, k):
         cfg = dataclasses.replace(cfg, w_before_wait=ONE_SHOT_W_BEFORE_WAIT, **WO_A_ONE_SHOT)
     return cfg
 
@@ -1584,33 +1646,40 @@ def _wo_a_one_shot(cfg: GemvConfig, d: int) -> bool:
     return wide_pdl_tile and cfg.split_k > 1 and triton.cdiv(d, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k
 
 
-def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvConfig:
+def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool, sms: int | None = None) -> GemvConfig:
     """The launch configuration of grouped_fp8_wo_a: default_config's, or the forms measured faster for wo_a
-    (above): with the fused inverse RoPE, and on the 128-column FP8 tile at T=1."""
-    cfg = default_config(b, r, d, groups)
+    (above): with the fused inverse RoPE, and on the 128-column FP8 tile at T=1. ``sms``, rules, cache: as
+    default_config."""
+    return _cached_wo_a_config(b, r, d, groups, fused_rope, sm_count() if sms is None else sms, rules())
+
+
+def pick_wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool, sms: int, rule: Rules) -> GemvConfig:
+    """wo_a_config without the cache."""
+    cfg = pick_default_config(b, r, d, groups, sms, rule)
     if fused_rope and cfg.one_chunk and groups * r * d >= WO_A_ROPE_FMA_MIN_WEIGHT_BYTES:
         # run 18b, T=4 (8 MiB): the one-chunk form's RoPE (the branch form over the whole K) made it 6.43 / 9.16 us at
         # 1 / 2 rows against 5.67 / 8.02 for the forms before; at T=8 (4 MiB) it won with the RoPE too (3.29 / 4.67
         # against 4.70 / 6.12)
-        cfg = _default_config(b, r, d, groups, one_chunk_rule=False)
+        cfg = _default_config(b, r, d, groups, sms, rule, one_chunk_rule=False)
     wide_pdl_tile = cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"]
     one_shot = _wo_a_one_shot(cfg, d)
-    if fused_rope and b == 1 and USE_WO_A_ROPE_PAIRS and USE_W_BEFORE_WAIT:
-        two_rows = default_config(2, r, d, groups)  # run 21: at 1 row too, the 2-row one-shot tile with rope pairs
+    if fused_rope and b == 1 and rule.wo_a_rope_pairs and rule.w_before_wait:
+        # run 21: at 1 row too, the 2-row one-shot tile with rope pairs
+        two_rows = pick_default_config(2, r, d, groups, sms, rule)
         if _wo_a_one_shot(two_rows, d):
             cfg, wide_pdl_tile, one_shot = two_rows, True, True
     if not fused_rope:
-        if one_shot and not USE_W_BEFORE_WAIT and b <= WO_A_ONE_SHOT_MAX_ROWS:  # run 15b's one-shot, before run 19
+        if one_shot and not rule.w_before_wait and b <= WO_A_ONE_SHOT_MAX_ROWS:  # run 15b's one-shot, before run 19
             return dataclasses.replace(cfg, **WO_A_ONE_SHOT)
         return cfg  # run 19: default_config's one-shot program with its first block before the wait
     # runs 17 / 17b: the one-shot program (2..8 rows) and the FP8 tile without PDL (T=2) with the rope block preloaded
     if one_shot:
-        pre = WO_A_ROPE_W_BEFORE_WAIT if USE_W_BEFORE_WAIT else 0
+        pre = WO_A_ROPE_W_BEFORE_WAIT if rule.w_before_wait else 0
         return dataclasses.replace(cfg, rope_preload=True, w_before_wait=pre,
-                                   rope_pairs=bool(pre) and USE_WO_A_ROPE_PAIRS, **WO_A_ONE_SHOT)
+                                   rope_pairs=bool(pre) and rule.wo_a_rope_pairs, **WO_A_ONE_SHOT)
     if cfg.fp8_mma and not cfg.pdl:
         return dataclasses.replace(cfg, rope_preload=True)
-    if not USE_TMA:
+    if not rule.tma:
         return cfg
     weight_bytes = groups * r * d
     if b == 1 and not cfg.use_dot and not cfg.rows_form and weight_bytes >= WO_A_ROPE_FMA_MIN_WEIGHT_BYTES:
@@ -1622,25 +1691,32 @@ def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool) -> GemvCo
     return cfg
 
 
-def launch_form(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
+_cached_wo_a_config = functools.lru_cache(maxsize=CONFIG_CACHE_SIZE)(pick_wo_a_config)
+
+
+def launch_form(m: int, n: int, k: int, groups: int = 1, sms: int | None = None) -> GemvConfig:
     """default_config without programmatic dependent launch (the launch form before H200 run 8)."""
+    return _launch_form(m, n, k, groups, sm_count() if sms is None else sms)
+
+
+def _launch_form(m: int, n: int, k: int, groups: int, sms: int) -> GemvConfig:
     k_blocks = triton.cdiv(k, FP8_BLOCK)
-    fp8_mma = _fp8_mma_config(m, n, k, groups)
+    fp8_mma = _fp8_mma_config(m, n, k, groups, sms)
     if fp8_mma is not None:
         return fp8_mma
     if m == 1 and ONE_SHOT_MIN_K_BLOCKS <= k_blocks <= ONE_SHOT_MAX_K_BLOCKS:
         # few, short rows of weight (DSv4's K = 512 / 1024 linears at N <= 8192): one program per
         # 16 columns with its whole K in flight at once beats the looping FMA form
         tiles = groups * triton.cdiv(n, ONE_SHOT_BLOCK_N)
-        if k_blocks == ONE_SHOT_MAX_K_BLOCKS and tiles <= ONE_SHOT_WIDE_PROGRAMS_PER_SM * sm_count():
+        if k_blocks == ONE_SHOT_MAX_K_BLOCKS and tiles <= ONE_SHOT_WIDE_PROGRAMS_PER_SM * sms:
             return GemvConfig(1, ONE_SHOT_BLOCK_N, 1, False, num_warps=8, k_unroll=k_blocks, rows_form=True,
                               prefetch=True)
-        if tiles <= PROGRAMS_PER_SM * sm_count():
+        if tiles <= PROGRAMS_PER_SM * sms:
             return GemvConfig(1, ONE_SHOT_BLOCK_N, 1, False, k_unroll=ONE_SHOT_MIN_K_BLOCKS, rows_form=True,
                               prefetch=True, evict_first=True)
     if m == ROWS_FORM_ROWS:
         tiles = groups * triton.cdiv(n, ROWS_FORM_BLOCK_N)
-        split = choose_split(tiles, k_blocks, PROGRAMS_PER_SM * sm_count())
+        split = choose_split(tiles, k_blocks, PROGRAMS_PER_SM * sms)
         return GemvConfig(ROWS_FORM_ROWS, ROWS_FORM_BLOCK_N, split, False, k_unroll=ROWS_FORM_K_UNROLL,
                           rows_form=True)
     unroll = 1
@@ -1651,7 +1727,7 @@ def launch_form(m: int, n: int, k: int, groups: int = 1) -> GemvConfig:
     else:
         block_m, block_n, use_dot = WIDE_BLOCK_M, WIDE_BLOCK_N, True
     tiles = groups * triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
-    split = choose_split(tiles, triton.cdiv(k, FP8_BLOCK), PROGRAMS_PER_SM * sm_count())
+    split = choose_split(tiles, triton.cdiv(k, FP8_BLOCK), PROGRAMS_PER_SM * sms)
     return GemvConfig(block_m, block_n, split, use_dot, k_unroll=unroll)
 
 

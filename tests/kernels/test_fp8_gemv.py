@@ -47,6 +47,15 @@ def poisoned(shape):
     return torch.full(shape, float("nan"), dtype=torch.bfloat16, device=DEVICE)
 
 
+@pytest.fixture
+def fresh_caches():
+    """fp8_gemv's device facts and configs cached by none before and after the test (a test that fakes a device's
+    answers; they must not reach another test)."""
+    g.clear_caches()
+    yield
+    g.clear_caches()
+
+
 # --- block_fp8_linear ----------------------------------------------------------------------------
 
 SHAPES = [(256, 512), (200, 320), (128, 200)]  # (N, K): aligned, ragged N and K, K not a multiple of 16
@@ -686,7 +695,7 @@ def test_wo_a_pdl_with_rope(cfg):
 
 
 @pytest.mark.parametrize("capability, expected", [((8, 0), False), ((9, 0), True), ((12, 0), True)])
-def test_pdl_only_on_gpus_with_griddepcontrol(monkeypatch, capability, expected):
+def test_pdl_only_on_gpus_with_griddepcontrol(monkeypatch, fresh_caches, capability, expected):
     assert not g.pdl_supported(torch.device("cpu"))
     monkeypatch.setattr(g, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)

@@ -11,8 +11,8 @@ import torch
 
 from sglang_sm120.kernels import fp8_gemv as g
 
-from .test_fp8_gemv import (HEAD, OUTPUT_TOL, ROPE, check_ragged_grouped_wo_a, poisoned, random_weight, rel_err,
-                             rope_inputs)
+from .test_fp8_gemv import (HEAD, OUTPUT_TOL, ROPE, check_ragged_grouped_wo_a, fresh_caches,  # noqa: F401 (fixture)
+                             poisoned, random_weight, rel_err, rope_inputs)
 
 
 def tma(cfg, **kw):
@@ -95,7 +95,7 @@ def test_fallback_where_no_descriptor_can_be_made(monkeypatch, case):
 
 
 @pytest.mark.parametrize("capability, expected", [((8, 0), False), ((9, 0), True), ((12, 0), True)])
-def test_tma_only_on_gpus_with_the_copy_engine(monkeypatch, capability, expected):
+def test_tma_only_on_gpus_with_the_copy_engine(monkeypatch, fresh_caches, capability, expected):
     w = torch.zeros(1, 128, 256, dtype=g.FP8_DTYPE)
     assert g.weight_tma_usable(w) is g.interpreter_enabled()  # on the CPU: only under the interpreter
 
