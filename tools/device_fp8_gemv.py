@@ -23,6 +23,7 @@ the logic on the CPU under the Triton interpreter at tiny shapes (no timing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -587,13 +588,18 @@ def run18_candidates(m: int, n: int, k: int, groups: int, g):
 POINT_IS_WO_A = [False]  # set by main() for the point being swept
 
 
-def _without_one_chunk(g, fn, *args, **kwargs):
-    """``fn(*args)`` with fp8_gemv's one-chunk rule off (the defaults before run 18b)."""
-    g.USE_ONE_CHUNK = False
+@contextlib.contextmanager
+def module_flag(module, name: str, value):
+    """``module.<name> = value`` inside the ``with`` block, the value it had before restored after it (also on an
+    exception); an unknown name raises AttributeError. E.g. fp8_gemv's USE_* rule switches for the defaults before a
+    run (``with module_flag(g, "USE_ONE_CHUNK", False): g.default_config(...)``); they are part of the config cache's
+    key, so the cached configs follow them."""
+    previous = getattr(module, name)
+    setattr(module, name, value)
     try:
-        return fn(*args, **kwargs)
+        yield
     finally:
-        g.USE_ONE_CHUNK = True
+        setattr(module, name, previous)
 
 
 def run18b_candidates(m: int, n: int, k: int, groups: int, g):
@@ -602,7 +608,8 @@ def run18b_candidates(m: int, n: int, k: int, groups: int, g):
     wo_a_config with the fused RoPE without / with the rule (every variant is timed with the RoPE too). Run 18b also
     timed ``sb8`` (see run18_candidates), since removed, so not generated here. The rule's tiles changed after the run
     (K <= 512: 32 columns, K 1024: 16, as wk_n32_w4 / wk_n16_w4 measured), so current_default now repeats a wk row."""
-    old = _without_one_chunk(g, g.default_config, m, n, k, groups)
+    with module_flag(g, "USE_ONE_CHUNK", False):  # the defaults before run 18b
+        old = g.default_config(m, n, k, groups)
     out = [("old_default", old), ("current_default", g.default_config(m, n, k, groups))]
     k_blocks = math.ceil(k / g.FP8_BLOCK)
     if m <= 2 and k_blocks & (k_blocks - 1) == 0:
@@ -614,8 +621,9 @@ def run18b_candidates(m: int, n: int, k: int, groups: int, g):
                             g.GemvConfig(m, block_n, 1, False, num_warps=warps, k_unroll=k_blocks, rows_form=True,
                                          prefetch=True, one_chunk=True, pdl=True)))
     if POINT_IS_WO_A[0]:
-        out += [("old_seam", _without_one_chunk(g, g.wo_a_config, m, n, k, groups, fused_rope=True)),
-                ("seam", g.wo_a_config(m, n, k, groups, fused_rope=True))]
+        with module_flag(g, "USE_ONE_CHUNK", False):
+            old_seam = g.wo_a_config(m, n, k, groups, fused_rope=True)
+        out += [("old_seam", old_seam), ("seam", g.wo_a_config(m, n, k, groups, fused_rope=True))]
     return distinct_configs(out)
 
 

@@ -37,6 +37,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _repo_imports import ensure_kernels_importable  # noqa: E402
+from device_fp8_gemv import module_flag  # noqa: E402
 
 ensure_kernels_importable()
 
@@ -51,15 +52,6 @@ POINTS = (("wo_a", 1, (8, 2, 4, 1)), ("wo_b", 1, (8, 2, 1)), ("wq_b", 1, (8, 1))
 # --run21 (prepared in round 21, not run): wo_a + fused RoPE at T=1 only, GemvConfig.rope_pairs beside the default
 RUN21_NAME = "fp8_gemv-h200-run21"
 RUN21_POINTS = (("wo_a", 1, (8, 2, 4, 1)),)
-
-
-def _old(g, fn, *args, **kwargs):
-    """``fn(*args)`` with the defaults before run 19 (USE_W_BEFORE_WAIT = False)."""
-    g.USE_W_BEFORE_WAIT = False
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        g.USE_W_BEFORE_WAIT = True
 
 
 def run21_variants(g, name: str, tp: int, m: int, n: int, k: int, groups: int):
@@ -95,10 +87,10 @@ def variants(g, name: str, tp: int, m: int, n: int, k: int, groups: int):
     replace = dataclasses.replace
     out = []
     if name == "wo_a":
-        out += [("old", _old(g, g.wo_a_config, m, n, k, groups, False), "plain"),
-                ("new", g.wo_a_config(m, n, k, groups, False), "plain"),
-                ("seam_old", _old(g, g.wo_a_config, m, n, k, groups, True), "rope"),
-                ("seam_new", g.wo_a_config(m, n, k, groups, True), "rope")]
+        with module_flag(g, "USE_W_BEFORE_WAIT", False):  # the defaults before run 19
+            old, seam_old = g.wo_a_config(m, n, k, groups, False), g.wo_a_config(m, n, k, groups, True)
+        out += [("old", old, "plain"), ("new", g.wo_a_config(m, n, k, groups, False), "plain"),
+                ("seam_old", seam_old, "rope"), ("seam_new", g.wo_a_config(m, n, k, groups, True), "rope")]
         if tp == 1:
             seam2 = g.wo_a_config(2, n, k, groups, True)  # the one-shot seam form (2..8 rows)
             if seam2.k_unroll == g.ONE_SHOT_BLOCKS:
@@ -106,8 +98,9 @@ def variants(g, name: str, tp: int, m: int, n: int, k: int, groups: int):
                 out += [("ww1", ww1, "rope"), ("ww1_r128", replace(ww1, max_registers=REGISTER_CAP), "rope")]
             out.append(("sep_new", g.wo_a_config(m, n, k, groups, False), "sep"))
     else:
-        old, new = _old(g, g.default_config, m, n, k, groups), g.default_config(m, n, k, groups)
-        out += [("old", old, "plain"), ("new", new, "plain")]
+        with module_flag(g, "USE_W_BEFORE_WAIT", False):
+            old = g.default_config(m, n, k, groups)
+        out += [("old", old, "plain"), ("new", g.default_config(m, n, k, groups), "plain")]
     return _distinct(out)
 
 
