@@ -776,6 +776,99 @@ def test_gemv_pdl_arguments(bad):
             configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
 
 
+# round 22: K splits of the fp16 TMA GEMV (gate/up: float32 partials + ticket, the last split applies the SwiGLU; down:
+# partial rows the top-k sum adds). A TMA K step is 512 wide, so K / split >= 512: per-rank I = 512 / 1024 / 2048 (the
+# full model's T = 4 / 2 / 1) with H = 1024 (gate/up in 2 splits) or 512 (none)
+def _split_tiles(gu_n, dn_n, gu_split, dn_split, **kw):
+    return (moe.GemvConfig(gu_n, 512, 4, tma_ring=3, f16=True, split_k=gu_split, **kw),
+            moe.GemvConfig(dn_n, 512, 4, tma_ring=3, f16=True, split_k=dn_split, **kw))
+
+
+@pytest.mark.parametrize("hidden,inter,gu_split,dn_split,batch,pattern", [
+    (1024, 512, 2, 1, 0, "random"), (1024, 512, 2, 1, 1, "random"), (1024, 512, 2, 1, 3, "duplicate"),
+    (1024, 1024, 2, 2, 1, "random"), (1024, 1024, 1, 2, 3, "invalid"), (1024, 1024, 2, 2, 3, "duplicate"),
+    (512, 2048, 1, 4, 1, "random"), (512, 2048, 1, 2, 3, "duplicate"), (512, 2048, 1, 4, 0, "random")])
+def test_gemv_tma_f16_split_k(hidden, inter, gu_split, dn_split, batch, pattern):
+    """K splits of either launch (every per-rank I the TMA GEMV runs at; two column blocks per launch, so several
+    tickets per expert) against the reference with the clamp active and every scratch tensor NaN-poisoned, B = 0 / 1 / 3,
+    the same expert several times per token, invalid ids: within 1e-3 of the same tiles without a split (the partial
+    sums only add in another order), every ticket put back to zero."""
+    experts = make_experts(inter, hidden=hidden, seed=inter + batch)
+    weights, ids = make_routing(batch, pattern, seed=batch + 3)
+    x = make_x(batch, hidden=hidden, seed=batch + 4, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    tiles = _split_tiles(inter // 2, hidden // 2, gu_split, dn_split)
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, upcast="gemv", configs=tiles)
+    assert int(moe._tickets(x.device, 1).count_nonzero()) == 0
+    if not batch:
+        assert out.numel() == 0
+        return
+    assert rel(moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0), ref) > 0.1  # the clamp acts
+    whole = run(x, experts, weights, ids, upcast="gemv", configs=_split_tiles(inter // 2, hidden // 2, 1, 1))
+    assert torch.isfinite(out).all() and rel(out, ref) < 2e-2 and rel(out, whole.float()) < 1e-3
+    assert rel(out, ref) < rel(whole, ref) + 1e-3
+
+
+def test_gemv_tma_f16_split_k_launches_repeat_and_fall_back_without_the_clamp():
+    """The split forward's launches run twice give the same bits (the tickets left zeroed, no state in the scratch);
+    without a clamp (limit 0) the configs run the bf16 decode without a split, bit for bit."""
+    hidden = inter = 1024
+    experts = make_experts(inter, hidden=hidden, seed=9)
+    weights, ids = make_routing(2, "duplicate", seed=10)
+    x = make_x(2, hidden=hidden, seed=11, scale=4.0)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    tiles = _split_tiles(inter // 2, hidden // 2, 2, 2)
+    w13r, s13r = repacked(experts[0], experts[1])
+    out = torch.empty_like(x)
+    assert_launches_repeat_the_forward(
+        moe.gemv_launches(x, w13r, s13r, experts[2], experts[3], weights, ids, out, configs=tiles), out, ref)
+    bf16 = tuple(dataclasses.replace(c, f16=False, split_k=1) for c in tiles)
+    assert torch.equal(run(x, experts, weights, ids, upcast="gemv", configs=tiles, swiglu_limit=0.0),
+                       run(x, experts, weights, ids, upcast="gemv", configs=bf16, swiglu_limit=0.0))
+
+
+@pytest.mark.parametrize("bad", ["down_k_256", "gate_up_k_256", "bf16", "persistent_down", "t8"])
+def test_gemv_tma_f16_split_k_arguments(bad):
+    """A split needs K / split >= 512 (one TMA step), the fp16 decode, and a down launch off the persistent grid; T = 8
+    (I = 256) runs no TMA GEMV at all."""
+    hidden, inter, gu_split, dn_split, kw = 1024, 1024, 1, 1, {}
+    if bad == "down_k_256":
+        inter, dn_split = 512, 2
+    elif bad == "gate_up_k_256":
+        gu_split = 4
+    elif bad == "bf16":
+        dn_split = 2
+    elif bad == "persistent_down":
+        dn_split = 2
+    else:
+        inter, gu_split = 256, 2
+    experts = make_experts(inter, hidden=hidden)
+    weights, ids = make_routing(1, "random")
+    gu, dn = _split_tiles(min(64, inter), 64, gu_split, dn_split)
+    if bad == "bf16":
+        gu, dn = dataclasses.replace(gu, f16=False), dataclasses.replace(dn, f16=False)
+    if bad == "persistent_down":
+        dn = dataclasses.replace(dn, persistent_programs_per_sm=2)
+    with pytest.raises(ValueError, match="split"):
+        run(make_x(1, hidden=hidden), experts, weights, ids, upcast="gemv", configs=(gu, dn))
+
+
+@pytest.mark.parametrize("gu_split,dn_split", [(2, 1), (1, 4), (2, 2)])
+def test_gemv_tma_f16_split_k_reaches_the_launches(monkeypatch, gu_split, dn_split):
+    """The split counts reach the gate/up and down kernels (SPLIT_K) and the top-k sum (SPLITS), with PDL."""
+    launches = []
+    for name in F16_KERNELS:
+        monkeypatch.setattr(moe, name, _LaunchRecorder(name, launches))
+    monkeypatch.setattr(moe, "pdl_supported", lambda device: True)
+    hidden, inter = 1024, 2048
+    experts = make_experts(inter, hidden=hidden)
+    weights, ids = make_routing(1, "random")
+    run(make_x(1, hidden=hidden), experts, weights, ids, configs=_split_tiles(64, 64, gu_split, dn_split, pdl=True))
+    kw = dict(launches)
+    assert kw["_gate_up_gemv_tma_f16_kernel"]["SPLIT_K"] == gu_split and kw["_down_gemv_tma_f16_kernel"]["SPLIT_K"] == dn_split
+    assert kw["_topk_sum_kernel"]["SPLITS"] == dn_split and all(k["PDL"] for k in kw.values())
+
 def test_gemv_pdl_default_follows_the_h200_numbers():
     """Runs 17 / 17b: the fp16 TMA GEMV forward launches with PDL (triggers after the waits) by default at T=1 B <= 4,
     with the down launch's L2 prefetch at T=2 B <= 8 and T=4 B <= 16 but 15 (>= 2 % faster there); not beyond (T=1
