@@ -626,13 +626,17 @@ def run22_variants(rows, inter, hidden):
     one_row = rows == TOP_K
     out = [("shipped", (gu, dn))]
     out += [(f"dn s{s}", (gu, dataclasses.replace(dn, split_k=s))) for s in dn_splits]
-    out += [(f"gu s{s}", (dataclasses.replace(gu, split_k=s), dn)) for s in gu_splits if one_row or s == 2]
+    out += [(f"gu s{s}", (dataclasses.replace(gu, split_k=s), dn)) for s in gu_splits
+            if one_row or s == 2 or inter == MOE_INTERMEDIATE_SIZE // 4]
     if gu_splits and dn_splits:
         out += [(f"gu s2 dn s{s}", (dataclasses.replace(gu, split_k=2), dataclasses.replace(dn, split_k=s)))
                 for s in dn_splits if one_row or s == 2]
-    if one_row and inter == MOE_INTERMEDIATE_SIZE:
+    if one_row and inter == MOE_INTERMEDIATE_SIZE:  # T=1 B=1: the 4x-row tiles; more programs on the 2x-row ones
         out += [("dn ring4", (gu, dataclasses.replace(dn, tma_ring=4))),
                 ("gu ring4", (dataclasses.replace(gu, tma_ring=4), dn))]
+        gu2, dn2 = dataclasses.replace(gu, block_n=gu.block_n // 2), dataclasses.replace(dn, block_n=dn.block_n // 2)
+        out += [("dn n/2", (gu, dn2)), ("dn n/2 s2", (gu, dataclasses.replace(dn2, split_k=2))),
+                ("gu n/2 s2", (dataclasses.replace(gu2, split_k=2), dn))]
     return out
 
 
