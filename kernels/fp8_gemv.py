@@ -1396,6 +1396,11 @@ def clear_caches() -> None:
         cached.cache_clear()
 
 
+def _cdiv(a: int, b: int) -> int:
+    """Ceiling division on the host (triton.cdiv is a ConstexprFunction in Triton 3.8: about 2 us per call)."""
+    return -(-a // b)
+
+
 def choose_split(tiles: int, k_blocks: int, target_programs: int) -> int:
     """Largest power-of-two K split that keeps tiles*split <= target_programs and every split at
     least MIN_K_BLOCKS_PER_SPLIT blocks long."""
@@ -1417,8 +1422,8 @@ def _fp8_mma_config(m: int, n: int, k: int, groups: int, sms: int) -> GemvConfig
         tile = FP8_MMA_NARROW
     else:
         return None
-    tiles = groups * triton.cdiv(n, tile["block_n"])
-    split = choose_split(tiles, triton.cdiv(k, FP8_BLOCK), PROGRAMS_PER_SM * sms)
+    tiles = groups * _cdiv(n, tile["block_n"])
+    split = choose_split(tiles, _cdiv(k, FP8_BLOCK), PROGRAMS_PER_SM * sms)
     return GemvConfig(FP8_MMA_BLOCK_ROWS, tile["block_n"], split, True, tile["num_warps"], tile["num_stages"],
                       fp8_mma=True, fp8_join=True)
 
@@ -1510,7 +1515,7 @@ USE_ONE_CHUNK = True  # False: default_config as before runs 18 / 18b
 def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig) -> GemvConfig | None:
     """The one-chunk rows form where runs 18 / 18b measured it faster (see ONE_CHUNK_* above), else None; ``form``:
     launch_form's pick for the same call."""
-    k_blocks = triton.cdiv(k, FP8_BLOCK)
+    k_blocks = _cdiv(k, FP8_BLOCK)
     if (m > ONE_CHUNK_MAX_ROWS or groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES
             or k_blocks & (k_blocks - 1) or (m == 1 and form.rows_form and form.k_unroll < k_blocks)):
         return None
@@ -1534,9 +1539,9 @@ def rules() -> Rules:
     return Rules(USE_PDL, USE_TMA, USE_ONE_CHUNK, USE_W_BEFORE_WAIT, USE_WO_A_ROPE_PAIRS)
 
 
-# Configs cached per (shape, SM count, rules): default_config / wo_a_config are pure functions of those, and eager decode
-# and prefill ask for one on every call (on the 2-core development CPU 13-43 us per call before the cache, 0.5-1 us
-# with it). The bound only keeps a caller with unboundedly many row counts from growing it without end.
+# Configs cached per (shape, SM count, rules): default_config / wo_a_config are pure functions of those, and eager
+# decode and prefill ask for one on every call (on the 2-core development CPU 13-43 us per call before the cache,
+# 0.5-1 us with it). The bound only keeps a caller with unboundedly many row counts from growing it without end.
 CONFIG_CACHE_SIZE = 4096
 
 
@@ -1578,7 +1583,7 @@ def _one_shot_split(cfg: GemvConfig, k: int) -> bool:
     """Whether ``cfg`` is the 128-column FP8 tile with PDL at a K split of WO_A_ONE_SHOT_K_BLOCKS blocks, where the
     one-shot program (WO_A_ONE_SHOT) was measured (wo_a / wo_b at T=1, 2..8 rows)."""
     return (cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"] and cfg.split_k > 1
-            and triton.cdiv(k, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k)
+            and _cdiv(k, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k)
 
 
 # wo_a with the fused inverse RoPE (grouped_fp8_wo_a with positions), H200 runs 11 / 11b, against default_config's
@@ -1643,7 +1648,7 @@ USE_WO_A_ROPE_PAIRS = True  # False: the forms before run 21 (the FMA tile at 1 
 def _wo_a_one_shot(cfg: GemvConfig, d: int) -> bool:
     """Whether ``cfg`` is the 128-column FP8 tile with PDL whose K splits are one-shot blocks of wo_a's K ``d``."""
     wide_pdl_tile = cfg.fp8_mma and cfg.pdl and cfg.block_n == FP8_MMA_WIDE["block_n"]
-    return wide_pdl_tile and cfg.split_k > 1 and triton.cdiv(d, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k
+    return wide_pdl_tile and cfg.split_k > 1 and _cdiv(d, FP8_BLOCK) == WO_A_ONE_SHOT_K_BLOCKS * cfg.split_k
 
 
 def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool, sms: int | None = None) -> GemvConfig:
@@ -1700,14 +1705,14 @@ def launch_form(m: int, n: int, k: int, groups: int = 1, sms: int | None = None)
 
 
 def _launch_form(m: int, n: int, k: int, groups: int, sms: int) -> GemvConfig:
-    k_blocks = triton.cdiv(k, FP8_BLOCK)
+    k_blocks = _cdiv(k, FP8_BLOCK)
     fp8_mma = _fp8_mma_config(m, n, k, groups, sms)
     if fp8_mma is not None:
         return fp8_mma
     if m == 1 and ONE_SHOT_MIN_K_BLOCKS <= k_blocks <= ONE_SHOT_MAX_K_BLOCKS:
         # few, short rows of weight (DSv4's K = 512 / 1024 linears at N <= 8192): one program per
         # 16 columns with its whole K in flight at once beats the looping FMA form
-        tiles = groups * triton.cdiv(n, ONE_SHOT_BLOCK_N)
+        tiles = groups * _cdiv(n, ONE_SHOT_BLOCK_N)
         if k_blocks == ONE_SHOT_MAX_K_BLOCKS and tiles <= ONE_SHOT_WIDE_PROGRAMS_PER_SM * sms:
             return GemvConfig(1, ONE_SHOT_BLOCK_N, 1, False, num_warps=8, k_unroll=k_blocks, rows_form=True,
                               prefetch=True)
@@ -1715,7 +1720,7 @@ def _launch_form(m: int, n: int, k: int, groups: int, sms: int) -> GemvConfig:
             return GemvConfig(1, ONE_SHOT_BLOCK_N, 1, False, k_unroll=ONE_SHOT_MIN_K_BLOCKS, rows_form=True,
                               prefetch=True, evict_first=True)
     if m == ROWS_FORM_ROWS:
-        tiles = groups * triton.cdiv(n, ROWS_FORM_BLOCK_N)
+        tiles = groups * _cdiv(n, ROWS_FORM_BLOCK_N)
         split = choose_split(tiles, k_blocks, PROGRAMS_PER_SM * sms)
         return GemvConfig(ROWS_FORM_ROWS, ROWS_FORM_BLOCK_N, split, False, k_unroll=ROWS_FORM_K_UNROLL,
                           rows_form=True)
@@ -1726,8 +1731,8 @@ def _launch_form(m: int, n: int, k: int, groups: int, sms: int) -> GemvConfig:
         block_m, block_n, use_dot = 16, DOT_BLOCK_N, True
     else:
         block_m, block_n, use_dot = WIDE_BLOCK_M, WIDE_BLOCK_N, True
-    tiles = groups * triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
-    split = choose_split(tiles, triton.cdiv(k, FP8_BLOCK), PROGRAMS_PER_SM * sms)
+    tiles = groups * _cdiv(n, block_n) * _cdiv(m, block_m)
+    split = choose_split(tiles, _cdiv(k, FP8_BLOCK), PROGRAMS_PER_SM * sms)
     return GemvConfig(block_m, block_n, split, use_dot, k_unroll=unroll)
 
 
@@ -1737,8 +1742,10 @@ def _launch_form(m: int, n: int, k: int, groups: int, sms: int) -> GemvConfig:
 
 
 def _check(cond: bool, name: str, expected: str, got) -> None:
+    """ValueError unless ``cond``; a tensor ``got`` is described (_describe) only then: building the descriptions of
+    every argument on every call was host time for nothing."""
     if not cond:
-        raise ValueError(f"{name}: expected {expected}, got {got}")
+        raise ValueError(f"{name}: expected {expected}, got {_describe(got) if isinstance(got, torch.Tensor) else got}")
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -1764,13 +1771,13 @@ def _split_counters(weight: torch.Tensor, tiles: int) -> torch.Tensor:
 def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, head_dim=HEAD_DIM,
             rope_dim=ROPE_DIM):
     """x3 [M, G, K] view, w3 [G, N, K], s3 [G, N/128, K/128], y3 [M, G, N]; all strided views."""
-    m_tiles = triton.cdiv(m, cfg.block_m)
-    n_tiles = triton.cdiv(n, cfg.block_n)
-    k_blocks = triton.cdiv(k, FP8_BLOCK)
+    m_tiles = _cdiv(m, cfg.block_m)
+    n_tiles = _cdiv(n, cfg.block_n)
+    k_blocks = _cdiv(k, FP8_BLOCK)
     split = max(1, min(cfg.split_k, k_blocks))
     # whole iterations per split, and no empty splits
-    per_split = triton.cdiv(triton.cdiv(k_blocks, split), cfg.k_unroll) * cfg.k_unroll
-    split = triton.cdiv(k_blocks, per_split)
+    per_split = _cdiv(_cdiv(k_blocks, split), cfg.k_unroll) * cfg.k_unroll
+    split = _cdiv(k_blocks, per_split)
     grid = (m_tiles * n_tiles, split, groups)
     persistent_args = {}
     if cfg.persistent_programs_per_sm:  # never the rows form (GemvConfig rejects it)
@@ -1855,13 +1862,13 @@ def _check_weight(weight, weight_scale, groups: int | None):
     _check(weight.dtype == FP8_DTYPE, "weight", "dtype torch.float8_e4m3fn", weight.dtype)
     ndim = 2 if groups is None else 3
     _check(weight.dim() == ndim and weight.stride(-1) == 1, "weight",
-           f"a {ndim}-D tensor with contiguous last dim", _describe(weight))
+           f"a {ndim}-D tensor with contiguous last dim", weight)
     n, k = weight.shape[-2:]
-    scale_shape = (*weight.shape[:-2], triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK))
+    scale_shape = (*weight.shape[:-2], _cdiv(n, FP8_BLOCK), _cdiv(k, FP8_BLOCK))
     _check(weight_scale.dtype == torch.float32, "weight_scale", "dtype torch.float32", weight_scale.dtype)
     _check(tuple(weight_scale.shape) == scale_shape and weight_scale.stride(-1) == 1, "weight_scale",
            f"shape {scale_shape} (one scale per {FP8_BLOCK}x{FP8_BLOCK} block) with contiguous last dim",
-           _describe(weight_scale))
+           weight_scale)
     _check(weight_scale.device == weight.device, "weight_scale", f"device {weight.device}", weight_scale.device)
 
 
@@ -1872,7 +1879,7 @@ def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
            getattr(x, "dtype", type(x)))
     _check_weight(weight, weight_scale, None)
     n, k = weight.shape
-    _check(x.dim() >= 1 and x.shape[-1] == k, "x", f"last dim {k} (weight in_features)", _describe(x))
+    _check(x.dim() >= 1 and x.shape[-1] == k, "x", f"last dim {k} (weight in_features)", x)
     _check(x.device == weight.device, "x", f"device {weight.device}", x.device)
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -1884,7 +1891,7 @@ def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     else:
         _check(tuple(out.shape) == out_shape and out.dtype == torch.bfloat16 and out.is_contiguous()
                and out.device == x.device, "out", f"contiguous bf16 of shape {out_shape} on {x.device}",
-               _describe(out))
+               out)
     if m == 0 or n == 0:
         return out
     if k == 0:
@@ -1910,24 +1917,24 @@ def grouped_fp8_wo_a(o: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     _check_weight(weight, weight_scale, groups=True)
     g, r, d = weight.shape
     _check(o.dim() == 3 and tuple(o.shape[1:]) == (g, d) and o.stride(-1) == 1, "o",
-           f"[B, {g}, {d}] with contiguous last dim", _describe(o))
+           f"[B, {g}, {d}] with contiguous last dim", o)
     _check(o.device == weight.device, "o", f"device {weight.device}", o.device)
     b = o.shape[0]
     if (positions is None) != (freqs is None):
         raise ValueError("positions and freqs: expected both (fused inverse RoPE) or neither")
     if positions is not None:
         _check(positions.dim() == 1 and positions.shape[0] == b and positions.dtype in (torch.int32, torch.int64)
-               and positions.device == o.device, "positions", f"[{b}] int32/int64 on {o.device}", _describe(positions))
+               and positions.device == o.device, "positions", f"[{b}] int32/int64 on {o.device}", positions)
         _check(freqs.dim() == 2 and freqs.shape[1] == rope_dim and freqs.dtype == torch.float32
                and freqs.stride(1) == 1 and freqs.device == o.device, "freqs",
-               f"[max_pos, {rope_dim}] fp32 (cos, sin interleaved) on {o.device}", _describe(freqs))
+               f"[max_pos, {rope_dim}] fp32 (cos, sin interleaved) on {o.device}", freqs)
         _check(rope_dim % 2 == 0 and 0 < rope_dim <= head_dim and d % head_dim == 0, "head_dim/rope_dim",
                f"even rope_dim <= head_dim dividing D={d}", (head_dim, rope_dim))
     if out is None:
         out = torch.empty((b, g, r), dtype=torch.bfloat16, device=o.device)
     else:
         _check(tuple(out.shape) == (b, g, r) and out.dtype == torch.bfloat16 and out.stride(-1) == 1
-               and out.device == o.device, "out", f"bf16 [{b}, {g}, {r}] on {o.device}", _describe(out))
+               and out.device == o.device, "out", f"bf16 [{b}, {g}, {r}] on {o.device}", out)
     if b == 0 or r == 0:
         return out
     if b > WO_A_MAX_KERNEL_ROWS and config is None:
@@ -1993,7 +2000,7 @@ def reference_upstream_fp8_activation_linear(x: torch.Tensor, weight: torch.Tens
     ``x_scale[m, kb] * w_scale[nb, kb]`` (CUTLASS ``fp8_blockwise_scaled_mm``)."""
     m_shape, k = x.shape[:-1], x.shape[-1]
     xf = x.reshape(-1, k).float()
-    kb = triton.cdiv(k, FP8_BLOCK)
+    kb = _cdiv(k, FP8_BLOCK)
     pad = kb * FP8_BLOCK - k
     groups = torch.nn.functional.pad(xf, (0, pad)).reshape(-1, kb, FP8_BLOCK)
     x_scale = groups.abs().amax(-1, keepdim=True).clamp_min(eps) / FP8_MAX
