@@ -21,6 +21,11 @@ Semantics (each ``reference_*`` is the float32 specification):
 * ``swiglu(gate_up, limit)``: ``gate_up [M, 2I]`` bf16 = ``[gate | up]``;
   ``silu(min(gate, limit)) * clamp(up, -limit, limit)`` -> ``[M, I]`` bf16.
 * ``combine(x, a, b, c)``: ``x + a + b + c`` in fp32, rounded once to bf16 (``[M, N]`` bf16 each).
+* ``index_q_quant(q, weights, weight_scale)``: the C4 indexer's query quantisation as SGLang's fused JIT kernel
+  (``fused_q_indexer_rope_hadamard_quant``, sglang/kernels/jit/csrc/deepseek_v4/main_norm_rope.cuh) does it, less
+  the RoPE and the Hadamard rotation, which the bench does not model: per (token, head) row of ``q [M, H, D]``
+  bf16, ``scale = max(amax, INDEX_Q_AMAX_FLOOR) / 448``, ``q_fp8 = e4m3(q / scale)`` (nearest-even) and
+  ``weights_out = weights * weight_scale * scale`` fp32 (``weights [M, H]`` bf16, the weights projection).
 
 All are CUDA-graph capturable (outputs sized by shapes only, no host syncs).
 
@@ -43,7 +48,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .dsv4 import HEAD_DIM, HIDDEN_SIZE, NUM_EXPERTS, Q_LORA_RANK, RMS_NORM_EPS, SOFTPLUS_THRESHOLD, TOP_K
+from .dsv4 import (HEAD_DIM, HIDDEN_SIZE, INDEX_HEAD_DIM, INDEX_N_HEADS, INDEX_Q_AMAX_FLOOR, NUM_EXPERTS, Q_LORA_RANK,
+                   RMS_NORM_EPS, SOFTPLUS_THRESHOLD, TOP_K)
+from .fp8_gemv import FP8_MAX
 from .harness.aot import AotConfig
 from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
@@ -316,6 +323,76 @@ def combine(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
     return out
 
 
+# --- the C4 indexer's query quantisation ------------------------------------------------------
+
+E4M3_MIN_NORMAL_EXP = tl.constexpr(-6)  # e4m3: normals from 2^-6, below that subnormals in steps of 2^-9
+E4M3_MANTISSA_BITS = tl.constexpr(3)
+ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: x + it - it rounds fp32 |x| < 2^22 to an integer, nearest-even
+
+
+@triton.jit
+def _e4m3_rtne(v):
+    """fp32 ``v`` (|v| <= 448) -> e4m3 rounded to nearest-even, subnormals included: the value is first rounded on
+    e4m3's grid in fp32 (its quantum a power of two, so the scaling is exact), then cast exactly (the interpreter's
+    own fp32 -> e4m3 cast drops the rounding carry)."""
+    exp = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    quantum_exp = tl.maximum(exp, 127 + E4M3_MIN_NORMAL_EXP) - E4M3_MANTISSA_BITS
+    quantum = (quantum_exp << 23).to(tl.float32, bitcast=True)
+    return (((v / quantum) + ROUND_MAGIC) - ROUND_MAGIC) * quantum
+
+
+@triton.jit
+def _index_q_quant_kernel(q_ptr, w_ptr, qo_ptr, wo_ptr, H, D, stride_qm, stride_qh, stride_wm, stride_qom,
+                          stride_qoh, stride_wom, weight_scale, amax_floor, BLOCK_H: tl.constexpr,
+                          BLOCK_D: tl.constexpr, FP8_MAX: tl.constexpr, PDL: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, BLOCK_D)
+    h_mask = heads < H
+    mask = h_mask[:, None] & (dims[None, :] < D)
+    pdl_wait(PDL)
+    q = tl.load(q_ptr + row * stride_qm + heads[:, None] * stride_qh + dims[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + row * stride_wm + heads, mask=h_mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(q), axis=1), amax_floor) / FP8_MAX
+    q8 = _e4m3_rtne(q * (1.0 / scale)[:, None]).to(tl.float8e4nv)
+    tl.store(qo_ptr + row * stride_qom + heads[:, None] * stride_qoh + dims[None, :], q8, mask=mask)
+    tl.store(wo_ptr + row * stride_wom + heads, w * weight_scale * scale, mask=h_mask)
+    pdl_launch_dependents(PDL)
+
+
+def reference_index_q_quant(q: torch.Tensor, weights: torch.Tensor, weight_scale: float):
+    """float32 specification: (``q / scale`` before the e4m3 rounding ``[M, H, D]``, the per-row ``scale [M, H]``,
+    ``weights_out [M, H]``)."""
+    qf = q.float()
+    scale = qf.abs().amax(-1).clamp_min(INDEX_Q_AMAX_FLOOR) / FP8_MAX
+    return qf * (1.0 / scale)[..., None], scale, weights.float() * weight_scale * scale
+
+
+def index_q_quant(q: torch.Tensor, weights: torch.Tensor, weight_scale: float, pdl: bool = True):
+    """(``q_fp8 [M, H, D]`` e4m3, ``weights_out [M, H]`` fp32) from the indexer's query ``q [M, H, D]`` bf16 and the
+    weights projection ``weights [M, H]`` bf16, one launch (PDL where supported unless ``pdl=False``)."""
+    _check(isinstance(q, torch.Tensor) and q.dim() == 3 and q.dtype == torch.bfloat16 and q.stride(2) == 1,
+           "q", "a 3-D [M, H, D] bfloat16 tensor with a contiguous last dim", _describe(q))
+    m, h, d = q.shape
+    _check(h > 0 and d > 0, "q", "non-empty heads and head dim", _describe(q))
+    _check_rows(weights, "weights", torch.bfloat16, q.device, (m, h))
+    q_fp8 = torch.empty((m, h, d), dtype=torch.float8_e4m3fn, device=q.device)
+    weights_out = torch.empty((m, h), dtype=torch.float32, device=q.device)
+    if m == 0:
+        return q_fp8, weights_out
+    use_pdl = launch_with_pdl(q.device, pdl)
+    _index_q_quant_kernel[(m,)](
+        q, weights, q_fp8, weights_out, h, d, q.stride(0), q.stride(1), weights.stride(0), q_fp8.stride(0),
+        q_fp8.stride(1), weights_out.stride(0), float(weight_scale), float(INDEX_Q_AMAX_FLOOR),
+        BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d), FP8_MAX=FP8_MAX, PDL=use_pdl,
+        num_warps=INDEX_Q_QUANT_WARPS, launch_pdl=use_pdl)
+    return q_fp8, weights_out
+
+
+INDEX_Q_QUANT_WARPS = 8  # one program per token: 64 heads x 128 dims, 32 values per thread
+
+
 # --- AOT --------------------------------------------------------------------------------------
 
 def aot_configs() -> list[AotConfig]:
@@ -358,4 +435,14 @@ def aot_configs() -> list[AotConfig]:
                    "stride_ym": "i32", "BLOCK": "constexpr", "PDL": "constexpr"},
         constexprs={"BLOCK": ELEMENTWISE_BLOCK, "PDL": True}, num_warps=ELEMENTWISE_WARPS, num_stages=1,
         div16=("N", "stride_xm", "stride_am", "stride_bm", "stride_cm", "stride_ym"), expect_opcodes=PDL_OPCODES))
+    configs.append(AotConfig(
+        name=f"index_q_quant_{INDEX_N_HEADS}x{INDEX_HEAD_DIM}", kernel=_index_q_quant_kernel,
+        signature={"q_ptr": "*bf16", "w_ptr": "*bf16", "qo_ptr": "*fp8e4nv", "wo_ptr": "*fp32", "H": "i32", "D": "i32",
+                   "stride_qm": "i32", "stride_qh": "i32", "stride_wm": "i32", "stride_qom": "i32",
+                   "stride_qoh": "i32", "stride_wom": "i32", "weight_scale": "fp32", "amax_floor": "fp32",
+                   "BLOCK_H": "constexpr", "BLOCK_D": "constexpr", "FP8_MAX": "constexpr", "PDL": "constexpr"},
+        constexprs={"BLOCK_H": INDEX_N_HEADS, "BLOCK_D": INDEX_HEAD_DIM, "FP8_MAX": FP8_MAX, "PDL": True},
+        num_warps=INDEX_Q_QUANT_WARPS, num_stages=1,
+        div16=("H", "D", "stride_qm", "stride_qh", "stride_wm", "stride_qom", "stride_qoh", "stride_wom"),
+        expect_opcodes=PDL_OPCODES))
     return configs

@@ -127,6 +127,9 @@ LAYER_COUNTS = {kind: sum(layer_compress_ratio(i) == ratio for i in range(NUM_LA
 # --- bench common stages (issue 8 follow-up: kernels/bench_common.py) --------------------------
 RMS_NORM_EPS = 1e-6  # rms_norm_eps of DeepSeek-V4-Flash's config (every RMSNorm of the layer)
 SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus: above it softplus(x) = x
+# the C4 indexer's query quantisation: floor of a (token, head) row's amax before / 448 (SGLang's fused JIT kernel,
+# main_norm_rope.cuh: fmaxf(1e-4f, abs_max) / FP8_E4M3_MAX)
+INDEX_Q_AMAX_FLOOR = 1e-4
 
 # --- replicated bf16 projections at decode (kernels/bf16_gemv.py, the bf16_linear seam) ----------
 # (N, K) of each bf16 linear the seam routes to the GEMV: both compressors' wkv_gate (fp32 out, SGLang's

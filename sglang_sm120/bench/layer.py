@@ -241,24 +241,22 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
 
     def bf16_proj(name, weight, src, dst, max_rows, index_weights=False, stream=MAIN, waits=()):
         """A projection of the bf16_linear seam: the compressors' wkv_gate (SGLang's linear_bf16_fp32, float32 out)
-        or, with ``index_weights``, weights_proj (bf16 out; both paths then hand the indexer float32 weights with
-        the index weight scale, the same code, standing in for the scale SGLang folds into its fused q kernel)."""
+        or, with ``index_weights``, weights_proj (``F.linear``, bf16 out: SGLang's compute_weights(skip_scale=True),
+        whose scale the indexer's fused query kernel applies)."""
         out_dtype = torch.bfloat16 if index_weights else torch.float32
         ours = path == PLUGIN and 1 <= batch <= max_rows
 
         def fn():
             x = st[src]
             if ours:
-                out = bf16_gemv.bf16_linear(x, weight, out_dtype=out_dtype)
+                st[dst] = bf16_gemv.bf16_linear(x, weight, out_dtype=out_dtype)
             elif index_weights:
-                out = torch.nn.functional.linear(x, weight)
+                st[dst] = torch.nn.functional.linear(x, weight)
             else:
-                out = upstream_ops.linear_bf16_fp32(x, weight)
-            st[dst] = out.float() * dsv4.INDEX_WEIGHT_SCALE if index_weights else out
+                st[dst] = upstream_ops.linear_bf16_fp32(x, weight)
 
         def check():
-            ref = bf16_gemv.reference_bf16_linear(st[src], weight)
-            return {"rel_err": _relerr(st[dst], ref * dsv4.INDEX_WEIGHT_SCALE if index_weights else ref)}
+            return {"rel_err": _relerr(st[dst], bf16_gemv.reference_bf16_linear(st[src], weight))}
         add(name, "bf16_linear", fn, model.bf16_linear_bytes(weight.shape[0], weight.shape[1], batch), check, stream,
             waits)
 
@@ -290,16 +288,24 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
         s_idx, s_iw, s_iq = side(STREAM_INDEXER), side(STREAM_INDEX_WEIGHTS), side(STREAM_INDEX_Q)
         bf16_proj("indexer_compressor", w.index_compressor, "h", "index_score", bf16_seam.COMPRESSOR_MAX_ROWS,
                   stream=s_idx, waits=waits_on(s_idx, "input_norm"))
-        bf16_proj("weights_proj", w.weights_proj, "h", "index_w", bf16_seam.WEIGHTS_PROJ_MAX_ROWS, index_weights=True,
-                  stream=s_iw, waits=waits_on(s_iw, "input_norm"))
+        bf16_proj("weights_proj", w.weights_proj, "h", "index_w_proj", bf16_seam.WEIGHTS_PROJ_MAX_ROWS,
+                  index_weights=True, stream=s_iw, waits=waits_on(s_iw, "input_norm"))
         # the indexer's query waits for q_lora (main) and for the weights (they are folded into its fused kernel)
         dense("indexer_wq_b", "q_lora", "index_q", stream=s_iq, waits=waits_on(s_iq, "q_norm", "weights_proj"))
+        index_q_view = lambda: st["index_q"].view(batch, d.index_heads, d.index_head_dim)  # noqa: E731
 
-        def index_q_quant():  # stands for the fused RoPE + Hadamard + FP8 quant (JIT CUDA upstream)
-            # clamp in bf16 (exact: 448 is a bf16 value) then cast: two launches, as fp32 would be three
-            q = st["index_q"].view(batch, 1, d.index_heads, d.index_head_dim)
-            st["index_q_fp8"] = q.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-        add("indexer_q_quant", "common", index_q_quant, batch * d.index_heads * d.index_head_dim * 3, stream=s_iq)
+        def index_q_quant():  # SGLang's fused JIT query kernel (RoPE and Hadamard not modelled): one launch
+            q_fp8, st["index_w"] = bench_common.index_q_quant(index_q_view(), st["index_w_proj"],
+                                                              dsv4.INDEX_WEIGHT_SCALE, pdl=common_pdl)
+            st["index_q_fp8"] = q_fp8.view(batch, 1, d.index_heads, d.index_head_dim)
+
+        def check_index_q_quant():
+            scaled, _, weights = bench_common.reference_index_q_quant(index_q_view(), st["index_w_proj"],
+                                                                      dsv4.INDEX_WEIGHT_SCALE)
+            q_ref = scaled.to(torch.float8_e4m3fn).float().view(st["index_q_fp8"].shape)
+            return {"rel_err": max(_relerr(st["index_q_fp8"].float(), q_ref), _relerr(st["index_w"], weights))}
+        add("indexer_q_quant", "common", index_q_quant,
+            batch * d.index_heads * (d.index_head_dim * 3 + 2 + 4), check_index_q_quant, stream=s_iq)
         n_c = caches.compressed_len
         k = d.index_topk
 
@@ -424,7 +430,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
 
 
 def _lens(caches: model.Caches) -> torch.Tensor:
-    return torch.full((caches.batch,), caches.compressed_len, dtype=torch.int32, device=caches.swa.device)
+    return caches.index_lengths  # built with the caches: SGLang's metadata holds them before the step
 
 
 def router_check(ids, weights, logits, bias, top_k: int) -> dict:

@@ -236,6 +236,7 @@ class Caches:
     extra_lengths: torch.Tensor | None = None
     index_k: torch.Tensor | None = None  # [pages, 64, 1, 132] uint8
     page_table: torch.Tensor | None = None  # [B, pages] int32 (C4 KV pool and index-K pages)
+    index_lengths: torch.Tensor | None = None  # C4: [B] int32 compressed lengths the indexer scores
     compressed_len: int = 0
 
     def kv_rows_read(self, index_topk: int) -> int:
@@ -275,6 +276,7 @@ def build_caches(kind: str, dims: Dims, batch: int, context: int, device, seed: 
         caches.page_table = _page_table(batch, pages_each, device, gen)
         caches.extra = _v4_cache(batch * pages_each, dsv4.C4_PAGE_SIZE, device, gen)
         caches.index_k = _index_k_cache(batch * pages_each, device, gen)
+        caches.index_lengths = torch.full((batch,), n, dtype=torch.int32, device=device)
         caches.extra_indices = torch.full((batch, 1, dims.index_topk), -1, dtype=torch.int32, device=device)
         caches.extra_lengths = torch.full((batch,), min(n, dims.index_topk), dtype=torch.int32, device=device)
     elif kind == "c128":

@@ -1,4 +1,4 @@
-"""The bench's fused common-stage kernels (RMSNorm, router, clamped SwiGLU, combine) against their
+"""The bench's fused common-stage kernels (RMSNorm, router, clamped SwiGLU, combine, the indexer's query quantisation) against their
 float32 references under the CPU interpreter: fresh random inputs, NaN-poisoned outputs, B = 0, 1
 and odd row counts, strided rows, router ties, and input validation."""
 
@@ -209,10 +209,12 @@ def _launcher(kernel):
     return {"_rms_norm_kernel": lambda **pdl: bc.rms_norm(x, x[0], residual=x, **pdl),
             "_route_kernel": lambda **pdl: bc.route(logits, bias, 6, 1.0, **pdl),
             "_swiglu_kernel": lambda **pdl: bc.swiglu(x, SWIGLU_LIMIT, **pdl),
-            "_combine_kernel": lambda **pdl: bc.combine(x, x, x, x, **pdl)}[kernel]
+            "_combine_kernel": lambda **pdl: bc.combine(x, x, x, x, **pdl),
+            "_index_q_quant_kernel": lambda **pdl: bc.index_q_quant(x.view(2, 4, 16), x[:, :4], 1.0, **pdl)}[kernel]
 
 
-@pytest.mark.parametrize("kernel", ["_rms_norm_kernel", "_route_kernel", "_swiglu_kernel", "_combine_kernel"])
+@pytest.mark.parametrize("kernel", ["_rms_norm_kernel", "_route_kernel", "_swiglu_kernel", "_combine_kernel",
+                                    "_index_q_quant_kernel"])
 @pytest.mark.parametrize("supported", [False, True])
 def test_pdl_flag_reaches_the_launch(monkeypatch, kernel, supported):
     """The PDL decision reaches both the launch attribute and the kernel's wait/trigger (constexpr PDL):
@@ -224,3 +226,46 @@ def test_pdl_flag_reaches_the_launch(monkeypatch, kernel, supported):
     launch()  # the default
     launch(pdl=False)
     assert [(k["PDL"], k["launch_pdl"]) for k in recorder.launches] == [(supported, supported), (False, False)]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3])
+@pytest.mark.parametrize("heads, dim", [(64, 128), (5, 48)])
+def test_index_q_quant(rows, heads, dim):
+    gen = torch.Generator().manual_seed(rows * 31 + heads + dim)
+    q = randn(rows, heads, dim, gen=gen, scale=4.0)
+    if rows:
+        q[0, 0] = 0.0  # an all-zero row: the amax floor keeps the scale finite
+    weights = randn(rows, heads, gen=gen)
+    q_fp8, w_out = bc.index_q_quant(q, weights, 0.125)
+    assert q_fp8.shape == (rows, heads, dim) and q_fp8.dtype == torch.float8_e4m3fn
+    assert w_out.shape == (rows, heads) and w_out.dtype == torch.float32
+    if not rows:
+        return
+    scaled, scale, w_ref = bc.reference_index_q_quant(q, weights, 0.125)
+    # e4m3 of q / scale, nearest-even, exactly; the weights carry the per-row scale
+    assert torch.equal(q_fp8.float(), scaled.to(torch.float8_e4m3fn).float())
+    torch.testing.assert_close(w_out, w_ref, rtol=1e-6, atol=0)
+    assert q_fp8.float().abs().amax() <= 448.0 and (q_fp8[0, 0].float() == 0).all()
+    assert scale[0, 0] == pytest.approx(bc.INDEX_Q_AMAX_FLOOR / 448.0)
+    # the quantised query times its scale stays within e4m3's rounding of q
+    torch.testing.assert_close(q_fp8.float() * scale[..., None], q.float(), rtol=2 ** -4, atol=scale.max().item())
+
+
+def test_index_q_quant_validation():
+    q = torch.zeros(2, 4, 8, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="^q:"):
+        bc.index_q_quant(q.float(), torch.zeros(2, 4, dtype=torch.bfloat16, device=DEVICE), 1.0)
+    with pytest.raises(ValueError, match="^weights:"):
+        bc.index_q_quant(q, torch.zeros(2, 5, dtype=torch.bfloat16, device=DEVICE), 1.0)
+
+
+def test_index_q_quant_rounds_like_torch_across_e4m3s_range():
+    """Every magnitude e4m3 has, subnormals and the carry into the next binade included, rounds as torch's
+    fp32 -> float8_e4m3fn cast does (nearest-even)."""
+    grid = torch.tensor([0.0, 2 ** -10, 2 ** -9, 1.5 * 2 ** -9, 2.5 * 2 ** -9, 7.69 * 2 ** -9, 7.5 * 2 ** -9,
+                         15.5 * 2 ** -10, 1.0, 1.0625, 1.1875, 15.5, 240.0, 247.9, 300.0, 447.0])
+    row = torch.cat([grid, -grid, torch.linspace(-448, 448, 128 - 2 * grid.numel() - 1), torch.tensor([448.0])])
+    q = row.to(torch.bfloat16).view(1, 1, -1).to(DEVICE)
+    q_fp8, _ = bc.index_q_quant(q, torch.ones(1, 1, dtype=torch.bfloat16, device=DEVICE), 1.0)
+    scaled, _, _ = bc.reference_index_q_quant(q, torch.ones(1, 1, dtype=torch.bfloat16), 1.0)
+    assert torch.equal(q_fp8.float().cpu(), scaled.to(torch.float8_e4m3fn).float())
