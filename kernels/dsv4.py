@@ -140,5 +140,9 @@ BF16_LINEAR_SHAPES = {
     "index_compressor": (INDEX_COMPRESSOR_OUT, HIDDEN_SIZE),
     "weights_proj": (INDEX_N_HEADS, HIDDEN_SIZE),
 }
+# the MoE router gate [256, 4096] bf16 -> fp32 logits: SGLang runs its JIT tiny_gemm_bf16 up to this many rows
+# (srt/models/deepseek_common/utils.py:184-198), cuBLAS above; the bench stands the bf16 GEMV in for it in both paths
+ROUTER_GATE_SHAPE = (NUM_EXPERTS, HIDDEN_SIZE)
+ROUTER_TINY_GEMM_MAX_ROWS = 16
 # SM counts of the sm_12x GPUs the plugin targets (tile choices that depend on the grid are compiled for each)
 SM12X_SM_COUNTS = {"RTX PRO 6000 Blackwell": 188, "RTX 5090": 170}

@@ -2,11 +2,12 @@
 
 A stage reads and writes tensors in a shared state dict, so the same list runs as one layer (all
 stages in order, one CUDA graph) or stage by stage (each in its own graph, for the per-kernel
-times). Stages the plugin does not replace (norms, the router gate GEMM and top-k, the bf16
-compressor projections, weights_proj, the shared expert's activation, the combine) are the *same
-code* in both paths, so the difference between the paths is the plugin's. The elementwise ones run
-as one fused Triton launch each (``kernels/bench_common.py``), standing in for the fused JIT kernels
-SGLang runs there, so that the step's absolute time is not inflated by unfused torch. Like SGLang's
+times). Stages the plugin does not replace (norms, the router gate GEMM and top-k, the indexer's
+query quantisation, the shared expert's activation, the combine) are the *same code* in both paths,
+so the difference between the paths is the plugin's. The elementwise ones run as one fused Triton
+launch each (``kernels/bench_common.py``), standing in for the fused JIT kernels SGLang runs there,
+and the router gate runs on the bf16 GEMV up to 8 rows, standing in for SGLang's JIT tiny_gemm_bf16,
+so that the step's absolute time is not inflated by unfused torch or by cuBLAS's split-K pair. Like SGLang's
 kernels for these stages on sm_90+ (sm_120 included), they launch with programmatic dependent launch
 by default (``common_pdl``; see kernels/bench_common.py for the SGLang/FlashInfer sources).
 
@@ -53,8 +54,9 @@ ATTENTION_MULTI_STREAM_MAX_BATCH = 128
 def common_name(pdl: bool = True) -> str:
     """What the shared 'common' component runs, with or without PDL on its Triton stand-ins."""
     launch = "PDL kernels like SGLang's" if pdl else "launched without PDL"
-    return (f"Triton fused norms/router/SwiGLU/combine ({launch}) + the router gate's torch bf16 GEMM (same code in "
-            "both paths), standing in for SGLang's fused JIT kernels")
+    return (f"Triton fused norms/router/SwiGLU/combine/indexer query quantisation ({launch}) + the router gate on the "
+            "bf16 GEMV up to 8 rows (for SGLang's JIT tiny_gemm_bf16), cuBLAS fp32-out above (same code in both paths), "
+            "standing in for SGLang's fused JIT kernels")
 
 
 COMMON_NAME = common_name()
@@ -234,9 +236,16 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
             return {"rel_err": _relerr(st[dst], spec), "rel_err_vs_exact": exact}
         add(name, "dense", fn, model.fp8_linear_bytes(n, k, batch), check, stream, waits)
 
+    # SGLang's router gate: its JIT tiny_gemm_bf16 (one PDL kernel, fp32 logits) at <= 16 rows, cuBLAS above; not
+    # replaced by the plugin. Both paths run the bf16 GEMV in its place where it takes the rows (<= 8), else cuBLAS.
+    gate_tiny = 1 <= batch <= min(dsv4.ROUTER_TINY_GEMM_MAX_ROWS, bf16_gemv.MAX_ROWS)
+
     def router_gate(src, dst):
-        def fn():  # SGLang: tiny_gemm_bf16 (JIT CUDA) at <= 16 rows, cuBLAS above; not replaced by the plugin
-            st[dst] = torch.nn.functional.linear(st[src], w.gate)
+        def fn():
+            if gate_tiny:
+                st[dst] = bf16_gemv.bf16_linear(st[src], w.gate, out_dtype=torch.float32)
+            else:
+                st[dst] = upstream_ops.linear_bf16_fp32(st[src], w.gate)
         add("router_gate", "common", fn, model.bf16_linear_bytes(w.gate.shape[0], w.gate.shape[1], batch))
 
     def bf16_proj(name, weight, src, dst, max_rows, index_weights=False, stream=MAIN, waits=()):

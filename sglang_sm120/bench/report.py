@@ -166,7 +166,8 @@ def markdown(results, steps, projections, targets, allreduce_us) -> str:
                   f"said otherwise below (the layer µs and step figures), a "
                   f"stage its own one-call graph (the per-component µs, which therefore each carry one graph launch "
                   f"and sum to more than the layer). 'common' is the code both paths share (fused Triton norms, "
-                  f"router, SwiGLU of the shared expert and combine; the router gate's torch bf16 GEMM). Bytes: what each "
+                  f"router, SwiGLU of the shared expert, combine and the indexer's query quantisation; the router gate on the "
+                  f"bf16 GEMV up to 8 rows, for SGLang's JIT tiny_gemm_bf16, cuBLAS above). Bytes: what each "
                   f"piece must read in the checkpoint formats (FP8 + block scales, MXFP4 + E8M0, KV rows touched), the same figure for "
                   f"both paths; upstream actually reads more (bf16 wo_a and experts).", ""]
     lines += ["## What each path runs", "", "| component | plugin | upstream |", "|---|---|---|"]
