@@ -33,7 +33,8 @@ from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
 
 
-SPLIT_GAP_US = 40.0  # longer than any gap inside a layer graph, shorter than a host sync between replays
+HOST_PAUSE_S = 0.002  # host sleep around each traced replay
+SPLIT_GAP_US = 500.0  # longer than any gap inside a layer graph, shorter than HOST_PAUSE_S
 
 
 def kernels_of_one_replay(graph, flush, replays: int = 3) -> list[dict]:
@@ -48,8 +49,10 @@ def kernels_of_one_replay(graph, flush, replays: int = 3) -> list[dict]:
         for _ in range(replays):
             flush.zero_()
             torch.cuda.synchronize()
+            time.sleep(HOST_PAUSE_S)  # a gap no layer has inside, so the replays split cleanly
             graph.replay()
             torch.cuda.synchronize()
+            time.sleep(HOST_PAUSE_S)
     path = f"/tmp/trace-{os.getpid()}-{time.time_ns()}.json"
     prof.export_chrome_trace(path)
     with open(path) as f:
@@ -57,8 +60,8 @@ def kernels_of_one_replay(graph, flush, replays: int = 3) -> list[dict]:
     os.remove(path)
     kernels = [e for e in events if e.get("cat") == "kernel"]
     kernels.sort(key=lambda e: e["ts"])
-    # each replay follows a flush and a host sync: the replays are the clusters split by gaps longer than
-    # SPLIT_GAP_US; the last cluster is the last replay
+    # the flush and each replay are separated by host pauses: the clusters split by gaps longer than SPLIT_GAP_US
+    # are flush, replay, flush, replay, ...; the last cluster is the last replay
     clusters: list[list[dict]] = []
     end = None
     for e in kernels:
