@@ -246,6 +246,14 @@ def _run_point(cfg, point, state_w, timeit, copy_gbs, failures, side_streams=Non
                 row["layer_us"] = timeit(on_streams, calls=2) if side_streams else row["layer_us_one_stream"]
         except Exception as exc:
             row["error"] = f"layer timing: {type(exc).__name__}: {str(exc)[:300]}"
+        if side_streams and checks:
+            try:
+                row["checks"]["layer_on_streams"] = _streams_check(stages, state, side_streams)
+            except Exception as exc:  # a failed check, not a lost point
+                row["checks"]["layer_on_streams"] = {"rel_err": None, "tol": STREAMS_TOLERANCE, "ok": False,
+                                                     "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            if not row["checks"]["layer_on_streams"]["ok"]:
+                failures.append(dict(point, path=path, stage="layer_on_streams", **row["checks"]["layer_on_streams"]))
         row["layer_bytes"] = sum(s.bytes for s in stages)
         row["pct_copy_bw"] = _pct(row["layer_bytes"], row["layer_us"], copy_gbs)
         row["components_us"] = _components(row["stages"])
@@ -258,6 +266,20 @@ def _run_point(cfg, point, state_w, timeit, copy_gbs, failures, side_streams=Non
             s_p["speedup"] = s_u["us"] / s_p["us"] if s_p["us"] and s_u["us"] else None
     del caches
     return rows
+
+
+STREAMS_TOLERANCE = 1e-3  # the layer on SGLang's streams vs on one stream: the same kernels on the same inputs
+
+
+def _streams_check(stages, state, side_streams) -> dict:
+    """The layer's output on SGLang's streams against the same layer on one stream (both eager, same inputs): a
+    missing wait would let a stage read a tensor before it is written."""
+    L.run_layer(stages)
+    serial = state["out"].clone()
+    L.run_layer(stages, side_streams)
+    torch.cuda.synchronize()
+    err = L._relerr(state["out"], serial)
+    return {"rel_err": err, "tol": STREAMS_TOLERANCE, "ok": bool(err <= STREAMS_TOLERANCE)}
 
 
 def _pct(nbytes, us, copy_gbs):

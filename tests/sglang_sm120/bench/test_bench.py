@@ -315,3 +315,18 @@ def test_run_layer_without_streams_runs_the_stages_in_order():
     stages = [L.Stage(n, "common", (lambda n=n: order.append(n)), 0) for n in "abc"]
     L.run_layer(stages)
     assert order == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("streams_out, ok", [(1.0, True), (1.5, False)])
+def test_streams_check_compares_the_layer_on_streams_with_one_stream(monkeypatch, streams_out, ok):
+    """GPU runs check the layer's output on SGLang's streams against the one-stream layer (here with a stand-in
+    for run_layer: the one-stream run writes ones, the streams run ``streams_out``)."""
+    state = {}
+
+    def fake_run_layer(stages, side_streams=None):
+        state["out"] = torch.full((2, 8), 1.0 if side_streams is None else streams_out)
+    monkeypatch.setattr(L, "run_layer", fake_run_layer)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    result = runner._streams_check([], state, {"shared_expert": object()})
+    assert result["ok"] is ok and result["tol"] == runner.STREAMS_TOLERANCE
+    assert (result["rel_err"] == 0.0) == ok
