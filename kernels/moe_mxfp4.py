@@ -955,18 +955,14 @@ def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
 @triton.jit
 def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr, sorted_rows_ptr, expert_start_ptr,
                                  active_experts_ptr, num_active_ptr, act_ptr, hidden, inter, swiglu_limit, act_scale,
-                                 partial_ptr, ticket_ptr, num_rows, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 BLOCK_K: tl.constexpr, RING: tl.constexpr, EMULATE: tl.constexpr,
-                                 PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False, SPLIT_K: tl.constexpr = 1):
+                                 TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
+                                 PDL_LATE: tl.constexpr = False):
     """:func:`_gate_up_gemv_tma_kernel` on the fp16 pair decode: ``x_desc`` over the prepared fp16 pair words
     [B, H/2] (:func:`_route_x_f16_kernel`), each row's sums times its ``x_unscale``; the SwiGLU rows stored by
     :func:`_f16_act_store` (fp16 [B*top_k, I] in the pair order, times ``act_scale``). PDL: the trigger comes
     after the wait in every program, so once the down launch starts, the routing launch has completed (the down
-    launch reads its routing before its own wait). SPLIT_K > 1 (round 22; program axis 2 is the split): each split
-    runs H / SPLIT_K of K and writes its float32 sums (times ``x_unscale``) to ``partial [SPLIT_K, num_rows, 2I]``
-    (interleaved as the weight rows); the last split of a (slot, column block) to take its ticket (``ticket_ptr``,
-    one int32 per (slot, column block), left zeroed) adds them in split order, applies the SwiGLU and stores the
-    rows."""
+    launch reads its routing before its own wait)."""
     slot = tl.program_id(0)
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
@@ -975,71 +971,35 @@ def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_row = (expert * (2 * inter) + tl.program_id(1) * (2 * BLOCK_N)).to(tl.int32)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_len = hidden // SPLIT_K  # the host checks BLOCK_K divides it
-    if SPLIT_K > 1:
-        k_begin = tl.program_id(2) * k_len
-    else:  # the unsplit program as before round 22
-        k_begin = 0
-    w_cols = tl.program_id(1) * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)  # SPLIT_K > 1: partial columns
     for m in range(row_begin, row_end):
         row = tl.load(sorted_rows_ptr + m)
         acc = tl.zeros([2 * BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
         x_row = (row // TOP_K).to(tl.int32)
-        for k0 in tl.range(k_begin, k_begin + k_len, BLOCK_K, num_stages=RING):
+        for k0 in tl.range(0, hidden, BLOCK_K, num_stages=RING):
             acc += _gemv_tma_f16_step(w13_desc, w13_scale_desc, x_desc, w_row, x_row, k0, 2 * BLOCK_N, BLOCK_K,
                                       EMULATE)
         out = tl.sum(acc, 1) * tl.load(x_unscale_ptr + row // TOP_K)
-        if SPLIT_K == 1:
-            gate, up = tl.split(tl.reshape(out, [BLOCK_N, 2]))
-            _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, cols >= 0)
-        else:
-            tl.store(partial_ptr + (tl.program_id(2).to(tl.int64) * num_rows + row) * (2 * inter) + w_cols, out)
-    if SPLIT_K > 1:
-        tl.debug_barrier()  # every thread's partial stores precede the (release) ticket
-        ticket_at = ticket_ptr + slot * tl.num_programs(1) + tl.program_id(1)
-        if tl.atomic_add(ticket_at, 1, sem="acq_rel") == SPLIT_K - 1:
-            for m in range(row_begin, row_end):
-                row = tl.load(sorted_rows_ptr + m).to(tl.int64)
-                out = tl.zeros([2 * BLOCK_N], dtype=tl.float32)
-                for split in tl.static_range(SPLIT_K):
-                    out += tl.load(partial_ptr + (split * num_rows + row) * (2 * inter) + w_cols, cache_modifier=".cg")
-                gate, up = tl.split(tl.reshape(out, [BLOCK_N, 2]))
-                _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, cols >= 0)
-            tl.store(ticket_at, 0)  # left zeroed for the next launch (and graph replay)
+        gate, up = tl.split(tl.reshape(out, [BLOCK_N, 2]))
+        _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, cols >= 0)
     pdl_launch_dependents(PDL and PDL_LATE)
 
 
 @triton.jit
 def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                               active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, act_unscale, w2_ptr,
-                              w2_scale_ptr, y_split_stride, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
-                              PDL_LATE: tl.constexpr = False, L2_PREFETCH: tl.constexpr = False,
-                              SPLIT_K: tl.constexpr = 1):
+                              w2_scale_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
+                              EMULATE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
+                              L2_PREFETCH: tl.constexpr = False):
     """:func:`_down_gemv_tma_kernel` on the fp16 pair decode: ``act_desc`` over the fp16 SwiGLU pair words
     [B*top_k, I/2] of :func:`_f16_act_store`, the sums times ``act_unscale`` (1 / its ``act_scale``).
     L2_PREFETCH (with PDL): before the wait, the program asks L2 for its weight block (``w2_ptr`` / ``w2_scale_ptr``:
-    the same bytes as the descriptors), whose expert the routing launch (complete by then) names. SPLIT_K > 1 (round
-    22; program axis 2 is the split): each split runs I / SPLIT_K of K and stores its partial rows ``y_split_stride``
-    floats after the previous split's, which the top-k sum adds (its SPLITS)."""
+    the same bytes as the descriptors), whose expert the routing launch (complete by then) names."""
     slot = tl.program_id(0)
-    k_len = inter // SPLIT_K  # the host checks BLOCK_K divides it
-    if SPLIT_K > 1:
-        k_begin = tl.program_id(2) * k_len
-        y_split = y_ptr + tl.program_id(2).to(tl.int64) * y_split_stride
-    else:  # the unsplit program as before round 22
-        k_begin = 0
-        y_split = y_ptr
     if L2_PREFETCH:
         if slot < tl.load(num_active_ptr, cache_modifier=".cg"):
             expert = tl.load(active_experts_ptr + slot, cache_modifier=".cg").to(tl.int64)
-            row0 = expert * hidden + tl.program_id(1) * BLOCK_N
-            if SPLIT_K == 1:
-                _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, row0, inter, BLOCK_N)
-            else:  # the split's K range of each row: BLOCK_N blocks of k_len / 2 weight and k_len / 32 E8M0 bytes
-                for r in range(BLOCK_N):
-                    _bulk_prefetch_l2(w2_ptr + (row0 + r) * (inter // 2) + k_begin // 2, k_len // 2)
-                    _bulk_prefetch_l2(w2_scale_ptr + (row0 + r) * (inter // 32) + k_begin // 32, k_len // 32)
+            _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, expert * hidden + tl.program_id(1) * BLOCK_N, inter,
+                                    BLOCK_N)
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
     if slot >= tl.load(num_active_ptr):
@@ -1050,10 +1010,10 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
     for m in range(row_begin, row_end):
         row = tl.load(sorted_rows_ptr + m)
         acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
-        for k0 in tl.range(k_begin, k_begin + k_len, BLOCK_K, num_stages=RING):
+        for k0 in tl.range(0, inter, BLOCK_K, num_stages=RING):
             acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row.to(tl.int32), k0, BLOCK_N,
                                       BLOCK_K, EMULATE)
-        tl.store(y_split + row.to(tl.int64) * hidden + n,
+        tl.store(y_ptr + row.to(tl.int64) * hidden + n,
                  tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)))
     pdl_launch_dependents(PDL and PDL_LATE)
 
@@ -1913,9 +1873,8 @@ class GemvConfig:
     order, converted once per row (x by the routing launch, the SwiGLU rows by the gate/up epilogue)
     instead of per thread in the inner loop (round 3: fewer instructions per weight value); ``tma_ring``
     (> 0, both configs of a forward alike): weights, scales and activations of each K step fetched by
-    TMA through a ring of that many stages (:func:`_gemv_rows_tma`; one routed row per pass, a K split
-    only with ``f16`` off a persistent grid (round 22), block_k >= 512 so a row's scale bytes of a step are
-    the 16 bytes TMA needs; the two launches may differ in stages);
+    TMA through a ring of that many stages (:func:`_gemv_rows_tma`; one routed row per pass, no K
+    split, block_k >= 512 so a row's scale bytes of a step are the 16 bytes TMA needs);
     ``persistent_programs_per_sm`` (> 0, with ``tma_ring``; per launch): the TMA kernel as a persistent
     grid of min(work items, SMs x this) programs looping over (routed row, column block) work items, item
     and K loops flattened into one ring (:func:`_gate_up_gemv_tma_persistent_kernel`); ``f16`` (with
@@ -2454,12 +2413,11 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
         return persistent_down
 
     def slot_down():
-        if act_unscale is not None:  # K splits (round 22): y [split_k, num_rows, hidden], the top-k sum adds them
-            _down_gemv_tma_f16_kernel[(slots, hidden // dn_cfg.block_n, dn_cfg.split_k)](
+        if act_unscale is not None:
+            _down_gemv_tma_f16_kernel[(slots, hidden // dn_cfg.block_n)](
                 act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
-                hidden, inter, act_unscale, w2_bytes, w2_scale_bytes, num_rows * hidden, BLOCK_N=dn_cfg.block_n,
-                BLOCK_K=dn_k, RING=dn_cfg.tma_ring, EMULATE=interpreter_enabled(), SPLIT_K=dn_cfg.split_k,
-                **pdl_args, **dn_cfg.launch_options())
+                hidden, inter, act_unscale, w2_bytes, w2_scale_bytes, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
+                RING=dn_cfg.tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **dn_cfg.launch_options())
             return
         _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
             act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
@@ -2483,9 +2441,6 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         num_rows, inter, tma=gemv_tma_usable(x, w13, w13_scale, w2, w2_scale))
     if not (isinstance(gu_cfg, GemvConfig) and isinstance(dn_cfg, GemvConfig)):
         raise ValueError(f"configs for upcast='gemv' must be two GemvConfig, got {configs!r}")
-    if gu_cfg.f16 and gu_cfg.tma_ring and f16_act_shift(swiglu_limit) is None:
-        # the bf16 decode runs where the clamp does not bound the SwiGLU rows; its TMA kernels have no K split
-        gu_cfg, dn_cfg = (dataclasses.replace(c, split_k=1) for c in (gu_cfg, dn_cfg))
     gu_k, dn_k = min(gu_cfg.block_k, hidden // gu_cfg.split_k), min(dn_cfg.block_k, inter // dn_cfg.split_k)
     if (inter % gu_cfg.block_n or hidden % dn_cfg.block_n or gu_k % 32 or dn_k % 32 or gu_cfg.split_k < 1
             or dn_cfg.split_k < 1 or hidden % (gu_k * gu_cfg.split_k) or inter % (dn_k * dn_cfg.split_k)):
@@ -2494,13 +2449,10 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         raise ValueError(f"GEMV configs must agree on x_f32 (one activation layout per forward), got {configs!r}")
     x_f32 = gu_cfg.x_f32
     tma_ring = gu_cfg.tma_ring
-    if tma_ring and (not dn_cfg.tma_ring or x_f32 or gu_k < 512 or dn_k < 512
-                     or any(c.two_rows or c.prefetch for c in (gu_cfg, dn_cfg))
-                     or any(c.split_k > 1 and not (c.f16 and not c.persistent_programs_per_sm)
-                            for c in (gu_cfg, dn_cfg))):
-        raise ValueError(f"GEMV tma_ring needs it on both configs, block_k >= 512 (K / split_k >= 512), one row per "
-                         f"pass, no prefetch, no x_f32, a K split only with f16 off a persistent grid; got {configs!r} "
-                         f"at H={hidden}, I={inter}")
+    if tma_ring and (dn_cfg.tma_ring != tma_ring or x_f32 or gu_k < 512 or dn_k < 512
+                     or any(c.two_rows or c.prefetch or c.split_k > 1 for c in (gu_cfg, dn_cfg))):
+        raise ValueError(f"GEMV tma_ring needs both configs alike, block_k >= 512 (K >= 512), one row per pass, "
+                         f"no K split, no prefetch, no x_f32; got {configs!r} at H={hidden}, I={inter}")
     gu_persistent, dn_persistent = gu_cfg.persistent_programs_per_sm, dn_cfg.persistent_programs_per_sm
     if (gu_persistent or dn_persistent) and (not tma_ring or min(gu_persistent, dn_persistent) < 0):
         raise ValueError(f"GEMV persistent_programs_per_sm needs tma_ring (either launch may take it, >= 0), "
@@ -2571,9 +2523,8 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         if f16:
             _gate_up_gemv_tma_f16_kernel[gu_grid](
                 x_desc, w13_desc, w13_s_desc, x_unscale, sorted_rows, expert_start, active_experts, num_active, act,
-                hidden, inter, float(swiglu_limit), 2.0 ** act_shift, partial, tickets, num_rows, TOP_K=top_k,
-                BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, RING=gu_cfg.tma_ring, EMULATE=interpreter_enabled(),
-                SPLIT_K=gu_cfg.split_k, **pdl_args, **gu_cfg.launch_options())
+                hidden, inter, float(swiglu_limit), 2.0 ** act_shift, TOP_K=top_k, BLOCK_N=gu_cfg.block_n,
+                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **gu_cfg.launch_options())
             return
         if tma_ring:
             _gate_up_gemv_tma_kernel[gu_grid](
@@ -3043,13 +2994,11 @@ def _gemv_tma_f16_sig(kind, rows, block_k, persistent=False):
         head = {k: sig[k] for k in ("x_desc", "w13_desc", "w13_scale_desc")}
         rest = {k: v for k, v in sig.items() if k not in head and k not in ("TOP_K", "BLOCK_N", "BLOCK_K", "RING")}
         return {**head, "x_unscale_ptr": "*fp32", **rest, "act_ptr": "*fp16", "act_scale": "fp32",
-                "partial_ptr": "*fp32", "ticket_ptr": "*i32", "num_rows": "i32", "TOP_K": "constexpr",
-                "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl,
-                "SPLIT_K": "constexpr"}
+                "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr",
+                "EMULATE": "constexpr", **pdl}
     rest = {k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}
-    return {**rest, "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "y_split_stride": "i32",
-            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl,
-            "L2_PREFETCH": "constexpr", "SPLIT_K": "constexpr"}
+    return {**rest, "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr",
+            "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
 
 
 def _gate_up_pairs_sig():
@@ -3104,16 +3053,6 @@ GEMV_TMA_F16_PERSISTENT_DOWN_AOT = dataclasses.replace(GEMV_TMA_PERSISTENT_DOWN_
 # every fp16 tile GEMV_TMA_F16_WHERE ships: (kind, config)
 GEMV_TMA_F16_SHIPPED_AOT = sorted({("gate_up", gu) for gu, _ in GEMV_TMA_F16_WHERE.values()}
                                   | {("down", dn) for _, dn in GEMV_TMA_F16_WHERE.values()}, key=lambda kc: (kc[0], kc[1].label()))
-
-# round 22 candidates (selectable through ``configs``, not defaults): the shipped fp16 tiles off a persistent grid with K
-# in 2 / 4 splits (gate/up: partials + ticket; down: partial rows the top-k sum adds), where K / split_k >= 512
-GEMV_TMA_F16_SPLIT_K = (2, 4)
-GEMV_TMA_F16_SPLIT_K_AOT = sorted(
-    {(kind, dataclasses.replace(cfg, split_k=split))
-     for (inter, _), tiles in GEMV_TMA_F16_WHERE.items() for kind, cfg, k in zip(("gate_up", "down"), tiles,
-                                                                                  (HIDDEN_SIZE, inter))
-     for split in GEMV_TMA_F16_SPLIT_K if not cfg.persistent_programs_per_sm and k // split >= cfg.block_k},
-    key=lambda kc: (kc[0], kc[1].label()))
 
 
 def _aot_pdl(cfg) -> dict:
@@ -3254,7 +3193,7 @@ def aot_configs() -> list[AotConfig]:
             num_warps=4, div16=("hidden",), expect_opcodes=PDL_OPCODES if pdl else (),
             note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)" + (", PDL" if pdl else "")))
     f16_forms = {("gate_up", GEMV_TMA_F16_AOT[0]), ("down", GEMV_TMA_F16_AOT[1]), ("down", GEMV_TMA_F16_PERSISTENT_DOWN_AOT)}
-    f16_forms |= set(GEMV_TMA_F16_SHIPPED_AOT) | set(GEMV_TMA_F16_SPLIT_K_AOT)
+    f16_forms |= set(GEMV_TMA_F16_SHIPPED_AOT)
     for kind, cfg in sorted(f16_forms, key=lambda kc: (kc[0], kc[1].label())):
         persistent = cfg.persistent_programs_per_sm > 0
         kernel = (_gate_up_gemv_tma_f16_kernel if kind == "gate_up" else
@@ -3262,8 +3201,6 @@ def aot_configs() -> list[AotConfig]:
         rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
         constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False,
                       **_aot_pdl(cfg)}
-        if not persistent:
-            constexprs["SPLIT_K"] = cfg.split_k
         if kind == "gate_up":
             constexprs["TOP_K"] = TOP_K
         else:

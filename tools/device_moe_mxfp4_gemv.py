@@ -578,6 +578,9 @@ RUN19B_CASES = ((1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (4, 4), (4, 8), 
 RUN19B_ANATOMY = ((1, 1), (4, 1))
 RUN19_DEADLINE_S = 175  # for a 240 s device limit
 RUN19B_DEADLINE_S = 120  # for a 180 s device limit
+# run 22 (--run22, prepared in round 22, not run: the device gate was not met; docs/moe.md "Round 22"): K splits of the
+# fp16 TMA GEMV forward (down / gate/up), 4-stage rings and 2x-row tiles at B = 1, T = 1 / 4 / 2, B = 1..8. The kernel
+# option, its tests and the mode are in commits 1300571 and e659609 (removed untimed in the commit after them).
 RUN19_ROUNDS = 2
 
 
@@ -600,43 +603,6 @@ def run19_variants(rows, inter, full, run19b=False):
         w8 = both(shipped, num_warps=8)
         out += [("gu w8", (w8[0], shipped[1])), ("w8", w8), ("k1024", both(shipped, block_k=1024)),
                 ("ring2", both(shipped, tma_ring=2))]
-    return out
-
-
-# run 22 (--run22, issue 4 at B = 1..8): K splits of the fp16 TMA GEMV forward (GemvConfig.split_k with f16: the down
-# launch's partial rows added by the top-k sum's SPLITS; the gate/up launch's float32 partials + a ticket per (expert
-# slot, column block), the last split applying the SwiGLU), i.e. 2-4x the programs / bytes in flight at B = 1, beside
-# the shipped forward; at T=1 B=1 also a 4-stage ring on either launch. T = 4 (I = 512) can split only the gate/up
-# launch (a TMA K step is 512 wide). Anatomy (every variant launch by launch) at T = 1 / 4, B = 1.
-RUN22_CASES = ((1, 1), (1, 2), (1, 4), (1, 8), (4, 1), (4, 2), (4, 4), (4, 8), (2, 1), (2, 2), (2, 4), (2, 8))
-RUN22_ANATOMY = ((1, 1), (4, 1))
-RUN22_DEADLINE_S = 150  # for a 200 s device limit
-
-
-def run22_variants(rows, inter, hidden):
-    """(label, (gate/up, down) GemvConfig) of run 22 at (rows, inter): the shipped tiles first, then their K splits
-    where K / split >= 512 and the down launch is off the persistent grid; at B = 1 (rows = top-k) with I = 2048 the
-    4-stage rings."""
-    import dataclasses
-
-    gu, dn = moe.gemv_configs(rows, inter)
-    gu_splits = [s for s in moe.GEMV_TMA_F16_SPLIT_K if hidden // s >= gu.block_k]
-    dn_splits = [s for s in moe.GEMV_TMA_F16_SPLIT_K
-                 if inter // s >= dn.block_k and not dn.persistent_programs_per_sm]
-    one_row = rows == TOP_K
-    out = [("shipped", (gu, dn))]
-    out += [(f"dn s{s}", (gu, dataclasses.replace(dn, split_k=s))) for s in dn_splits]
-    out += [(f"gu s{s}", (dataclasses.replace(gu, split_k=s), dn)) for s in gu_splits
-            if one_row or s == 2 or inter == MOE_INTERMEDIATE_SIZE // 4]
-    if gu_splits and dn_splits:
-        out += [(f"gu s2 dn s{s}", (dataclasses.replace(gu, split_k=2), dataclasses.replace(dn, split_k=s)))
-                for s in dn_splits if one_row or s == 2]
-    if one_row and inter == MOE_INTERMEDIATE_SIZE:  # T=1 B=1: the 4x-row tiles; more programs on the 2x-row ones
-        out += [("dn ring4", (gu, dataclasses.replace(dn, tma_ring=4))),
-                ("gu ring4", (dataclasses.replace(gu, tma_ring=4), dn))]
-        gu2, dn2 = dataclasses.replace(gu, block_n=gu.block_n // 2), dataclasses.replace(dn, block_n=dn.block_n // 2)
-        out += [("dn n/2", (gu, dn2)), ("dn n/2 s2", (gu, dataclasses.replace(dn2, split_k=2))),
-                ("gu n/2 s2", (dataclasses.replace(gu2, split_k=2), dn))]
     return out
 
 
@@ -668,27 +634,17 @@ def run19(args) -> None:
         moe.CPU_SM_COUNT = 5
     else:
         device, num_experts, hidden, copies, base_inter = "cuda", NUM_EXPERTS, HIDDEN_SIZE, 3, MOE_INTERMEDIATE_SIZE
-        cases, anatomy_cases = ((RUN22_CASES, RUN22_ANATOMY) if args.run22 else
-                                (RUN19B_CASES, RUN19B_ANATOMY) if args.run19b else (RUN19_CASES, RUN19_ANATOMY))
-    if args.smoke and args.run22:  # K splits need K >= 1024: H = 1024, I = 2048 at "T=1" (down in 2 / 4 splits)
-        hidden, base_inter = 1024, 2048
-        shipped_tiles = moe.gemv_configs  # on two column blocks per launch (the interpreter's time grows with programs)
-        moe.gemv_configs = lambda rows, inter, **kw: tuple(
-            dataclasses.replace(c, block_n=n) for c, n in zip(shipped_tiles(rows, inter, **kw), (inter // 2, hidden // 2)))
+        cases, anatomy_cases = (RUN19B_CASES, RUN19B_ANATOMY) if args.run19b else (RUN19_CASES, RUN19_ANATOMY)
     if args.batches:
         cases = tuple((tp, int(b)) for tp in sorted({t for t, _ in cases}) for b in args.batches.split(","))
     chain_len = 2 if args.smoke else PDL_CHAIN
-    deadline = RUN22_DEADLINE_S if args.run22 else RUN19B_DEADLINE_S if args.run19b else RUN19_DEADLINE_S
+    deadline = RUN19B_DEADLINE_S if args.run19b else RUN19_DEADLINE_S
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
-    default_name = ("moe_mxfp4-h200-run22" if args.run22 else
-                    "moe_mxfp4-h200-run19b" if args.run19b else "moe_mxfp4-h200-run19")
     result = BenchResult(
-        name=args.name or default_name,
-        title=("sm120 MoE decode, run 22: K splits of the fp16 TMA GEMV forward (down / gate/up), 4-stage rings, "
-               "T=1/4/2 B=1..8, launch by launch at B=1, H200" if args.run22 else
-               "sm120 MoE decode, run 19b: the gate/up launch's L2 prefetch before its PDL wait, T=1/2/4, H200"
+        name=args.name or ("moe_mxfp4-h200-run19b" if args.run19b else "moe_mxfp4-h200-run19"),
+        title=("sm120 MoE decode, run 19b: the gate/up launch's L2 prefetch before its PDL wait, T=1/2/4, H200"
                if args.run19b else "sm120 MoE decode, run 19: the fp16 TMA GEMV forward launch by launch, the top-k sum "
                "folded into the down launch, tile candidates, T=1/2/4 B=1..16, H200"),
         columns=["T", "B", "variant", "part", "us", "us_rounds", "MB", "GB/s", "%copy", "rel_err", "chain_equal",
@@ -719,8 +675,7 @@ def run19(args) -> None:
             result.notes.append(f"T={tp} B={batch}: not an fp16 GEMV point, skipped")
             continue
         full = (tp, batch) in ((1, 1), (4, 1))
-        variants = (run22_variants(rows, inter, hidden) if args.run22 else
-                    run19_variants(rows, inter, full, args.run19b))
+        variants = run19_variants(rows, inter, full, args.run19b)
 
         def forward(layer, tiles, out=None):
             return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, out=out, upcast=moe.GEMV,
@@ -759,7 +714,7 @@ def run19(args) -> None:
         if (tp, batch) in anatomy_cases and (time.time() - t_start <= deadline or args.smoke):
             sizes = launch_bytes(batch, ids, hidden, inter, num_experts)
             for name, tiles in ok:
-                if name not in ("shipped", "fold", "gu l2") and not args.run22:
+                if name not in ("shipped", "fold", "gu l2"):
                     continue
                 outs = [torch.empty_like(x) for _ in layers]
                 launches = [dict(moe.gemv_launches(x, *layer, weights, ids, o, SWIGLU_LIMIT, tiles))
@@ -788,9 +743,6 @@ def run19(args) -> None:
                         "forwards of the other launches; labels as in run 17, fs = the top-k sum folded into the down "
                         "launch (GemvConfig.fold_sum, run 19); l2 on the gate/up label (run 19b) = each gate/up "
                         "program's L2 prefetch before its wait")
-    if args.run22:
-        result.notes.append("run 22 labels: s2 / s4 = K in 2 / 4 splits (GemvConfig.split_k; down: partial rows the "
-                            "top-k sum adds, gate/up: float32 partials + ticket), tma4 = a 4-stage TMA ring")
     result.finish(args.out, t_start)
 
 
@@ -857,10 +809,8 @@ def main() -> None:
                         help="run 19: the fp16 GEMV forward launch by launch, tile candidates")
     parser.add_argument("--run19b", action="store_true",
                         help="run 19b: the gate/up launch's L2 prefetch before its PDL wait, every B where PDL ships")
-    parser.add_argument("--run22", action="store_true",
-                        help="run 22: K splits of the fp16 TMA GEMV forward, T=1/4/2 B=1..8, launch by launch at B=1")
     args = parser.parse_args()
-    if args.run19 or args.run19b or args.run22:
+    if args.run19 or args.run19b:
         run19(args)
         return
     if args.pdl:
