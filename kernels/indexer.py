@@ -82,9 +82,9 @@ SELECT_MAX_CHUNK = 4096  # largest chunk by default (8192: fewer merge levels, 1
 SELECT_MAX_WARPS = 16
 FUSED_SPLIT_PAGES = (8, 16, 32, 64)  # pages one fused program scores and reduces to K candidates
 LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this many programs run
-# Round 21 (run 14 candidate): logits programs of the page-max form (0: LOGITS_TARGET_PROGRAMS). More programs
-# (fewer pages each) make the logits grid several waves, so that with PAGE_MAX_OVERLAP rows finish one after another.
-PAGE_MAX_TARGET_PROGRAMS = 0
+# The page-max overlap form's logits programs per launch (SelectForm.overlap_programs; H200 run 14): several waves
+# (1024 programs are about one), so that in its row-major grid rows finish one after another
+PAGE_MAX_OVERLAP_PROGRAMS = 2048
 LOGITS_NUM_WARPS, LOGITS_NUM_STAGES = 4, 3
 # Histogram select: the order-preserving key in three digits (11 + 11 + 10 bits). Workspace row
 # (int32; zero between calls: each call leaves it zeroed): counters, the second and third digits'
@@ -125,15 +125,13 @@ WS_PMAX = WS_H1 + (1 << HIST_DIGITS[0])
 PAGE_MAX_CLEAN = WS_PMAX  # what the page-max form's finishing program zeroes (counters, H2, H3, copy 0)
 PAGE_MAX_BOUND_BITS = 16  # bits of the page-max bound (sign, exponent, 7 mantissa bits: within 1/128 below)
 PAGE_MAX_KEYS = 2048  # group maxima per row at most (the last logits program's block; sm_120a 118 registers at 4096)
-# Round 21 candidate (off until timed): the page-max select overlapping the logits row by row. The logits grid
-# runs row-major (all programs of row 0 first, ...), so rows finish one after another instead of all at the end;
-# the row's last logits program publishes a ready flag after its bound; the select launches with PDL (at every
+# The page-max overlap form (SelectForm.overlap_programs): the logits grid runs row-major (all programs of row 0
+# first, ...) with about PAGE_MAX_OVERLAP_PROGRAMS programs, so rows finish one after another instead of all at the
+# end; the row's last logits program publishes a ready flag after its bound; the select launches with PDL (at every
 # batch) and each of its programs waits for its own row's flag instead of the whole logits launch, so only the
-# last rows' select (and the bound) is exposed. Run 12 at B=16 x 256K: logits alone 41.2 us, + bound 3.9,
-# + select launch 14.0 (its finish ~6.3). Why not the selection inside the row's last logits program: one
-# program of 4 warps would scan (or gather from) the row's 65536 logits in L2 alone, a chain of dependent
-# round trips, and its registers would count against the whole logits kernel's occupancy.
-PAGE_MAX_OVERLAP = False
+# last rows' select (and the bound) is exposed. H200 run 14: B=32 x 256K 101.8 -> 98.3 us (shipped for B 17-32 x
+# 32769-65536 positions); at B=16 x 256K 58.9 -> 59.2, B=64 x 256K 182.8 -> 180.3 (1.4 %, not shipped); the same
+# launch at 1024 programs (one wave, run 13) or 4096 was level or slower.
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
 HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores row)
 # The select after the first digit (H200 run 7, benchmarks/indexer-h200-run7-summary.md): split
@@ -1110,23 +1108,23 @@ def _page_consts():
                 PAGE_WORDS=PAGE_WORDS, SCALE_WORDS=SCALE_WORD_OFFSET)
 
 
-def logits_pages_per_split(batch: int, max_seq_len: int, page_max: bool = False) -> int:
-    """Pages per program of the logits kernel: enough programs to fill the GPU, shapes only (the page-max form:
-    :data:`PAGE_MAX_TARGET_PROGRAMS` where set)."""
+def logits_pages_per_split(batch: int, max_seq_len: int, programs: int = 0) -> int:
+    """Pages per program of the logits kernel: enough programs to fill the GPU, shapes only (about ``programs``
+    where set: the page-max overlap form's :attr:`SelectForm.overlap_programs`)."""
     pages = max(1, -(-max_seq_len // INDEX_PAGE_SIZE))
-    target = PAGE_MAX_TARGET_PROGRAMS if page_max and PAGE_MAX_TARGET_PROGRAMS else LOGITS_TARGET_PROGRAMS
-    return max(1, -(-pages * max(batch, 1) // target))
+    return max(1, -(-pages * max(batch, 1) // (programs or LOGITS_TARGET_PROGRAMS)))
 
 
 def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_dot=None, out=None,
-                     hist_workspace=None, hist_k=INDEX_TOPK, page_max=False, hist_copies=None, overlap=False):
+                     hist_workspace=None, hist_k=INDEX_TOPK, page_max=False, hist_copies=None, overlap_programs=0):
     """FP8 paged MQA logits ``[B, max_seq_len]`` fp32 (``-inf`` past each length). With
     ``hist_workspace`` (:func:`hist_workspace`) it also counts the first-digit histogram and
     stores the bin of each row's ``hist_k``-th largest logit, where :func:`hist_select` starts; with
     ``page_max`` too, instead a bound at or below that logit from the page maxima (no counting);
-    ``hist_copies`` copies of the histogram (None: :data:`HIST_COPIES`); ``overlap`` (page-max form): the
-    row-major grid and the per-row ready flag of the overlap form (:data:`PAGE_MAX_OVERLAP`), with PDL where
-    supported; only for :func:`hist_select` ``overlap=True`` right after it (it zeroes the flags)."""
+    ``hist_copies`` copies of the histogram (None: :data:`HIST_COPIES`); ``overlap_programs`` (page-max form,
+    :attr:`SelectForm.overlap_programs`): the row-major grid of about that many programs and the per-row ready
+    flag of the overlap form, with PDL where supported; only for :func:`hist_select` ``overlap=True`` right after
+    it (it zeroes the flags)."""
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
     if hist_workspace is not None:
         _check("hist_workspace", hist_workspace, (q.shape[0], WS_WIDTH), torch.int32, q.device)
@@ -1140,16 +1138,17 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
         return out
     scaled = use_scaled_dot(q.device) if scaled_dot is None else scaled_dot
     kv_fp8, kv_f32 = _kv_views(kv)
-    pps = logits_pages_per_split(batch, max_seq_len, page_max and hist_workspace is not None)
+    overlap_programs = overlap_programs if page_max and hist_workspace is not None else 0
+    pps = logits_pages_per_split(batch, max_seq_len, overlap_programs)
     splits = -(-_cdiv(max_seq_len, INDEX_PAGE_SIZE) // pps)
     ws = hist_workspace if hist_workspace is not None else out
     if hist_copies is not None and hist_copies not in (1, 2, 4, 8) or (hist_copies or 0) > HIST_COPIES:
         raise ValueError(f"hist_copies must be None or a power of two <= {HIST_COPIES}, got {hist_copies!r}")
     hist = dict(HIST_BITS=HIST_DIGITS[0], R=hist_copies or HIST_COPIES, K=hist_k, WS_H1=WS_H1,
                 REDUCE=hist_reduce_mode(pps)) if hist_workspace is not None else {}
-    overlap = bool(hist) and page_max and overlap
+    overlap = overlap_programs > 0
     if hist and page_max:
-        hist.update(page_max_consts(batch, max_seq_len, overlap))
+        hist.update(page_max_consts(batch, max_seq_len, overlap_programs))
     pdl = launch_pdl(q.device, batch, choose_plan(batch, max_seq_len).select)
     if overlap:
         pdl = USE_PDL and pdl_supported(q.device)
@@ -1163,18 +1162,20 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
 
 # (B, positions) whose page-max logits kernel the AOT check compiles
 PAGE_MAX_AOT_SHAPES = ((1, 65536), (16, 65536), (64, 65536))
+PAGE_MAX_OVERLAP_AOT_SHAPES = ((32, 65536),)  # the overlap form's bucket (B 17-32 x 32769-65536)
 
 
-def page_max_consts(batch: int, max_seq_len: int, overlap: bool = False) -> dict:
+def page_max_consts(batch: int, max_seq_len: int, overlap_programs: int = 0) -> dict:
     """The logits kernel's page-max form: group maxima per program (the most, up to one per page row,
     with at most PAGE_MAX_KEYS per row), where they lie in the workspace, and the block the row's last
-    program reads them in."""
-    splits = _cdiv(max(1, _cdiv(max_seq_len, INDEX_PAGE_SIZE)), logits_pages_per_split(batch, max_seq_len, True))
+    program reads them in; ``overlap_programs`` > 0: the overlap form's programs, row-major grid, ready flag."""
+    pages_per_split = logits_pages_per_split(batch, max_seq_len, overlap_programs)
+    splits = _cdiv(max(1, _cdiv(max_seq_len, INDEX_PAGE_SIZE)), pages_per_split)
     if splits > PAGE_MAX_KEYS:
         raise ValueError(f"page-max form: {splits} logits programs per row, at most PAGE_MAX_KEYS = {PAGE_MAX_KEYS}")
     groups = min(INDEX_PAGE_SIZE, 1 << max(0, (PAGE_MAX_KEYS // splits).bit_length() - 1))
     return dict(PAGE_MAX=True, WS_PMAX_C=WS_PMAX, NPM=triton.next_power_of_2(splits * groups), GROUPS=groups,
-                BOUND_BITS=PAGE_MAX_BOUND_BITS, ROW_MAJOR=overlap, READY=overlap)
+                BOUND_BITS=PAGE_MAX_BOUND_BITS, ROW_MAJOR=overlap_programs > 0, READY=overlap_programs > 0)
 
 
 _NO_PAGE_MAX = dict(PAGE_MAX=False, WS_PMAX_C=0, NPM=1, GROUPS=1, BOUND_BITS=PAGE_MAX_BOUND_BITS, ROW_MAJOR=False,
@@ -1359,6 +1360,9 @@ class SelectForm:
     threshold: str = "count"
     # "count": copies of the first-digit histogram the logits kernel counts into (None: HIST_COPIES)
     copies: int | None = None
+    # "page_max": > 0 runs the overlap form (PAGE_MAX_OVERLAP_PROGRAMS): about this many logits programs in a
+    # row-major grid, each row's select programs waiting for that row's ready flag instead of the whole launch
+    overlap_programs: int = 0
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
@@ -1370,6 +1374,9 @@ class SelectForm:
                                         or self.method != "histogram" or self.threshold != "count"):
             raise ValueError(f"copies must be None or a power of two <= {HIST_COPIES} (histogram select, "
                              f"threshold 'count'), got {self.copies!r}")
+        if self.overlap_programs and (self.overlap_programs < 0 or self.threshold != "page_max"):
+            raise ValueError(f"overlap_programs must be 0, or > 0 with threshold 'page_max', "
+                             f"got {self.overlap_programs!r}")
         if self.max_chunk not in SELECT_CHUNKS or self.max_chunk < 2 * MAX_TOPK:
             raise ValueError(f"max_chunk must be one of {SELECT_CHUNKS} and >= {2 * MAX_TOPK}, got {self.max_chunk!r}")
         if self.warps_mul not in SELECT_WARPS_MULS:
@@ -1546,6 +1553,15 @@ def _select_form(batch, width, select):
 #
 # B > 64 keeps the count (not timed; the page-max bound needs K group maxima per row: at B=256 x 256K the
 # logits programs hold 256 pages and a row has 256 groups, so every logit would be a candidate).
+#
+# H200 run 14 (benchmarks/indexer-h200-run14-summary.md, us, same run, 0 violations): the page-max overlap form
+# (row-major logits grid, per-row ready flag, the select waiting per row) at 1024 (one wave) / 2048 / 4096 logits
+# programs against the shipped page max (1024 programs, default grid):
+#
+#   B   context  positions  page max  overlap 1024  overlap 2048  overlap 4096
+#   16  256K     65536      58.9      60.6          59.2          62.0
+#   32  256K     65536      101.8     101.8         98.3          100.7    <- overlap 2048 (B 17-32 x 32769-65536)
+#   64  256K     65536      182.8     185.1         180.3         182.8    (1.4 %: below the 2 % bar, not shipped)
 _BITWISE = SelectForm()
 _BITWISE_2XW = SelectForm(warps_mul=2)
 _CHUNK8K = SelectForm(max_chunk=8192)
@@ -1557,6 +1573,7 @@ _HIST1 = SelectForm(method="histogram", copies=1)
 _PAGE_MAX = SelectForm(method="histogram", threshold="page_max")
 _PAGE_MAX_UNFUSED_2XW = Plan("two_kernel", select=_PAGE_MAX, unfused_select=_BITWISE_2XW)
 _PAGE_MAX_UNFUSED_CHUNK8K = Plan("two_kernel", select=_PAGE_MAX, unfused_select=_CHUNK8K)
+_PAGE_MAX_OVERLAP = SelectForm(method="histogram", threshold="page_max", overlap_programs=PAGE_MAX_OVERLAP_PROGRAMS)
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE_2XW)),
     (2, 8192, Plan("two_kernel", select=_BITWISE)),
@@ -1576,6 +1593,7 @@ PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (8, 65536, _PAGE_MAX_UNFUSED_CHUNK8K),
     (32, 32768, Plan("two_kernel", select=_CHUNK8K)),
     (16, 65536, _PAGE_MAX_UNFUSED_CHUNK8K),
+    (32, 65536, Plan("two_kernel", select=_PAGE_MAX_OVERLAP, unfused_select=_CHUNK8K)),  # run 14
     (64, 65536, _PAGE_MAX_UNFUSED_CHUNK8K),
     (INDEX_MAX_BATCH, 65536, _HIST_UNFUSED_CHUNK8K),
     (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel", select=_BITWISE)),
@@ -1649,11 +1667,11 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
             return out
         workspace = hist_workspace(q.shape[0], q.device)
         page_max = plan.select.threshold == "page_max"
-        overlap = page_max and PAGE_MAX_OVERLAP
+        programs = plan.select.overlap_programs if page_max else 0
         logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot,
                                   hist_workspace=workspace, hist_k=out.shape[1], page_max=page_max,
-                                  hist_copies=plan.select.copies, overlap=overlap)
-        return hist_select(logits, lens, page_table, out, raw, workspace, page_max=page_max, overlap=overlap)
+                                  hist_copies=plan.select.copies, overlap_programs=programs)
+        return hist_select(logits, lens, page_table, out, raw, workspace, page_max=page_max, overlap=programs > 0)
     logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
     return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw, select=plan.select)
 
@@ -1726,6 +1744,10 @@ def aot_configs() -> list[AotConfig]:
         c = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=0,
                  **page_max_consts(batch, positions))
         logits_forms.append((f"indexer_logits_page_max_g{c['GROUPS']}_k{c['NPM']}", c))
+    for batch, positions in PAGE_MAX_OVERLAP_AOT_SHAPES:  # the overlap form: row-major grid, the ready flag
+        c = dict(HIST_BITS=HIST_DIGITS[0], R=HIST_COPIES, K=INDEX_TOPK, WS_H1=WS_H1, REDUCE=0,
+                 **page_max_consts(batch, positions, PAGE_MAX_OVERLAP_PROGRAMS))
+        logits_forms.append((f"indexer_logits_page_max_overlap_g{c['GROUPS']}_k{c['NPM']}", c))
     for pdl, suffix, pdl_ops in _pdl_settings():
         for name, extra in logits_forms:
             c = dict(page, USE_SCALED_DOT=True, **extra, PDL=pdl)
@@ -1746,15 +1768,18 @@ def aot_configs() -> list[AotConfig]:
             forms = {(hist_one_block(n), hist_select_warps(n, chunk))
                      for n in (1, HIST_SELECT_8_WARPS_MAX_PROGRAMS + 1, HIST_ONE_BLOCK_MAX_PROGRAMS + 1)}
             for one_block, warps in sorted(forms):
-                for page_max in (False, True):
+                for page_max, spin in ((False, False), (True, False), (True, True)):
                     if page_max and not one_block:
                         continue  # the page-max form always finishes from one register block when it can
-                    c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, one_block, page_max), PDL=pdl)
+                    c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, one_block, page_max, spin), PDL=pdl)
+                    # SPIN (the overlap form) waits on its row's flag instead of griddepcontrol.wait (ACQBULK)
+                    ops = tuple(op for op in pdl_ops if op != "ACQBULK") if spin else pdl_ops
                     configs.append(AotConfig(
-                        f"indexer_hist_select{'_page_max' if page_max else ''}_c{chunk}"
+                        f"indexer_hist_select{'_page_max' if page_max else ''}{'_spin' if spin else ''}_c{chunk}"
                         f"{'_one_block' if one_block else ''}_w{warps}{suffix}",
                         _hist_select_kernel, _sig(_HIST_SIG, c), c, num_warps=warps, num_stages=1,
-                        div16=("stride_sb", "stride_wsb", "stride_cb"), expect_opcodes=pdl_ops))
+                        div16=("stride_sb", "stride_wsb", "stride_cb"), expect_opcodes=ops,
+                        forbid_opcodes=("ACQBULK",) if spin else ()))
         for chunk in SELECT_CHUNKS:
             # with PDL: only the double-warp search's programs (launch_pdl), up to 4096 entries
             muls = [2] if pdl else SELECT_WARPS_MULS

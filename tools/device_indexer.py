@@ -52,6 +52,9 @@ FORM_CATALOG = {
     "chunk8k": ix.SelectForm(max_chunk=8192),
     # run 11: the histogram select from a page-max bound (no count per logit in the logits kernel)
     "hist_pmax": ix.SelectForm(method="histogram", threshold="page_max"),
+    # run 14: the page-max overlap form (row-major logits grid of 2048 programs, the select waiting per row)
+    "hist_pmax_ov2048": ix.SelectForm(method="histogram", threshold="page_max",
+                                    overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
 }  # run 5a also timed a double-warp radix-4 search: no faster than the defaults; removed from the kernel
 SELECT_FORMS = {"hist": FORM_CATALOG["hist"]}  # --forms replaces it
 TOPK_ONLY_FORMS = ["hist"]  # top-k alone from a given logits row (the seam's unfused call); --no-topk-only drops it
@@ -90,14 +93,10 @@ VARIANT_CATALOG = {
     # count, at most 512 split programs, the bound in the select) were level or slower and are removed
     "bound_bits0": dict(PAGE_MAX_BOUND_BITS=0),
     # run 13 (round 21) timed PAGE_MAX_OVERLAP (commit 92685f2: row-major logits grid, per-row ready flag, the select
-    # launched with PDL waiting per row): 59.0 -> 60.6 us at B=16 x 256K, level at B=32, slower at B=64; removed
-    # run 14 (round 21): the overlap again with several waves of page-max logits programs (PAGE_MAX_TARGET_PROGRAMS:
-    # programs per launch of the page-max form); tpN alone separates what more programs cost the logits kernel
-    "overlap": dict(PAGE_MAX_OVERLAP=True),
-    "tp2048": dict(PAGE_MAX_TARGET_PROGRAMS=2048),
-    "tp4096": dict(PAGE_MAX_TARGET_PROGRAMS=4096),
-    "overlap_tp2048": dict(PAGE_MAX_OVERLAP=True, PAGE_MAX_TARGET_PROGRAMS=2048),
-    "overlap_tp4096": dict(PAGE_MAX_OVERLAP=True, PAGE_MAX_TARGET_PROGRAMS=4096),
+    # launched with PDL waiting per row): 59.0 -> 60.6 us at B=16 x 256K, level at B=32, slower at B=64; removed.
+    # Run 14 (round 21, commit 9b0d8c1's variants overlap / tpN / overlap_tpN: the overlap and the page-max form's
+    # logits programs per launch): the overlap at 2048 programs shipped for B 17-32 x 32769-65536 positions
+    # (SelectForm.overlap_programs; FORM_CATALOG["hist_pmax_ov2048"]), the rest level or slower and removed
 }
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
@@ -180,8 +179,9 @@ def check_selection(slots_raw, ref, lens, k=INDEX_TOPK):
 def page_max_candidates(ref, lens, batch, c4_len, k=INDEX_TOPK):
     """(min, mean, max) over rows of the logits at or above the page-max bound (the top 16 key bits of the k-th
     largest group maximum, as the logits kernel's page-max form groups them), from the float32 reference."""
-    consts = ix.page_max_consts(batch, c4_len)
-    pps = ix.logits_pages_per_split(batch, c4_len, page_max=True)
+    programs = ix.choose_plan(batch, c4_len).select.overlap_programs  # the default plan's grid
+    consts = ix.page_max_consts(batch, c4_len, programs)
+    pps = ix.logits_pages_per_split(batch, c4_len, programs)
     splits = -(-(-(-c4_len // INDEX_PAGE_SIZE)) // pps)
     groups = consts["GROUPS"]
     padded = torch.nn.functional.pad(ref, (0, splits * pps * INDEX_PAGE_SIZE - c4_len), value=float("-inf"))
@@ -420,7 +420,7 @@ def main() -> None:
     result.extra["select_forms"] = {name: dataclasses.asdict(form) for name, form in SELECT_FORMS.items()}
     shipped = ("HIST_COPIES", "USE_PDL", "PDL_MAX_BATCH", "HIST_ONE_SHOT_MAX_PAGES", "HIST_LONG_REDUCE", "HIST_ONE_BLOCK_MAX_PROGRAMS",
                "HIST_SELECT_8_WARPS_MAX_PROGRAMS", "HIST_SPLIT_MAX_CHUNK", "HIST_SPLIT_SMALL_MAX_PROGRAMS", "PAGE_MAX_KEYS",
-               "PAGE_MAX_OVERLAP", "PAGE_MAX_TARGET_PROGRAMS")
+               "PAGE_MAX_OVERLAP_PROGRAMS")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
                {attr: ("modified plan table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})

@@ -3,6 +3,8 @@ reference and upstream's torch implementation, top-k against the reference and u
 top-k, the fused path against both; edge cases (B=0, lengths 0, < 512, not a multiple of 64,
 ragged, longer than the logits width, pages in random order)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -448,6 +450,7 @@ def test_logits_first_digit_threshold(k, forms, monkeypatch):
     (dict(method="histogram", copies=16), "copies"),
     (dict(method="histogram", threshold="page_max", copies=1), "copies"),
     (dict(copies=1), "copies"),
+    (dict(method="histogram", overlap_programs=2048), "overlap_programs"),
 ])
 def test_bad_select_form_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -455,13 +458,13 @@ def test_bad_select_form_raises(kwargs, match):
 
 
 # (batch, compressed positions, select form): the H200 runs 6-9 decisions (benchmarks/indexer-h200-run8-summary.md,
-# -run9-summary.md).
+# -run9-summary.md), the page-max buckets of run 11b and the overlap form's of run 14.
 PLAN_BUCKETS = [
     (1, 8192, "bitwise"), (2, 8193, "histogram"), (1, 16384, "histogram"), (3, 16384, "hist1"),
     (4, 8192, "bitwise"), (3, 8193, "hist1"), (4, 16384, "hist1"), (4, 16385, "histogram"), (4, 40000, "histogram"),
     (1, 65536, "histogram"), (8, 32768, "page_max"), (5, 16385, "page_max"), (16, 32768, "page_max"),
     (32, 32768, "chunk8k"), (8, 65536, "page_max"), (16, 65536, "page_max"), (9, 32769, "page_max"),
-    (17, 65536, "page_max"), (64, 16385, "page_max"), (64, 65536, "page_max"), (65, 65536, "histogram"),
+    (17, 65536, "page_max_overlap"), (32, 32769, "page_max_overlap"), (33, 65536, "page_max"), (64, 16385, "page_max"), (64, 65536, "page_max"), (65, 65536, "histogram"),
     (65, 16385, "histogram"), (128, 32768, "histogram"), (8, 16384, "bitwise_2xw"), (9, 8193, "hist1"),
     (16, 8192, "bitwise_2xw"), (16, 16384, "hist1"), (17, 16384, "page_max"), (32, 8193, "page_max"),
     (32, 8192, "bitwise_2xw"), (17, 4096, "bitwise_2xw"), (64, 16384, "page_max"), (33, 8193, "page_max"),
@@ -471,7 +474,9 @@ PLAN_BUCKETS = [
 FORMS_BY_NAME = {"bitwise": ix.SelectForm(), "bitwise_2xw": ix.SelectForm(warps_mul=2),
                  "chunk8k": ix.SelectForm(max_chunk=8192), "histogram": ix.SelectForm(method="histogram"),
                  "hist1": ix.SelectForm(method="histogram", copies=1),
-                 "page_max": ix.SelectForm(method="histogram", threshold="page_max")}
+                 "page_max": ix.SelectForm(method="histogram", threshold="page_max"),
+                 "page_max_overlap": ix.SelectForm(method="histogram", threshold="page_max",
+                                                   overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS)}
 
 
 @pytest.mark.parametrize("batch,length,form", PLAN_BUCKETS)
@@ -687,7 +692,7 @@ def test_logits_page_max_bound(k):
     workspace = torch.zeros(batch, ix.WS_WIDTH, dtype=torch.int32)
     logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k, page_max=True)
     consts = ix.page_max_consts(batch, max_seq_len)
-    pps = ix.logits_pages_per_split(batch, max_seq_len, page_max=True)
+    pps = ix.logits_pages_per_split(batch, max_seq_len)
     splits = -(-(-(-max_seq_len // INDEX_PAGE_SIZE)) // pps)
     groups = consts["GROUPS"]
     padded = torch.nn.functional.pad(logits, (0, splits * pps * INDEX_PAGE_SIZE - max_seq_len), value=float("-inf"))
@@ -763,19 +768,19 @@ def test_histogram_one_copy_plan_and_threshold(k):
     ([2500, 1999, 0, 300, 2560], 2560),  # fewer groups than K: every logit a candidate, the list overflows
     ([4100, 4160, 513, 64, 512, 1], 4160),  # ragged, not multiples of 64, at / around K, one position
 ])
-@pytest.mark.parametrize("target", [0, 64])
-def test_page_max_overlap(lens, max_seq_len, k, target, monkeypatch):
-    """PAGE_MAX_OVERLAP (round 21): the logits grid row-major with the per-row ready flag, the select waiting
-    for its row's flag: the same logits as the default grid, the selection exact against the reference and the
-    same set as the shipped page-max launch (pages in random order), ties included; every flag and counter of
-    the workspace zero again after each call, so calls can follow one another. ``target``: the page-max form's
-    logits programs (PAGE_MAX_TARGET_PROGRAMS, run 14; 64 here: several pages per program, fewer group maxima
-    per program)."""
-    monkeypatch.setattr(ix, "PAGE_MAX_TARGET_PROGRAMS", target)
-    if target:
-        assert ix.logits_pages_per_split(len(lens), max_seq_len, page_max=True) > 1
+@pytest.mark.parametrize("programs", [ix.LOGITS_TARGET_PROGRAMS, 64])
+def test_page_max_overlap(lens, max_seq_len, k, programs):
+    """The page-max overlap form (SelectForm.overlap_programs, H200 run 14): the logits grid row-major with the
+    per-row ready flag, the select waiting for its row's flag: the same logits as the default grid, the selection
+    exact against the reference and the same set as the page-max launch of the default grid (pages in random
+    order), ties included; every flag and counter of the workspace zero again after each call, so calls can follow
+    one another. ``programs``: the overlap form's logits programs (64 here: several pages per program, fewer group
+    maxima per program; the default grid keeps its own)."""
+    if programs < ix.LOGITS_TARGET_PROGRAMS:
+        assert ix.logits_pages_per_split(len(lens), max_seq_len, programs) > 1
         assert ix.logits_pages_per_split(len(lens), max_seq_len) == 1  # the other forms keep their programs
     plan = ix.Plan("two_kernel", select=PAGE_MAX)
+    overlap_plan = ix.Plan("two_kernel", select=dataclasses.replace(PAGE_MAX, overlap_programs=programs))
     for seed in (max_seq_len + 11, max_seq_len + 12):
         q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=seed)
         if seed % 2:  # ties: a run of equal index-K rows (equal logits) in every row's first pages
@@ -783,18 +788,40 @@ def test_page_max_overlap(lens, max_seq_len, k, target, monkeypatch):
         ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
         shipped = torch.full((len(lens), k), 12345, dtype=torch.int32)
         ix.indexer_topk(q, kv, w, l, pt, max_seq_len, shipped, plan=plan)
-        monkeypatch.setattr(ix, "PAGE_MAX_OVERLAP", True)
         out = torch.full_like(shipped, 12345)
         raw = torch.full_like(out, 12345)
-        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=plan)
-        monkeypatch.setattr(ix, "PAGE_MAX_OVERLAP", False)
+        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=overlap_plan)
         assert_selection_matches(out, ref, l, pt, k=k, rel_tol=1e-5)
         assert torch.equal(ix.positions_to_slots(raw.long(), pt), out)
         assert [sorted(r) for r in out.tolist()] == [sorted(r) for r in shipped.tolist()]
         assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
     workspace = torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32)
     logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, hist_workspace=workspace, hist_k=k, page_max=True,
-                                 overlap=True)
+                                 overlap_programs=programs)
     plain = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
     assert torch.equal(logits, plain)
     assert (workspace[:, ix.WS_READY.value] == 1).all() and (workspace[:, ix.WS_DONE.value] == 0).all()
+
+
+def test_page_max_overlap_dispatch():
+    """Run 14: the overlap form with PAGE_MAX_OVERLAP_PROGRAMS logits programs only in the page-max bucket it won
+    (B 17-32 x 32769-65536 positions); B <= 16 and B 33-64 there keep the default grid, shorter rows their forms.
+    overlap_programs belongs to the page-max threshold alone."""
+    ov = ix.PAGE_MAX_OVERLAP_PROGRAMS
+    for batch, positions in ((17, 32769), (32, 65536), (24, 40000)):
+        form = ix.choose_plan(batch, positions).select
+        assert (form.threshold, form.overlap_programs) == ("page_max", ov)
+        assert ix.choose_plan(batch, positions).scores_select.method == "search"
+        assert ix.page_max_consts(batch, positions, ov)["ROW_MAJOR"]
+        assert ix.page_max_consts(batch, positions, ov)["NPM"] <= ix.PAGE_MAX_KEYS
+    for batch, positions in ((16, 65536), (33, 65536), (64, 65536), (9, 40000)):
+        form = ix.choose_plan(batch, positions).select
+        assert (form.threshold, form.overlap_programs) == ("page_max", 0)
+    for batch, positions in ((32, 32768), (32, 16384), (1, 65536), (128, 65536)):
+        assert ix.choose_plan(batch, positions).select.overlap_programs == 0
+    assert not ix.page_max_consts(32, 65536)["ROW_MAJOR"]
+    assert ix.logits_pages_per_split(32, 65536, ov) * 2 == ix.logits_pages_per_split(32, 65536)
+    for bad in (dict(overlap_programs=ov), dict(method="histogram", overlap_programs=ov),
+                dict(method="histogram", threshold="page_max", overlap_programs=-1)):
+        with pytest.raises(ValueError, match="overlap_programs"):
+            ix.SelectForm(**bad)
