@@ -57,6 +57,7 @@ from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 # elements per program of the elementwise kernels (SwiGLU, combine): 16-byte bf16 accesses
 ELEMENTWISE_BLOCK = 1024
 ELEMENTWISE_WARPS = 4
+INDEX_Q_QUANT_WARPS = 8  # one program per token: 64 heads x 128 dims, 32 values per thread
 
 
 def _check(cond: bool, name: str, expected: str, got) -> None:
@@ -388,9 +389,6 @@ def index_q_quant(q: torch.Tensor, weights: torch.Tensor, weight_scale: float, p
         BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d), FP8_MAX=FP8_MAX, PDL=use_pdl,
         num_warps=INDEX_Q_QUANT_WARPS, launch_pdl=use_pdl)
     return q_fp8, weights_out
-
-
-INDEX_Q_QUANT_WARPS = 8  # one program per token: 64 heads x 128 dims, 32 values per thread
 
 
 # --- AOT --------------------------------------------------------------------------------------

@@ -120,7 +120,7 @@ def main() -> int:
         return 0
 
     from sglang_sm120.bench import upstream_ops
-    from sglang_sm120.kernels.harness.devicebench import environment
+    from sglang_sm120.kernels.harness.devicebench import capture_graph, environment
 
     os.makedirs(args.out, exist_ok=True)
     ups = upstream_ops.load("files", os.path.join(os.path.dirname(HERE), ".upstream")) \
@@ -146,15 +146,7 @@ def main() -> int:
                         stage.fn()
                     for streams in args.streams:
                         use = side if streams == "sglang" else None
-                        warm = torch.cuda.Stream()
-                        warm.wait_stream(torch.cuda.current_stream())
-                        with torch.cuda.stream(warm):
-                            L.run_layer(stages, use)
-                        torch.cuda.current_stream().wait_stream(warm)
-                        torch.cuda.synchronize()
-                        graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph):
-                            L.run_layer(stages, use)
+                        graph = capture_graph(lambda: L.run_layer(stages, use), warmup=1)
                         summary = summarise(kernels_of_one_replay(graph, flush))
                         del graph
                         entry = {"kind": kind, "T": tp, "B": b, "path": path, "streams": streams, **summary}

@@ -40,6 +40,25 @@ def environment() -> dict:
     return env
 
 
+def capture_graph(fn: Callable[[], object], *, calls: int = 1, warmup: int = 3):
+    """A CUDA graph of ``calls`` calls of ``fn()``, captured after ``warmup`` eager calls on a side stream (JIT
+    compilation and lazy allocations happen there, not inside the capture)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
 def time_in_cuda_graph(fn: Callable[[], object], *, calls_per_graph: int = 20, replays: int = 30,
                        warmup: int = 3) -> float:
     """Median microseconds per ``fn()`` call, with ``calls_per_graph`` calls captured in one CUDA graph.
@@ -52,17 +71,7 @@ def time_in_cuda_graph(fn: Callable[[], object], *, calls_per_graph: int = 20, r
     """
     import torch
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls_per_graph):
-            fn()
+    graph = capture_graph(fn, calls=calls_per_graph, warmup=warmup)
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     samples = []
     for _ in range(replays):

@@ -105,7 +105,7 @@ def check_schedule(stages: list[Stage]) -> None:
             raise ValueError(f"stage {stage.name!r} starts stream {stage.stream!r} without waiting for anything")
         seen[stage.name] = stage
         last_on[stage.stream] = stage.name
-    joined = {name for name in _happens_before(stages, stages[-1].name)} if stages else set()
+    joined = _happens_before(stages, stages[-1].name) if stages else set()
     for stream, name in last_on.items():
         if stream != MAIN and name not in joined:
             raise ValueError(f"stream {stream!r} is never joined: the last stage ({name!r}) is not waited for")

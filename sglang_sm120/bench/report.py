@@ -50,11 +50,10 @@ def step_rows(results) -> list[dict]:
                     nbytes = sum(counts[x["kind"]] * x["layer_bytes"] for x in layers) + head["bytes"]
                     row[f"{path}_bytes"] = nbytes
                     if results["timed"]:
-                        us = sum(counts[x["kind"]] * x["layer_us"] for x in layers) + head["us"]
+                        us = _step_us(layers, counts, head, "layer_us")
                         row[f"{path}_step_us"] = us
                         if all(x.get("layer_us_one_stream") for x in layers):
-                            row[f"{path}_step_us_one_stream"] = sum(
-                                counts[x["kind"]] * x["layer_us_one_stream"] for x in layers) + head["us"]
+                            row[f"{path}_step_us_one_stream"] = _step_us(layers, counts, head, "layer_us_one_stream")
                         row[f"{path}_pct_copy_bw"] = 100 * nbytes / (us * 1e-6) / (results["copy_bandwidth_gbs"] * 1e9)
                         row[f"{path}_tokens_per_s_per_seq"] = 1e6 / us
                 if not complete:
@@ -66,6 +65,11 @@ def step_rows(results) -> list[dict]:
                     row["speedup_one_stream"] = one[0] / one[1]
                 rows.append(row)
     return rows
+
+
+def _step_us(layers, counts, head, key: str) -> float:
+    """Sum over the layer kinds of count x the layer's ``key`` time, plus the lm_head's."""
+    return sum(counts[x["kind"]] * x[key] for x in layers) + head["us"]
 
 
 def projection_rows(results, allreduce_us: float | None) -> list[dict]:
