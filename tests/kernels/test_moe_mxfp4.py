@@ -795,6 +795,153 @@ def test_gemv_pdl_default_follows_the_h200_numbers():
     assert [moe.gemv_configs(b * TOP_K, 512)[0].pdl for b in (14, 15, 16, 17)] == [True, False, True, False]
 
 
+# round 23: the fp16 GEMV forward without its routing + x launch (GemvConfig.direct)
+def _direct_tiles(inter, persistent_down=0, direct=True, **pdl):
+    down_pdl = dict(pdl)
+    gate_up_pdl = {k: v for k, v in pdl.items() if k != "pdl_l2"}
+    return (moe.GemvConfig(inter // 4, 512, 4, tma_ring=3, f16=True, direct=direct, **gate_up_pdl),
+            moe.GemvConfig(TMA_HIDDEN // 4, 512, 4, tma_ring=3, f16=True, direct=direct,
+                           persistent_programs_per_sm=persistent_down, **down_pdl))
+
+
+@pytest.mark.parametrize("inter,batch,pattern,persistent_down,x_scale,pdl", [
+    (2048, 1, "random", 0, 4.0, True), (1024, 1, "random", 0, 4.0, True), (512, 1, "random", 1, 4.0, True),
+    (1024, 2, "invalid", 1, 4.0, False), (512, 2, "duplicate", 0, 4.0, True), (2048, 2, "duplicate", 1, 4.0, False),
+    (512, 1, "random", 0, 3.0e5, False), (1024, 2, "random", 0, 1.0e-3, True), (512, 2, "all_invalid", 0, 4.0, True),
+    (512, 0, "random", 0, 4.0, True), (1024, 3, "skewed", 0, 4.0, False)])
+def test_gemv_direct_gives_the_four_launch_forward_bit_for_bit(monkeypatch, inter, batch, pattern, persistent_down,
+                                                               x_scale, pdl):
+    """GemvConfig.direct (no routing + x launch: experts from topk_ids, the x row's fp16 pair words and power of two
+    built by each gate/up program) gives exactly the bits of the shipped 4-launch fp16 forward on the same tiles at
+    per-rank I = 2048 / 1024 / 512 (T = 1 / 2 / 4), B = 0..3, duplicate / invalid (-1, >= E) ids, the clamp active (x
+    at 4), x beyond fp16's range (3e5) and in its subnormals without the shift (1e-3), the down launch per routed row
+    or persistent, with and without the PDL form (its constexprs off under the interpreter, the program order as on
+    the GPU); every scratch tensor NaN-poisoned; within the fp16 decode's error of the float32 reference."""
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=batch + 60)
+    weights, ids = make_routing(batch, pattern, seed=batch + 61)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=batch + 62, scale=x_scale)
+    kw = dict(pdl=True, pdl_l2=True) if pdl else {}
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, configs=_direct_tiles(inter, persistent_down, **kw))
+    if not batch:
+        assert out.numel() == 0
+        return
+    assert torch.equal(out, run(x, experts, weights, ids, configs=_direct_tiles(inter, persistent_down, direct=False,
+                                                                                  **kw)))
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    if pattern == "all_invalid":
+        assert not out.any()
+    else:
+        assert rel(out, ref) < 2e-2
+    if x_scale > 1 and pattern != "all_invalid":  # the clamp is active
+        assert rel(moe.reference_moe_mxfp4(x, *experts, weights, ids, swiglu_limit=0.0), ref) > 0.1
+
+
+def test_gemv_direct_x_words_are_the_routing_launchs():
+    """The gate/up programs' fp16 pair words of x (bf16 words split, scaled, rounded) and its power of two are bit for
+    bit what the routing launch stores, over every bf16 magnitude class: one row per decade from 1e-38 to 3e38 and
+    a zero row (the power of two clamped), each row's values spread over 2**-20 of its max up to it."""
+    hidden = 512
+    exps = torch.arange(-126, 128, 10, dtype=torch.float32)
+    g = torch.Generator().manual_seed(9)
+    rows = [torch.zeros(hidden)]
+    for e in exps:
+        spread = torch.exp2(-20 * torch.rand(hidden, generator=g)) * torch.sign(torch.randn(hidden, generator=g))
+        rows.append(spread * torch.exp2(e))
+    x = torch.stack(rows).to(torch.bfloat16).to(DEVICE)
+    batch = x.shape[0]
+    experts = make_experts(512, hidden=hidden, seed=3)
+    ids = torch.zeros(batch, TOP_K, dtype=torch.int32, device=DEVICE)
+    ids[:, 1:] = -1
+    weights = torch.ones(batch, TOP_K, device=DEVICE)
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, configs=_direct_tiles(512))
+    assert torch.equal(out, run(x, experts, weights, ids, configs=_direct_tiles(512, direct=False)))
+
+
+def test_gemv_direct_cannot_run_below_k_512_and_falls_back_without_a_clamp():
+    """At I = 256 (T = 8) the down launch's K of 256 is below the TMA step (as for every TMA GEMV form); without a clamp
+    (limit 0) the direct configs run the bf16 decode with its routing, bit for bit as the bf16 configs."""
+    experts = make_experts(256, hidden=TMA_HIDDEN, seed=1)
+    weights, ids = make_routing(1, "random", seed=2)
+    x = make_x(1, hidden=TMA_HIDDEN, seed=3)
+    with pytest.raises(ValueError, match="tma_ring"):
+        run(x, experts, weights, ids, configs=_direct_tiles(256))
+    experts = make_experts(512, hidden=TMA_HIDDEN, seed=4)
+    bf16 = tuple(dataclasses.replace(c, f16=False, direct=False) for c in _direct_tiles(512))
+    out = run(x, experts, weights, ids, configs=_direct_tiles(512), swiglu_limit=0.0)
+    assert torch.equal(out, run(x, experts, weights, ids, upcast="gemv", configs=bf16, swiglu_limit=0.0))
+
+
+@pytest.mark.parametrize("bad", ["no_f16", "gate_up_only", "down_only"])
+def test_gemv_direct_arguments(bad):
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    gu, dn = (dataclasses.asdict(c) for c in _direct_tiles(TMA_HIDDEN))
+    if bad == "no_f16":
+        gu["f16"] = dn["f16"] = False
+    elif bad == "gate_up_only":
+        dn["direct"] = False
+    else:
+        gu["direct"] = False
+    with pytest.raises(ValueError, match="direct"):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
+            configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
+
+
+DIRECT_KERNELS = F16_KERNELS + ("_gate_up_gemv_direct_f16_kernel", "_down_gemv_direct_f16_kernel")
+
+
+@pytest.mark.parametrize("supported", [False, True])
+@pytest.mark.parametrize("persistent_down", [0, 1])
+def test_gemv_direct_launches_three_kernels(monkeypatch, supported, persistent_down):
+    """The direct forward is three launches -- gate/up, down (per routed row, or the persistent one over the identity
+    row table), top-k sum -- each with the PDL attribute and constexprs where the config and device have them; its
+    launches run alone and again give the forward (the routing step launches nothing)."""
+    launches = []
+    real = {name: getattr(moe, name) for name in DIRECT_KERNELS}
+    for name in DIRECT_KERNELS:
+        monkeypatch.setattr(moe, name, _LaunchRecorder(name, launches))
+    monkeypatch.setattr(moe, "pdl_supported", lambda device: supported)
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(2, "random")
+    x = make_x(2, hidden=TMA_HIDDEN)
+    run(x, experts, weights, ids, configs=_direct_tiles(TMA_HIDDEN, persistent_down, pdl=True, pdl_l2=True))
+    down = "_down_gemv_tma_persistent_f16_kernel" if persistent_down else "_down_gemv_direct_f16_kernel"
+    assert [name for name, _ in launches] == ["_gate_up_gemv_direct_f16_kernel", down, "_topk_sum_kernel"]
+    for name, kw in launches:
+        assert (kw["launch_pdl"], kw["PDL"], kw["PDL_LATE"]) == (supported, supported, False), name
+    assert launches[1][1]["L2_PREFETCH"] == supported
+    for name, kernel in real.items():
+        monkeypatch.setattr(moe, name, kernel)
+    monkeypatch.setattr(moe, "pdl_supported", lambda device: False)
+    w13r, s13r = repacked(*experts[:2])
+    out = torch.full_like(x, float("nan"))
+    tiles = _direct_tiles(TMA_HIDDEN, persistent_down)
+    steps = moe.gemv_launches(x, w13r, s13r, *experts[2:], weights, ids, out, configs=tiles)
+    assert [name for name, _ in steps] == list(moe.GEMV_LAUNCH_NAMES)
+    assert_launches_repeat_the_forward(steps, out, moe.reference_moe_mxfp4(x, *experts, weights, ids))
+    assert torch.equal(out, run(x, experts, weights, ids, configs=_direct_tiles(TMA_HIDDEN, persistent_down,
+                                                                                direct=False)))
+
+
+def test_gemv_direct_tiles_compile_ahead_of_time():
+    """Every tile the fp16 forward ships at B <= 2 has its direct form in the AOT registry (the persistent down launch
+    is the shipped kernel) with TMA, HFMA2 and, where the tile has PDL, griddepcontrol."""
+    names = {c.name: c for c in moe.aot_configs()}
+    for inter in (2048, 1024, 512):
+        for batch in (1, 2):
+            for kind, cfg in zip(("gate_up", "down"), moe.gemv_configs(batch * TOP_K, inter)):
+                cfg = dataclasses.replace(cfg, direct=not cfg.persistent_programs_per_sm)
+                aot = names[f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}"]
+                assert {"UTMALDG", "HFMA2"} <= set(aot.expect_opcodes)
+                assert (set(moe.PDL_OPCODES) <= set(aot.expect_opcodes)) == cfg.pdl
+                if cfg.direct:
+                    assert aot.kernel in (moe._gate_up_gemv_direct_f16_kernel, moe._down_gemv_direct_f16_kernel)
+
+
 @pytest.mark.parametrize("bad", ["no_tma", "no_tma_down_only", "negative", "negative_gate_up"])
 def test_gemv_tma_persistent_arguments(bad):
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
