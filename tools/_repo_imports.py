@@ -13,7 +13,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def ensure_kernels_importable() -> None:
-    if importlib.util.find_spec("sglang_sm120") is not None:
+    # already mapped by an earlier call (a tool importing another tool): the stub package has no __spec__
+    if "sglang_sm120.kernels" in sys.modules or importlib.util.find_spec("sglang_sm120") is not None:
         return
     package = types.ModuleType("sglang_sm120")
     package.__path__ = [str(REPO / "sglang_sm120")]
