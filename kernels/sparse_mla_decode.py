@@ -76,6 +76,9 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
   a second wave costs a wave more of tiles. In the H200 sweep it picked the fastest timed count in
   every cell. The older rule, ceil(SMs / units), ran B=16 in two waves (51.8 us, now 29.5 us).
 * **Graph capture.** Launch geometry and scratch depend only on shapes and the SM count.
+* **Programmatic dependent launch** (``USE_PDL``, sm_90+): both launches wait before their first load
+  and then let the next launch in, so the decode starts behind the query's norm, the combine behind
+  the decode, and wo_a (which loads its first weight block before its own wait) behind the combine.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ from .dsv4 import (E8M0_BIAS, HEAD_DIM, KV_DATA_BYTES, KV_GROUPS, KV_NUM_TILES, 
                    KV_TOKEN_BYTES, NOPE_DIM, ROPE_DIM, SPARSE_MLA_MAX_HEADS, kv_page_bytes)
 from .harness.aot import AotConfig
 from .harness.interpreter import interpreter_enabled
+from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -158,6 +162,12 @@ WIDE_COMBINE_MAX_SPLITS = 2  # a config's COMBINE_COLS applies up to this many s
 # slots, epilogue) per wave, and split-K's partial stores + combine launch once.
 PROGRAM_OVERHEAD_TILES = 1.0
 SPLIT_OVERHEAD_TILES = 0.5
+# Programmatic dependent launch (kernels/pdl.py) on sm_90+: the decode launch may start while the kernel before it
+# (SGLang's query norm / RoPE) drains, the combine while the decode drains, and the kernel after the attention (wo_a,
+# whose one-shot form loads its first weight block before its wait) while the attention drains. Every program waits
+# before its first load (q, slots, lengths and caches may all come from kernels earlier in the step) and then lets the
+# next launch in: in a multi-wave grid the dependents can only start once the last wave runs.
+USE_PDL = True
 CPU_PROGRAMS = 8  # "SM count" used to pick splits under the CPU interpreter
 
 
@@ -373,13 +383,15 @@ def sparse_mla_decode_kernel(
         HAS_EXTRA: tl.constexpr, HAS_X_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT_K: tl.constexpr,
         PREFETCH_KV: tl.constexpr, MID_PREFETCH: tl.constexpr, EMIT_ASM: tl.constexpr, D: tl.constexpr,
         TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
-        DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
+        DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, PDL: tl.constexpr = False):
     """Grid ``(HEAD_BLOCKS * splits, B * s_q)``; see the module docstring. Split ``j`` of a query
     row takes live tiles ``[j * tiles_per_split, (j + 1) * tiles_per_split)`` of the row's
     candidate list (main cache, then extra cache), prefetching slots two tiles and KV one tile
     ahead (in registers: PREFETCH_KV, MID_PREFETCH; else in L2) so the gathers overlap the
-    tensor-core work."""
+    tensor-core work. PDL (:data:`USE_PDL`): wait, then let the next launch in, before any load."""
     CHUNK: tl.constexpr = 2 * TILE
+    pdl_wait(PDL)
+    pdl_launch_dependents(PDL)
     head_block = tl.program_id(0) % HEAD_BLOCKS
     split = tl.program_id(0) // HEAD_BLOCKS
     row = tl.program_id(1)
@@ -489,9 +501,13 @@ def sparse_mla_decode_kernel(
 @triton.jit
 def sparse_mla_combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, sink_ptr, num_heads, num_splits,
                               BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, SUB_H: tl.constexpr,
-                              COLS: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr):
+                              COLS: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr,
+                              PDL: tl.constexpr = False):
     """Merge the splits of one (query row, head block): grid ``(units, BLOCK_H / SUB_H, D / COLS)``,
-    each program one [SUB_H, COLS] block, all splits loaded at once (one round trip to L2)."""
+    each program one [SUB_H, COLS] block, all splits loaded at once (one round trip to L2). PDL as the
+    decode kernel's."""
+    pdl_wait(PDL)
+    pdl_launch_dependents(PDL)
     unit = tl.program_id(0)
     local = tl.program_id(1) * SUB_H + tl.arange(0, SUB_H)
     c0 = tl.program_id(2) * COLS
@@ -713,6 +729,7 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         x_nope, x_rope, x_scale, x_idx = nope, rope, scale, indices
         x_geometry = (1, 0, 0)
 
+    use_pdl = USE_PDL and pdl_supported(device)
     sparse_mla_decode_kernel[(head_blocks * splits, rows)](
         q, out, lse, attn_sink if attn_sink is not None else lse,
         nope, rope, scale, indices, topk_length if topk_length is not None else indices,
@@ -726,15 +743,15 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, BLOCK_N=block_n, HAS_LEN=topk_length is not None,
         HAS_EXTRA=has_extra, HAS_X_LEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT_K=splits > 1, PREFETCH_KV=cfg.get("PREFETCH_KV", False), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
-        EMIT_ASM=not interpreter_enabled(), **_LAYOUT, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        EMIT_ASM=not interpreter_enabled(), **_LAYOUT, PDL=use_pdl, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], launch_pdl=use_pdl)
     if splits > 1:
         cols = _combine_width(cfg, splits)
         sparse_mla_combine_kernel[(units, block_h // COMBINE_SUB_H, HEAD_DIM // cols)](
             part_acc, part_ml, out, lse, attn_sink if attn_sink is not None else lse, num_heads, splits,
             BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, SUB_H=COMBINE_SUB_H, COLS=cols,
-            SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=attn_sink is not None,
-            num_warps=COMBINE_WARPS)
+            SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=attn_sink is not None, PDL=use_pdl,
+            num_warps=COMBINE_WARPS, launch_pdl=use_pdl)
     return out, lse.permute(0, 2, 1)
 
 
@@ -836,7 +853,7 @@ def _signature(cfg: dict) -> dict:
     sig.update(pointers)
     sig["qk_scale"] = "fp32"
     for name in ("BLOCK_H", "HEAD_BLOCKS", "BLOCK_N", "HAS_LEN", "HAS_EXTRA", "HAS_X_LEN", "HAS_SINK", "SPLIT_K",
-                 "PREFETCH_KV", "MID_PREFETCH", "EMIT_ASM", *_LAYOUT):
+                 "PREFETCH_KV", "MID_PREFETCH", "EMIT_ASM", "PDL", *_LAYOUT):
         sig[name] = "constexpr"
     return sig
 
@@ -868,11 +885,11 @@ def aot_configs() -> list[AotConfig]:
         constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                           HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
                           PREFETCH_KV=cfg.get("PREFETCH_KV", False), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
-                          EMIT_ASM=True, **_LAYOUT)
+                          EMIT_ASM=True, PDL=USE_PDL, **_LAYOUT)
         configs.append(AotConfig(
             name=f"sparse_mla_decode_{suffix}", kernel=sparse_mla_decode_kernel, signature=_signature(cfg),
             constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,
-            expect_opcodes=("HMMA.16816.F32.BF16",),
+            expect_opcodes=("HMMA.16816.F32.BF16", *(PDL_OPCODES if USE_PDL else ())),
             note=f"H={'8/16' if heads == 16 else heads}: {cfg['BLOCK_H']} heads x {cfg['BLOCK_N']} candidates per "
                  f"tile, both caches, sink, split-K partials"))
     for suffix, heads, cfg in _shipped_configs():
@@ -890,9 +907,11 @@ def aot_configs() -> list[AotConfig]:
                            "lse_ptr": "*fp32",
                            "sink_ptr": "*fp32", "num_heads": "i32", "num_splits": "i32", "BLOCK_H": "constexpr",
                            "HEAD_BLOCKS": "constexpr", "SUB_H": "constexpr", "COLS": "constexpr",
-                           "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr"},
+                           "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr", "PDL": "constexpr"},
                 constexprs=dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], SUB_H=COMBINE_SUB_H,
-                                COLS=cols, SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=True),
+                                COLS=cols, SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=True,
+                                PDL=USE_PDL),
                 num_warps=COMBINE_WARPS, num_stages=1, div16=("num_heads",),
+                expect_opcodes=PDL_OPCODES if USE_PDL else (),
                 note=f"split-K merge + sink + LSE, up to {splits} splits (no tensor cores: a reduction)"))
     return configs

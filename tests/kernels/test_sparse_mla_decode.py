@@ -280,6 +280,34 @@ def test_launch_config_must_name_one_tile_loop(loops):
         smd.sparse_mla_decode(**args, launch_config=cfg)
 
 
+class _LaunchRecorder:
+    """Stands in for a jitted kernel: records the keyword arguments of each ``kernel[grid](...)`` launch."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append(kwargs)
+
+
+@pytest.mark.parametrize("use_pdl", [True, False])
+@pytest.mark.parametrize("supported", [True, False])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_pdl_decision_reaches_both_launches(monkeypatch, use_pdl, supported, num_splits):
+    """Programmatic dependent launch: the decode launch (and the combine when split) carry the launch attribute and
+    the kernels' wait / trigger (constexpr PDL) together, on where the device supports it unless USE_PDL is off."""
+    decode, combine = _LaunchRecorder(), _LaunchRecorder()
+    monkeypatch.setattr(smd, "sparse_mla_decode_kernel", decode)
+    monkeypatch.setattr(smd, "sparse_mla_combine_kernel", combine)
+    monkeypatch.setattr(smd, "pdl_supported", lambda device: supported)
+    monkeypatch.setattr(smd, "USE_PDL", use_pdl)
+    smd.sparse_mla_decode(**_case(5, 1, 1, 64, SWA_PAGE_SIZE, 128), num_splits=num_splits)
+    expected = use_pdl and supported
+    launches = decode.launches + combine.launches
+    assert len(decode.launches) == 1 and len(combine.launches) == (num_splits > 1)
+    assert [(k["PDL"], k["launch_pdl"]) for k in launches] == [(expected, expected)] * len(launches)
+
+
 def test_split_rule_avoids_a_second_wave():
     # 8 "SMs" under the interpreter: 3 units x 3 splits would need two waves of programs
     assert smd.choose_splits(3, 12, "cpu") == (2, 6)
