@@ -14,7 +14,13 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
 - ``wqb_rows``: the main wq_b on the 16-row FMA form the indexer's wq_b uses (100 registers);
 - ``prio``: the indexer's three side streams (its compressor + logits/top-k, weights_proj, query) created with the
   highest stream priority, the others at the default (a plugin could create SGLang's alt streams so);
-- ``prio_wqb_pp0``: both.
+- ``prio_wqb_pp0``: both;
+- ``attn_no_pdl``: the sparse MLA decode and combine launched without programmatic dependent launch (as before
+  they had it), to measure what PDL on the attention saves inside the layer.
+
+Each variant's layer graph is captured once; the graphs are then replayed in interleaved rounds (every variant
+once per round, an L2 flush before each replay) and each variant's figure is the median over all its replays, so
+that clock and thermal drift during the run falls on every variant alike.
 
     python3 tools/device_bench_layer_variants.py --out $OUT                   # on the device
     python3 tools/device_bench_layer_variants.py --smoke                      # here: variants build, no GPU
@@ -27,6 +33,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,10 +49,11 @@ import torch  # noqa: E402
 
 from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
-from sglang_sm120.kernels import dsv4, fp8_gemv  # noqa: E402
+from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
 
-VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0")
+VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl")
 INDEXER_STREAMS = (L.STREAM_INDEXER, L.STREAM_INDEX_WEIGHTS, L.STREAM_INDEX_Q)
+LAYER_CALLS = 2  # layer calls per captured graph, as the bench times a layer
 
 
 def main_wq_b_shape(tp: int) -> tuple[int, int]:
@@ -79,13 +87,26 @@ def wq_b_override(variant: str, tp: int):
 @contextlib.contextmanager
 def applied(variant: str, tp: int):
     override = wq_b_override(variant, tp)
-    original = fp8_gemv.default_config
+    original, attention_pdl = fp8_gemv.default_config, sparse_mla_decode.USE_PDL
     if override is not None:
         fp8_gemv.default_config = override
+    if variant == "attn_no_pdl":
+        sparse_mla_decode.USE_PDL = False
     try:
-        yield override is not None or "prio" in variant
+        yield override is not None or "prio" in variant or variant == "attn_no_pdl"
     finally:
-        fp8_gemv.default_config = original
+        fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
+
+
+def replay_us(graph, flush, calls: int) -> float:
+    """Microseconds per layer call of one replay of ``graph`` (``calls`` layer calls) after an L2 flush."""
+    flush.zero_()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
 
 
 def side_streams(variant: str) -> dict:
@@ -105,7 +126,7 @@ def main() -> int:
     p.add_argument("--tp", nargs="+", type=int, default=[1, 4])
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    p.add_argument("--replays", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=40, help="interleaved rounds (one replay of each variant per round)")
     p.add_argument("--trace", nargs="*", default=[], help="variants to trace (kernel timeline of one replay)")
     p.add_argument("--smoke", action="store_true", help="CPU: build every variant's stages, run them once")
     args = p.parse_args()
@@ -126,7 +147,7 @@ def main() -> int:
         return 0
 
     from device_bench_trace import kernels_of_one_replay, summarise
-    from sglang_sm120.kernels.harness.devicebench import capture_graph, environment, time_in_cuda_graph
+    from sglang_sm120.kernels.harness.devicebench import capture_graph, environment
 
     os.makedirs(args.out, exist_ok=True)
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
@@ -135,7 +156,8 @@ def main() -> int:
     dims = model.Dims.full()
     lines = [f"# Layer-schedule variants ({results['env'].get('gpu')}, {results['env']['date']})", "",
              f"`python3 tools/device_bench_layer_variants.py` (plugin path, SGLang's streams, context {args.context}; "
-             f"median of {args.replays} replays of a 2-layer-call graph after an L2 flush, per layer call)", "",
+             f"median of {args.rounds} interleaved replays of a {LAYER_CALLS}-layer-call graph per variant, each "
+             "after an L2 flush, per layer call)", "",
              "| kind | T | B | variant | layer µs | vs shipped | applies |", "|---|---|---|---|---|---|---|"]
     for tp in args.tp:
         state_w = L.LayerState(model.build_weights(dims.rank(tp), "cuda"), None)
@@ -144,7 +166,7 @@ def main() -> int:
                 caches = model.build_caches(kind, dims, b, args.context, "cuda", seed=1)
                 x = torch.randn(b, dims.hidden, device="cuda").to(torch.bfloat16)
                 ref_out = None
-                shipped_us = None
+                graphs, keep = {}, []
                 for variant in args.variants:
                     with applied(variant, tp) as applies:
                         side = side_streams(variant)
@@ -155,21 +177,30 @@ def main() -> int:
                         out = st["out"].clone()
                         same = ref_out is None or torch.equal(out, ref_out)
                         ref_out = out if ref_out is None else ref_out
-                        us = time_in_cuda_graph(lambda: L.run_layer(stages, side), calls_per_graph=2,
-                                                replays=args.replays, warmup=1)
-                        point = {"kind": kind, "T": tp, "B": b, "variant": variant, "layer_us": round(us, 2),
-                                 "applies": applies, "same_output_as_shipped": same}
+                        run = (lambda stages=stages, side=side: L.run_layer(stages, side))
+                        graphs[variant] = capture_graph(run, calls=LAYER_CALLS, warmup=1)
+                        point = {"kind": kind, "T": tp, "B": b, "variant": variant, "applies": applies,
+                                 "same_output_as_shipped": same}
                         if variant in args.trace:
-                            graph = capture_graph(lambda: L.run_layer(stages, side), warmup=1)
-                            point["trace"] = summarise(kernels_of_one_replay(graph, flush))
-                            del graph
-                    if variant == "shipped":
-                        shipped_us = us
-                    ratio = f"{shipped_us / us:.3f}x" if shipped_us else "-"
+                            traced_graph = capture_graph(run, warmup=1)
+                            point["trace"] = summarise(kernels_of_one_replay(traced_graph, flush))
+                            del traced_graph
+                        keep.append((stages, side, st))  # the graphs read these buffers
                     results["points"].append(point)
-                    lines.append(f"| {kind} | {tp} | {b} | {variant} | {us:.2f} | {ratio} | "
-                                 f"{'yes' if applies else 'no (same as shipped)'} |")
-                    print(lines[-1], "" if same else "OUTPUT DIFFERS", flush=True)
+                samples = {variant: [] for variant in args.variants}
+                for _ in range(args.rounds):
+                    for variant in args.variants:
+                        samples[variant].append(replay_us(graphs[variant], flush, LAYER_CALLS))
+                del graphs
+                shipped_us = statistics.median(samples["shipped"]) if "shipped" in samples else None
+                for point in results["points"][-len(args.variants):]:
+                    us = statistics.median(samples[point["variant"]])
+                    point["layer_us"] = round(us, 2)
+                    point["layer_us_samples"] = [round(v, 2) for v in samples[point["variant"]]]
+                    ratio = f"{shipped_us / us:.3f}x" if shipped_us else "-"
+                    lines.append(f"| {kind} | {tp} | {b} | {point['variant']} | {us:.2f} | {ratio} | "
+                                 f"{'yes' if point['applies'] else 'no (same as shipped)'} |")
+                    print(lines[-1], "" if point["same_output_as_shipped"] else "OUTPUT DIFFERS", flush=True)
     traced = [pt for pt in results["points"] if "trace" in pt]
     for pt in traced:
         tr = pt["trace"]
