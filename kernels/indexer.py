@@ -1840,7 +1840,7 @@ _TAIL_SIG = {
     "stride_ptb": "i32", "stride_lb": "i32", "stride_wsb": "i32", "stride_outb": "i32", "stride_rawb": "i32",
 }
 # round-23 candidates (warps_mul, radix_bits) compiled by the AOT check: the two-kernel select and the tail form
-ROUND23_SEARCH_FORMS = ((2, 1), (2, 2), (2, 3), (1, 2))
+ROUND23_SEARCH_FORMS = ((2, 1), (2, 2), (2, 3), (1, 1))  # the run-15 forms
 _PAGE_CONST_NAMES = ("D", "H", "PAGE", "PAGE_BYTES", "PAGE_WORDS", "SCALE_WORDS")
 
 
