@@ -109,12 +109,21 @@ def replay_us(graph, flush, calls: int) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
-def side_streams(variant: str) -> dict:
-    """SGLang's side streams for the bench's run_layer; with ``prio`` the indexer's at the highest priority."""
+def make_side_streams() -> dict:
+    """The two sets of SGLang's side streams the variants use, made once (torch hands streams out round-robin from a
+    pool of 32 per priority: streams made per variant would come round to the capturing stream, and a layer with a
+    side stream equal to it runs in line): ``default`` all at the default priority, ``prio`` with the indexer's at the
+    highest priority."""
     least, greatest = torch.cuda.Stream.priority_range()
     high = min(least, greatest)  # CUDA: a lower number is a higher priority
-    return {name: torch.cuda.Stream(priority=high if ("prio" in variant and name in INDEXER_STREAMS) else 0)
+    capture = torch.cuda.graphs.graph.default_capture_stream
+    default = {name: torch.cuda.Stream() for name in L.SIDE_STREAMS}
+    prio = {name: torch.cuda.Stream(priority=high) if name in INDEXER_STREAMS else default[name]
             for name in L.SIDE_STREAMS}
+    streams = list(default.values()) + list(prio.values())
+    if capture is None or any(s == capture for s in streams) or torch.cuda.current_stream() in streams:
+        raise RuntimeError("side streams collide with the capture stream (or it is not made yet)")
+    return {"default": default, "prio": prio}
 
 
 def main() -> int:
@@ -153,6 +162,8 @@ def main() -> int:
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     results = {"env": environment(), "context": args.context, "priority_range": torch.cuda.Stream.priority_range(),
                "points": []}
+    capture_graph(lambda: None, warmup=0)  # makes torch's default capture stream before the side streams
+    stream_sets = make_side_streams()
     dims = model.Dims.full()
     lines = [f"# Layer-schedule variants ({results['env'].get('gpu')}, {results['env']['date']})", "",
              f"`python3 tools/device_bench_layer_variants.py` (plugin path, SGLang's streams, context {args.context}; "
@@ -169,7 +180,7 @@ def main() -> int:
                 graphs, keep = {}, []
                 for variant in args.variants:
                     with applied(variant, tp) as applies:
-                        side = side_streams(variant)
+                        side = stream_sets["prio" if "prio" in variant else "default"]
                         st: dict = {}
                         stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, st)
                         L.run_layer(stages, side)

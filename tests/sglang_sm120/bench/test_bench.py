@@ -317,6 +317,20 @@ def test_run_layer_without_streams_runs_the_stages_in_order():
     assert order == ["a", "b", "c"]
 
 
+def test_run_layer_refuses_a_side_stream_that_is_the_current_stream(monkeypatch):
+    """torch hands streams out round-robin from a small pool, so a side stream can be the capturing stream: the
+    layer must refuse to run rather than time its side stages in line."""
+    current = object()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
+    ran = []
+    stages = [L.Stage("a", "common", lambda: ran.append("a"), 0),
+              L.Stage("b", "common", lambda: ran.append("b"), 0, None, L.STREAM_SHARED_EXPERT, ("a",)),
+              L.Stage("c", "common", lambda: ran.append("c"), 0, None, L.MAIN, ("b",))]
+    with pytest.raises(RuntimeError, match="'shared_expert' is the current stream"):
+        L.run_layer(stages, {L.STREAM_SHARED_EXPERT: current})
+    assert ran == []  # refused before any stage ran
+
+
 @pytest.mark.parametrize("streams_out, ok", [(1.0, True), (1.5, False)])
 def test_streams_check_compares_the_layer_on_streams_with_one_stream(monkeypatch, streams_out, ok):
     """GPU runs check the layer's output on SGLang's streams against the one-stream layer (here with a stand-in
