@@ -135,12 +135,14 @@ def run_layer(stages: list[Stage], side_streams: dict | None = None) -> None:
             stage.fn()
         return
     main = torch.cuda.current_stream()
-    for name in {stage.stream for stage in stages} - {MAIN}:
-        if side_streams[name] == main:
-            # torch hands streams out round-robin from a small pool: a side stream that is the capturing stream
-            # would silently run its stages in line, and the layer would be timed on fewer streams than it names
-            raise RuntimeError(f"side stream {name!r} is the current stream; create the side streams apart from "
-                               "the capture stream")
+    if torch.cuda.is_current_stream_capturing():
+        for name in {stage.stream for stage in stages} - {MAIN}:
+            if side_streams[name] == main:
+                # torch hands streams out round-robin from a small pool: a side stream that is the capturing stream
+                # would run its stages in line in the graph, timed on fewer streams than the layer names (an eager
+                # warm-up on such a stream only serialises, with the same results)
+                raise RuntimeError(f"side stream {name!r} is the capturing stream; create the side streams apart "
+                                   "from the capture stream")
     events: dict[str, torch.cuda.Event] = {}
     used = []
     for stage in stages:

@@ -317,16 +317,17 @@ def test_run_layer_without_streams_runs_the_stages_in_order():
     assert order == ["a", "b", "c"]
 
 
-def test_run_layer_refuses_a_side_stream_that_is_the_current_stream(monkeypatch):
+def test_run_layer_refuses_a_side_stream_that_is_the_capturing_stream(monkeypatch):
     """torch hands streams out round-robin from a small pool, so a side stream can be the capturing stream: the
-    layer must refuse to run rather than time its side stages in line."""
+    layer must refuse to be captured rather than time its side stages in line."""
     current = object()
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     ran = []
     stages = [L.Stage("a", "common", lambda: ran.append("a"), 0),
               L.Stage("b", "common", lambda: ran.append("b"), 0, None, L.STREAM_SHARED_EXPERT, ("a",)),
               L.Stage("c", "common", lambda: ran.append("c"), 0, None, L.MAIN, ("b",))]
-    with pytest.raises(RuntimeError, match="'shared_expert' is the current stream"):
+    with pytest.raises(RuntimeError, match="'shared_expert' is the capturing stream"):
         L.run_layer(stages, {L.STREAM_SHARED_EXPERT: current})
     assert ran == []  # refused before any stage ran
 
