@@ -316,55 +316,6 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
 
 
 @triton.jit
-def _logits_tail_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, logits_ptr, ws_ptr, out_ptr, raw_ptr,
-                        max_seq_len, pt_width, pages_per_split, stride_qb, stride_wb, stride_ptb, stride_lb, stride_wsb,
-                        stride_outb, stride_rawb,
-                        D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
-                        PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr,
-                        CHUNK: tl.constexpr, K: tl.constexpr, HAS_RAW: tl.constexpr, RB: tl.constexpr = 1,
-                        PDL: tl.constexpr = False):
-    """Round-23 candidate (SelectForm.tail): logits and top-K of rows of at most CHUNK positions in ONE launch.
-    Grid (B, splits): each program writes the logits of its live pages to the scratch row ``logits_ptr`` (whole
-    pages: the select masks by length), then takes a ticket on the row's WS_DONE counter; the row's
-    last program loads the whole row from L2 and runs the search select (:func:`_select`) on it, writing the
-    slot ids (and raw positions) as the final select level does, and zeroes the counter for the next call."""
-    b = tl.program_id(0)
-    split = tl.program_id(1)
-    b64 = b.to(tl.int64)
-    pdl_wait(PDL)
-    pdl_launch_dependents(PDL)
-    length = _row_length(lens_ptr, b, max_seq_len, pt_width, PAGE)
-    q_t, w = _load_query(q_ptr, w_ptr, b64, stride_qb, stride_wb, D, H)
-    tok = tl.arange(0, PAGE)
-    row = logits_ptr + b64 * stride_lb
-    p_begin = split * pages_per_split
-    p_live = tl.minimum(p_begin + pages_per_split, tl.cdiv(length, PAGE))
-    for p in range(p_begin, p_live):
-        page = tl.load(pt_ptr + b64 * stride_ptb + p)
-        vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
-                            SCALE_WORDS, USE_SCALED_DOT)
-        tl.store(row + p * PAGE + tok, vals)
-    tl.debug_barrier()  # all of this program's logits stored before its arrival is published
-    ws_done = ws_ptr + b64 * stride_wsb + WS_DONE
-    arrived = tl.atomic_add(ws_done, 1, sem="acq_rel")
-    if arrived == tl.num_programs(1) - 1:
-        idx = tl.arange(0, CHUNK)
-        valid = idx < length
-        vals = tl.load(row + idx, mask=valid, other=float("-inf"), cache_modifier=".cg")  # other programs' stores
-        sel, slot, k_eff = _select(vals, valid, K, CHUNK, RB)
-        page = tl.load(pt_ptr + b64 * stride_ptb + idx // PAGE, mask=sel, other=0)
-        j = tl.arange(0, K)
-        out_row = out_ptr + b64 * stride_outb
-        tl.store(out_row + slot, page * PAGE + idx % PAGE, mask=sel)
-        tl.store(out_row + j, tl.full((K,), -1, tl.int32), mask=j >= k_eff)
-        if HAS_RAW:
-            raw_row = raw_ptr + b64 * stride_rawb
-            tl.store(raw_row + slot, idx, mask=sel)
-            tl.store(raw_row + j, tl.full((K,), -1, tl.int32), mask=j >= k_eff)
-        tl.store(ws_done, 0)  # every program has arrived: ready for the next call
-
-
-@triton.jit
 def _order_key(vals):
     """fp32 -> int32 bits whose unsigned order is the float order (-0.0 and +0.0 equal)."""
     bits = (vals + 0.0).to(tl.int32, bitcast=True)
@@ -500,27 +451,7 @@ def _kth_key_bitwise(key, valid, k_eff):
 
 
 @triton.jit
-def _kth_key_radix(key, valid, k_eff, RB: tl.constexpr):
-    """:func:`_kth_key_bitwise` with RB bits per round (round-23 candidate, SelectForm.radix_bits): each of the
-    32 / RB rounds counts the keys at or above all 2**RB candidate prefixes at once (one [N, 2**RB] compare, one
-    block-wide sum of a [2**RB] vector), so 32 / RB serial block reductions instead of 32."""
-    sign = tl.full((), -2147483648, tl.int32)
-    digits = tl.arange(0, 1 << RB)
-    thr_u = tl.full((), 0, tl.int32)  # in unsigned order (u = key ^ sign)
-    for i in tl.static_range((32 + RB - 1) // RB):
-        # a last round of fewer bits where RB does not divide 32 (RB = 3: 10 rounds of 3 bits, then one of 2)
-        shift = tl.maximum(32 - RB * (i + 1), 0)
-        live = digits < (1 << tl.minimum(RB, 32 - RB * i))
-        cand_u = thr_u | (digits << shift)  # digit 0: the prefix so far, always >= k_eff keys
-        ge = valid[:, None] & (key[:, None] >= (cand_u ^ sign)[None, :]) & live[None, :]
-        count = tl.sum(ge.to(tl.int32), axis=0)  # non-increasing in the digit
-        digit = tl.sum(((count >= k_eff) & live).to(tl.int32), axis=0) - 1
-        thr_u = thr_u | (digit << shift)
-    return thr_u ^ sign
-
-
-@triton.jit
-def _select(vals, valid, K: tl.constexpr, N: tl.constexpr, RB: tl.constexpr = 1):
+def _select(vals, valid, K: tl.constexpr, N: tl.constexpr):
     """Pick the K largest of ``vals[valid]`` (all valid ones if fewer). Returns (selected mask,
     output slot of each selected element in block order, number selected).
 
@@ -535,10 +466,7 @@ def _select(vals, valid, K: tl.constexpr, N: tl.constexpr, RB: tl.constexpr = 1)
     else:
         bits = (vals + 0.0).to(tl.int32, bitcast=True)  # -0.0 -> +0.0: equal scores, equal keys
         key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed int order == float order
-        if RB == 1:
-            thr = _kth_key_bitwise(key, valid, k_eff)
-        else:
-            thr = _kth_key_radix(key, valid, k_eff, RB)
+        thr = _kth_key_bitwise(key, valid, k_eff)
         above = valid & (key > thr)
         tie = valid & (key == thr)
         n_above = tl.sum(above.to(tl.int32), axis=0)
@@ -594,7 +522,7 @@ def _fused_split_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, 
 def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_pos_ptr, out_raw_ptr,
                    n_in, pt_width, stride_inb, stride_outb, stride_ptb, stride_rawb,
                    CHUNK: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, IMPLICIT_POS: tl.constexpr,
-                   FINAL: tl.constexpr, HAS_RAW: tl.constexpr, PDL: tl.constexpr = False, RB: tl.constexpr = 1):
+                   FINAL: tl.constexpr, HAS_RAW: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (B, groups): the top-K of CHUNK consecutive entries of a row.
 
     Input is a logits row (IMPLICIT_POS: position = column, valid below the row's length) or
@@ -616,7 +544,7 @@ def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_po
     else:
         pos = tl.load(in_pos_ptr + b64 * stride_inb + idx, mask=inside, other=-1)
         valid = inside & (pos >= 0)
-    sel, slot, k_eff = _select(vals, valid, K, CHUNK, RB)
+    sel, slot, k_eff = _select(vals, valid, K, CHUNK)
     if FINAL:
         page = tl.load(pt_ptr + b64 * stride_ptb + pos // PAGE, mask=sel, other=0)
         j = tl.arange(0, K)
@@ -1381,7 +1309,7 @@ def _merge(vals, pos, lens, page_table, out, raw, implicit, form):
             raw if raw is not None else out, n, page_table.shape[1], vals.stride(0), dst_pos.stride(0),
             page_table.stride(0), raw.stride(0) if raw is not None else 0,
             CHUNK=chunk, K=k, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit and pos is None, FINAL=final,
-            HAS_RAW=raw is not None, PDL=pdl, RB=form.radix_bits, num_warps=_select_warps(chunk, form.warps_mul),
+            HAS_RAW=raw is not None, PDL=pdl, num_warps=_select_warps(chunk, form.warps_mul),
             num_stages=1, launch_pdl=pdl)
         if final:
             return out
@@ -1408,8 +1336,6 @@ def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZ
 
 
 SELECT_WARPS_MULS = (1, 2)
-SELECT_RADIX_BITS = (1, 2, 3, 4)
-SELECT_TAIL_MAX_LEN = 2048  # the tail select's row in one register block of the logits program (16 per thread)
 SELECT_METHODS = ("search", "histogram")
 HIST_THRESHOLDS = ("count", "page_max")
 
@@ -1437,13 +1363,6 @@ class SelectForm:
     # "page_max": > 0 runs the overlap form (PAGE_MAX_OVERLAP_PROGRAMS): about this many logits programs in a
     # row-major grid, each row's select programs waiting for that row's ready flag instead of the whole launch
     overlap_programs: int = 0
-    # search: bits per round of the K-th key search (1: the 32-step bitwise search; 2 / 3 / 4: round-23
-    # candidates, 16 / 11 / 8 rounds of 2**bits candidate prefixes counted at once, :func:`_kth_key_radix`)
-    radix_bits: int = 1
-    # search, rows of at most SELECT_TAIL_MAX_LEN positions (round-23 candidate): one launch, the row's last logits
-    # program (ticket) selects the row from its logits in L2 (:func:`_logits_tail_kernel`); longer rows: the
-    # two-kernel launches of the same form
-    tail: bool = False
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
@@ -1462,11 +1381,6 @@ class SelectForm:
             raise ValueError(f"max_chunk must be one of {SELECT_CHUNKS} and >= {2 * MAX_TOPK}, got {self.max_chunk!r}")
         if self.warps_mul not in SELECT_WARPS_MULS:
             raise ValueError(f"warps_mul must be one of {SELECT_WARPS_MULS}, got {self.warps_mul!r}")
-        if self.radix_bits not in SELECT_RADIX_BITS or (self.radix_bits != 1 and self.method != "search"):
-            raise ValueError(f"radix_bits must be one of {SELECT_RADIX_BITS} (other than 1 only for the search), "
-                             f"got {self.radix_bits!r}")
-        if self.tail and self.method != "search":
-            raise ValueError("tail (the select in the logits launch) needs method 'search'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1731,44 +1645,6 @@ def fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=No
     return _merge(cand_val, cand_pos, lens, page_table, out, raw, implicit=False, form=form)
 
 
-def logits_tail_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *, select, scaled_dot=None):
-    """Logits and top-k in one launch (:func:`_logits_tail_kernel`; rows of at most SELECT_TAIL_MAX_LEN
-    positions, a search form ``select`` with ``tail``): the row's last logits program selects the row."""
-    validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
-    if max_seq_len > SELECT_TAIL_MAX_LEN or select.method != "search":
-        raise ValueError(f"the tail select needs a search form and max_seq_len <= {SELECT_TAIL_MAX_LEN}, "
-                         f"got {select} at {max_seq_len}")
-    batch = q.shape[0]
-    validate_topk_inputs(torch.empty(batch, 0, device=q.device), lens, page_table, out, INDEX_PAGE_SIZE, raw)
-    if batch == 0:
-        return out
-    if max_seq_len == 0:
-        out.fill_(-1)
-        if raw is not None:
-            raw.fill_(-1)
-        return out
-    workspace = hist_workspace(batch, q.device)
-    scaled = use_scaled_dot(q.device) if scaled_dot is None else scaled_dot
-    kv_fp8, kv_f32 = _kv_views(kv)
-    pps = logits_pages_per_split(batch, max_seq_len)
-    splits = _cdiv(_cdiv(max_seq_len, INDEX_PAGE_SIZE), pps)
-    scratch = torch.empty(batch, pps * splits * INDEX_PAGE_SIZE, dtype=torch.float32, device=q.device)  # whole pages
-    raw_arg = raw if raw is not None else out
-    pdl = USE_PDL and batch <= PDL_MAX_BATCH and pdl_supported(q.device)
-    _logits_tail_kernel[(batch, splits)](
-        q, kv_fp8, kv_f32, weights, lens, page_table, scratch, workspace, out, raw_arg, max_seq_len,
-        page_table.shape[1], pps, q.stride(0), weights.stride(0), page_table.stride(0), scratch.stride(0),
-        workspace.stride(0), out.stride(0), raw_arg.stride(0), **_page_consts(), USE_SCALED_DOT=scaled,
-        CHUNK=tail_chunk(max_seq_len), K=out.shape[1], HAS_RAW=raw is not None, RB=select.radix_bits, PDL=pdl,
-        num_warps=LOGITS_NUM_WARPS * select.warps_mul, num_stages=LOGITS_NUM_STAGES, launch_pdl=pdl)
-    return out
-
-
-def tail_chunk(max_seq_len: int) -> int:
-    """The tail select's register block: the row rounded up to a power of two (at least one page)."""
-    return max(INDEX_PAGE_SIZE, triton.next_power_of_2(max_seq_len))
-
-
 def fused_num_warps(split_pages: int) -> int:
     return 4 if split_pages <= 16 else 8
 
@@ -1777,9 +1653,6 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
     """Logits plus top-k by the plan for this shape (:data:`PLAN_TABLE`); returns ``out``."""
     plan = plan or choose_plan(q.shape[0], max_seq_len)
     _ensure_hist_workspace(q.device)
-    if plan.path == "two_kernel" and plan.select.tail and max_seq_len <= SELECT_TAIL_MAX_LEN:
-        return logits_tail_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw, select=plan.select,
-                                scaled_dot=scaled_dot)
     if plan.path == "fused":
         return fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw,
                                  split_pages=plan.split_pages, scaled_dot=scaled_dot, select=plan.select)
@@ -1833,14 +1706,6 @@ _SCORE_HIST_SIG = {
     "scores_ptr": "*fp32", "lens_ptr": "*i32", "ws_ptr": "*i32", "n_in": "i32", "pt_width": "i32",
     "stride_sb": "i32", "stride_wsb": "i32",
 }
-_TAIL_SIG = {
-    "q_ptr": "*fp8e4nv", "kv_fp8_ptr": "*fp8e4nv", "kv_f32_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32",
-    "pt_ptr": "*i32", "logits_ptr": "*fp32", "ws_ptr": "*i32", "out_ptr": "*i32", "raw_ptr": "*i32",
-    "max_seq_len": "i32", "pt_width": "i32", "pages_per_split": "i32", "stride_qb": "i32", "stride_wb": "i32",
-    "stride_ptb": "i32", "stride_lb": "i32", "stride_wsb": "i32", "stride_outb": "i32", "stride_rawb": "i32",
-}
-# round-23 candidates (warps_mul, radix_bits) compiled by the AOT check: the two-kernel select and the tail form
-ROUND23_SEARCH_FORMS = ((2, 1), (2, 2), (2, 3), (1, 1))  # the run-15 forms
 _PAGE_CONST_NAMES = ("D", "H", "PAGE", "PAGE_BYTES", "PAGE_WORDS", "SCALE_WORDS")
 
 
@@ -1923,28 +1788,13 @@ def aot_configs() -> list[AotConfig]:
             warps = sorted({_select_warps(chunk, mul) for mul in muls})
             for implicit, final in ((True, True), (True, False), (False, False), (False, True)):
                 c = dict(CHUNK=chunk, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=implicit, FINAL=final,
-                         HAS_RAW=False, PDL=pdl, RB=1)
+                         HAS_RAW=False, PDL=pdl)
                 name = f"indexer_select_c{chunk}_{'logits' if implicit else 'cand'}_{'final' if final else 'level'}"
                 for w in warps:
                     configs.append(AotConfig(
                         name + ("" if w == _select_warps(chunk) else f"_w{w}") + suffix, _select_kernel,
                         _sig(_SELECT_SIG, c), c, num_warps=w, num_stages=1, div16=("stride_inb", "stride_outb"),
                         expect_opcodes=pdl_ops))
-    for pdl, suffix, pdl_ops in _pdl_settings():  # round-23 candidates at the short-row bucket (2048 positions)
-        for warps_mul, rb in ROUND23_SEARCH_FORMS:
-            c = dict(CHUNK=2048, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, IMPLICIT_POS=True, FINAL=True, HAS_RAW=False,
-                     PDL=pdl, RB=rb)
-            if rb != 1:
-                configs.append(AotConfig(
-                    f"indexer_select_c2048_logits_final_rb{rb}_w{_select_warps(2048, warps_mul)}{suffix}",
-                    _select_kernel, _sig(_SELECT_SIG, c), c, num_warps=_select_warps(2048, warps_mul), num_stages=1,
-                    div16=("stride_inb", "stride_outb"), expect_opcodes=pdl_ops))
-            c = dict(page, USE_SCALED_DOT=True, CHUNK=SELECT_TAIL_MAX_LEN, K=INDEX_TOPK, HAS_RAW=False, RB=rb, PDL=pdl)
-            configs.append(AotConfig(
-                f"indexer_logits_tail_rb{rb}_w{LOGITS_NUM_WARPS * warps_mul}{suffix}", _logits_tail_kernel,
-                _sig(_TAIL_SIG, c), c, num_warps=LOGITS_NUM_WARPS * warps_mul, num_stages=LOGITS_NUM_STAGES,
-                div16=("stride_qb", "stride_lb", "stride_wsb", "stride_outb"),
-                expect_opcodes=("QMMA.SF", *pdl_ops), forbid_opcodes=("QMMA.16832",)))
     for r in FUSED_SPLIT_PAGES:
         c = dict(page, R_PAGES=r, K=INDEX_TOPK, CB=min(INDEX_TOPK, r * INDEX_PAGE_SIZE), USE_SCALED_DOT=True)
         configs.append(AotConfig(

@@ -55,15 +55,6 @@ FORM_CATALOG = {
     # run 14: the page-max overlap form (row-major logits grid of 2048 programs, the select waiting per row)
     "hist_pmax_ov2048": ix.SelectForm(method="histogram", threshold="page_max",
                                     overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
-    # run 15 (round 23, short rows at small batch): the search with 2 / 3 bits per round (16 / 11 block-wide
-    # reductions instead of 32), and the one-launch tail form (the row's last logits program selects; 2048 positions
-    # at most, longer rows run the same form's two launches), 8 warps (4 for tail_w4)
-    "radix2_2xw": ix.SelectForm(warps_mul=2, radix_bits=2),
-    "radix3_2xw": ix.SelectForm(warps_mul=2, radix_bits=3),
-    "tail": ix.SelectForm(warps_mul=2, tail=True),
-    "tail_w4": ix.SelectForm(tail=True),
-    "tail_radix2": ix.SelectForm(warps_mul=2, radix_bits=2, tail=True),
-    "tail_radix3": ix.SelectForm(warps_mul=2, radix_bits=3, tail=True),
 }  # run 5a also timed a double-warp radix-4 search: no faster than the defaults; removed from the kernel
 SELECT_FORMS = {"hist": FORM_CATALOG["hist"]}  # --forms replaces it
 TOPK_ONLY_FORMS = ["hist"]  # top-k alone from a given logits row (the seam's unfused call); --no-topk-only drops it
@@ -331,8 +322,8 @@ def run_shape(result, batch, ctx, device, up_logits, timeit, copy_gbs, extra=Fal
             q, kv, w, lens, t, c4_len, outs, split_pages=s, select=f)))
     after = {}
     hist_forms = [variant_name(two_kernel_name(name), variant) for variant in VARIANTS
-                  for name, form in SELECT_FORMS.items() if form.method == "histogram" or form.tail]
-    for name in hist_forms:  # after hundreds of timed calls the shared workspace (counters, tickets) must still be clean
+                  for name, form in SELECT_FORMS.items() if form.method == "histogram"]
+    for name in hist_forms:  # after hundreds of timed calls the shared workspace must still be clean
         try:
             raw.fill_(12345)
             with use_variant(variant_of[name]):
@@ -387,7 +378,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--name", default="indexer-h200-run15", help="result file stem (run 4 was the select-form sweep)")
+    parser.add_argument("--name", default="indexer-h200-run14", help="result file stem (run 4 was the select-form sweep)")
     parser.add_argument("--forms", default="hist", help=f"comma-separated select forms forced beside the default "
                         f"(two_kernel_<form> rows), from {sorted(FORM_CATALOG)}")
     parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")

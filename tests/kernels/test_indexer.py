@@ -155,10 +155,6 @@ SELECT_FORMS = {
     "bitwise": ix.SelectForm(),
     "bitwise_c8k": ix.SelectForm(max_chunk=8192),
     "bitwise_2x_warps": ix.SelectForm(warps_mul=2),
-    # round 23 candidates: 2 / 4 bits per search round
-    "radix2_2x_warps": ix.SelectForm(warps_mul=2, radix_bits=2),
-    "radix3_2x_warps": ix.SelectForm(warps_mul=2, radix_bits=3),  # 10 rounds of 3 bits, one of 2
-    "radix4": ix.SelectForm(radix_bits=4),
 }
 
 
@@ -828,84 +824,4 @@ def test_page_max_overlap_dispatch():
     for bad in (dict(overlap_programs=ov), dict(method="histogram", overlap_programs=ov),
                 dict(method="histogram", threshold="page_max", overlap_programs=-1)):
         with pytest.raises(ValueError, match="overlap_programs"):
-            ix.SelectForm(**bad)
-
-
-TAIL_FORMS = {  # round 23 candidates: the row's last logits program selects (one launch)
-    "tail": ix.SelectForm(warps_mul=2, tail=True),
-    "tail_radix3": ix.SelectForm(warps_mul=2, radix_bits=3, tail=True),
-    "tail_w4_radix2": ix.SelectForm(radix_bits=2, tail=True),
-}
-
-
-@pytest.mark.parametrize("form", list(TAIL_FORMS), ids=list(TAIL_FORMS))
-@pytest.mark.parametrize("k", [512, 64])
-@pytest.mark.parametrize("lens,max_seq_len", [
-    ([2048, 2000, 0, 300, 1999], 2048),  # the bucket's width; lengths 0, < 512, not a multiple of 64, ragged
-    ([700], 700),  # one row, width not a multiple of 64 (a partial last page)
-    ([513, 64, 1], 2048),
-])
-def test_tail_select_matches_reference(form, k, lens, max_seq_len):
-    """The one-launch tail form (SelectForm.tail, round 23): the same slots as the two-kernel search
-    launches of the same form (exact: both select on the same fp32 logits), the reference's selection
-    ascending with ties to the lowest position on the kernel's logits, pages in random order; the ticket
-    counter zero again after each call, so calls can follow one another."""
-    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=max_seq_len + len(lens))
-    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
-    logits = ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
-    expected = ix.reference_topk_positions(logits, l, k)
-    select = TAIL_FORMS[form]
-    for _ in range(2):
-        out = torch.full((len(lens), k), 12345, dtype=torch.int32)
-        raw = torch.full_like(out, 12345)
-        ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=ix.Plan("two_kernel", select=select))
-        assert torch.equal(raw, expected.int())
-        assert torch.equal(out, ix.positions_to_slots(expected, pt))
-        assert_selection_matches(out, ref, l, pt, k=k, rel_tol=1e-5)
-        assert (ix.hist_workspace(len(lens), "cpu") == 0).all()
-    two_kernel = torch.full_like(out, 12345)
-    ix.topk_transform_paged(logits, l, pt, two_kernel, INDEX_PAGE_SIZE,
-                            select=dataclasses.replace(select, tail=False))
-    assert torch.equal(two_kernel, out)
-
-
-def test_tail_select_edges_and_dispatch():
-    """B = 0, width 0, all -1 pages past the lengths, equal logits (ties to the lowest position); rows longer
-    than SELECT_TAIL_MAX_LEN take the two-kernel launches of the same form; tail / radix_bits validation."""
-    select = TAIL_FORMS["tail"]
-    plan = ix.Plan("two_kernel", select=select)
-    q, kv, w, l, pt = make_inputs([], 128)
-    assert ix.indexer_topk(q, kv, w, l, pt, 128, torch.empty(0, 64, dtype=torch.int32), plan=plan).shape == (0, 64)
-    q, kv, w, l, pt = make_inputs([0, 0], 700)
-    out = torch.full((2, 64), 12345, dtype=torch.int32)
-    ix.indexer_topk(q, kv, w, l, pt, 700, out, plan=plan)
-    assert (out == -1).all()
-    out.fill_(12345)
-    ix.indexer_topk(q, kv, w, l, pt, 0, out, plan=plan)
-    assert (out == -1).all()
-    lens, max_seq_len = [1000, 130], 1024
-    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=5)
-    pt[0, -(-1000 // INDEX_PAGE_SIZE):] = -1  # pages past the length: never read
-    pt[1, 3:] = -1
-    flat = kv.view(kv.shape[0], -1)  # equal logits: one K row and one scale everywhere
-    flat[:, :INDEX_SCALE_OFFSET] = flat[0, :128].repeat(INDEX_PAGE_SIZE)
-    flat[:, INDEX_SCALE_OFFSET:] = torch.full((INDEX_PAGE_SIZE,), 0.75).view(torch.uint8)
-    out = torch.full((2, 64), 12345, dtype=torch.int32)
-    raw = torch.full_like(out, 12345)
-    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, raw, plan=plan)
-    assert torch.equal(raw, torch.arange(64).int().expand(2, 64))  # ties: the lowest positions, ascending
-    assert torch.equal(out, ix.positions_to_slots(raw.long(), pt))
-    assert ix.tail_chunk(700) == 1024 and ix.tail_chunk(1) == INDEX_PAGE_SIZE
-    lens, max_seq_len = [2100, 700], ix.SELECT_TAIL_MAX_LEN + 64  # too long for the tail: two-kernel launches
-    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=6)
-    out = torch.full((2, 64), 12345, dtype=torch.int32)
-    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, plan=plan)
-    two_kernel = torch.full_like(out, 12345)
-    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, two_kernel, plan=ix.Plan("two_kernel", select=TAIL_FORMS["tail"].__class__(warps_mul=2)))
-    assert torch.equal(out, two_kernel)
-    with pytest.raises(ValueError, match="max_seq_len"):
-        ix.logits_tail_topk(q, kv, w, l, pt, max_seq_len, out, select=select)
-    for bad, match in ((dict(radix_bits=5), "radix_bits"), (dict(method="histogram", radix_bits=2), "radix_bits"),
-                       (dict(method="histogram", tail=True), "tail")):
-        with pytest.raises(ValueError, match=match):
             ix.SelectForm(**bad)
