@@ -1018,122 +1018,6 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
     pdl_launch_dependents(PDL and PDL_LATE)
 
 
-# Round 23 (GemvConfig.direct): the fp16 GEMV forward without its routing + x launch. Every routed row gets its own
-# programs, its expert straight from topk_ids (an invalid id: no work, as the routing's bin past E); each gate/up program
-# takes its x row's power of two from one pass over the row (:func:`_x_row_scales`, the routing launch's arithmetic) and
-# turns the x tile of each K step, fetched by TMA as bf16 pairs, into the fp16 pair words the routing launch would have
-# written (:func:`_f16_pairs_of_bf16`): the same words, so the same sums, bit for bit.
-@triton.jit
-def _x_row_scales(x_ptr, token, hidden, BLOCK_H: tl.constexpr):
-    """(2**S, 2**-S) float32 of bf16 row ``token`` of x [B, H], S as :func:`_route_x_f16_kernel` takes it (141 - the
-    float32 exponent field of the row's max |x|, clamped to +-100)."""
-    k = tl.arange(0, BLOCK_H)
-    x = tl.load(x_ptr + token.to(tl.int64) * hidden + k, mask=k < hidden, other=0.0).to(tl.float32)
-    exponent = tl.max(tl.abs(x), 0).to(tl.int32, bitcast=True) >> 23
-    shift = tl.minimum(tl.maximum(0 - exponent + F16_X_SHIFT_BIAS, -100), 100)
-    return ((shift + 127) << 23).to(tl.float32, bitcast=True), ((127 - shift) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _f16_bits(v):
-    """float32 ``v`` rounded to fp16, its 16 bits in the low half of an int32."""
-    return v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-
-
-@triton.jit
-def _f16_pairs_of_bf16(lo_words, hi_words, HIGH: tl.constexpr, x_scale):
-    """int32 fp16 pair words: the low half the low (HIGH: high) bf16 of ``lo_words`` times ``x_scale`` as fp16, the
-    high half the same of ``hi_words`` (what :func:`_route_x_f16_kernel` stores: ``(x * scale).to(fp16)``)."""
-    if HIGH:
-        lo = (lo_words & -65536).to(tl.float32, bitcast=True)
-        hi = (hi_words & -65536).to(tl.float32, bitcast=True)
-    else:
-        lo = (lo_words << 16).to(tl.float32, bitcast=True)
-        hi = (hi_words << 16).to(tl.float32, bitcast=True)
-    return _f16_bits(lo * x_scale) | (_f16_bits(hi * x_scale) << 16)
-
-
-@triton.jit
-def _gemv_tma_f16_bf16x_step(w_desc, s_desc, x_desc, w_row, x_row, k0, x_scale, ROWS: tl.constexpr,
-                             BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
-    """:func:`_gemv_tma_f16_step` with ``x_desc`` over the bf16 activations as int32 words (values 2i, 2i+1): fp16
-    pair word j of weight word w holds values 8w + j and 8w + j + 4, i.e. the same half of bf16 words 4w + j // 2 and
-    4w + 2 + j // 2, scaled by ``x_scale`` and rounded to fp16 here."""
-    q = tl.reshape(w_desc.load([w_row, k0 // 8]), [ROWS, BLOCK_K // 32, 4])
-    s = s_desc.load([w_row, k0 // 32])
-    xw = tl.reshape(x_desc.load([x_row, k0 // 2]), [1, BLOCK_K // 32, 4, 2, 2])
-    x_even, x_odd = tl.split(xw)  # bf16 words 0, 2 / 1, 3 of each weight word's 8 values
-    u0, u2 = tl.split(x_even)
-    u1, u3 = tl.split(x_odd)
-    f0 = _f16_pairs_of_bf16(u0, u2, False, x_scale)
-    f1 = _f16_pairs_of_bf16(u0, u2, True, x_scale)
-    f2 = _f16_pairs_of_bf16(u1, u3, False, x_scale)
-    f3 = _f16_pairs_of_bf16(u1, u3, True, x_scale)
-    dots = tl.sum(_f16_word_dot(q, f0, f1, f2, f3, EMULATE), 2)
-    return (dots * F16_GROUP_UNBIAS) * _e8m0_to_f32(s)
-
-
-@triton.jit
-def _gate_up_gemv_direct_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_ptr, topk_ids_ptr, act_ptr, num_experts,
-                                    hidden, inter, swiglu_limit, act_scale, TOP_K: tl.constexpr,
-                                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
-                                    RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
-                                    PDL_LATE: tl.constexpr = False):
-    """:func:`_gate_up_gemv_tma_f16_kernel` without the routing launch (round 23): program (j, n) takes routed row j
-    (``topk_ids`` flat) and its expert ``topk_ids[j]`` (outside [0, E): no work), x row j // TOP_K as bf16 by TMA
-    (``x_desc`` over x [B, H] as int32 words), its power of two from ``x_ptr`` (:func:`_x_row_scales`)."""
-    row = tl.program_id(0)
-    pdl_wait(PDL)
-    pdl_launch_dependents(PDL and not PDL_LATE)
-    expert = tl.load(topk_ids_ptr + row)
-    if (expert < 0) | (expert >= num_experts):
-        return
-    x_scale, x_unscale = _x_row_scales(x_ptr, row // TOP_K, hidden, BLOCK_H)
-    w_row = (expert.to(tl.int64) * (2 * inter) + tl.program_id(1) * (2 * BLOCK_N)).to(tl.int32)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    x_row = (row // TOP_K).to(tl.int32)
-    acc = tl.zeros([2 * BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
-    for k0 in tl.range(0, hidden, BLOCK_K, num_stages=RING):
-        acc += _gemv_tma_f16_bf16x_step(w13_desc, w13_scale_desc, x_desc, w_row, x_row, k0, x_scale, 2 * BLOCK_N,
-                                        BLOCK_K, EMULATE)
-    out = tl.sum(acc, 1) * x_unscale
-    gate, up = tl.split(tl.reshape(out, [BLOCK_N, 2]))
-    _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, cols >= 0)
-    pdl_launch_dependents(PDL and PDL_LATE)
-
-
-@triton.jit
-def _down_gemv_direct_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, topk_ids_ptr, y_ptr, num_experts,
-                                 hidden, inter, act_unscale, w2_ptr, w2_scale_ptr, BLOCK_N: tl.constexpr,
-                                 BLOCK_K: tl.constexpr, RING: tl.constexpr, EMULATE: tl.constexpr,
-                                 PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                                 L2_PREFETCH: tl.constexpr = False):
-    """:func:`_down_gemv_tma_f16_kernel` without the routing tables (round 23): program (j, n) takes routed row j and
-    its expert ``topk_ids[j]`` (outside [0, E): no work, its y row unwritten as before). L2_PREFETCH: the ids were
-    written before the gate/up launch, complete once any down program runs (every gate/up program triggers after its
-    wait), so the program reads its expert and asks L2 for its weight block before its own wait."""
-    row = tl.program_id(0)
-    if L2_PREFETCH:
-        early = tl.load(topk_ids_ptr + row, cache_modifier=".cg")
-        if (early >= 0) & (early < num_experts):
-            _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, early.to(tl.int64) * hidden + tl.program_id(1) * BLOCK_N,
-                                    inter, BLOCK_N)
-    pdl_wait(PDL)
-    pdl_launch_dependents(PDL and not PDL_LATE)
-    expert = tl.load(topk_ids_ptr + row)
-    if (expert < 0) | (expert >= num_experts):
-        return
-    w_row = (expert.to(tl.int64) * hidden + tl.program_id(1) * BLOCK_N).to(tl.int32)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
-    for k0 in tl.range(0, inter, BLOCK_K, num_stages=RING):
-        acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row.to(tl.int32), k0, BLOCK_N, BLOCK_K,
-                                  EMULATE)
-    tl.store(y_ptr + row.to(tl.int64) * hidden + n,
-             tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)))
-    pdl_launch_dependents(PDL and PDL_LATE)
-
-
 @triton.jit
 def _down_gemv_tma_persistent_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, topk_ids_ptr,
                                          sorted_rows_ptr, y_ptr, num_rows, num_experts, hidden, inter, act_unscale,
@@ -2002,10 +1886,7 @@ class GemvConfig:
     waits before its first read of an earlier launch's output and before its first store, and triggers its
     dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (the down
     config, with ``pdl``): each down program asks L2 for its weight block before its wait (its expert is known:
-    the routing launch completed before any gate/up program passed its wait, and those trigger only after it).
-    ``direct`` (with ``f16``, both configs alike, round 23): no routing + x launch; each routed row gets its own gate/up
-    and down programs, its expert from ``topk_ids``, and the gate/up programs build the x row's fp16 pair words from x
-    itself (:func:`_gate_up_gemv_direct_f16_kernel`; the persistent down launch reads an identity row table)."""
+    the routing launch completed before any gate/up program passed its wait, and those trigger only after it)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -2020,14 +1901,12 @@ class GemvConfig:
     pdl: bool = False
     pdl_late: bool = False
     pdl_l2: bool = False
-    direct: bool = False
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
         tag += f"tma{self.tma_ring}" if self.tma_ring else ""
         tag += "h" if self.f16 else ""
         tag += ("pdl" + ("late" if self.pdl_late else "") + ("l2" if self.pdl_l2 else "")) if self.pdl else ""
-        tag += "dir" if self.direct else ""
         if self.persistent_programs_per_sm:
             tag += f"pers{self.persistent_programs_per_sm}"
         tag += "x2" if self.two_rows else ""
@@ -2473,20 +2352,6 @@ def _tickets(device: torch.device, count: int) -> torch.Tensor:
 
 TICKETS_PER_EXPERT = MOE_INTERMEDIATE_SIZE // 16  # n blocks of gate/up at the smallest BLOCK_N
 
-_IDENTITY_ROWS: dict = {}
-
-
-def _identity_rows(device: torch.device, count: int) -> torch.Tensor:
-    """int32 ``0, 1, ...`` (at least ``count``), kept per device: the routed-row table of the direct forward's
-    persistent down launch (GemvConfig.direct); allocated once, on first use (outside a graph capture, as the
-    tickets above), at least F16_MAX_BATCH x top_k long."""
-    key = (device.type, device.index)
-    buf = _IDENTITY_ROWS.get(key)
-    if buf is None or buf.numel() < count:
-        buf = torch.arange(max(count, F16_MAX_BATCH * TOP_K), dtype=torch.int32, device=device)
-        _IDENTITY_ROWS[key] = buf
-    return buf
-
 
 LAUNCHES_PER_FORWARD = 4
 
@@ -2520,15 +2385,13 @@ def _expert_weight_descriptors(w13, w13_scale, w2, w2_scale, hidden, inter, gate
 
 def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, expert_start, active_experts,
                           num_active, y, num_rows, num_experts, hidden, inter, slots, dn_cfg, dn_k, device,
-                          act_unscale=None, w2_bytes=None, w2_scale_bytes=None, pdl_args=None, direct=False):
+                          act_unscale=None, w2_bytes=None, w2_scale_bytes=None, pdl_args=None):
     """The TMA GEMV's down launch over the bf16 SwiGLU rows ``act`` [B*top_k, I] (natural order) into ``y``, as a
     callable: on a persistent grid where ``dn_cfg`` asks for one, else one program per (expert slot, column
     block). Shared by the GEMV forward and the mixed pairs forward. ``act_unscale`` (not None): ``act`` holds the
     fp16 pair words of :func:`_f16_act_store` times 1 / act_unscale, read by the fp16 pair decode; then ``w2_bytes`` /
     ``w2_scale_bytes`` (the descriptors' tensors, for the L2 prefetch) and ``pdl_args`` (the fp16 kernels' PDL
-    constexprs and ``launch_pdl``) are given too. ``direct`` (fp16 only): no routing tables (GemvConfig.direct): the
-    persistent grid reads ``sorted_rows`` (then the identity), else one program per (routed row, column block) takes
-    its expert from ``ids``."""
+    constexprs and ``launch_pdl``) are given too."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     act_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2])
@@ -2550,12 +2413,6 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
         return persistent_down
 
     def slot_down():
-        if direct:
-            _down_gemv_direct_f16_kernel[(num_rows, hidden // dn_cfg.block_n)](
-                act_desc, w2_desc, w2_s_desc, weights, ids, y, num_experts, hidden, inter, act_unscale, w2_bytes,
-                w2_scale_bytes, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, RING=dn_cfg.tma_ring,
-                EMULATE=interpreter_enabled(), **pdl_args, **dn_cfg.launch_options())
-            return
         if act_unscale is not None:
             _down_gemv_tma_f16_kernel[(slots, hidden // dn_cfg.block_n)](
                 act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
@@ -2609,19 +2466,12 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             or ((dn_cfg.pdl_late or dn_cfg.pdl_l2) and not dn_cfg.pdl)):
         raise ValueError(f"GEMV pdl needs f16, both configs alike in pdl and pdl_late (which need pdl), pdl_l2 on the "
                          f"down config only (with pdl); got {configs!r}")
-    if (gu_cfg.direct or dn_cfg.direct) and (gu_cfg.direct != dn_cfg.direct or not gu_cfg.f16):
-        raise ValueError(f"GEMV direct needs f16 and both configs alike, got {configs!r}")
-    direct = gu_cfg.direct and f16  # without a clamp the bf16 decode runs, with its routing launch
     device = x.device
     # the instructions need griddepcontrol (cc >= 9, not the interpreter); the bf16 decode (no clamp) launches without
     pdl = gu_cfg.pdl and f16 and pdl_supported(device)
     pdl_args = dict(PDL=pdl, PDL_LATE=pdl and gu_cfg.pdl_late, launch_pdl=pdl)
     route_kernel = num_rows <= ROUTE_TRITON_MAX_ROWS
-    if direct:  # no routing tables; the persistent down launch reads routed row t as row t of the identity
-        sorted_rows = _identity_rows(device, num_rows)
-        expert_start = active_experts = num_active = sorted_rows  # not read
-        x_in = x
-    elif x_f32 or f16:
+    if x_f32 or f16:
         if x_f32:
             x_in = torch.empty(batch, hidden, dtype=torch.float32, device=device)
         else:  # the activations as scaled fp16 pairs, and each row's 2**-shift
@@ -2658,7 +2508,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                                          active_experts, num_active, y, num_rows, num_experts, hidden, inter, slots,
                                          dn_cfg, dn_k, device, act_unscale=2.0 ** -act_shift if f16 else None,
                                          w2_bytes=w2, w2_scale_bytes=scale_bytes(w2_scale),
-                                         pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2), direct=direct)
+                                         pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2))
 
     # persistent grid: the program count from shapes and the device only, so a captured graph replays it
     gu_persistent_grid = (min(num_rows * (inter // gu_cfg.block_n), _sm_count(device) * gu_persistent),)
@@ -2668,13 +2518,6 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             _gate_up_gemv_tma_persistent_kernel[gu_persistent_grid](
                 x_desc, w13_desc, w13_s_desc, ids, sorted_rows, act, num_rows, num_experts, hidden, inter,
                 float(swiglu_limit), TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, RING=tma_ring,
-                **gu_cfg.launch_options())
-            return
-        if direct:
-            _gate_up_gemv_direct_f16_kernel[(num_rows, inter // gu_cfg.block_n)](
-                x_desc, w13_desc, w13_s_desc, x, ids, act, num_experts, hidden, inter, float(swiglu_limit),
-                2.0 ** act_shift, TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k,
-                BLOCK_H=triton.next_power_of_2(hidden), RING=tma_ring, EMULATE=interpreter_enabled(), **pdl_args,
                 **gu_cfg.launch_options())
             return
         if f16:
@@ -2724,14 +2567,12 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             NUM_BINS=triton.next_power_of_2(num_experts + 1), BLOCK_H=triton.next_power_of_2(hidden),
             ROUTE=route_kernel, num_warps=4, **pdl_args)
 
-    route_x = None if direct else (route_x_f32 if x_f32 else (route_x_f16 if f16 else None))
+    route_x = route_x_f32 if x_f32 else (route_x_f16 if f16 else None)
     if route_x:
         route_x()
     pending = [True]  # the routing above is this forward's first launch
 
     def route_step():  # later calls re-run the routing kernel into the same buffers (per-launch timing)
-        if direct:  # no routing launch (round 23): the step launches nothing
-            return
         if route_x and not pending[0]:
             route_x()
         elif pending[0]:
@@ -3214,30 +3055,6 @@ GEMV_TMA_F16_SHIPPED_AOT = sorted({("gate_up", gu) for gu, _ in GEMV_TMA_F16_WHE
                                   | {("down", dn) for _, dn in GEMV_TMA_F16_WHERE.values()}, key=lambda kc: (kc[0], kc[1].label()))
 
 
-def _gemv_direct_f16_sig(kind, rows, block_k):
-    """Signature of the round-23 direct kernels (:func:`_gate_up_gemv_direct_f16_kernel`,
-    :func:`_down_gemv_direct_f16_kernel`): descriptors as :func:`_gemv_tma_sig` (gate/up's x descriptor over the
-    bf16 x as int32 words), ``topk_ids`` instead of the routing tables."""
-    descs = {k: v for k, v in _gemv_tma_sig(kind, rows, block_k).items() if k.endswith("_desc")}
-    pdl = {"PDL": "constexpr", "PDL_LATE": "constexpr"}
-    tiles = {"BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
-    if kind == "gate_up":
-        return {**descs, "x_ptr": "*bf16", "topk_ids_ptr": "*i32", "act_ptr": "*fp16", "num_experts": "i32",
-                "hidden": "i32", "inter": "i32", "swiglu_limit": "fp32", "act_scale": "fp32", "TOP_K": "constexpr",
-                **tiles, "BLOCK_H": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl}
-    return {**descs, "topk_weights_ptr": "*fp32", "topk_ids_ptr": "*i32", "y_ptr": "*fp32", "num_experts": "i32",
-            "hidden": "i32", "inter": "i32", "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", **tiles,
-            "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
-
-
-# round 23's direct forward (GemvConfig.direct) on the tiles GEMV_TMA_F16_WHERE ships at B <= 2 (the persistent down
-# launch is the shipped kernel): (kind, config)
-GEMV_DIRECT_AOT = sorted({(kind, dataclasses.replace(cfg, direct=True))
-                          for (inter, rows), tiles in GEMV_TMA_F16_WHERE.items() if rows <= 2 * TOP_K
-                          for kind, cfg in zip(("gate_up", "down"), tiles) if not cfg.persistent_programs_per_sm},
-                         key=lambda kc: (kc[0], kc[1].label()))
-
-
 def _aot_pdl(cfg) -> dict:
     """PDL constexprs of the AOT config of GemvConfig ``cfg``."""
     return {"PDL": cfg.pdl, "PDL_LATE": cfg.pdl and cfg.pdl_late}
@@ -3394,21 +3211,6 @@ def aot_configs() -> list[AotConfig]:
             num_warps=cfg.num_warps, num_stages=cfg.tma_ring, div16=("hidden", "inter"),
             expect_opcodes=("UTMALDG", "HFMA2") + (PDL_OPCODES if cfg.pdl else ()), forbid_opcodes=TENSOR_CORE_OPCODES,
             note="CUDA-core GEMV, fp16 pair decode, operands by TMA (the default where GEMV_TMA_F16_WHERE says)"))
-    for kind, cfg in GEMV_DIRECT_AOT:  # round 23: the forward without the routing + x launch
-        rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
-        constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False,
-                      **_aot_pdl(cfg)}
-        if kind == "gate_up":
-            constexprs |= {"TOP_K": TOP_K, "BLOCK_H": HIDDEN_SIZE}
-        else:
-            constexprs["L2_PREFETCH"] = cfg.pdl_l2
-        configs.append(AotConfig(
-            name=f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}",
-            kernel=_gate_up_gemv_direct_f16_kernel if kind == "gate_up" else _down_gemv_direct_f16_kernel,
-            signature=_gemv_direct_f16_sig(kind, rows, cfg.block_k), constexprs=constexprs, num_warps=cfg.num_warps,
-            num_stages=cfg.tma_ring, div16=("hidden", "inter"),
-            expect_opcodes=("UTMALDG", "HFMA2") + (PDL_OPCODES if cfg.pdl else ()), forbid_opcodes=TENSOR_CORE_OPCODES,
-            note="CUDA-core GEMV, fp16 pair decode, operands by TMA, no routing launch (round 23, GemvConfig.direct)"))
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp

@@ -581,6 +581,11 @@ RUN19B_DEADLINE_S = 120  # for a 180 s device limit
 # run 22 (--run22, prepared in round 22, not run: the device gate was not met; docs/moe.md "Round 22"): K splits of the
 # fp16 TMA GEMV forward (down / gate/up), 4-stage rings and 2x-row tiles at B = 1, T = 1 / 4 / 2, B = 1..8. The kernel
 # option, its tests and the mode are in commits 1300571 and e659609 (removed untimed in the commit after them).
+# run 23 (--run23, prepared in round 23, not run: two refused starts at 12:24 / 12:37 UTC, then the device budget under the
+# brief's 800 s gate; docs/moe.md "Round 23"): the fp16 TMA GEMV forward without its routing + x launch
+# (GemvConfig.direct, 3 launches) beside the shipped forward at T = 1 / 4 / 2, B = 1 / 2. The option, its tests, AOT
+# configs and the mode are in commit d2e3a8c (removed untimed in the commit after it; git revert of that commit puts
+# them back).
 RUN19_ROUNDS = 2
 
 
@@ -746,148 +751,6 @@ def run19(args) -> None:
     result.finish(args.out, t_start)
 
 
-# run 23 (--run23, issue 8): the fp16 GEMV forward without its routing + x launch (GemvConfig.direct: gate/up programs
-# take their expert from topk_ids and build the x row's fp16 pair words themselves, the down programs take their expert
-# from topk_ids; 3 launches instead of 4) beside the shipped forward, T = 1 / 4 / 2 x B = 1 / 2, RUN23_ROUNDS interleaved
-# rounds, the shipped forward timed twice per round (its two figures show the run-to-run noise); anatomy (each launch
-# alone, the chain without one) at T=1 B=1.
-RUN23_CASES = ((1, 1), (1, 2), (4, 1), (4, 2), (2, 1), (2, 2))  # grouped by T, most telling first
-RUN23_ANATOMY = ((1, 1),)
-RUN23_ROUNDS = 5
-RUN23_DEADLINE_S = 140  # for a 200 s device limit
-
-
-def run23(args) -> None:
-    """Run 23 (--run23): see RUN23_* above. Every variant is checked against the float32 reference, its eager output
-    must equal the shipped forward's bit for bit (direct_equal), and a captured chain of 12 of its forwards into
-    separate outputs must give each output bit for bit as the shipped tiles without PDL launched eagerly
-    (chain_equal); timing: CUDA graphs of 12 forwards (weights over 3 layer copies, L2 flushed before each replay),
-    the variants interleaved over RUN23_ROUNDS rounds."""
-    import dataclasses
-
-    from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
-
-    if args.smoke:  # TMA needs K >= 512: I = 512 at "T=1" (its tiles: the T=4 ones, persistent down), tiny expert count
-        device, num_experts, hidden, copies, base_inter = "cpu", 8, 512, 2, 512
-        cases, anatomy_cases = ((1, 1),), ((1, 1),)
-        moe.CPU_SM_COUNT = 5
-    else:
-        device, num_experts, hidden, copies, base_inter = "cuda", NUM_EXPERTS, HIDDEN_SIZE, 3, MOE_INTERMEDIATE_SIZE
-        cases, anatomy_cases = RUN23_CASES, RUN23_ANATOMY
-    if args.batches:
-        cases = tuple((tp, int(b)) for tp in dict.fromkeys(t for t, _ in cases) for b in args.batches.split(","))
-    chain_len = 2 if args.smoke else PDL_CHAIN
-    rounds = 1 if args.smoke else RUN23_ROUNDS
-    run = timer(args.smoke)
-    t_start = time.time()
-    copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
-    result = BenchResult(
-        name=args.name or "moe_mxfp4-h200-run23",
-        title="sm120 MoE decode, run 23: the fp16 TMA GEMV forward without its routing + x launch (direct), "
-              "T=1/2/4 B=1/2, H200",
-        columns=["T", "B", "variant", "part", "us", "us_rounds", "MB", "GB/s", "%copy", "rel_err", "direct_equal",
-                 "chain_equal", "vs_shipped", "tiles"])
-    result.extra.update({"copy bandwidth (GB/s, read+write, eager)": round(copy_gbs, 1),
-                         "PDL active on this device": moe.pdl_supported(torch.device(device)),
-                         "rounds": rounds, "forwards per graph": chain_len})
-    layer_cache = {}
-    for tp, batch in cases:
-        if time.time() - t_start > RUN23_DEADLINE_S and not args.smoke:
-            result.notes.append(f"T={tp} B={batch}: skipped, past {RUN23_DEADLINE_S} s into the run")
-            continue
-        inter = base_inter // tp if not args.smoke else base_inter
-        if tp not in layer_cache:
-            layer_cache.clear()
-            if device == "cuda":
-                torch.cuda.empty_cache()
-            layers = [make_layer(num_experts, hidden, inter, device, seed=100 * tp + c) for c in range(copies)]
-            ckpt = [t.clone() for t in layers[0]]
-            for layer in layers:
-                moe.repack_w13_(layer[0], layer[1])
-            layer_cache[tp] = layers, ckpt
-        layers, ckpt = layer_cache[tp]
-        x, weights, ids = make_routing(batch, num_experts, hidden, device, seed=batch + tp)
-        touched = moe.touched_expert_bytes(ids, hidden, inter, num_experts)
-        ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids)
-        rows = batch * TOP_K
-        if not moe.gemv_f16_default(rows, inter):
-            result.notes.append(f"T={tp} B={batch}: not an fp16 GEMV point, skipped")
-            continue
-        shipped = moe.gemv_configs(rows, inter)
-        old = tuple(dataclasses.replace(c, direct=False) for c in shipped)  # the 4-launch forward
-        new = tuple(dataclasses.replace(c, direct=True) for c in shipped)
-        variants = [("shipped", old), ("direct", new), ("shipped again", old)]
-
-        def forward(layer, tiles, out=None):
-            return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, out=out, upcast=moe.GEMV,
-                                         configs=tiles)
-
-        bare = tuple(dataclasses.replace(c, pdl=False, pdl_l2=False, direct=False) for c in old)
-        plain = []
-        for layer in layers:
-            plain.append(forward(layer, bare).clone())
-        eager_old = forward(layers[0], old).clone()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        errs, chain, equal, times, ok = {}, {}, {}, {}, []
-        for name, tiles in variants:
-            try:
-                out = forward(layers[0], tiles)
-                errs[name] = relative_error(out, ref)
-                equal[name] = bool(torch.equal(out, eager_old))
-                chain[name] = chain_matches(lambda layer, out, tiles=tiles: forward(layer, tiles, out), layers, plain,
-                                            x, chain_len, device)
-                ok.append((name, tiles))
-            except Exception as exc:  # one broken variant must not lose the run
-                result.notes.append(f"T={tp} B={batch} {name}: {type(exc).__name__}: {str(exc)[:300]}")
-                print("FAILED", tp, batch, name, exc, flush=True)
-        for _ in range(rounds):  # interleaved: every variant once per round
-            for name, tiles in ok:
-                times.setdefault(name, []).append(
-                    run(cycling(lambda layer, tiles=tiles: forward(layer, tiles), layers)))
-        shipped_us = sum(times["shipped"]) / rounds if "shipped" in times else float("nan")
-        for name, tiles in ok:
-            us = sum(times[name]) / rounds
-            gbs = touched / (us * 1e-6) / 1e9
-            result.add(T=tp, B=batch, variant=name, part="forward", us=us,
-                       us_rounds=" / ".join(f"{t:.2f}" for t in times[name]), MB=touched / 1e6, rel_err=errs[name],
-                       direct_equal=equal[name], chain_equal=chain[name], vs_shipped=shipped_us / us,
-                       tiles=label(tiles), **{"GB/s": gbs, "%copy": 100 * gbs / copy_gbs if copy_gbs else 0.0})
-            print(f"T={tp} B={batch} {name} [{label(tiles)}]: {us:.2f} us ({times[name]}), {shipped_us / us:.3f}x, "
-                  f"err {errs[name]:.2e}, equal {equal[name]}, chain {chain[name]}", flush=True)
-        if (tp, batch) in anatomy_cases and (time.time() - t_start <= RUN23_DEADLINE_S or args.smoke):
-            sizes = launch_bytes(batch, ids, hidden, inter, num_experts)
-            for name, tiles in ok[:2]:
-                outs = [torch.empty_like(x) for _ in layers]
-                launches = [dict(moe.gemv_launches(x, *layer, weights, ids, o, SWIGLU_LIMIT, tiles))
-                            for layer, o in zip(layers, outs)]
-                names = [p for p in moe.GEMV_LAUNCH_NAMES if not (tiles[0].direct and p == "route")]
-                parts = [("alone " + p, [p]) for p in names]
-                parts += [("chain without " + p, [q for q in names if q != p]) for p in names]
-                parts.append(("chain of all", names))
-                for part, steps in parts:
-                    us = run(cycling(lambda ls, steps=steps: [ls[p]() for p in steps], launches))
-                    nbytes = sizes[steps[0]] if len(steps) == 1 else float("nan")
-                    gbs = nbytes / (us * 1e-6) / 1e9
-                    result.add(T=tp, B=batch, variant=name, part=part, us=us, MB=nbytes / 1e6, tiles=label(tiles),
-                               **{"GB/s": gbs, "%copy": 100 * gbs / copy_gbs if copy_gbs else 0.0})
-                    print(f"T={tp} B={batch} {name} {part}: {us:.2f} us, {gbs:.0f} GB/s", flush=True)
-        result.extra["wall seconds"] = round(time.time() - t_start, 1)
-        result.write(args.out)  # partial results survive a timeout
-    result.notes.append(f"forward rows: us = mean over {rounds} interleaved rounds (us_rounds: each round's median of 15 "
-                        f"replays of a CUDA graph of {chain_len} forwards, weights over {copies} layer copies, an "
-                        "L2-sized buffer overwritten before each replay); 'shipped again' = the shipped forward timed a "
-                        "second time in each round (run-to-run noise); vs_shipped = shipped us / this us; direct_equal: "
-                        "the eager output equals the shipped forward's bit for bit; chain_equal: a captured chain of 12 "
-                        "forwards gives each output bit for bit as the shipped tiles launched eagerly without PDL")
-    result.notes.append("labels as in run 17; dir = GemvConfig.direct (round 23): no routing + x launch, every routed row "
-                        "its own gate/up and down programs with the expert from topk_ids, the gate/up programs build "
-                        "the x row's fp16 pair words from the bf16 x (TMA) and its power of two from one pass over the "
-                        "row; the persistent down launch (T=4) reads an identity row table. Anatomy rows (part): "
-                        "'alone X' = launch X alone, 12 per graph; 'chain without X' = 12 forwards of the other launches")
-    result.finish(args.out, t_start)
-
-
 def label(cfgs) -> str:
     kind = "pairs" if isinstance(cfgs[0], moe.PairsConfig) else "gemv"
     return f"{kind} {cfgs[0].label()} / {cfgs[1].label()}"
@@ -951,12 +814,7 @@ def main() -> None:
                         help="run 19: the fp16 GEMV forward launch by launch, tile candidates")
     parser.add_argument("--run19b", action="store_true",
                         help="run 19b: the gate/up launch's L2 prefetch before its PDL wait, every B where PDL ships")
-    parser.add_argument("--run23", action="store_true",
-                        help="run 23: the fp16 GEMV forward without its routing + x launch (direct), T=1/2/4 B=1/2")
     args = parser.parse_args()
-    if args.run23:
-        run23(args)
-        return
     if args.run19 or args.run19b:
         run19(args)
         return

@@ -47,8 +47,7 @@ def test_gemv_f16_decode_runs_every_weight_word_through_packed_fp16_math(f16_rep
     cfg = F16[name]
     report, problems = f16_reports[(name, arch)]
     assert problems == [], report.summary()
-    gate_up = cfg.kernel in (moe._gate_up_gemv_tma_f16_kernel, moe._gate_up_gemv_direct_f16_kernel)
-    rows = cfg.constexprs["BLOCK_N"] * (2 if gate_up else 1)
+    rows = cfg.constexprs["BLOCK_N"] * (2 if cfg.kernel is moe._gate_up_gemv_tma_f16_kernel else 1)
     words_per_thread = rows * cfg.constexprs["BLOCK_K"] // 8 // (32 * cfg.num_warps)
     assert report.count("HFMA2") + report.count("HMUL2") >= 4 * words_per_thread, report.summary()
     assert report.count("HADD2.F32") >= words_per_thread, report.summary()
