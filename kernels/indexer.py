@@ -1576,6 +1576,7 @@ _PAGE_MAX_UNFUSED_CHUNK8K = Plan("two_kernel", select=_PAGE_MAX, unfused_select=
 _PAGE_MAX_OVERLAP = SelectForm(method="histogram", threshold="page_max", overlap_programs=PAGE_MAX_OVERLAP_PROGRAMS)
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE_2XW)),
+    (1, 4096, _HIST_UNFUSED_BITWISE),  # run 15: 1 x 16K 13.41 vs 16.26 us (bitwise); B=2 there unmeasured
     (2, 8192, Plan("two_kernel", select=_BITWISE)),
     (2, 65536, _HIST_UNFUSED_BITWISE),
     (4, 8192, Plan("two_kernel", select=_BITWISE)),
