@@ -28,7 +28,6 @@ that clock and thermal drift during the run falls on every variant alike.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -47,6 +46,7 @@ ensure_kernels_importable()
 
 import torch  # noqa: E402
 
+from device_bench_trace import kernels_of_one_replay, layer_arguments, reduced_layers, summarise  # noqa: E402
 from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
 from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
@@ -98,17 +98,6 @@ def applied(variant: str, tp: int):
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
 
 
-def replay_us(graph, flush, calls: int) -> float:
-    """Microseconds per layer call of one replay of ``graph`` (``calls`` layer calls) after an L2 flush."""
-    flush.zero_()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / calls
-
-
 def make_side_streams() -> dict:
     """The two sets of SGLang's side streams the variants use, made once (torch hands streams out round-robin from a
     pool of 32 per priority: streams made per variant would come round to the capturing stream, and a layer with a
@@ -127,39 +116,26 @@ def make_side_streams() -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    p.add_argument("--name", default="bench-variants-h200")
-    p.add_argument("--kind", nargs="+", default=["c4", "c128", "swa"], choices=model.KINDS)
-    p.add_argument("--batch", nargs="+", type=int, default=[1])
-    p.add_argument("--tp", nargs="+", type=int, default=[1, 4])
-    p.add_argument("--context", type=int, default=8192)
+    p = layer_arguments(__doc__, "bench-variants-h200", ("c4", "c128", "swa"), (1, 4),
+                        "CPU: build every variant's stages, run them once")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--rounds", type=int, default=40, help="interleaved rounds (one replay of each variant per round)")
     p.add_argument("--trace", nargs="*", default=[], help="variants to trace (kernel timeline of one replay)")
-    p.add_argument("--smoke", action="store_true", help="CPU: build every variant's stages, run them once")
     args = p.parse_args()
 
     if args.smoke:
-        dims = model.Dims.reduced()
-        for kind in args.kind:
-            state_w = L.LayerState(model.build_weights(dims.rank(1), "cpu"), None)
-            caches = model.build_caches(kind, dims, 1, 256, "cpu")
+        for kind, state_w, caches, x in reduced_layers(args.kind):
             for variant in args.variants:
                 with applied(variant, 1):
-                    st: dict = {}
-                    stages = L.build_stages(L.PLUGIN, kind, state_w, caches,
-                                            torch.zeros(1, dims.hidden, dtype=torch.bfloat16), st)
-                    L.run_layer(stages)
+                    L.run_layer(L.build_stages(L.PLUGIN, kind, state_w, caches, x, {}))
                 print(kind, variant, "ok")
         print("smoke ok (nothing timed)")
         return 0
 
-    from device_bench_trace import kernels_of_one_replay, summarise
-    from sglang_sm120.kernels.harness.devicebench import capture_graph, environment
+    from sglang_sm120.kernels.harness.devicebench import capture_graph, environment, l2_flush_buffer, replay_us
 
     os.makedirs(args.out, exist_ok=True)
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    flush = l2_flush_buffer()
     results = {"env": environment(), "context": args.context, "priority_range": torch.cuda.Stream.priority_range(),
                "points": []}
     capture_graph(lambda: None, warmup=0)  # makes torch's default capture stream before the side streams

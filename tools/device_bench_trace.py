@@ -95,38 +95,50 @@ def summarise(kernels: list[dict]) -> dict:
     return {"span_us": round(end - t0, 2), "busy_us": round(busy, 2), "kernels": rows}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def layer_arguments(description: str, name: str, kinds, tps, smoke_help: str) -> argparse.ArgumentParser:
+    """The arguments the layer tools share: where results go, which layers (kind, batch, T, context), --smoke."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
-    p.add_argument("--name", default="bench-trace-h200")
-    p.add_argument("--kind", nargs="+", default=["swa", "c4", "c128"], choices=model.KINDS)
+    p.add_argument("--name", default=name)
+    p.add_argument("--kind", nargs="+", default=list(kinds), choices=model.KINDS)
     p.add_argument("--batch", nargs="+", type=int, default=[1])
-    p.add_argument("--tp", nargs="+", type=int, default=[1])
+    p.add_argument("--tp", nargs="+", type=int, default=list(tps))
     p.add_argument("--context", type=int, default=8192)
+    p.add_argument("--smoke", action="store_true", help=smoke_help)
+    return p
+
+
+def reduced_layers(kinds):
+    """(kind, plugin stages' inputs) of one reduced-size layer per kind on the CPU, B=1: what --smoke builds."""
+    dims = model.Dims.reduced()
+    for kind in kinds:
+        state_w = L.LayerState(model.build_weights(dims.rank(1), "cpu"), None)
+        caches = model.build_caches(kind, dims, 1, 256, "cpu")
+        yield kind, state_w, caches, torch.zeros(1, dims.hidden, dtype=torch.bfloat16)
+
+
+def main() -> int:
+    p = layer_arguments(__doc__, "bench-trace-h200", ("swa", "c4", "c128"), (1,),
+                        "CPU: build the stages only (nothing is traced)")
     p.add_argument("--paths", nargs="+", default=[L.PLUGIN], choices=L.PATHS)
     p.add_argument("--streams", nargs="+", default=["sglang", "one"], choices=("sglang", "one"))
-    p.add_argument("--smoke", action="store_true", help="CPU: build the stages only (nothing is traced)")
     args = p.parse_args()
 
     if args.smoke:
-        dims = model.Dims.reduced()
-        for kind in args.kind:
-            state_w = L.LayerState(model.build_weights(dims.rank(1), "cpu"), None)
-            caches = model.build_caches(kind, dims, 1, 256, "cpu")
-            stages = L.build_stages(L.PLUGIN, kind, state_w, caches, torch.zeros(1, dims.hidden,
-                                                                                 dtype=torch.bfloat16), {})
+        for kind, state_w, caches, x in reduced_layers(args.kind):
+            stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, {})
             print(kind, [(s.name, s.stream) for s in stages])
         print("smoke ok (nothing traced)")
         return 0
 
     from sglang_sm120.bench import upstream_ops
-    from sglang_sm120.kernels.harness.devicebench import capture_graph, environment
+    from sglang_sm120.kernels.harness.devicebench import capture_graph, environment, l2_flush_buffer
 
     os.makedirs(args.out, exist_ok=True)
     ups = upstream_ops.load("files", os.path.join(os.path.dirname(HERE), ".upstream")) \
         if L.UPSTREAM in args.paths else None
     side = {name: torch.cuda.Stream() for name in L.SIDE_STREAMS}
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    flush = l2_flush_buffer()
     results = {"env": environment(), "context": args.context, "layers": []}
     lines = [f"# Kernel timeline of bench layers ({results['env'].get('gpu')}, {results['env']['date']})", "",
              "One CUDA-graph replay of one layer (one call captured; the replay traced follows an L2 flush; "

@@ -40,6 +40,9 @@ def environment() -> dict:
     return env
 
 
+L2_FLUSH_BYTES = 256 * 2**20  # past the H200's 60 MB L2 and any sm_12x L2
+
+
 def capture_graph(fn: Callable[[], object], *, calls: int = 1, warmup: int = 3):
     """A CUDA graph of ``calls`` calls of ``fn()``, captured after ``warmup`` eager calls on a side stream (JIT
     compilation and lazy allocations happen there, not inside the capture)."""
@@ -72,18 +75,30 @@ def time_in_cuda_graph(fn: Callable[[], object], *, calls_per_graph: int = 20, r
     import torch
 
     graph = capture_graph(fn, calls=calls_per_graph, warmup=warmup)
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-    samples = []
-    for _ in range(replays):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls_per_graph)
+    flush = l2_flush_buffer()
+    samples = [replay_us(graph, flush, calls_per_graph) for _ in range(replays)]
     del graph
     return statistics.median(samples)
+
+
+def l2_flush_buffer():
+    """A device buffer whose overwrite (``flush.zero_()``) evicts the L2 of any GPU this project targets."""
+    import torch
+
+    return torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+
+def replay_us(graph, flush, calls: int = 1) -> float:
+    """Microseconds per call of one replay of ``graph`` (``calls`` captured calls), after overwriting ``flush``."""
+    import torch
+
+    flush.zero_()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
 
 
 def time_rotating_calls(fns, *, dry_run: bool = False) -> float:
