@@ -21,7 +21,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   ``SelectForm(count="barrier")`` (one 1024-thread program per row, the search's counts by ``bar.red.popc``);
 - ``rope_rbw``: wo_a's fused-RoPE program with the candidate ``GemvConfig.rope_before_wait`` (the position and
   cos / sin loads before its PDL wait) wherever the seam's config rotates the rope block from its pairs;
-- ``select_barrier_rope_rbw``: both candidates.
+- ``select_barrier_rope_rbw``: both candidates;
+- ``select_barrier_wqb_pp1``: the barrier select with the main wq_b on one persistent program per SM.
 
 Each variant's layer graph is captured once; the graphs are then replayed in interleaved rounds (every variant
 once per round, an L2 flush before each replay) and each variant's figure is the median over all its replays, so
@@ -57,7 +58,7 @@ from sglang_sm120.bench import model  # noqa: E402
 from sglang_sm120.kernels import dsv4, fp8_gemv, indexer, sparse_mla_decode  # noqa: E402
 
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "select_barrier",
-            "rope_rbw", "select_barrier_rope_rbw")
+            "rope_rbw", "select_barrier_rope_rbw", "select_barrier_wqb_pp1")
 INDEXER_STREAMS = (L.STREAM_INDEXER, L.STREAM_INDEX_WEIGHTS, L.STREAM_INDEX_Q)
 LAYER_CALLS = 2  # layer calls per captured graph, as the bench times a layer
 
