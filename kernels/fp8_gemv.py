@@ -1522,6 +1522,13 @@ TMA_FMA_BLOCK_N = 64
 #   it flatten (removed). wq_b at 2 / 8 rows (FP8 tile, no split): 1.03-4.9x.
 PERSISTENT_FMA_MIN_WEIGHT_BYTES = 32 << 20
 PERSISTENT_FMA_PROGRAMS_PER_SM = 2
+# block_fp8_linear(share_sms=True): a GEMV another stream runs work beside (SGLang's C4 layers: the indexer's wq_b,
+# query quantisation and logits on side streams while the main wq_b runs) keeps its persistent form on this many
+# programs per SM. Two programs of 234 registers x 128 threads fill an SM's register file, so the indexer's kernels
+# start only as they leave. H200 layer-variants runs 2 / 4 (benchmarks/bench-variants-h200-summary.md), T=1 B=1 C4
+# layer: 125.22 vs 130.30 us; 126.66 vs 131.11 with the (removed) barrier select. Alone the form is slower (C128 /
+# SWA layers 0.948x / 0.983x in run 4), so only the callers that share the SMs ask for it.
+SHARED_PERSISTENT_PROGRAMS_PER_SM = 1
 # Small weights at 1..2 rows, H200 runs 18 / 18b (benchmarks/fp8_gemv-h200-run18-summary.md): most of a small GEMV's
 # time is fixed (a PDL chain of trivial kernels costs 1.1-1.45 us per call; the split-K partial store, ticket and
 # last-arriver sum come on top). The rows form without split-K, each program's whole K one chunk whose weight and
@@ -1897,9 +1904,20 @@ def _check_weight(weight, weight_scale, groups: int | None):
     _check(weight_scale.device == weight.device, "weight_scale", f"device {weight.device}", weight_scale.device)
 
 
+@functools.lru_cache(maxsize=None)
+def sharing_config(cfg: GemvConfig) -> GemvConfig:
+    """``cfg`` for a GEMV that shares the SMs with work on other streams: a persistent form on at most
+    :data:`SHARED_PERSISTENT_PROGRAMS_PER_SM` programs per SM; any other form unchanged."""
+    if cfg.persistent_programs_per_sm > SHARED_PERSISTENT_PROGRAMS_PER_SM:
+        return dataclasses.replace(cfg, persistent_programs_per_sm=SHARED_PERSISTENT_PROGRAMS_PER_SM)
+    return cfg
+
+
 def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
-                     out: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
-    """``x [..., K] bf16 @ dequant(weight [N, K] e4m3, weight_scale [N/128, K/128] fp32).T`` -> bf16."""
+                     out: torch.Tensor | None = None, config: GemvConfig | None = None,
+                     share_sms: bool = False) -> torch.Tensor:
+    """``x [..., K] bf16 @ dequant(weight [N, K] e4m3, weight_scale [N/128, K/128] fp32).T`` -> bf16.
+    ``share_sms``: other streams run work beside this call (:func:`sharing_config`)."""
     _check(isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16, "x", "a torch.bfloat16 tensor",
            getattr(x, "dtype", type(x)))
     _check_weight(weight, weight_scale, None)
@@ -1922,6 +1940,8 @@ def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     if k == 0:
         return out.zero_()
     cfg = config or default_config(m, n, k)
+    if share_sms:
+        cfg = sharing_config(cfg)
     y2 = out.view(m, n)
     _launch(x2.unsqueeze(1), weight.unsqueeze(0), weight_scale.unsqueeze(0), y2.unsqueeze(1), m, n, k, 1, cfg)
     return out
@@ -2097,9 +2117,12 @@ _TMA_FORMS = (  # runs 11 / 11b: default_config's and wo_a_config's TMA and 64-c
     (GemvConfig(1, TMA_FMA_BLOCK_N, 4, False, k_unroll=2, **_FMA_PDL), True),
     (GemvConfig(8, 128, 4, True, WO_A_ROPE_FP8_MMA_WARPS, 3, fp8_mma=True, fp8_join=True, pdl=True, w_tma=True),
      True),
-    # runs 13 / 13b: 1 row, wq_b at T=1 (no K split): 64-column FMA tiles by TMA, persistent on 2 programs per SM
+    # runs 13 / 13b: 1 row, wq_b at T=1 (no K split): 64-column FMA tiles by TMA, persistent on 2 programs per SM;
+    # beside the indexer's streams (block_fp8_linear(share_sms=True)) on 1 (the same kernel, a smaller grid)
     (GemvConfig(1, TMA_FMA_BLOCK_N, 1, False, k_unroll=2, w_tma=True,
                 persistent_programs_per_sm=PERSISTENT_FMA_PROGRAMS_PER_SM, **_FMA_PDL), False),
+    (GemvConfig(1, TMA_FMA_BLOCK_N, 1, False, k_unroll=2, w_tma=True,
+                persistent_programs_per_sm=SHARED_PERSISTENT_PROGRAMS_PER_SM, **_FMA_PDL), False),
 )
 _WO_A_FORMS = (  # runs 15 / 15b: wo_a_config's one-shot FP8 tile at T=1, 2..4 rows without the fused RoPE (split-K)
     (GemvConfig(8, 128, 4, True, fp8_mma=True, fp8_join=True, pdl=True, **WO_A_ONE_SHOT), False),

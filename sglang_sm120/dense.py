@@ -222,9 +222,25 @@ def enable_fused_rope_wo_a(layer) -> bool:
     return True
 
 
+def share_wq_b_sms_with_indexer(layer) -> bool:
+    """After ``MQALayer.__init__``: a layer whose indexer SGLang runs on side streams beside the main ``wq_b``
+    (``alt_streams`` set: CUDA-graph decode with ``SGLANG_OPT_USE_MULTI_STREAM_OVERLAP``) gets that ``wq_b``'s GEMV
+    in its SM-sharing form while a graph is captured (``kernels.fp8_gemv.sharing_config``)."""
+    if getattr(layer, "indexer", None) is None or getattr(layer, "alt_streams", None) is None:
+        return False
+    linear = getattr(getattr(getattr(layer, "wq_b", None), "quant_method", None), "w8a8_block_fp8_linear", None)
+    if not isinstance(linear, SmallRowFp8Linear):
+        return False
+    linear.share_sms = True
+    _log_once("share-sms", "wq_b of layers with an indexer on side streams runs its GEMV leaving SMs to the indexer "
+              "while CUDA graphs are captured")
+    return True
+
+
 def mqa_layer_init_hook(original, self, *args, **kwargs):
     original(self, *args, **kwargs)
     enable_fused_rope_wo_a(self)
+    share_wq_b_sms_with_indexer(self)
 
 
 def fused_rope_wo_a_hook(original, x, weight, freqs_cis, positions, *args, **kwargs):
@@ -275,6 +291,7 @@ class SmallRowFp8Linear:
     def __init__(self, upstream, rows: int):
         self.upstream = upstream
         self.max_rows = rows
+        self.share_sms = False  # share_wq_b_sms_with_indexer
         self.__name__ = f"sm120_small_row({getattr(upstream, '__name__', upstream)})"
 
     def covers(self, x, weight, block_size, weight_scale, input_scale, bias, extra) -> bool:
@@ -296,7 +313,9 @@ class SmallRowFp8Linear:
 
     def __call__(self, input, weight, block_size, weight_scale, input_scale=None, bias=None, **extra):
         if self.covers(input, weight, block_size, weight_scale, input_scale, bias, extra):
-            y = _kernels().block_fp8_linear(input, weight, weight_scale)
+            # the indexer's side streams run beside it only in captured decode (SGLang's enable_multi_stream)
+            share = self.share_sms and torch.cuda.is_current_stream_capturing()
+            y = _kernels().block_fp8_linear(input, weight, weight_scale, share_sms=share)
             return y if bias is None else y.add_(bias)
         return self.upstream(input=input, weight=weight, block_size=block_size, weight_scale=weight_scale,
                              input_scale=input_scale, bias=bias, **extra)

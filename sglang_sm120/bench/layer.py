@@ -222,14 +222,14 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     def waits_on(stream, *deps):  # no waits where everything runs on MAIN
         return deps if stream != MAIN else ()
 
-    def dense(name, src, dst, view=None, stream=MAIN, waits=()):
+    def dense(name, src, dst, view=None, stream=MAIN, waits=(), share_sms=False):
         weight, scale = w.dense[name]
         n, k = weight.shape
 
         def fn():
             a = st[src] if view is None else view(st[src])
             if path == PLUGIN:
-                st[dst] = fp8_gemv.block_fp8_linear(a, weight, scale)
+                st[dst] = fp8_gemv.block_fp8_linear(a, weight, scale, share_sms=share_sms)
             else:
                 st[dst] = upstream_ops.block_fp8_linear(ups, a, weight, scale)
 
@@ -343,7 +343,8 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
         add("indexer", "indexer", select, caches.index_k_bytes() + batch * (d.index_heads * (d.index_head_dim + 4)),
             check_select, stream=s_idx, waits=waits_on(s_idx, "indexer_q_quant"))
 
-    dense("wq_b", "q_lora", "q_raw")
+    # the plugin's dense seam gives wq_b the SM-sharing GEMV form where the indexer runs beside it (captured decode)
+    dense("wq_b", "q_lora", "q_raw", share_sms=kind == "c4" and prepare_streams)
 
     def q_head_norm():  # per-head RMSNorm without weight (RoPE not modelled)
         heads = bench_common.rms_norm(st["q_raw"].reshape(batch * rank.heads, d.head_dim), pdl=common_pdl)

@@ -112,3 +112,32 @@ def test_default_config_persistent_where_measured_faster(monkeypatch):
         assert not g.default_config(m, n, k, groups).persistent_programs_per_sm, (m, n, k, groups)
     monkeypatch.setattr(g, "USE_TMA", False)
     assert not g.default_config(1, 32768, 1024).persistent_programs_per_sm
+
+
+def test_sharing_config_and_share_sms(two_sms):
+    """block_fp8_linear(share_sms=True) (the main wq_b beside SGLang's indexer streams): the persistent form on
+    SHARED_PERSISTENT_PROGRAMS_PER_SM programs per SM, every other form unchanged; the same outputs bit for bit."""
+    shipped = g.default_config(1, 32768, 1024)
+    shared = g.sharing_config(shipped)
+    assert shared.persistent_programs_per_sm == g.SHARED_PERSISTENT_PROGRAMS_PER_SM < shipped.persistent_programs_per_sm
+    assert dataclasses.replace(shared, persistent_programs_per_sm=shipped.persistent_programs_per_sm) == shipped
+    assert any(c == shared for c, _ in g.SHIPPED_FORMS)  # compiled by the AOT check
+    for m, n, k, groups in ((1, 4096, 8192, 1), (8, 32768, 1024, 1), (1, 1536, 4096, 1), (2, 1024, 4096, 8)):
+        cfg = g.default_config(m, n, k, groups)
+        assert g.sharing_config(cfg) is cfg, (m, n, k, groups)
+    gen = torch.Generator().manual_seed(7)
+    w, s = random_weight(N, K, gen=gen)
+    x = torch.randn(1, K, generator=gen).to(torch.bfloat16)
+    form = PERSISTENT_FORMS[0]
+    alone = g.block_fp8_linear(x, w, s, config=form)
+    beside = g.block_fp8_linear(x, w, s, out=poisoned((1, N)), config=form, share_sms=True)
+    assert torch.equal(beside, alone)
+    assert rel_err(beside, g.reference_block_fp8_linear(x, w, s)) < OUTPUT_TOL
+    launched = []
+    original = g._launch
+    try:
+        g._launch = lambda *args: launched.append(args[-1]) or original(*args)
+        g.block_fp8_linear(x, w, s, config=form, share_sms=True)
+    finally:
+        g._launch = original
+    assert launched[0].persistent_programs_per_sm == g.SHARED_PERSISTENT_PROGRAMS_PER_SM

@@ -327,6 +327,45 @@ def test_fp8_linear_small_rows_reach_gemv(seam, rows):
     assert y.shape == (rows, n) and rel_err(y, fp8_gemv.reference_block_fp8_linear(x, w, s)) < 6e-3
 
 
+def test_wq_b_beside_the_indexer_shares_the_sms_while_capturing(seam, monkeypatch):
+    """A layer whose indexer SGLang runs on side streams (alt_streams set) marks its wq_b's GEMV; the GEMV asks for
+    the SM-sharing form only while a CUDA graph is captured (SGLang forks the streams only then). A layer without an
+    indexer or without side streams, or a wq_b on upstream's linear, is left as it is; MQALayer's init runs the rule."""
+    from types import SimpleNamespace
+
+    seam({"SGLANG_SM120_FORCE": "1"})
+    n, k = 256, 256
+    wq_b = build_linear(n, k)
+    linear = wq_b.quant_method.w8a8_block_fp8_linear
+    assert isinstance(linear, dense.SmallRowFp8Linear) and linear.share_sms is False
+    for indexer, streams in ((None, [object()] * 5), (object(), None)):
+        layer = SimpleNamespace(indexer=indexer, alt_streams=streams, wq_b=wq_b)
+        assert dense.share_wq_b_sms_with_indexer(layer) is False and linear.share_sms is False
+    upstream_only = SimpleNamespace(quant_method=SimpleNamespace(w8a8_block_fp8_linear=lambda **kw: None))
+    assert not dense.share_wq_b_sms_with_indexer(SimpleNamespace(indexer=object(), alt_streams=[1], wq_b=upstream_only))
+    assert dense.share_wq_b_sms_with_indexer(SimpleNamespace(indexer=object(), alt_streams=[object()], wq_b=wq_b))
+    assert linear.share_sms is True
+
+    w, s = random_weight(n, k, gen=torch.Generator().manual_seed(3))
+    wq_b.weight.weight_loader(wq_b.weight, w)
+    wq_b.weight_scale_inv.weight_loader(wq_b.weight_scale_inv, s)
+    calls = []
+    kernels = dense._kernels()
+    record = lambda x, weight, scale, share_sms=False: calls.append(share_sms) or kernels.block_fp8_linear(  # noqa: E731
+        x, weight, scale, share_sms=share_sms)
+    monkeypatch.setattr(dense, "_kernels", lambda: SimpleNamespace(block_fp8_linear=record))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    for capturing in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
+        with torch.inference_mode():
+            y, _ = wq_b(x)
+        assert rel_err(y, fp8_gemv.reference_block_fp8_linear(x, w, s)) < 6e-3
+    assert calls == [False, True]
+
+    swa = build_mqa_layer(fp8_config(), monkeypatch)  # no indexer: MQALayer's init leaves its wq_b alone
+    assert swa.wq_b.quant_method.w8a8_block_fp8_linear.share_sms is False
+
+
 def test_fp8_linear_large_rows_and_prequantised_go_upstream(seam):
     seam({"SGLANG_SM120_FORCE": "1"})
     n, k = 256, 256
