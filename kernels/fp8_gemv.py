@@ -780,7 +780,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
     PERSISTENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
     SPLIT_SUM_BATCH: tl.constexpr = 1, ROPE_HOIST: tl.constexpr = 0, W_BEFORE_WAIT: tl.constexpr = 0,
-    INLINE_PTX: tl.constexpr = True, ROPE_PAIRS: tl.constexpr = False, ROPE_BEFORE_WAIT: tl.constexpr = False,
+    INLINE_PTX: tl.constexpr = True, ROPE_PAIRS: tl.constexpr = False,
 ):
     """One program: rows [pid_m*BLOCK_M, +BLOCK_M) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over
     K blocks [pid_k*k_blocks_per_split, +k_blocks_per_split), one 128-wide block per iteration.
@@ -821,8 +821,7 @@ def _block_fp8_gemv_fp8mma_kernel(
                               stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                               stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                               BLOCK_M, BLOCK_N, BLOCK_K, IS_SPLIT, INV_ROPE, HEAD, ROPE, PDL,
-                              PDL_LATE_TRIGGER, SPLIT_SUM_BATCH, ROPE_HOIST, INLINE_PTX, ROPE_PAIRS,
-                              ROPE_BEFORE_WAIT)
+                              PDL_LATE_TRIGGER, SPLIT_SUM_BATCH, ROPE_HOIST, INLINE_PTX, ROPE_PAIRS)
     elif PERSISTENT:
         num_items = tiles_per_group * num_splits * num_groups
         for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), flatten=FLATTEN,
@@ -1063,24 +1062,15 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
                           IS_SPLIT: tl.constexpr, INV_ROPE: tl.constexpr, HEAD: tl.constexpr,
                           ROPE: tl.constexpr, PDL: tl.constexpr, PDL_LATE_TRIGGER: tl.constexpr,
                           SPLIT_SUM_BATCH: tl.constexpr, ROPE_HOIST: tl.constexpr, INLINE_PTX: tl.constexpr,
-                          ROPE_PAIRS: tl.constexpr, ROPE_BEFORE_WAIT: tl.constexpr = False):
+                          ROPE_PAIRS: tl.constexpr):
     """_fp8mma_item's joined, unchained form as one program per split of ONE_SHOT_BLOCKS blocks, block 0's weight tile
     and scale (constants of the model) loaded into registers before the PDL wait: with PDL the weight stream starts
     while the previous kernel drains. After the wait: the activation loads of every block, then per block in order its
     weight load and its MMA. ROPE_PRELOAD: the split is one head, its last block the rope block; the position -> cos /
-    sin gather is issued after block 0's MMA and the rotation done just before the last, off the other blocks' path.
-
-    ROPE_BEFORE_WAIT (GemvConfig.rope_before_wait; with ROPE_PAIRS where the rope block is preloaded, else no effect):
-    the position load and the dependent (cos, sin) pair gather are issued BEFORE the PDL wait, after block 0's weight
-    loads, so that the two dependent loads are in flight while the previous kernel drains. Contract: no launch that PDL
-    overlaps with this one writes ``positions`` or the freqs table (in SGLang both are written before the layer, and
-    the attention combine before wo_a lets its dependents launch only after its own wait); a caller that breaks it
-    reads stale positions / factors. The PTX has that order; ptxas (Triton 3.8, sm_120a and sm_90a) hoists the position
-    loads to the top and issues the cos gather before block 0's weight loads (the sin gather after them)."""
+    sin gather is issued after block 0's MMA and the rotation done just before the last, off the other blocks' path."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     TWO_M: tl.constexpr = 2 * BLOCK_M
     LAST_ROTATED: tl.constexpr = INV_ROPE and ROPE_HOIST == ROPE_PRELOAD
-    EARLY_ROPE: tl.constexpr = LAST_ROTATED and ROPE_PAIRS and ROPE_BEFORE_WAIT
     n_tiles = tl.cdiv(N, BLOCK_N)
     pid_m = pid // n_tiles
     pid_n = pid % n_tiles
@@ -1097,10 +1087,6 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
 
     w0, ws0 = _one_shot_weight(w_rows, s_row, kb0, kb_end, k_stop, rk, n_mask, BLOCK_K)
-    if EARLY_ROPE:  # position -> (cos, sin) pairs, in flight with block 0's weight while the previous kernel drains
-        early_pos = tl.load(pos_ptr + rm, mask=x_valid, other=0)
-        early_freq_rows = freqs_ptr + early_pos.to(tl.int64)[:, None] * stride_freq
-        pair_cos, pair_sin = _rope_pair_factors(early_freq_rows, x_valid, ROPE, BLOCK_K)
     _pdl_wait(PDL)  # block 0's weight loads are in flight while the previous kernel drains
 
     freq_rows = freqs_ptr
@@ -1109,7 +1095,7 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
     is_rope = rk[None, :] < 0
     rope_mask = x_valid[:, None] & is_rope
     partner = signed_sin
-    if INV_ROPE and not EARLY_ROPE:
+    if INV_ROPE:
         pos = tl.load(pos_ptr + rm, mask=x_valid, other=0)
         freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
         if ROPE_HOIST == ROPE_FACTORS_HOISTED:
@@ -1132,9 +1118,7 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
     acc = tl.zeros((BLOCK_N, TWO_M), tl.float32)
     acc = _one_shot_block(acc, w0, ws0, x0, 0, partner, cos, signed_sin, rope_mask, LAST_ROTATED, INLINE_PTX)
     if LAST_ROTATED:  # the cos / sin gather, once the position has arrived; rotated at the last block
-        if EARLY_ROPE:
-            pass  # gathered before the wait
-        elif ROPE_PAIRS:
+        if ROPE_PAIRS:
             pair_cos, pair_sin = _rope_pair_factors(freq_rows, x_valid, ROPE, BLOCK_K)
         else:
             cos, signed_sin, _ = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE, BLOCK_K)
@@ -1232,12 +1216,6 @@ class GemvConfig:
     # registers (no partner load), cos / sin gathered per pair (half the factors); wo_a_config's fused-RoPE form at T=1
     # since run 21
     rope_pairs: bool = False
-    # with rope_pairs: the position load and the (cos, sin) pair gather issued before the PDL wait (after block 0's
-    # weight loads) instead of after it, so the two dependent loads overlap the previous kernel's drain. Contract: no
-    # launch that PDL overlaps with wo_a writes the positions or the freqs table (SGLang writes both before the layer;
-    # the attention combine before wo_a lets its dependents launch only after its own wait). Candidate (issue 6), not
-    # a default: timed by tools/device_fp8_gemv_run22.py
-    rope_before_wait: bool = False
     # ptxas register cap per thread (Triton's maxnreg; 0: none): a program that fits the cap keeps one more program per
     # SM where its natural count would not (sm_90a: 128 registers x 4 warps = 4 programs per SM); ptxas spills what
     # does not fit to local memory
@@ -1278,8 +1256,6 @@ class GemvConfig:
                              f"num_stages=1, no w_tma, not persistent, k_unroll {ONE_SHOT_BLOCKS.value}; got {self}")
         if self.rope_pairs and not (self.w_before_wait and self.rope_preload):
             raise ValueError(f"config: rope_pairs needs w_before_wait and rope_preload; got {self}")
-        if self.rope_before_wait and not self.rope_pairs:
-            raise ValueError(f"config: rope_before_wait needs rope_pairs; got {self}")
         if self.max_registers and not MIN_MAX_REGISTERS <= self.max_registers <= MAX_REGISTERS:
             raise ValueError(f"config: max_registers 0 or in [{MIN_MAX_REGISTERS}, {MAX_REGISTERS}]; got {self}")
 
@@ -1304,8 +1280,7 @@ class GemvConfig:
         extra += (f"_sb{self.split_sum_batch}" if self.split_sum_batch > 1 else "") + ("_oc" if self.one_chunk else "")
         extra += ("_rh" if self.rope_hoist else "") + ("_rp" if self.rope_preload else "")
         extra += f"_ww{self.w_before_wait}" if self.w_before_wait else ""
-        extra += ("_pairs" if self.rope_pairs else "") + ("_rbw" if self.rope_before_wait else "")
-        extra += f"_r{self.max_registers}" if self.max_registers else ""
+        extra += ("_pairs" if self.rope_pairs else "") + (f"_r{self.max_registers}" if self.max_registers else "")
         return (f"{kind}_m{self.block_m}_n{self.block_n}_u{self.k_unroll}_s{self.split_k}_w{self.num_warps}"
                 f"_st{self.num_stages}{extra}")
 
@@ -1869,7 +1844,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             ROPE_HOIST=rope_mode(cfg, inv_rope, FP8_BLOCK, per_split, k, head_dim, rope_dim),
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim,
             W_BEFORE_WAIT=cfg.w_before_wait if per_split == cfg.k_unroll else 0, INLINE_PTX=not interpreter_enabled(),
-            ROPE_PAIRS=cfg.rope_pairs, ROPE_BEFORE_WAIT=cfg.rope_before_wait,
+            ROPE_PAIRS=cfg.rope_pairs,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args, **persistent_args,
         )
         return
@@ -2151,15 +2126,10 @@ _W_BEFORE_WAIT_FORMS = ((_W_BEFORE_WAIT_ONE_SHOT, False),
                         (dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True, rope_pairs=True), True),
                         (dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True), True))
 SHIPPED_FORMS += _W_BEFORE_WAIT_FORMS
-# Candidates compiled by the AOT check but picked by no rule (device tools select them by name): issue 6's fused-RoPE
-# seam form with the position load and the (cos, sin) pair gather before the PDL wait (GemvConfig.rope_before_wait;
-# tools/device_fp8_gemv_run22.py). T=1, 1..8 rows run this one 8-row tile (split 8 compiles as any split > 1).
-CANDIDATE_FORMS = ((dataclasses.replace(_W_BEFORE_WAIT_ONE_SHOT, rope_preload=True, rope_pairs=True,
-                                        rope_before_wait=True), True),)
 
 
 def aot_configs() -> list[AotConfig]:
-    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS + CANDIDATE_FORMS]
+    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS]
 
 
 _AOT_SIGNATURE = {
@@ -2187,8 +2157,7 @@ _AOT_FP8MMA_SIGNATURE = {
     **{key: "constexpr" for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "K_UNROLL", "JOIN", "IS_SPLIT", "INV_ROPE",
                                     "HEAD", "ROPE", "CHAIN", "PDL", "L2_PREFETCH_BLOCKS",
                                     "PDL_LATE_TRIGGER", "W_TMA", "PERSISTENT", "FLATTEN", "SPLIT_SUM_BATCH",
-                                    "ROPE_HOIST", "W_BEFORE_WAIT", "INLINE_PTX", "ROPE_PAIRS",
-                                    "ROPE_BEFORE_WAIT")},
+                                    "ROPE_HOIST", "W_BEFORE_WAIT", "INLINE_PTX", "ROPE_PAIRS")},
 }
 
 
@@ -2238,7 +2207,6 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
             constexprs={"BLOCK_M": cfg.block_m, "JOIN": cfg.fp8_join, "CHAIN": cfg.fp8_chain, **common,
                         **persistent, "SPLIT_SUM_BATCH": cfg.split_sum_batch, "W_BEFORE_WAIT": cfg.w_before_wait,
                         "INLINE_PTX": True, "ROPE_PAIRS": cfg.rope_pairs,
-                        "ROPE_BEFORE_WAIT": cfg.rope_before_wait,
                         # the wo_a geometry: K split 8 of 4096 (4 blocks, one head, per split)
                         "ROPE_HOIST": rope_mode(cfg, rope, FP8_BLOCK, HEAD_DIM // FP8_BLOCK, 8 * HEAD_DIM, HEAD_DIM,
                                                 ROPE_DIM)},

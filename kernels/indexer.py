@@ -68,7 +68,6 @@ from .dsv4 import (
     INDEX_TOPK,
 )
 from .harness.aot import AotConfig
-from .harness.interpreter import interpreter_enabled
 from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
 FP8 = torch.float8_e4m3fn
@@ -81,10 +80,6 @@ MAX_TOPK = 1024
 SELECT_CHUNKS = (512, 1024, 2048, 4096, 8192)  # positions one select program holds in registers
 SELECT_MAX_CHUNK = 4096  # largest chunk by default (8192: fewer merge levels, 16 warps)
 SELECT_MAX_WARPS = 16
-# SelectForm.count "barrier": one select program of this many threads per row (32 warps), one logits entry per thread
-# in each of two halves, so rows of at most twice as many positions
-BARRIER_SELECT_THREADS = 1024
-BARRIER_SELECT_MAX_ENTRIES = 2 * BARRIER_SELECT_THREADS
 FUSED_SPLIT_PAGES = (8, 16, 32, 64)  # pages one fused program scores and reduces to K candidates
 LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this many programs run
 # The page-max overlap form's logits programs per launch (SelectForm.overlap_programs; H200 run 14): several waves
@@ -563,75 +558,6 @@ def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_po
     else:
         base = b64 * stride_outb + g * K
         _store_candidates(out_val_ptr + base, out_pos_ptr + base, vals, pos, sel, slot, k_eff, K)
-
-
-@triton.jit
-def _count_set(flag, BY_BARRIER: tl.constexpr):
-    """How many entries of ``flag`` (int32 0 / 1, exactly one entry per thread of the program) are set, as a
-    tensor of ``flag``'s shape holding that count in every entry. BY_BARRIER: one ``bar.red.popc`` (the barrier
-    itself counts the threads whose predicate is set) in place of a block-wide sum's shuffle tree, shared-memory
-    exchange and two barriers. Without it (the CPU interpreter runs no PTX) the same count by ``tl.sum``."""
-    if BY_BARRIER:
-        return tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $1, 0; bar.red.popc.u32 $0, 0, p; }",
-            "=r,r", [flag], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        return tl.zeros_like(flag) + tl.sum(flag, axis=0)
-
-
-@triton.jit
-def _select_row_barrier_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, n_in, pt_width,
-                               stride_sb, stride_outb, stride_ptb, stride_rawb,
-                               HALF: tl.constexpr, K: tl.constexpr, PAGE: tl.constexpr, HAS_RAW: tl.constexpr,
-                               BY_BARRIER: tl.constexpr, PDL: tl.constexpr = False):
-    """Grid (B,): the top-K of a logits row of at most 2 * HALF positions as cache slot ids, one program of HALF
-    threads per row (:data:`SelectForm.count` "barrier"). The row is held as two halves of one entry per thread, so
-    each of the 32 bitwise-search counts is two barrier counts (:func:`_count_set`) and every other step is
-    elementwise: no block-wide reduction in the search. Same result as :func:`_select_kernel`'s final level (ties
-    to the lowest positions, slots in position order, -1 past ``min(length, K)``)."""
-    b = tl.program_id(0)
-    b64 = b.to(tl.int64)
-    pdl_wait(PDL)  # the logits row is the previous launch's output
-    pdl_launch_dependents(PDL)
-    length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
-    k_eff = tl.minimum(length, K)
-    lo = tl.arange(0, HALF)
-    hi = lo + HALF
-    valid_lo = lo < length
-    valid_hi = hi < length
-    row = scores_ptr + b64 * stride_sb
-    key_lo = _signed_key(tl.load(row + lo, mask=valid_lo, other=float("-inf")))
-    key_hi = _signed_key(tl.load(row + hi, mask=valid_hi, other=float("-inf")))
-    sign = tl.full((), -2147483648, tl.int32)
-    thr_u = tl.zeros_like(lo)  # the K-th largest key in unsigned order, built from the top bit down
-    for i in tl.static_range(32):
-        cand_u = thr_u | (tl.full((), 1, tl.int32) << (31 - i))
-        cand = cand_u ^ sign
-        count = (_count_set((valid_lo & (key_lo >= cand)).to(tl.int32), BY_BARRIER)
-                 + _count_set((valid_hi & (key_hi >= cand)).to(tl.int32), BY_BARRIER))
-        thr_u = tl.where(count >= k_eff, cand_u, thr_u)
-    thr = thr_u ^ sign
-    above_lo = valid_lo & (key_lo > thr)
-    above_hi = valid_hi & (key_hi > thr)
-    tie_lo = (valid_lo & (key_lo == thr)).to(tl.int32)
-    tie_hi = (valid_hi & (key_hi == thr)).to(tl.int32)
-    n_above = (_count_set(above_lo.to(tl.int32), BY_BARRIER) + _count_set(above_hi.to(tl.int32), BY_BARRIER))
-    ties_taken = k_eff - n_above  # ties at the threshold, lowest positions first
-    tie_rank_lo = tl.cumsum(tie_lo, axis=0) - 1
-    tie_rank_hi = tl.cumsum(tie_hi, axis=0) - 1 + _count_set(tie_lo, BY_BARRIER)
-    sel_lo = above_lo | ((tie_lo != 0) & (tie_rank_lo < ties_taken))
-    sel_hi = above_hi | ((tie_hi != 0) & (tie_rank_hi < ties_taken))
-    slot_lo = tl.cumsum(sel_lo.to(tl.int32), axis=0) - 1
-    slot_hi = tl.cumsum(sel_hi.to(tl.int32), axis=0) - 1 + _count_set(sel_lo.to(tl.int32), BY_BARRIER)
-    out_row = out_ptr + b64 * stride_outb
-    raw_row = raw_ptr + b64 * stride_rawb
-    pt_row = pt_ptr + b64 * stride_ptb
-    _store_slots(out_row, raw_row, pt_row, lo, slot_lo, sel_lo, PAGE, HAS_RAW)
-    _store_slots(out_row, raw_row, pt_row, hi, slot_hi, sel_hi, PAGE, HAS_RAW)
-    j = tl.arange(0, K)
-    tl.store(out_row + j, tl.full((K,), -1, tl.int32), mask=j >= k_eff)
-    if HAS_RAW:
-        tl.store(raw_row + j, tl.full((K,), -1, tl.int32), mask=j >= k_eff)
 
 
 @triton.jit
@@ -1143,7 +1069,7 @@ def launch_pdl(device, batch: int, form: "SelectForm") -> bool:
     """Whether a two-kernel-path launch of ``batch`` rows whose select is ``form`` uses programmatic
     dependent launch on ``device`` (see :data:`PDL_MAX_BATCH`): the histogram select and the
     double-warp search only, where H200 run 9 measured PDL faster."""
-    pdl_form = form.method == "histogram" or form.warps_mul == 2 or form.count == "barrier"
+    pdl_form = form.method == "histogram" or form.warps_mul == 2
     return USE_PDL and batch <= PDL_MAX_BATCH and pdl_form and pdl_supported(torch.device(device))
 
 
@@ -1369,14 +1295,6 @@ def _merge(vals, pos, lens, page_table, out, raw, implicit, form):
     batch, k = out.shape
     n = vals.shape[1]
     pdl = launch_pdl(vals.device, batch, form)
-    if form.count == "barrier" and implicit and pos is None and n <= BARRIER_SELECT_MAX_ENTRIES:
-        _select_row_barrier_kernel[(batch,)](
-            vals, lens, page_table, out, raw if raw is not None else out, n, page_table.shape[1], vals.stride(0),
-            out.stride(0), page_table.stride(0), raw.stride(0) if raw is not None else 0,
-            HALF=BARRIER_SELECT_THREADS, K=k, PAGE=INDEX_PAGE_SIZE, HAS_RAW=raw is not None,
-            BY_BARRIER=not interpreter_enabled(), PDL=pdl, num_warps=BARRIER_SELECT_THREADS // 32, num_stages=1,
-            launch_pdl=pdl)
-        return out
     while True:
         chunk = select_chunk(n, k, form.max_chunk)
         groups = -(-n // chunk)
@@ -1419,7 +1337,6 @@ def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZ
 
 SELECT_WARPS_MULS = (1, 2)
 SELECT_METHODS = ("search", "histogram")
-SELECT_COUNTS = ("reduce", "barrier")
 HIST_THRESHOLDS = ("count", "page_max")
 
 
@@ -1446,11 +1363,6 @@ class SelectForm:
     # "page_max": > 0 runs the overlap form (PAGE_MAX_OVERLAP_PROGRAMS): about this many logits programs in a
     # row-major grid, each row's select programs waiting for that row's ready flag instead of the whole launch
     overlap_programs: int = 0
-    # search: how a program counts the keys at or above a candidate. "reduce": a block-wide sum per count;
-    # "barrier": logits rows of at most BARRIER_SELECT_MAX_ENTRIES positions in one program of
-    # BARRIER_SELECT_THREADS threads whose barrier counts them (_select_row_barrier_kernel); longer rows and
-    # candidate levels run the "reduce" search as before
-    count: str = "reduce"
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
@@ -1469,9 +1381,6 @@ class SelectForm:
             raise ValueError(f"max_chunk must be one of {SELECT_CHUNKS} and >= {2 * MAX_TOPK}, got {self.max_chunk!r}")
         if self.warps_mul not in SELECT_WARPS_MULS:
             raise ValueError(f"warps_mul must be one of {SELECT_WARPS_MULS}, got {self.warps_mul!r}")
-        if self.count not in SELECT_COUNTS or (self.count != "reduce" and self.method != "search"):
-            raise ValueError(f"count must be one of {SELECT_COUNTS} ('barrier' only with method 'search'), "
-                             f"got {self.count!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1794,10 +1703,6 @@ _HIST_SIG = {
     "stride_sb": "i32", "stride_ptb": "i32", "stride_wsb": "i32", "stride_cb": "i32", "stride_outb": "i32",
     "stride_rawb": "i32",
 }
-_SELECT_BARRIER_SIG = {
-    "scores_ptr": "*fp32", "lens_ptr": "*i32", "pt_ptr": "*i32", "out_ptr": "*i32", "raw_ptr": "*i32", "n_in": "i32",
-    "pt_width": "i32", "stride_sb": "i32", "stride_outb": "i32", "stride_ptb": "i32", "stride_rawb": "i32",
-}
 _SCORE_HIST_SIG = {
     "scores_ptr": "*fp32", "lens_ptr": "*i32", "ws_ptr": "*i32", "n_in": "i32", "pt_width": "i32",
     "stride_sb": "i32", "stride_wsb": "i32",
@@ -1891,12 +1796,6 @@ def aot_configs() -> list[AotConfig]:
                         name + ("" if w == _select_warps(chunk) else f"_w{w}") + suffix, _select_kernel,
                         _sig(_SELECT_SIG, c), c, num_warps=w, num_stages=1, div16=("stride_inb", "stride_outb"),
                         expect_opcodes=pdl_ops))
-        c = dict(HALF=BARRIER_SELECT_THREADS, K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, HAS_RAW=False, BY_BARRIER=True,
-                 PDL=pdl)
-        configs.append(AotConfig(  # SelectForm.count "barrier": the counts are BAR.RED.POPC
-            f"indexer_select_barrier_c{BARRIER_SELECT_MAX_ENTRIES}{suffix}", _select_row_barrier_kernel,
-            _sig(_SELECT_BARRIER_SIG, c), c, num_warps=BARRIER_SELECT_THREADS // 32, num_stages=1,
-            div16=("stride_sb", "stride_outb"), expect_opcodes=("BAR.RED.POPC", *pdl_ops)))
     for r in FUSED_SPLIT_PAGES:
         c = dict(page, R_PAGES=r, K=INDEX_TOPK, CB=min(INDEX_TOPK, r * INDEX_PAGE_SIZE), USE_SCALED_DOT=True)
         configs.append(AotConfig(

@@ -16,13 +16,7 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   highest stream priority, the others at the default (a plugin could create SGLang's alt streams so);
 - ``prio_wqb_pp0``: both;
 - ``attn_no_pdl``: the sparse MLA decode and combine launched without programmatic dependent launch (as before
-  they had it), to measure what PDL on the attention saves inside the layer;
-- ``select_barrier``: the indexer's top-512 over rows of at most 2048 positions (8K context) by the candidate
-  ``SelectForm(count="barrier")`` (one 1024-thread program per row, the search's counts by ``bar.red.popc``);
-- ``rope_rbw``: wo_a's fused-RoPE program with the candidate ``GemvConfig.rope_before_wait`` (the position and
-  cos / sin loads before its PDL wait) wherever the seam's config rotates the rope block from its pairs;
-- ``select_barrier_rope_rbw``: both candidates;
-- ``select_barrier_wqb_pp1``: the barrier select with the main wq_b on one persistent program per SM.
+  they had it), to measure what PDL on the attention saves inside the layer.
 
 Each variant's layer graph is captured once; the graphs are then replayed in interleaved rounds (every variant
 once per round, an L2 flush before each replay) and each variant's figure is the median over all its replays, so
@@ -55,10 +49,9 @@ import torch  # noqa: E402
 from device_bench_trace import kernels_of_one_replay, layer_arguments, reduced_layers, summarise  # noqa: E402
 from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
-from sglang_sm120.kernels import dsv4, fp8_gemv, indexer, sparse_mla_decode  # noqa: E402
+from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
 
-VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "select_barrier",
-            "rope_rbw", "select_barrier_rope_rbw", "select_barrier_wqb_pp1")
+VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl")
 INDEXER_STREAMS = (L.STREAM_INDEXER, L.STREAM_INDEX_WEIGHTS, L.STREAM_INDEX_Q)
 LAYER_CALLS = 2  # layer calls per captured graph, as the bench times a layer
 
@@ -91,39 +84,18 @@ def wq_b_override(variant: str, tp: int):
     return config
 
 
-def barrier_plan_table() -> tuple:
-    """indexer.PLAN_TABLE with every row over at most 2048 positions taking the barrier-count search."""
-    barrier = indexer.Plan("two_kernel", select=indexer.SelectForm(count="barrier"))
-    return ((indexer.INDEX_MAX_BATCH, indexer.BARRIER_SELECT_MAX_ENTRIES, barrier),) + tuple(indexer.PLAN_TABLE)
-
-
-def rbw_wo_a_config(original):
-    """fp8_gemv.wo_a_config with rope_before_wait set wherever the config rotates the rope block from its pairs."""
-    def config(b, r, d, groups, fused_rope, sms=None):
-        cfg = original(b, r, d, groups, fused_rope, sms)
-        return dataclasses.replace(cfg, rope_before_wait=True) if fused_rope and cfg.rope_pairs else cfg
-    return config
-
-
 @contextlib.contextmanager
 def applied(variant: str, tp: int):
     override = wq_b_override(variant, tp)
     original, attention_pdl = fp8_gemv.default_config, sparse_mla_decode.USE_PDL
-    plan_table, wo_a_config = indexer.PLAN_TABLE, fp8_gemv.wo_a_config
     if override is not None:
         fp8_gemv.default_config = override
     if variant == "attn_no_pdl":
         sparse_mla_decode.USE_PDL = False
-    if "select_barrier" in variant:
-        indexer.PLAN_TABLE = barrier_plan_table()
-    if "rope_rbw" in variant:
-        fp8_gemv.wo_a_config = rbw_wo_a_config(wo_a_config)
     try:
-        yield (override is not None or "prio" in variant or variant == "attn_no_pdl" or "select_barrier" in variant
-               or "rope_rbw" in variant)
+        yield override is not None or "prio" in variant or variant == "attn_no_pdl"
     finally:
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
-        indexer.PLAN_TABLE, fp8_gemv.wo_a_config = plan_table, wo_a_config
 
 
 def make_side_streams() -> dict:

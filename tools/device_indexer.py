@@ -55,8 +55,6 @@ FORM_CATALOG = {
     # run 14: the page-max overlap form (row-major logits grid of 2048 programs, the select waiting per row)
     "hist_pmax_ov2048": ix.SelectForm(method="histogram", threshold="page_max",
                                     overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
-    # run 16: rows of at most 2048 positions, one 1024-thread program whose barrier counts the search's keys
-    "barrier": ix.SelectForm(count="barrier"),
 }  # run 5a also timed a double-warp radix-4 search: no faster than the defaults; removed from the kernel
 SELECT_FORMS = {"hist": FORM_CATALOG["hist"]}  # --forms replaces it
 TOPK_ONLY_FORMS = ["hist"]  # top-k alone from a given logits row (the seam's unfused call); --no-topk-only drops it

@@ -155,7 +155,6 @@ SELECT_FORMS = {
     "bitwise": ix.SelectForm(),
     "bitwise_c8k": ix.SelectForm(max_chunk=8192),
     "bitwise_2x_warps": ix.SelectForm(warps_mul=2),
-    "barrier": ix.SelectForm(count="barrier"),  # rows <= 2048 positions in one program; longer rows: "reduce"
 }
 
 
@@ -175,7 +174,6 @@ def _extreme_scores(batch, width, gen):
 @pytest.mark.parametrize("form", list(SELECT_FORMS), ids=list(SELECT_FORMS))
 @pytest.mark.parametrize("lens,width", [
     ([0, 1, 512, 513, 600], 600),
-    ([2048, 2047, 1025, 1024, 64], 2048),  # both halves of the barrier form's program
     ([9000, 4500, 8193], 9000),  # 8192-entry chunks: two groups, then the final merge
     ([20000, 700], 20000),  # 4096: five groups, a level, the final; 8192: three groups, the final
 ])
@@ -453,8 +451,6 @@ def test_logits_first_digit_threshold(k, forms, monkeypatch):
     (dict(method="histogram", threshold="page_max", copies=1), "copies"),
     (dict(copies=1), "copies"),
     (dict(method="histogram", overlap_programs=2048), "overlap_programs"),
-    (dict(count="popc"), "count"),
-    (dict(method="histogram", count="barrier"), "count"),
 ])
 def test_bad_select_form_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -524,61 +520,6 @@ def test_topk_small_k_and_edge_rows():
     assert torch.equal(out[2:3], ix.positions_to_slots(expected, table[2:3]))
     empty = torch.empty(0, 64, dtype=torch.int32)
     ix.topk_transform_paged(torch.empty(0, 300), l[:0], table[:0], empty, INDEX_PAGE_SIZE)
-
-
-@pytest.mark.parametrize("k", [64, 512, 1024])
-@pytest.mark.parametrize("width", [2048, 700])
-def test_barrier_select_rows(width, k, monkeypatch):
-    """SelectForm(count="barrier"): one program per row, exact against the reference and the reduce search at
-    small and full k, equal logits (ties to the lowest positions), rows of length 0 / < k / not a multiple of 64 /
-    full, pages in random order, raw positions; B = 0; a row longer than 2048 positions takes the reduce search."""
-    launched = []
-    kernel = ix._select_row_barrier_kernel
-    monkeypatch.setattr(ix, "_select_row_barrier_kernel", _RecordingKernel(kernel, launched))
-    gen = torch.Generator().manual_seed(width + k)
-    lens = [0, 1, k - 1, k + 5, width - 63, width]
-    batch = len(lens)
-    scores = torch.randn(batch, width, generator=gen)
-    scores[1:3] = 0.75  # rows of one repeated value
-    scores[4, ::3] = scores[4, 5]
-    pt_width = -(-width // INDEX_PAGE_SIZE)
-    table = torch.stack([torch.randperm(2 * pt_width, generator=gen)[:pt_width] for _ in range(batch)]).int()
-    l = torch.tensor(lens, dtype=torch.int32)
-    barrier = ix.SelectForm(count="barrier")
-    out = torch.full((batch, k), 12345, dtype=torch.int32)
-    raw = torch.full((batch, k), 12345, dtype=torch.int32)
-    ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw, select=barrier)
-    assert len(launched) == 1
-    masked = scores.masked_fill(torch.arange(width)[None, :] >= l[:, None], float("-inf"))
-    expected = ix.reference_topk_positions(masked, l, k=k)
-    assert torch.equal(raw, expected.int())
-    assert torch.equal(out, ix.positions_to_slots(expected, table))
-    searched = torch.full_like(out, -5)
-    ix.topk_transform_paged(scores, l, table, searched, INDEX_PAGE_SIZE, select=ix.SelectForm(warps_mul=2))
-    assert torch.equal(out, searched)
-    ix.topk_transform_paged(torch.empty(0, width), l[:0], table[:0], torch.empty(0, k, dtype=torch.int32),
-                            INDEX_PAGE_SIZE, select=barrier)
-    long_row = torch.randn(1, ix.BARRIER_SELECT_MAX_ENTRIES + 1, generator=gen)
-    long_table = torch.arange(-(-long_row.shape[1] // INDEX_PAGE_SIZE), dtype=torch.int32)[None]
-    long_out = torch.full((1, k), 12345, dtype=torch.int32)
-    ix.topk_transform_paged(long_row, torch.tensor([long_row.shape[1]], dtype=torch.int32), long_table, long_out,
-                            INDEX_PAGE_SIZE, select=barrier)
-    assert len(launched) == 1  # the long row ran the reduce search
-    expected = ix.reference_topk_positions(long_row, torch.tensor([long_row.shape[1]]), k=k)
-    assert torch.equal(long_out, ix.positions_to_slots(expected, long_table))
-
-
-class _RecordingKernel:
-    """A Triton kernel stand-in that records each launch and runs the kernel."""
-
-    def __init__(self, kernel, launches):
-        self.kernel, self.launches = kernel, launches
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append(grid)
-            return self.kernel[grid](*args, **kwargs)
-        return launch
 
 
 FUSED_CASES = [
