@@ -16,7 +16,9 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   highest stream priority, the others at the default (a plugin could create SGLang's alt streams so);
 - ``prio_wqb_pp0``: both;
 - ``attn_no_pdl``: the sparse MLA decode and combine launched without programmatic dependent launch (as before
-  they had it), to measure what PDL on the attention saves inside the layer.
+  they had it), to measure what PDL on the attention saves inside the layer;
+- ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
+  persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
 Each variant's layer graph is captured once; the graphs are then replayed in interleaved rounds (every variant
 once per round, an L2 flush before each replay) and each variant's figure is the median over all its replays, so
@@ -51,7 +53,7 @@ from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
 from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
 
-VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl")
+VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share")
 INDEXER_STREAMS = (L.STREAM_INDEXER, L.STREAM_INDEX_WEIGHTS, L.STREAM_INDEX_Q)
 LAYER_CALLS = 2  # layer calls per captured graph, as the bench times a layer
 
@@ -87,15 +89,18 @@ def wq_b_override(variant: str, tp: int):
 @contextlib.contextmanager
 def applied(variant: str, tp: int):
     override = wq_b_override(variant, tp)
-    original, attention_pdl = fp8_gemv.default_config, sparse_mla_decode.USE_PDL
+    original, attention_pdl, sharing = fp8_gemv.default_config, sparse_mla_decode.USE_PDL, fp8_gemv.sharing_config
     if override is not None:
         fp8_gemv.default_config = override
     if variant == "attn_no_pdl":
         sparse_mla_decode.USE_PDL = False
+    if variant == "no_share":
+        fp8_gemv.sharing_config = lambda cfg: cfg
     try:
-        yield override is not None or "prio" in variant or variant == "attn_no_pdl"
+        yield override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
     finally:
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
+        fp8_gemv.sharing_config = sharing
 
 
 def make_side_streams() -> dict:

@@ -98,6 +98,23 @@ VARIANT_CATALOG = {
     # logits programs per launch): the overlap at 2048 programs shipped for B 17-32 x 32769-65536 positions
     # (SelectForm.overlap_programs; FORM_CATALOG["hist_pmax_ov2048"]), the rest level or slower and removed
 }
+
+
+class FixedSelectWarps:
+    """A stand-in for ``ix._select_warps``: every search program on ``warps`` warps (run 17: where the B=1 x 8K
+    select's ~8.5 us go; one warp has no cross-warp exchange and no barrier in its 32 counts)."""
+
+    def __init__(self, warps):
+        self.warps = warps
+
+    def __call__(self, chunk, warps_mul=1):
+        return self.warps
+
+    def __repr__(self):
+        return f"select programs on {self.warps} warps"
+
+
+VARIANT_CATALOG.update({f"select_w{w}": dict(_select_warps=FixedSelectWarps(w)) for w in (1, 2, 4, 16)})
 VARIANTS = ["shipped"]  # --variants replaces it; "shipped": the module's flags as committed
 COLUMNS = ("B", "context", "c4_len", "index_k_MB", "variant", "us", "vs_upstream", "read_GBps", "pct_copy_bw",
            "logits_rel_err", "sel_violations", "exact_overlap", "note")
@@ -423,7 +440,8 @@ def main() -> None:
                "PAGE_MAX_OVERLAP_PROGRAMS")
     result.extra["variants"] = {
         name: ({attr: getattr(ix, attr) for attr in shipped} if name == "shipped" else
-               {attr: ("modified plan table" if attr == "PLAN_TABLE" else value) for attr, value in VARIANT_CATALOG[name].items()})
+               {attr: ("modified plan table" if attr == "PLAN_TABLE" else repr(value) if callable(value) else value)
+                for attr, value in VARIANT_CATALOG[name].items()})
         for name in VARIANTS}
     result.extra["pdl_supported (cc >= 9.0)"] = False if args.smoke else ix.pdl_supported(torch.device("cuda"))
     result.extra["fused_variants (split pages, select form)"] = FUSED_VARIANTS
