@@ -17,8 +17,6 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
 - ``prio_wqb_pp0``: both;
 - ``attn_no_pdl``: the sparse MLA decode and combine launched without programmatic dependent launch (as before
   they had it), to measure what PDL on the attention saves inside the layer;
-- ``wqb_after_iwqb`` / ``wqb_after_iwqb_no_share``: the C4 layer's main wq_b launched after the indexer's wq_b (an
-  event wait; ``layer.WQ_B_AFTER_INDEXER_WQ_B``), with / without the SM-sharing form;
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
   persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
@@ -55,8 +53,7 @@ from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
 from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
 
-VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share",
-            "wqb_after_iwqb", "wqb_after_iwqb_no_share")
+VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share")
 INDEXER_STREAMS = (L.STREAM_INDEXER, L.STREAM_INDEX_WEIGHTS, L.STREAM_INDEX_Q)
 LAYER_CALLS = 2  # layer calls per captured graph, as the bench times a layer
 
@@ -68,7 +65,7 @@ def main_wq_b_shape(tp: int) -> tuple[int, int]:
 def wq_b_override(variant: str, tp: int):
     """A replacement for fp8_gemv.default_config that changes only the main wq_b's config (None: no change).
     At T >= 4 the main wq_b has the indexer's wq_b shape, so the override applies at T=1/2 only."""
-    if "wqb" not in variant or variant.startswith("wqb_after_iwqb"):
+    if "wqb" not in variant:
         return None
     n, k = main_wq_b_shape(tp)
     if (n, k) == dsv4.dense_linear_shapes(tp)["indexer_wq_b"]:
@@ -97,16 +94,11 @@ def applied(variant: str, tp: int):
         fp8_gemv.default_config = override
     if variant == "attn_no_pdl":
         sparse_mla_decode.USE_PDL = False
-    after = L.WQ_B_AFTER_INDEXER_WQ_B
-    if variant.endswith("no_share"):
+    if variant == "no_share":
         fp8_gemv.sharing_config = lambda cfg: cfg
-    if variant.startswith("wqb_after_iwqb"):
-        L.WQ_B_AFTER_INDEXER_WQ_B = True
     try:
-        yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
-               or variant.startswith("wqb_after_iwqb"))
+        yield override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
     finally:
-        L.WQ_B_AFTER_INDEXER_WQ_B = after
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
         fp8_gemv.sharing_config = sharing
 

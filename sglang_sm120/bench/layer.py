@@ -49,9 +49,6 @@ SIDE_STREAMS = (STREAM_COMPRESSOR, STREAM_INDEXER, STREAM_INDEX_WEIGHTS, STREAM_
 # SGLang forks the attention's prepare over streams up to this many rows on Blackwell (sm_10x..sm_12x) GPUs,
 # the ones this bench stands for (deepseek_v4.py:1447; 64 on others); the MoE's dual stream has no limit.
 ATTENTION_MULTI_STREAM_MAX_BATCH = 128
-# Plugin path, C4 layers on SGLang's streams: the main wq_b waits for the indexer's wq_b (4x fewer bytes) so that the
-# indexer's chain, which the attention waits for, reads its weights first (layer-variants tool: wqb_after_iwqb)
-WQ_B_AFTER_INDEXER_WQ_B = False
 
 
 def common_name(pdl: bool = True) -> str:
@@ -347,9 +344,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
             check_select, stream=s_idx, waits=waits_on(s_idx, "indexer_q_quant"))
 
     # the plugin's dense seam gives wq_b the SM-sharing GEMV form where the indexer runs beside it (captured decode)
-    after_index_q = path == PLUGIN and kind == "c4" and prepare_streams and WQ_B_AFTER_INDEXER_WQ_B
-    dense("wq_b", "q_lora", "q_raw", waits=("indexer_wq_b",) if after_index_q else (),
-          share_sms=kind == "c4" and prepare_streams)
+    dense("wq_b", "q_lora", "q_raw", share_sms=kind == "c4" and prepare_streams)
 
     def q_head_norm():  # per-head RMSNorm without weight (RoPE not modelled)
         heads = bench_common.rms_norm(st["q_raw"].reshape(batch * rank.heads, d.head_dim), pdl=common_pdl)
