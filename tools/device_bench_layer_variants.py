@@ -17,6 +17,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
 - ``prio_wqb_pp0``: both;
 - ``attn_no_pdl``: the sparse MLA decode and combine launched without programmatic dependent launch (as before
   they had it), to measure what PDL on the attention saves inside the layer;
+- ``wqkva_n{N}w{W}``: wqkv_a's 1-row one-chunk rows GEMV ([1536, 4096] at T=1: 192 programs of 8 columns on 8 warps)
+  on N columns per program and W warps (more, shorter programs balance 132 SMs better);
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
   persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
@@ -53,13 +55,30 @@ from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
 from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
 
-VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share")
+VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
+            "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4")
 INDEXER_STREAMS = (L.STREAM_INDEXER, L.STREAM_INDEX_WEIGHTS, L.STREAM_INDEX_Q)
 LAYER_CALLS = 2  # layer calls per captured graph, as the bench times a layer
 
 
 def main_wq_b_shape(tp: int) -> tuple[int, int]:
     return dsv4.dense_linear_shapes(tp)["wq_b"]
+
+
+def wqkv_a_override(variant: str, tp: int):
+    """default_config with wqkv_a's 1-row config on the variant's columns per program and warps (None: no change)."""
+    if not variant.startswith("wqkva_"):
+        return None
+    block_n, warps = (int(v) for v in variant[len("wqkva_n"):].split("w"))
+    n, k = dsv4.dense_linear_shapes(tp)["wqkv_a"]
+    original = fp8_gemv.default_config
+
+    def config(m, n_, k_, groups=1, sms=None):
+        cfg = original(m, n_, k_, groups, sms)
+        if (n_, k_) != (n, k) or groups != 1 or m != 1:
+            return cfg
+        return dataclasses.replace(cfg, block_n=block_n, num_warps=warps)
+    return config
 
 
 def wq_b_override(variant: str, tp: int):
@@ -88,7 +107,7 @@ def wq_b_override(variant: str, tp: int):
 
 @contextlib.contextmanager
 def applied(variant: str, tp: int):
-    override = wq_b_override(variant, tp)
+    override = wq_b_override(variant, tp) or wqkv_a_override(variant, tp)
     original, attention_pdl, sharing = fp8_gemv.default_config, sparse_mla_decode.USE_PDL, fp8_gemv.sharing_config
     if override is not None:
         fp8_gemv.default_config = override
