@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .dsv4 import FP8_BLOCK, HEAD_DIM, ROPE_DIM
+from .dsv4 import FP8_BLOCK, HEAD_DIM, HIDDEN_SIZE, KV_LORA_RANK, Q_LORA_RANK, ROPE_DIM
 from .harness.aot import AotConfig
 from .harness.interpreter import has_capability, interpreter_enabled
 from .pdl import PDL_MIN_CAPABILITY, PDL_OPCODES
@@ -1519,6 +1519,14 @@ ONE_CHUNK_TILES = ((4096, 8, 8), (2048, 8, 4), (1024, 16, 4), (0, 32, 4))  # (fr
 USE_ONE_CHUNK = True  # False: default_config as before runs 18 / 18b
 
 
+# wqkv_a ([Q_LORA_RANK + KV_LORA_RANK, HIDDEN_SIZE], the same at every T) at 1 row: 4 columns per program on 8 warps,
+# 384 programs instead of 192 on the H200's 132 SMs. H200 layer variants run 8 (2026-12-03 15:45 UTC,
+# benchmarks/bench-variants-h200-summary.md): SWA / C128 / C4 layers at T=1 and T=4, B=1, 1.004-1.013x faster; 4 columns
+# on 4 warps 0.997-1.010x, 16 columns on 8 warps or 8 on 4 warps slower (0.974-0.996x). Other one-chunk shapes keep
+# ONE_CHUNK_TILES (unmeasured in the layer).
+ONE_CHUNK_ONE_ROW_TILES = {(Q_LORA_RANK + KV_LORA_RANK, HIDDEN_SIZE): (4, 8)}
+
+
 def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig) -> GemvConfig | None:
     """The one-chunk rows form where runs 18 / 18b measured it faster (see ONE_CHUNK_* above), else None; ``form``:
     launch_form's pick for the same call."""
@@ -1527,6 +1535,8 @@ def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig) -> 
             or k_blocks & (k_blocks - 1) or (m == 1 and form.rows_form and form.k_unroll < k_blocks)):
         return None
     block_n, warps = next((bn, w) for min_k, bn, w in ONE_CHUNK_TILES if k >= min_k)
+    if m == 1 and groups == 1:
+        block_n, warps = ONE_CHUNK_ONE_ROW_TILES.get((n, k), (block_n, warps))
     return GemvConfig(m, block_n, 1, False, num_warps=warps, k_unroll=k_blocks, rows_form=True, prefetch=True,
                       one_chunk=True, pdl=True)
 
@@ -2115,7 +2125,10 @@ _ONE_CHUNK_FORMS = tuple(
     for m in (1, 2)
     for k, block_n, warps, ropes in ((4096, 8, 8, (False, True)), (2048, 8, 4, (False,)), (1024, 16, 4, (False,)),
                                      (512, 32, 4, (False,)), (256, 32, 4, (False,)))
-    for rope in ropes)
+    for rope in ropes) + tuple(  # wqkv_a at 1 row (ONE_CHUNK_ONE_ROW_TILES)
+    (GemvConfig(1, block_n, 1, False, num_warps=warps, k_unroll=k // FP8_BLOCK, rows_form=True, prefetch=True,
+                one_chunk=True, pdl=True), False)
+    for (_n, k), (block_n, warps) in ONE_CHUNK_ONE_ROW_TILES.items())
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
 # run 19 / 20 / 21: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a /
 # wo_b at T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded, rotated from its

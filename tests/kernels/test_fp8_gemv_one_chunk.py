@@ -23,7 +23,8 @@ def one_chunk(block_m, block_n, k_blocks, split=1, warps=4, pdl=True):
 # (config, N, K): the whole K one chunk (no split: K rounded up to a power-of-two number of blocks, the tail masked);
 # one chunk per split (split 2 / 3 of 8 blocks: the last split of 3 is short, so its chunk is masked); the chunk too
 # short for the split (k_unroll < the split's blocks: the prefetching loop runs, one_chunk does not apply)
-CASES = [(one_chunk(1, 8, 8, warps=8), 160, 1024), (one_chunk(1, 16, 2), 200, 200), (one_chunk(2, 16, 4), 96, 512),
+CASES = [(one_chunk(1, 8, 8, warps=8), 160, 1024), (one_chunk(1, 4, 8, warps=8), 150, 1024),  # 4 columns: wqkv_a
+         (one_chunk(1, 16, 2), 200, 200), (one_chunk(2, 16, 4), 96, 512),
          (one_chunk(1, 32, 4, split=2), 160, 1024), (one_chunk(2, 16, 4, split=2, pdl=False), 160, 1024),
          (one_chunk(1, 16, 4, split=3), 72, 1024), (one_chunk(1, 16, 2, split=2), 160, 1024)]
 
@@ -56,8 +57,10 @@ def test_one_chunk_rule(monkeypatch):
                 (2048, 4096): (8, 8), (4096, 512): (32, 4), (4096, 256): (32, 4)}
     for (n, k), (block_n, warps) in expected.items():
         for m in (1, 2):
+            # wqkv_a at 1 row: ONE_CHUNK_ONE_ROW_TILES (layer variants run 8)
+            tile = (4, 8) if m == 1 and (n, k) == (1536, 4096) else (block_n, warps)
             cfg = g.default_config(m, n, k)
-            assert cfg == one_chunk(m, block_n, k // 128, warps=warps), (n, k, m)
+            assert cfg == one_chunk(m, tile[0], k // 128, warps=tile[1]), (n, k, m)
     assert g.default_config(2, 8192, 1024) == one_chunk(2, 16, 8)
     two_chunks = g.default_config(1, 8192, 1024)
     assert two_chunks.rows_form and two_chunks.k_unroll == 4 and not two_chunks.one_chunk
