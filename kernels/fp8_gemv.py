@@ -1500,9 +1500,9 @@ PERSISTENT_FMA_PROGRAMS_PER_SM = 2
 # block_fp8_linear(share_sms=True): a GEMV another stream runs work beside (SGLang's C4 layers: the indexer's wq_b,
 # query quantisation and logits on side streams while the main wq_b runs) keeps its persistent form on this many
 # programs per SM. Two programs of 234 registers x 128 threads fill an SM's register file, so the indexer's kernels
-# start only as they leave. H200 layer-variants runs 2 / 4 (benchmarks/bench-variants-h200-summary.md), T=1 B=1 C4
-# layer: 125.22 vs 130.30 us; 126.66 vs 131.11 with the (removed) barrier select. Alone the form is slower (C128 /
-# SWA layers 0.948x / 0.983x in run 4), so only the callers that share the SMs ask for it.
+# start only as they leave. H200 layer variants (benchmarks/bench-variants-h200-summary.md), T=1 B=1 C4 layer: run 5
+# 125.57 vs 130.01 us (and 125.22 vs 130.30 in run 2); not persistent (130.86) or the rows form (131.90) lose (run 7).
+# Alone the form is slower (C128 / SWA layers 0.948x / 0.983x in run 4), so only callers that share the SMs ask for it.
 SHARED_PERSISTENT_PROGRAMS_PER_SM = 1
 # Small weights at 1..2 rows, H200 runs 18 / 18b (benchmarks/fp8_gemv-h200-run18-summary.md): most of a small GEMV's
 # time is fixed (a PDL chain of trivial kernels costs 1.1-1.45 us per call; the split-K partial store, ticket and

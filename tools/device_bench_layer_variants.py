@@ -17,8 +17,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
 - ``prio_wqb_pp0``: both;
 - ``attn_no_pdl``: the sparse MLA decode and combine launched without programmatic dependent launch (as before
   they had it), to measure what PDL on the attention saves inside the layer;
-- ``wqkva_n{N}w{W}``: wqkv_a's 1-row one-chunk rows GEMV ([1536, 4096] at T=1: 192 programs of 8 columns on 8 warps)
-  on N columns per program and W warps (more, shorter programs balance 132 SMs better);
+- ``wqkva_n{N}w{W}``: wqkv_a's 1-row one-chunk rows GEMV ([1536, 4096] at every T) on N columns per program and W
+  warps (run 8, against 8 columns on 8 warps, 192 programs on 132 SMs; 4 on 8 warps shipped since);
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
   persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
