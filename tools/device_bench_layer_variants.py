@@ -19,6 +19,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   they had it), to measure what PDL on the attention saves inside the layer;
 - ``wqkva_n{N}w{W}``: wqkv_a's 1-row one-chunk rows GEMV ([1536, 4096] at every T) on N columns per program and W
   warps (run 8, against 8 columns on 8 warps, 192 programs on 132 SMs; 4 on 8 warps shipped since);
+- ``iwqb_n8`` / ``iwqb_n32`` / ``iwqb_oc``: the indexer's wq_b ([8192, 1024], T=1 only: at T >= 4 the main wq_b has its
+  shape) at 1 row on 8 or 32 columns per program (shipped: 16, 512 programs, its K in two chunks), or in one chunk;
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
   persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
@@ -56,7 +58,7 @@ from sglang_sm120.bench import model  # noqa: E402
 from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
 
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
-            "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4")
+            "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc")
 INDEXER_STREAMS = (L.STREAM_INDEXER, L.STREAM_INDEX_WEIGHTS, L.STREAM_INDEX_Q)
 LAYER_CALLS = 2  # layer calls per captured graph, as the bench times a layer
 
@@ -81,10 +83,27 @@ def wqkv_a_override(variant: str, tp: int):
     return config
 
 
+def indexer_wq_b_override(variant: str, tp: int):
+    """default_config with the indexer's wq_b at 1 row on the variant's tile (None: no change; T=1 only)."""
+    if not variant.startswith("iwqb_") or tp != 1:
+        return None
+    n, k = dsv4.dense_linear_shapes(tp)["indexer_wq_b"]
+    original = fp8_gemv.default_config
+
+    def config(m, n_, k_, groups=1, sms=None):
+        cfg = original(m, n_, k_, groups, sms)
+        if (n_, k_) != (n, k) or groups != 1 or m != 1:
+            return cfg
+        if variant == "iwqb_oc":
+            return dataclasses.replace(cfg, k_unroll=k // fp8_gemv.FP8_BLOCK, one_chunk=True, evict_first=False)
+        return dataclasses.replace(cfg, block_n=int(variant[len("iwqb_n"):]))
+    return config
+
+
 def wq_b_override(variant: str, tp: int):
     """A replacement for fp8_gemv.default_config that changes only the main wq_b's config (None: no change).
     At T >= 4 the main wq_b has the indexer's wq_b shape, so the override applies at T=1/2 only."""
-    if "wqb" not in variant:
+    if "wqb" not in variant or variant.startswith("iwqb_"):
         return None
     n, k = main_wq_b_shape(tp)
     if (n, k) == dsv4.dense_linear_shapes(tp)["indexer_wq_b"]:
@@ -107,7 +126,7 @@ def wq_b_override(variant: str, tp: int):
 
 @contextlib.contextmanager
 def applied(variant: str, tp: int):
-    override = wq_b_override(variant, tp) or wqkv_a_override(variant, tp)
+    override = wq_b_override(variant, tp) or wqkv_a_override(variant, tp) or indexer_wq_b_override(variant, tp)
     original, attention_pdl, sharing = fp8_gemv.default_config, sparse_mla_decode.USE_PDL, fp8_gemv.sharing_config
     if override is not None:
         fp8_gemv.default_config = override
