@@ -67,61 +67,60 @@ def main_wq_b_shape(tp: int) -> tuple[int, int]:
     return dsv4.dense_linear_shapes(tp)["wq_b"]
 
 
+def one_row_override(shape: tuple[int, int], change):
+    """A replacement for fp8_gemv.default_config that changes only the 1-row config of one ungrouped [N, K] weight:
+    ``change(cfg, m, groups, sms)`` gives the config to use instead of the shipped ``cfg``."""
+    original = fp8_gemv.default_config
+
+    def config(m, n, k, groups=1, sms=None):
+        cfg = original(m, n, k, groups, sms)
+        if (n, k) != shape or groups != 1 or m != 1:
+            return cfg
+        return change(cfg, m, groups, sms)
+    return config
+
+
 def wqkv_a_override(variant: str, tp: int):
-    """default_config with wqkv_a's 1-row config on the variant's columns per program and warps (None: no change)."""
+    """wqkv_a's 1-row config on the variant's columns per program and warps (None: no change)."""
     if not variant.startswith("wqkva_"):
         return None
     block_n, warps = (int(v) for v in variant[len("wqkva_n"):].split("w"))
-    n, k = dsv4.dense_linear_shapes(tp)["wqkv_a"]
-    original = fp8_gemv.default_config
-
-    def config(m, n_, k_, groups=1, sms=None):
-        cfg = original(m, n_, k_, groups, sms)
-        if (n_, k_) != (n, k) or groups != 1 or m != 1:
-            return cfg
-        return dataclasses.replace(cfg, block_n=block_n, num_warps=warps)
-    return config
+    return one_row_override(dsv4.dense_linear_shapes(tp)["wqkv_a"],
+                            lambda cfg, *_: dataclasses.replace(cfg, block_n=block_n, num_warps=warps))
 
 
 def indexer_wq_b_override(variant: str, tp: int):
-    """default_config with the indexer's wq_b at 1 row on the variant's tile (None: no change; T=1 only)."""
+    """The indexer's wq_b at 1 row on the variant's tile (None: no change; T=1 only)."""
     if not variant.startswith("iwqb_") or tp != 1:
         return None
     n, k = dsv4.dense_linear_shapes(tp)["indexer_wq_b"]
-    original = fp8_gemv.default_config
-
-    def config(m, n_, k_, groups=1, sms=None):
-        cfg = original(m, n_, k_, groups, sms)
-        if (n_, k_) != (n, k) or groups != 1 or m != 1:
-            return cfg
-        if variant == "iwqb_oc":
-            return dataclasses.replace(cfg, k_unroll=k // fp8_gemv.FP8_BLOCK, one_chunk=True, evict_first=False)
-        return dataclasses.replace(cfg, block_n=int(variant[len("iwqb_n"):]))
-    return config
+    if variant == "iwqb_oc":
+        tile = dict(k_unroll=k // fp8_gemv.FP8_BLOCK, one_chunk=True, evict_first=False)
+    else:
+        tile = dict(block_n=int(variant[len("iwqb_n"):]))
+    return one_row_override((n, k), lambda cfg, *_: dataclasses.replace(cfg, **tile))
 
 
 def wq_b_override(variant: str, tp: int):
-    """A replacement for fp8_gemv.default_config that changes only the main wq_b's config (None: no change).
-    At T >= 4 the main wq_b has the indexer's wq_b shape, so the override applies at T=1/2 only."""
+    """The main wq_b's 1-row config (None: no change). At T >= 4 the main wq_b has the indexer's wq_b shape, so the
+    override applies at T=1/2 only."""
     if "wqb" not in variant or variant.startswith("iwqb_"):
         return None
-    n, k = main_wq_b_shape(tp)
-    if (n, k) == dsv4.dense_linear_shapes(tp)["indexer_wq_b"]:
+    shape = main_wq_b_shape(tp)
+    index_shape = dsv4.dense_linear_shapes(tp)["indexer_wq_b"]
+    if shape == index_shape:
         return None
     original = fp8_gemv.default_config
 
-    def config(m, n_, k_, groups=1, sms=None):
-        cfg = original(m, n_, k_, groups, sms)
-        if (n_, k_) != (n, k) or groups != 1 or m != 1:
-            return cfg
+    def change(cfg, m, groups, sms):
         if variant.endswith("wqb_pp1"):
             return dataclasses.replace(cfg, persistent_programs_per_sm=1)
         if variant.endswith("wqb_pp0"):
             return dataclasses.replace(cfg, persistent_programs_per_sm=0)
         if variant.endswith("wqb_rows"):
-            return original(m, *dsv4.dense_linear_shapes(tp)["indexer_wq_b"], groups, sms)
+            return original(m, *index_shape, groups, sms)
         raise ValueError(variant)
-    return config
+    return one_row_override(shape, change)
 
 
 @contextlib.contextmanager
