@@ -19,6 +19,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "fp8_gemv",
     "bench_common",
     "bf16_gemv",
+    "l2_prefetch",
 )
 
 
