@@ -19,7 +19,6 @@ KERNEL_MODULES: tuple[str, ...] = (
     "fp8_gemv",
     "bench_common",
     "bf16_gemv",
-    "l2_prefetch",
 )
 
 

@@ -58,24 +58,9 @@ from sglang_sm120.bench import model  # noqa: E402
 from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
 
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
-            "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc", "pf50", "pf75", "pf90",
-            "pf75_jwoa", "pf75_qb", "pf_qb", "pf0")
+            "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc")
 INDEXER_STREAMS = (L.STREAM_INDEXER, L.STREAM_INDEX_WEIGHTS, L.STREAM_INDEX_Q)
 LAYER_CALLS = 2  # layer calls per captured graph, as the bench times a layer
-
-
-def prefetch_option(variant: str) -> L.L2Prefetch | None:
-    """The L2 prefetch stages of a ``pf*`` variant: ``pf{P}`` wo_a, wo_b and the shared expert's weights after wq_b
-    up to P % of L2, joined before the combine; ``_jwoa``: joined before wo_a instead; ``_qb``: also wq_b's weight
-    after the input norm; ``pf_qb``: only that; ``pf0``: the prefetch stream's stages with nothing to fetch (what
-    the fork and join alone cost)."""
-    if not variant.startswith("pf"):
-        return None
-    if variant == "pf_qb":
-        return L.L2Prefetch(0.75, after_wq_b=(), before_wq_b=True)
-    fraction = int(variant[2:].split("_")[0]) / 100
-    return L.L2Prefetch(fraction, join="wo_a" if variant.endswith("_jwoa") else "combine",
-                        before_wq_b=variant.endswith("_qb"))
 
 
 def main_wq_b_shape(tp: int) -> tuple[int, int]:
@@ -149,8 +134,7 @@ def applied(variant: str, tp: int):
     if variant == "no_share":
         fp8_gemv.sharing_config = lambda cfg: cfg
     try:
-        yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
-               or variant.startswith("pf"))
+        yield override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
     finally:
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
         fp8_gemv.sharing_config = sharing
@@ -185,8 +169,7 @@ def main() -> int:
         for kind, state_w, caches, x in reduced_layers(args.kind):
             for variant in args.variants:
                 with applied(variant, 1):
-                    L.run_layer(L.build_stages(L.PLUGIN, kind, state_w, caches, x, {},
-                                               l2_prefetch=prefetch_option(variant)))
+                    L.run_layer(L.build_stages(L.PLUGIN, kind, state_w, caches, x, {}))
                 print(kind, variant, "ok")
         print("smoke ok (nothing timed)")
         return 0
@@ -217,8 +200,7 @@ def main() -> int:
                     with applied(variant, tp) as applies:
                         side = stream_sets["prio" if "prio" in variant else "default"]
                         st: dict = {}
-                        stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, st,
-                                                l2_prefetch=prefetch_option(variant))
+                        stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, st)
                         L.run_layer(stages, side)
                         torch.cuda.synchronize()
                         out = st["out"].clone()

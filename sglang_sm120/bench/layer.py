@@ -45,9 +45,7 @@ STREAM_INDEXER = "indexer"  # stream_indexer: the indexer compressor, then the l
 STREAM_INDEX_WEIGHTS = "index_weights"  # the indexer's stream_weights: weights_proj
 STREAM_INDEX_Q = "index_q"  # the indexer's stream_q: its wq_b and the fused query quantisation
 STREAM_SHARED_EXPERT = "shared_expert"  # the MoE's alt stream: the shared expert
-STREAM_L2_PREFETCH = "l2_prefetch"  # the plugin's own: L2 prefetches of later weights (L2Prefetch)
-SIDE_STREAMS = (STREAM_COMPRESSOR, STREAM_INDEXER, STREAM_INDEX_WEIGHTS, STREAM_INDEX_Q, STREAM_SHARED_EXPERT,
-                STREAM_L2_PREFETCH)
+SIDE_STREAMS = (STREAM_COMPRESSOR, STREAM_INDEXER, STREAM_INDEX_WEIGHTS, STREAM_INDEX_Q, STREAM_SHARED_EXPERT)
 # SGLang forks the attention's prepare over streams up to this many rows on Blackwell (sm_10x..sm_12x) GPUs,
 # the ones this bench stands for (deepseek_v4.py:1447; 64 on others); the MoE's dual stream has no limit.
 ATTENTION_MULTI_STREAM_MAX_BATCH = 128
@@ -76,18 +74,6 @@ COMPONENT_NAMES = {
     "common": {PLUGIN: COMMON_NAME, UPSTREAM: COMMON_NAME},
 }
 COMPONENTS = tuple(COMPONENT_NAMES)
-
-
-@dataclasses.dataclass(frozen=True)
-class L2Prefetch:
-    """The plugin path's L2 prefetches (kernels/l2_prefetch.py), on their own side stream: after ``wq_b`` the
-    weights of ``after_wq_b`` in order (the attention, and at C4 the indexer's top-k, barely use the memory), up
-    to ``budget_fraction`` of the GPU's L2, joined into the main stream before the stage ``join``; with
-    ``before_wq_b``, wq_b's own weight (same budget) after the input norm, joined before wq_b."""
-    budget_fraction: float
-    after_wq_b: tuple = ("wo_a", "wo_b", "shared_gate_up", "shared_down")
-    join: str = "combine"
-    before_wq_b: bool = False
 
 
 @dataclasses.dataclass
@@ -206,12 +192,11 @@ def _dequant_experts(packed, scale):
 
 
 def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, x: torch.Tensor,
-                 state: dict, common_pdl: bool = True, l2_prefetch: L2Prefetch | None = None) -> list[Stage]:
+                 state: dict, common_pdl: bool = True) -> list[Stage]:
     """The decode step of one ``kind`` layer on ``x [B, hidden]`` as stages of ``path``; ``common_pdl``: the
-    shared bench_common kernels launch with PDL where the GPU has it (both paths alike); ``l2_prefetch``: the
-    plugin path's L2 prefetch stages (:class:`L2Prefetch`; None: none)."""
+    shared bench_common kernels launch with PDL where the GPU has it (both paths alike)."""
     from .. import bf16_linear as bf16_seam
-    from ..kernels import bench_common, bf16_gemv, fp8_gemv, indexer, l2_prefetch as l2, moe_mxfp4, sparse_mla_decode
+    from ..kernels import bench_common, bf16_gemv, fp8_gemv, indexer, moe_mxfp4, sparse_mla_decode
 
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -225,23 +210,11 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     st["x"] = x
     stages: list[Stage] = []
 
-    prefetch_joins: dict[str, str] = {}  # stage -> the L2 prefetch stage it joins
-
     def add(name, component, fn, nbytes, check=None, stream=MAIN, waits=()):
-        waits = tuple(waits) + ((prefetch_joins[name],) if name in prefetch_joins else ())
-        stages.append(Stage(name, component, fn, int(nbytes), check, stream, waits))
+        stages.append(Stage(name, component, fn, int(nbytes), check, stream, tuple(waits)))
 
     # SGLang forks the attention's prepare only up to a batch limit; the shared expert always
     prepare_streams = batch <= ATTENTION_MULTI_STREAM_MAX_BATCH
-    prefetch = l2_prefetch if path == PLUGIN else None
-
-    def prefetch_stage(name, weight_names, after):
-        tensors = [t for wn in weight_names for t in (w.wo_a if wn == "wo_a" else w.dense[wn])]
-        budget = l2.l2_budget_bytes(x.device, prefetch.budget_fraction) if x.is_cuda else 0
-
-        def fn():
-            l2.l2_prefetch(*tensors, budget_bytes=budget)
-        add(name, "dense", fn, 0, stream=STREAM_L2_PREFETCH, waits=(after,))
 
     def side(stream):
         return stream if prepare_streams else MAIN
@@ -312,9 +285,6 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
     def check_input_norm():
         return {"rel_err": _relerr(st["h"], bench_common.reference_rms_norm(st["x"], w.norms["attn"]))}
     add("input_norm", "common", input_norm, act_bytes, check_input_norm)
-    if prefetch is not None and prefetch.before_wq_b:
-        prefetch_stage("l2_prefetch_wq_b", ("wq_b",), "input_norm")
-        prefetch_joins["wq_b"] = "l2_prefetch_wq_b"
     dense("wqkv_a", "h", "qkv")
 
     def q_norm():
@@ -375,9 +345,6 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
 
     # the plugin's dense seam gives wq_b the SM-sharing GEMV form where the indexer runs beside it (captured decode)
     dense("wq_b", "q_lora", "q_raw", share_sms=kind == "c4" and prepare_streams)
-    if prefetch is not None and prefetch.after_wq_b:
-        prefetch_stage("l2_prefetch_after_wq_b", prefetch.after_wq_b, "wq_b")
-        prefetch_joins[prefetch.join] = "l2_prefetch_after_wq_b"
 
     def q_head_norm():  # per-head RMSNorm without weight (RoPE not modelled)
         heads = bench_common.rms_norm(st["q_raw"].reshape(batch * rank.heads, d.head_dim), pdl=common_pdl)
