@@ -10,6 +10,8 @@ a PDL kernel after a kernel that never triggers simply starts when that kernel c
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -42,7 +44,19 @@ def pdl_wait(PDL: tl.constexpr):
 
 def pdl_supported(device: torch.device) -> bool:
     """Whether kernels on ``device`` can be launched with programmatic dependent launch (a CUDA device of
-    compute capability 9.0 or newer; never under the CPU interpreter, which has no launch attributes)."""
+    compute capability 9.0 or newer; never under the CPU interpreter, which has no launch attributes). The kernels ask
+    on every launch, so a device's capability is queried once per process (:func:`clear_cache` forgets it)."""
     if device.type != "cuda" or interpreter_enabled():
         return False
-    return torch.cuda.get_device_capability(device)[0] >= PDL_MIN_CAPABILITY
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return _capability_major(index) >= PDL_MIN_CAPABILITY
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def clear_cache() -> None:
+    """Forget the cached capabilities (tests that fake a device)."""
+    _capability_major.cache_clear()

@@ -187,9 +187,11 @@ def test_pdl_only_on_gpus_with_griddepcontrol(monkeypatch, capability, expected)
     assert not bc.launch_with_pdl(torch.device("cpu"), True)
     monkeypatch.setattr(pdl, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    pdl.clear_cache()  # the capability is cached per device index; each parameter fakes another GPU
     assert bc.launch_with_pdl(torch.device("cuda", 0), True) is expected
     assert bc.launch_with_pdl(torch.device("cuda", 0), False) is False
     assert not bc.launch_with_pdl(torch.device("cpu"), True)
+    pdl.clear_cache()  # no faked capability outlives the test
 
 
 class _LaunchRecorder:
