@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""How the MoE decode's fp16 TMA GEMV launches fill an RTX PRO 6000 / RTX 5090 (sm_120), and the H200 for
+comparison: a MODEL from AOT facts, not a measurement (there is no sm_120 GPU here).
+
+For every (T, B) at which the fp16 TMA GEMV is the default (``moe_mxfp4.GEMV_TMA_F16_WHERE``), each launch's shipped
+config is compiled ahead of time (registers and shared memory for sm_120a, and for sm_90a for the H200 rows), the
+resident programs per SM follow from the per-SM limits (``kernels/harness/occupancy.py``), and the grid the launcher
+would use gives the waves. The number of programs that do work depends on how many distinct experts the batch routes
+to; the model takes the upper bound, every routed row on its own expert (exact at B=1, whose top-6 are distinct).
+A "ragged" launch ends in a last wave of at most a quarter of the slots after a full one: those programs run with most
+of the GPU idle for about one program's time (e.g. 384 programs with 2 resident per SM on 188 SMs: 376, then 8).
+
+    python3 tools/sm120_occupancy.py --out docs/sm120-occupancy-moe.md    # compiles (a few minutes on 2 cores)
+    python3 tools/sm120_occupancy.py --batches 1 2 --tp 1 2               # a subset, to stdout
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _repo_imports import ensure_kernels_importable  # noqa: E402
+
+ensure_kernels_importable()
+
+from sglang_sm120.kernels import moe_mxfp4 as moe  # noqa: E402
+from sglang_sm120.kernels.dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, NUM_EXPERTS, TOP_K  # noqa: E402
+from sglang_sm120.kernels.harness import occupancy as occ  # noqa: E402
+
+GPUS = (occ.RTX_PRO_6000, occ.RTX_5090, occ.H200)
+ARCH_OF = {occ.RTX_PRO_6000: 120, occ.RTX_5090: 120, occ.H200: 90}
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    tp: int
+    batch: int
+    kind: str  # "gate_up" or "down"
+    config: moe.GemvConfig
+
+    @property
+    def aot_name(self) -> str:  # the name moe_mxfp4.aot_configs gives this config
+        return f"moe_mxfp4_{self.kind}_gemvtma_{self.config.label()}"
+
+    def programs(self, gpu: occ.GpuLimits) -> int:
+        """Programs that do work: one per (expert slot, column block), every routed row on its own expert (the upper
+        bound); a persistent grid: the launcher's min(work items, SMs x programs per SM)."""
+        rows = self.batch * TOP_K
+        columns = (MOE_INTERMEDIATE_SIZE // self.tp if self.kind == "gate_up" else HIDDEN_SIZE) // self.config.block_n
+        if self.config.persistent_programs_per_sm:
+            return min(rows * columns, gpu.sms * self.config.persistent_programs_per_sm)
+        return min(rows, NUM_EXPERTS) * columns
+
+
+def default_launches(tps, batches) -> list[Launch]:
+    """The gate/up and down launches of the fp16 TMA GEMV where it is the default, at the given T and B."""
+    out = []
+    for tp in tps:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        for batch in batches:
+            if not moe.gemv_f16_default(batch * TOP_K, inter):
+                continue
+            gate_up, down = moe.gemv_configs(batch * TOP_K, inter)
+            out += [Launch(tp, batch, "gate_up", gate_up), Launch(tp, batch, "down", down)]
+    return out
+
+
+def rows_for(launches, facts: dict) -> list[dict]:
+    """One row per (launch, GPU): ``facts[(aot name, arch)] = (registers, shared bytes)``."""
+    rows = []
+    for launch in launches:
+        for gpu in GPUS:
+            registers, shared = facts[(launch.aot_name, ARCH_OF[gpu])]
+            per_sm = occ.resident_programs_per_sm(gpu, launch.config.num_warps, registers, shared)
+            w = occ.waves(gpu, launch.programs(gpu), per_sm)
+            rows.append({"T": launch.tp, "B": launch.batch, "launch": launch.kind, "tile": launch.config.label(),
+                         "gpu": gpu.name, "registers": registers, "shared": shared, "per_sm": per_sm,
+                         "slots": w.slots, "programs": w.programs, "waves": round(w.waves, 2),
+                         "last_wave": w.last_wave_programs, "ragged": w.ragged,
+                         # a persistent grid sized for more resident programs per SM than fit: not all resident
+                         "persistent_over": launch.config.persistent_programs_per_sm > per_sm})
+    return rows
+
+
+def compile_facts(launches) -> dict:
+    from sglang_sm120.kernels.harness.aot import run_isolated
+
+    names = sorted({launch.aot_name for launch in launches})
+    shipped = {cfg.name for cfg in moe.aot_configs()}
+    missing = [n for n in names if n not in shipped]
+    if missing:
+        raise SystemExit(f"not among moe_mxfp4.aot_configs(): {missing}")
+    facts = {}
+    for report, _problems in run_isolated(modules=("moe_mxfp4",), archs=sorted(set(ARCH_OF.values())), only=names):
+        if report.config in names:
+            facts[(report.config, report.arch)] = (report.registers, report.shared_bytes)
+    return facts
+
+
+def markdown(rows) -> str:
+    lines = ["# MoE decode (fp16 TMA GEMV) occupancy on sm_120: a model from AOT facts, not a measurement", "",
+             "`python3 tools/sm120_occupancy.py`. Registers and shared memory from Triton's AOT compile (sm_120a for "
+             "the RTX rows, sm_90a for the H200's), resident programs per SM from the per-SM limits "
+             "(`kernels/harness/occupancy.py`: 100 KiB shared memory per SM on sm_120 with 1 KiB reserved per "
+             "program, 228 KiB on sm_90, 65536 registers, 1536 / 2048 threads), programs from the launcher's grid with "
+             "every routed row on its own expert (exact at B=1). Nothing here was run on an sm_120 GPU.", "",
+             "| T | B | launch | tile | GPU | regs | smem B | per SM | slots | programs | waves | last wave | ragged |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['T']} | {r['B']} | {r['launch']} | `{r['tile']}` | {r['gpu']} | {r['registers']} | "
+                     f"{r['shared']} | {r['per_sm']} | {r['slots']} | {r['programs']} | {r['waves']} | "
+                     f"{r['last_wave']} | {'**yes**' if r['ragged'] else 'no'} |")
+    ragged = [r for r in rows if r["ragged"]]
+    lines += ["", f"Ragged launches: {len(ragged)} of {len(rows)}."]
+    lines += [f"- T={r['T']} B={r['B']} {r['launch']} on {r['gpu']}: {r['programs']} programs, {r['per_sm']} per SM "
+              f"({r['shared']} B of shared memory, {r['registers']} registers): {r['slots']} at once, then "
+              f"{r['last_wave']}." for r in ragged]
+    over = [r for r in rows if r["persistent_over"]]
+    lines += ["", f"Persistent grids sized for more programs per SM than fit: {len(over)} of {len(rows)}."]
+    lines += [f"- T={r['T']} B={r['B']} {r['launch']} (`{r['tile']}`) on {r['gpu']}: {r['per_sm']} fit per SM." for r in over]
+    lines += ["", "What a ragged launch costs depends on how fast its last programs run with the GPU nearly to "
+              "themselves, which this model does not know: at most about one program's time (a launch of 1.02 waves "
+              "could take up to twice its one-wave time if every program took as long alone as in a full wave; "
+              "bandwidth-bound programs run faster alone, so the cost is smaller)."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tp", nargs="+", type=int, default=[1, 2, 4])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--out", help="markdown file (default: stdout)")
+    args = p.parse_args()
+    launches = default_launches(args.tp, args.batches)
+    text = markdown(rows_for(launches, compile_facts(launches)))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
