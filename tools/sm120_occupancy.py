@@ -10,7 +10,7 @@ to; the model takes the upper bound, every routed row on its own expert (exact a
 A "ragged" launch ends in a last wave of at most a quarter of the slots after a full one: those programs run with most
 of the GPU idle for about one program's time (e.g. 384 programs with 2 resident per SM on 188 SMs: 376, then 8).
 
-    python3 tools/sm120_occupancy.py --out docs/sm120-occupancy-moe.md    # compiles (a few minutes on 2 cores)
+    python3 tools/sm120_occupancy.py --out docs/sm120-occupancy-moe.md    # compiles the configs (~15 s on 2 cores)
     python3 tools/sm120_occupancy.py --batches 1 2 --tp 1 2               # a subset, to stdout
 """
 
@@ -32,7 +32,7 @@ from sglang_sm120.kernels import moe_mxfp4 as moe  # noqa: E402
 from sglang_sm120.kernels.dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, NUM_EXPERTS, TOP_K  # noqa: E402
 from sglang_sm120.kernels.harness import occupancy as occ  # noqa: E402
 
-GPUS = (occ.RTX_PRO_6000, occ.RTX_5090, occ.H200)
+GPUS = (*occ.SM120_GPUS, occ.H200)
 ARCH_OF = {occ.RTX_PRO_6000: 120, occ.RTX_5090: 120, occ.H200: 90}
 
 
