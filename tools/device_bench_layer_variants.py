@@ -21,6 +21,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   warps (run 8, against 8 columns on 8 warps, 192 programs on 132 SMs; 4 on 8 warps shipped since);
 - ``iwqb_n8`` / ``iwqb_n32`` / ``iwqb_oc``: the indexer's wq_b ([8192, 1024], T=1 only: at T >= 4 the main wq_b has its
   shape) at 1 row on 8 or 32 columns per program (shipped: 16, 512 programs, its K in two chunks), or in one chunk;
+- ``sd_n16`` / ``sd_n32`` / ``sd_nopdl``: the shared expert's down projection at 1 row on 16 or 32 columns per program
+  (shipped: 8, 512 programs) or without PDL, so that fewer of its programs hold SM slots beside the routed gate/up;
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
   persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
@@ -58,7 +60,8 @@ from sglang_sm120.bench import model  # noqa: E402
 from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
 
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
-            "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc")
+            "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc", "sd_n16", "sd_n32",
+            "sd_nopdl")
 INDEXER_STREAMS = (L.STREAM_INDEXER, L.STREAM_INDEX_WEIGHTS, L.STREAM_INDEX_Q)
 LAYER_CALLS = 2  # layer calls per captured graph, as the bench times a layer
 
@@ -87,6 +90,17 @@ def wqkv_a_override(variant: str, tp: int):
     block_n, warps = (int(v) for v in variant[len("wqkva_n"):].split("w"))
     return one_row_override(dsv4.dense_linear_shapes(tp)["wqkv_a"],
                             lambda cfg, *_: dataclasses.replace(cfg, block_n=block_n, num_warps=warps))
+
+
+def shared_down_override(variant: str, tp: int):
+    """The shared expert's down projection ([4096, 2048 / T]) at 1 row on fewer, wider programs (``sd_n{N}``: N columns
+    per program; shipped at T=1: 8, 512 programs) or launched without PDL (``sd_nopdl``: its programs take no SM slot
+    before the SwiGLU has finished). At B=1 it runs beside the routed experts' gate/up, which is on the critical path;
+    None: no change."""
+    if not variant.startswith("sd_"):
+        return None
+    tile = dict(pdl=False) if variant == "sd_nopdl" else dict(block_n=int(variant[len("sd_n"):]))
+    return one_row_override(dsv4.dense_linear_shapes(tp)["shared_down"], lambda cfg, *_: dataclasses.replace(cfg, **tile))
 
 
 def indexer_wq_b_override(variant: str, tp: int):
@@ -125,7 +139,8 @@ def wq_b_override(variant: str, tp: int):
 
 @contextlib.contextmanager
 def applied(variant: str, tp: int):
-    override = wq_b_override(variant, tp) or wqkv_a_override(variant, tp) or indexer_wq_b_override(variant, tp)
+    override = (wq_b_override(variant, tp) or wqkv_a_override(variant, tp) or indexer_wq_b_override(variant, tp)
+                or shared_down_override(variant, tp))
     original, attention_pdl, sharing = fp8_gemv.default_config, sparse_mla_decode.USE_PDL, fp8_gemv.sharing_config
     if override is not None:
         fp8_gemv.default_config = override
