@@ -49,7 +49,8 @@ import triton.language as tl
 from .dsv4 import FP8_BLOCK, HEAD_DIM, HIDDEN_SIZE, KV_LORA_RANK, Q_LORA_RANK, ROPE_DIM
 from .harness.aot import AotConfig
 from .harness.interpreter import has_capability, interpreter_enabled
-from .pdl import PDL_MIN_CAPABILITY, PDL_OPCODES
+from .pdl import PDL_MIN_CAPABILITY, PDL_OPCODES, capability_major
+from .pdl import clear_cache as _clear_capability_cache
 from .pdl import pdl_launch_dependents as _pdl_launch_dependents
 from .pdl import pdl_wait as _pdl_wait
 
@@ -1342,7 +1343,7 @@ def weight_tma_usable(w3: torch.Tensor) -> bool:
         return False
     if w3.device.type != "cuda":
         return has_capability(w3.device, TMA_MIN_CAPABILITY)  # the interpreter emulates TMA
-    return _capability_major(_device_index(w3.device)) >= TMA_MIN_CAPABILITY
+    return capability_major(w3.device) >= TMA_MIN_CAPABILITY
 
 
 def _weight_descriptor(w3: torch.Tensor, cfg: GemvConfig):
@@ -1357,7 +1358,7 @@ def pdl_supported(device: torch.device) -> bool:
     """Whether kernels on ``device`` can be launched with programmatic dependent launch."""
     if device.type != "cuda" or interpreter_enabled():
         return False
-    return _capability_major(_device_index(device)) >= PDL_MIN_CAPABILITY
+    return capability_major(device) >= PDL_MIN_CAPABILITY
 
 
 def sm_count(device_index: int | None = None) -> int:
@@ -1380,20 +1381,12 @@ def _device_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
-def _capability_major(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]
-
-
-def _device_index(device: torch.device) -> int:
-    return torch.cuda.current_device() if device.index is None else device.index
-
-
 def clear_caches() -> None:
     """Forget the cached device facts and configs (tests that fake a device; a caller that changes a rule constant
     other than the USE_* switches, which are part of the config cache's key)."""
-    for cached in (_cuda_available, _device_sm_count, _capability_major, _cached_default_config, _cached_wo_a_config):
+    for cached in (_cuda_available, _device_sm_count, _cached_default_config, _cached_wo_a_config):
         cached.cache_clear()
+    _clear_capability_cache()  # the capability cache is kernels/pdl.py's, shared with the other kernels
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -45,11 +45,16 @@ def pdl_wait(PDL: tl.constexpr):
 def pdl_supported(device: torch.device) -> bool:
     """Whether kernels on ``device`` can be launched with programmatic dependent launch (a CUDA device of
     compute capability 9.0 or newer; never under the CPU interpreter, which has no launch attributes). The kernels ask
-    on every launch, so a device's capability is queried once per process (:func:`clear_cache` forgets it)."""
+    on every launch, so a device's capability is queried once per process (:func:`capability_major`)."""
     if device.type != "cuda" or interpreter_enabled():
         return False
-    index = torch.cuda.current_device() if device.index is None else device.index
-    return _capability_major(index) >= PDL_MIN_CAPABILITY
+    return capability_major(device) >= PDL_MIN_CAPABILITY
+
+
+def capability_major(device: torch.device) -> int:
+    """Major compute capability of CUDA ``device`` (no index: the current device), queried once per device index
+    and process; :func:`clear_cache` forgets the answers."""
+    return _capability_major(torch.cuda.current_device() if device.index is None else device.index)
 
 
 @functools.lru_cache(maxsize=None)
