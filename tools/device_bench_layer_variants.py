@@ -118,7 +118,7 @@ def indexer_wq_b_override(variant: str, tp: int):
 def wq_b_override(variant: str, tp: int):
     """The main wq_b's 1-row config (None: no change). At T >= 4 the main wq_b has the indexer's wq_b shape, so the
     override applies at T=1/2 only."""
-    if "wqb" not in variant or variant.startswith("iwqb_"):
+    if variant not in ("wqb_pp1", "wqb_pp0", "wqb_rows", "prio_wqb_pp0"):  # by name: "iwqb_*" is the indexer's
         return None
     shape = main_wq_b_shape(tp)
     index_shape = dsv4.dense_linear_shapes(tp)["indexer_wq_b"]
