@@ -23,6 +23,11 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   shape) at 1 row on 8 or 32 columns per program (shipped: 16, 512 programs, its K in two chunks), or in one chunk;
 - ``sd_n16`` / ``sd_n32`` / ``sd_nopdl``: the shared expert's down projection at 1 row on 16 or 32 columns per program
   (shipped: 8, 512 programs) or without PDL, so that fewer of its programs hold SM slots beside the routed gate/up;
+- ``drop_route`` / ``drop_qquant`` / ``drop_route_qquant``: upper bounds, not forms the plugin could ship as they
+  are: the layer without the router's top-k launch and / or the indexer's query quantisation launch (their outputs
+  kept from the warm-up call), i.e. the most that fusing them into the next launch could save;
+- ``attn_s{N}``: the sparse MLA decode at B=1 on N splits (at most one per tile; shipped: one tile per split, C4 20,
+  SWA / C128 4 at 8K), ``attn_bf16p``: with bf16 partial accumulators at B=1 (half the split-K traffic);
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
   persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
@@ -61,7 +66,12 @@ from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
 
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
             "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc", "sd_n16", "sd_n32",
-            "sd_nopdl")
+            "sd_nopdl", "drop_route", "drop_qquant", "drop_route_qquant", "attn_s1", "attn_s2", "attn_s5", "attn_s10",
+            "attn_bf16p")
+# upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
+# call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
+DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
+                  "drop_route_qquant": ("router_topk", "indexer_q_quant")}
 INDEXER_STREAMS = (L.STREAM_INDEXER, L.STREAM_INDEX_WEIGHTS, L.STREAM_INDEX_Q)
 LAYER_CALLS = 2  # layer calls per captured graph, as the bench times a layer
 
@@ -137,6 +147,41 @@ def wq_b_override(variant: str, tp: int):
     return one_row_override(shape, change)
 
 
+def attention_overrides(variant: str) -> dict:
+    """Module attributes of sparse_mla_decode the ``attn_*`` variants replace (empty: no change)."""
+    if variant.startswith("attn_s"):
+        splits = int(variant[len("attn_s"):])
+        original = sparse_mla_decode.choose_splits
+
+        def choose(units, total_tiles, device, max_splits=sparse_mla_decode.MAX_SPLITS):
+            if units > 4:  # B > 1 at H=64 on 16-head blocks
+                return original(units, total_tiles, device, max_splits)
+            per = -(-max(total_tiles, 1) // min(splits, max(total_tiles, 1)))
+            return -(-max(total_tiles, 1) // per), per
+        return {"choose_splits": choose}
+    if variant == "attn_bf16p":
+        rows, cfg = sparse_mla_decode.SMALL_BATCH_CONFIGS[64]
+        return {"SMALL_BATCH_CONFIGS": {**sparse_mla_decode.SMALL_BATCH_CONFIGS,
+                                        64: (rows, dict(cfg, PARTIAL_BF16=True))}}
+    return {}
+
+
+def drop_stages(stages: list, names: tuple) -> list:
+    """``stages`` without ``names``; a stage that waited for a dropped one waits for what the dropped one came after
+    on its stream (or for what it waited for, if it was its stream's first)."""
+    kept = []
+    replaced: dict[str, tuple] = {}
+    for i, stage in enumerate(stages):
+        waits = tuple(w for dep in stage.waits for w in replaced.get(dep, (dep,)))
+        if stage.name in names:
+            before = [s.name for s in stages[:i] if s.stream == stage.stream and s.name not in names]
+            replaced[stage.name] = (before[-1],) if before else waits
+            continue
+        kept.append(dataclasses.replace(stage, waits=tuple(dict.fromkeys(waits))))
+    L.check_schedule(kept)
+    return kept
+
+
 @contextlib.contextmanager
 def applied(variant: str, tp: int):
     override = (wq_b_override(variant, tp) or wqkv_a_override(variant, tp) or indexer_wq_b_override(variant, tp)
@@ -148,11 +193,18 @@ def applied(variant: str, tp: int):
         sparse_mla_decode.USE_PDL = False
     if variant == "no_share":
         fp8_gemv.sharing_config = lambda cfg: cfg
+    attention = attention_overrides(variant)
+    attention_saved = {name: getattr(sparse_mla_decode, name) for name in attention}
+    for name, value in attention.items():
+        setattr(sparse_mla_decode, name, value)
     try:
-        yield override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
+        yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
+               or bool(attention) or variant in DROPPED_STAGES)
     finally:
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
         fp8_gemv.sharing_config = sharing
+        for name, value in attention_saved.items():
+            setattr(sparse_mla_decode, name, value)
 
 
 def make_side_streams() -> dict:
@@ -184,7 +236,10 @@ def main() -> int:
         for kind, state_w, caches, x in reduced_layers(args.kind):
             for variant in args.variants:
                 with applied(variant, 1):
-                    L.run_layer(L.build_stages(L.PLUGIN, kind, state_w, caches, x, {}))
+                    stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, {})
+                    L.run_layer(stages)
+                    if variant in DROPPED_STAGES:
+                        L.run_layer(drop_stages(stages, DROPPED_STAGES[variant]))
                 print(kind, variant, "ok")
         print("smoke ok (nothing timed)")
         return 0
@@ -217,6 +272,11 @@ def main() -> int:
                         st: dict = {}
                         stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, st)
                         L.run_layer(stages, side)
+                        if variant in DROPPED_STAGES:
+                            kept = drop_stages(stages, DROPPED_STAGES[variant])
+                            applies = len(kept) < len(stages)
+                            stages = kept
+                            L.run_layer(stages, side)
                         torch.cuda.synchronize()
                         out = st["out"].clone()
                         same = ref_out is None or torch.equal(out, ref_out)
