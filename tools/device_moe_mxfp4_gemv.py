@@ -45,6 +45,11 @@ default forward as shipped after run 17 (``moe_mxfp4_forward`` without tiles) be
 tiles without PDL) at every B where ``GEMV_PDL_WHERE`` ships PDL, the B between run 17's measured ones included (run
 17b itself timed T=1 B = 1..4, T=2 B = 1..8, T=4 B = 1..16; T=4 B = 15 was taken out after it).
 
+Run 26 (``--bytes``, issue 4 / issue 8): the fp16 TMA GEMV forward as shipped beside the same tiles with its weight
+pairs built per byte and placed by a byte permute (``GemvConfig(f16_bytes=True)``, 11 instead of 15 integer
+instructions per weight word), T = 1 / 2 / 4 at every B of ``BYTES_BATCHES`` where that GEMV is the default; timed and
+checked as run 17 (chains of PDL forwards, interleaved rounds; each PDL chain against its own form without PDL).
+
 Run 18 (``--run18``, issue 4 at B >= 64): the pairs decode at T = 1 / 4, B = 256 / 64 / 128, every variant launch by
 launch (where the time goes: gate/up and down alone, their bytes): the default (TMA swap-AB tiles up to B = 64, the
 cp.async tiles above), the TMA swap-AB tiles above B = 64 (never measured there), and the TMA tiles with a K step of 512
@@ -394,6 +399,8 @@ def f16b_candidates(tp, batch, inter):
 PDL_TPS = (1, 2, 4)
 PDL_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 PDL_ROUNDS = 2
+# run 26 (--bytes): every B of the issue's decode range where the fp16 TMA GEMV is the default, at T = 1 / 2 / 4
+BYTES_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
 def chain_matches(forward_into, layers, plain, x, chain_len, device) -> bool:
@@ -458,8 +465,19 @@ def pdl_variants(rows, inter):
     return out, tiles
 
 
+def bytes_variants(rows, inter):
+    """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles (pairs by shifts), then the same tiles with the pairs built by
+    bytes (``GemvConfig(f16_bytes=True)``)."""
+    import dataclasses
+
+    tiles = moe.gemv_configs(rows, inter)
+    by_bytes = tuple(dataclasses.replace(c, f16_bytes=True) for c in tiles)
+    return [(f"{label(tiles)} (shipped default)", {"upcast": moe.GEMV, "configs": tiles}),
+            (label(by_bytes), {"upcast": moe.GEMV, "configs": by_bytes})], tiles
+
+
 def pdl_comparison(args) -> None:
-    """Run 17 (--pdl): see the module docstring."""
+    """Run 17 (--pdl), run 17b (--pdl --shipped), run 26 (--bytes): see the module docstring."""
     import dataclasses
 
     from sglang_sm120.kernels.harness.devicebench import BenchResult, copy_bandwidth_gbs, relative_error
@@ -479,13 +497,17 @@ def pdl_comparison(args) -> None:
         tps = tuple(int(t) for t in args.tps.split(","))
     if args.shipped and not args.batches:  # every B where PDL ships (smoke: I = 512 at T = 1)
         batches = None
+    if args.bytes and not args.batches and not args.smoke:
+        batches = BYTES_BATCHES
     chain_len = 2 if args.smoke else PDL_CHAIN  # a forward takes seconds under the interpreter
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run17b" if args.shipped else "moe_mxfp4-h200-run17"),
-        title=("sm120 MoE decode, run 17b: the shipped PDL defaults of the fp16 TMA GEMV forward vs the previous ones, H200"
+        name=args.name or ("moe_mxfp4-h200-run26" if args.bytes else
+                           "moe_mxfp4-h200-run17b" if args.shipped else "moe_mxfp4-h200-run17"),
+        title=("sm120 MoE decode, run 26: the fp16 TMA GEMV's pairs built by bytes vs by shifts, H200" if args.bytes else
+               "sm120 MoE decode, run 17b: the shipped PDL defaults of the fp16 TMA GEMV forward vs the previous ones, H200"
                if args.shipped else
                "sm120 MoE decode, run 17: programmatic dependent launch on the fp16 TMA GEMV forward, H200"),
         columns=["T", "B", "variant", "us", "us_rounds", "touched_MB", "GB/s", "%copy", "rel_err", "chain_equal",
@@ -508,24 +530,35 @@ def pdl_comparison(args) -> None:
             touched = moe.touched_expert_bytes(ids, hidden, inter, num_experts)
             ref = moe.reference_moe_mxfp4(x, *ckpt, weights, ids)
             rows = batch * TOP_K
-            variants, tiles = pdl_shipped_variants(rows, inter) if args.shipped else pdl_variants(rows, inter)
+            if args.bytes and not moe.gemv_f16_default(rows, inter):
+                continue
+            variants, tiles = (bytes_variants(rows, inter) if args.bytes else
+                               pdl_shipped_variants(rows, inter) if args.shipped else pdl_variants(rows, inter))
 
             def forward(layer, kw, out=None):
                 return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, out=out, **kw)
 
-            # each layer's output of the fp16 GEMV tiles without PDL, launch after launch (the bits PDL must keep)
-            plain = []
-            for layer in layers:
-                plain.append(forward(layer, {"upcast": moe.GEMV, "configs": tiles}).clone())
-                if device == "cuda":
-                    torch.cuda.synchronize()
+            def plain_outputs(cfgs):
+                # each layer's output of these tiles without PDL, launch after launch (the bits PDL must keep)
+                no_pdl = tuple(dataclasses.replace(c, pdl=False, pdl_late=False, pdl_l2=False) for c in cfgs)
+                outs = []
+                for layer in layers:
+                    outs.append(forward(layer, {"upcast": moe.GEMV, "configs": no_pdl}).clone())
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                return outs
+
+            plain = plain_outputs(tiles)
             errs, chain, times, ok = {}, {}, {}, []
             for name, kw in variants:
                 try:
                     errs[name] = relative_error(forward(layers[0], kw), ref)
-                    if (kw.get("configs") or moe.gemv_configs(rows, inter))[0].pdl:
+                    cfgs = kw.get("configs") or moe.gemv_configs(rows, inter)
+                    if cfgs[0].pdl:
+                        # the byte form's bits differ from the shift form's: its chain against its own plain forward
                         chain[name] = chain_matches(lambda layer, out, kw=kw: forward(layer, kw, out), layers,
-                                                    plain, x, chain_len, device)
+                                                    plain if cfgs[0].f16_bytes == tiles[0].f16_bytes
+                                                    else plain_outputs(cfgs), x, chain_len, device)
                     ok.append((name, kw))
                 except Exception as exc:  # one broken variant must not lose the run
                     result.notes.append(f"T={tp} B={batch} {name}: {type(exc).__name__}: {str(exc)[:300]}")
@@ -799,6 +832,8 @@ def main() -> None:
                              "32 weight rows per warp")
     parser.add_argument("--run18b", action="store_true",
                         help="run 18b: the TMA gate/up with the down launch on 32 rows / 2 warps, sub_k 512 / 256 / 128")
+    parser.add_argument("--bytes", action="store_true",
+                        help="run 26: the fp16 TMA GEMV's pairs built by bytes (f16_bytes) beside the shipped shifts")
     parser.add_argument("--shipped", action="store_true",
                         help="with --pdl (run 17b): the shipped PDL defaults vs the previous defaults")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
@@ -818,7 +853,7 @@ def main() -> None:
     if args.run19 or args.run19b:
         run19(args)
         return
-    if args.pdl:
+    if args.pdl or args.bytes:
         pdl_comparison(args)
         return
     if args.persistent2:

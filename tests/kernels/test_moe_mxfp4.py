@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 from sglang_sm120.kernels import moe_mxfp4 as moe
 from sglang_sm120.kernels import moe_prefill
@@ -574,14 +575,16 @@ def test_gemv_tma_persistent(monkeypatch, per_sm, batch, pattern, seed, launches
 
 
 # fp16 pair decode of the TMA GEMV (GemvConfig.f16): packed fp16 FMAs on the weight words, activations as scaled fp16
+@pytest.mark.parametrize("byte_pairs", [False, True], ids=["shifts", "bytes"])
 @pytest.mark.parametrize("batch,pattern,persistent_down,x_scale,seed", [
     (0, "random", 0, 4.0, 0), (1, "random", 0, 4.0, 1), (3, "duplicate", 0, 4.0, 2), (3, "random", 1, 4.0, 3),
     (2, "invalid", 1, 4.0, 4), (1, "random", 0, 3.0e5, 5), (3, "duplicate", 0, 1.0e-3, 6)])
-def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, seed):
-    """The fp16 pair decode (one and several programs per weight block, the down launch persistent or not) against
-    the reference with the clamp active (x at 4: most gate values beyond the limit) and every scratch tensor
-    NaN-poisoned; x at 3e5 (beyond fp16's 65504: each row's power of two brings it below 2**15) and at 1e-3 (fp16
-    subnormals without it): within the bf16 TMA decode's error plus fp16's (2**-11 per sum of 4 products)."""
+def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, seed, byte_pairs):
+    """The fp16 pair decode (one and several programs per weight block, the down launch persistent or not; the pairs
+    by shifts or by bytes, ``f16_bytes``) against the reference with the clamp active (x at 4: most gate values
+    beyond the limit) and every scratch tensor NaN-poisoned; x at 3e5 (beyond fp16's 65504: each row's power of two
+    brings it below 2**15) and at 1e-3 (fp16 subnormals without it): within the bf16 TMA decode's error plus fp16's
+    (2**-11 per sum of 4 products)."""
     monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
     inter = TMA_HIDDEN
     experts = make_experts(inter, hidden=TMA_HIDDEN, seed=seed + 70)
@@ -593,7 +596,7 @@ def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, see
     gu_n, dn_n = inter // 2, TMA_HIDDEN // 2
     bf16 = (moe.GemvConfig(gu_n, 512, 4, tma_ring=3),
             moe.GemvConfig(dn_n, 512, 4, tma_ring=3, persistent_programs_per_sm=persistent_down))
-    f16 = tuple(dataclasses.replace(c, f16=True) for c in bf16)
+    f16 = tuple(dataclasses.replace(c, f16=True, f16_bytes=byte_pairs) for c in bf16)
     with poisoned_scratch():
         out = run(x, experts, weights, ids, upcast="gemv", configs=f16)
     if not batch:
@@ -603,6 +606,51 @@ def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, see
     f16_err = rel(out, ref)
     assert torch.isfinite(out).all() and f16_err < bf16_err + 4e-3 and f16_err < 2e-2
     assert not torch.equal(out, run(x, experts, weights, ids, upcast="gemv", configs=bf16))  # the fp16 path ran
+    if byte_pairs and x_scale == 4.0:  # the byte form ran: its fp16 sums group other products than the shift form's
+        # (at 3e5 and 1e-3 the rounding of the bf16 output can hide that)
+        shifts = tuple(dataclasses.replace(c, f16_bytes=False) for c in f16)
+        assert not torch.equal(out, run(x, experts, weights, ids, upcast="gemv", configs=shifts))
+
+
+@triton.jit
+def _byte_pairs_probe(q_ptr, out_ptr, N: tl.constexpr, EMULATE: tl.constexpr):
+    k = tl.arange(0, N)
+    w0, w1, w2, w3 = moe._e2m1_f16_byte_pairs(tl.load(q_ptr + k), EMULATE)
+    tl.store(out_ptr + 4 * k, w0)
+    tl.store(out_ptr + 4 * k + 1, w1)
+    tl.store(out_ptr + 4 * k + 2, w2)
+    tl.store(out_ptr + 4 * k + 3, w3)
+
+
+def _e2m1_value(nibble: int) -> float:
+    magnitude = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)[nibble & 7]
+    return -magnitude if nibble & 8 else magnitude
+
+
+def test_e2m1_f16_byte_pairs_every_nibble_in_every_place():
+    """The byte form's pair words (interpreter: its shift-and-mask twin of the PTX) against fp16 bits built from the
+    e2m1 values: pair j of a word holds values (0, 2), (4, 6), (1, 3), (5, 7) times 2**-14 as (low, high) halves,
+    for words that put each of the 16 codes in each of the 8 places (signed zero included), and random words; the
+    activation order puts the matching values in pair j."""
+    if not interpreter_enabled():
+        pytest.skip("the inline-PTX form is checked on the device (tools/device_moe_mxfp4_gemv.py)")
+    codes = [sum(((c + 3 * place) % 16) << (4 * place) for place in range(8)) for c in range(16)]
+    words = torch.tensor(codes, dtype=torch.int64)
+    words = torch.cat([words, torch.randint(0, 2 ** 32, (48,), generator=torch.Generator().manual_seed(3))])
+    q = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    out = torch.empty(q.numel() * 4, dtype=torch.int32)
+    _byte_pairs_probe[(1,)](q, out, N=q.numel(), EMULATE=True)
+    got = out.view(-1, 4)
+    places = ((0, 2), (4, 6), (1, 3), (5, 7))
+    for i, word in enumerate(words.tolist()):
+        for j, (lo, hi) in enumerate(places):
+            halves = torch.tensor([_e2m1_value((word >> (4 * lo)) & 15), _e2m1_value((word >> (4 * hi)) & 15)],
+                                  dtype=torch.float32) * 2.0 ** -14
+            expected = halves.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+            assert int(got[i, j]) & 0xFFFF == int(expected[0]) and (int(got[i, j]) >> 16) & 0xFFFF == int(expected[1])
+    # the activation order: value k of a word sits at slot 2j (low) or 2j + 1 (high) of its pair j
+    slots = [2 * j + h for k in range(8) for j, pair in enumerate(places) for h, v in enumerate(pair) if v == k]
+    assert slots == [(k % 2) * 4 + k // 2 for k in range(8)]
 
 
 # runs 17 / 17b: per-rank I -> (the B with the PDL forward, whether its down launch prefetches its weights into L2)
