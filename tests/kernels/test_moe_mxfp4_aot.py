@@ -51,8 +51,17 @@ def test_gemv_f16_decode_runs_every_weight_word_through_packed_fp16_math(f16_rep
     words_per_thread = rows * cfg.constexprs["BLOCK_K"] // 8 // (32 * cfg.num_warps)
     assert report.count("HFMA2") + report.count("HMUL2") >= 4 * words_per_thread, report.summary()
     assert report.count("HADD2.F32") >= words_per_thread, report.summary()
+    if cfg.constexprs["BYTE_PAIRS"]:  # the byte form: each of a word's 4 pairs placed by one byte permute
+        assert report.count("PRMT") >= 4 * words_per_thread, report.summary()
     assert report.count("LDL") == 0 and report.count("STL") == 0
     assert report.shared_bytes <= 101376
+
+
+def test_both_pair_forms_of_every_f16_tile_are_compiled():
+    labels = {name.split("_gemvtma_")[1] for name in F16}
+    assert any("tma3hb" in label for label in labels)
+    assert {label.replace("tma3hb", "tma3h") for label in labels} == {label.replace("tma3hb", "tma3h")
+                                                                        for label in labels if "tma3hb" not in label}
 
 
 PAIRS_TMA_DOWN = {c.name: c for c in moe.aot_configs() if c.kernel is moe._down_pairs_tma_kernel}
