@@ -2026,10 +2026,15 @@ GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
 # 39.84, T=2 B=2 39.18 against 40.61, T=4 B=16 116.99 against 119.97. Not at B = 64 (0.80-0.99x of the pairs
 # forward). Unmeasured B between two measured ones whose default both became the fp16 GEMV take it too (B = 7, 9-11,
 # 13-15, 17-31, on the 2x-row tiles); B = 33-63 keep theirs. T = 8 (I = 256) cannot run the TMA GEMV (K >= 512).
-_F16_2X = (GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, f16=True),
-           GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True))
-_F16_4X = (GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True),
-           GemvConfig(64, 512, 4, tma_ring=GEMV_TMA_RING, f16=True))
+# Run 26 (benchmarks/moe_mxfp4-h200-run26-summary.md, one H200 run, every forward reference-checked, the PDL chains bit
+# for bit as their forms without PDL): the pairs built per byte (f16_bytes) on the same tiles at T = 1 / 2 / 4, B = 1,
+# 2, 3, 4, 6, 8, 12, 16, 24, 32: 1.000x at T=1 B=1 (35.27 vs 35.28 us: not issue-bound there), 1.012-1.120x everywhere
+# else (T=1 B = 8 / 16 / 32 1.088 / 1.092 / 1.076x, 199.7 -> 183.6 us at B = 8; T=4 B = 1 / 8 / 32 1.031 / 1.059 /
+# 1.119x), so every fp16 tile takes it.
+_F16_2X = (GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, f16=True, f16_bytes=True),
+           GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True, f16_bytes=True))
+_F16_4X = (GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True, f16_bytes=True),
+           GemvConfig(64, 512, 4, tma_ring=GEMV_TMA_RING, f16=True, f16_bytes=True))
 F16_MAX_BATCH = 32  # the largest B (per rank) at which the fp16 TMA GEMV is the default
 
 
@@ -3242,10 +3247,10 @@ def aot_configs() -> list[AotConfig]:
                        "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "x_ptr": "*bf16", "x16_ptr": "*fp16",
                        "x_unscale_ptr": "*fp32", "hidden": "i32", "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr",
                        "NUM_BINS": "constexpr", "BLOCK_H": "constexpr", "ROUTE": "constexpr", "PDL": "constexpr",
-                       "PDL_LATE": "constexpr"},
+                       "PDL_LATE": "constexpr", "BYTE_PAIRS": "constexpr"},
             constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": block_rows,
                         "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True,
-                        "PDL": pdl, "PDL_LATE": False},
+                        "PDL": pdl, "PDL_LATE": False, "BYTE_PAIRS": _F16_2X[0].f16_bytes},
             num_warps=4, div16=("hidden",), expect_opcodes=PDL_OPCODES if pdl else (),
             note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)" + (", PDL" if pdl else "")))
     f16_forms = {("gate_up", GEMV_TMA_F16_AOT[0]), ("down", GEMV_TMA_F16_AOT[1]), ("down", GEMV_TMA_F16_PERSISTENT_DOWN_AOT)}

@@ -662,8 +662,9 @@ def test_gemv_f16_default_follows_the_h200_numbers():
     the operands allow TMA: on twice the rows per program (gate/up 16 columns, down 32 rows), on 4x rows (32 / 64)
     at T=1 B=1, T=2 B=2 and T=4 B=16, the down launch persistent (P = 8) at T=4; not at B > 32 (B = 64 slower), not
     at T = 8 (K = 256 < 512), not between multiples of top_k; every shipped tile in the AOT registry with HFMA2."""
-    rows2 = (moe.GemvConfig(16, 512, 4, tma_ring=3, f16=True), moe.GemvConfig(32, 512, 4, tma_ring=3, f16=True))
-    rows4 = (moe.GemvConfig(32, 512, 4, tma_ring=3, f16=True), moe.GemvConfig(64, 512, 4, tma_ring=3, f16=True))
+    f16 = dict(tma_ring=3, f16=True, f16_bytes=True)  # run 26: the pairs built by bytes on every fp16 tile
+    rows2 = (moe.GemvConfig(16, 512, 4, **f16), moe.GemvConfig(32, 512, 4, **f16))
+    rows4 = (moe.GemvConfig(32, 512, 4, **f16), moe.GemvConfig(64, 512, 4, **f16))
     four = {(2048, 1), (1024, 2), (512, 16)}
     names = {c.name: c for c in moe.aot_configs()}
     assert "moe_mxfp4_route_x_f16" in names and "moe_mxfp4_route_x_f16_r256" in names  # BLOCK_ROWS 128 / 256
