@@ -465,10 +465,10 @@ def pdl_variants(rows, inter):
     return out, tiles
 
 
-def bytes_variants(rows, inter, rings=()):
+def bytes_variants(rows, inter):
     """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles, then the same tiles with the pairs built by bytes
-    (``GemvConfig(f16_bytes=True)``; the default since run 26, so the same as shipped now) and, run 26b (``--rings``),
-    with deeper TMA rings (both launches; more of a program's K steps in flight)."""
+    (``GemvConfig(f16_bytes=True)``; the default since run 26, so now only the shipped tiles run; run 22 timed 4-stage
+    rings at B = 1..8, 0.97-0.98x at T=1 B=1)."""
     import dataclasses
 
     tiles = moe.gemv_configs(rows, inter)
@@ -476,9 +476,6 @@ def bytes_variants(rows, inter, rings=()):
     out = [(f"{label(tiles)} (shipped default)", {"upcast": moe.GEMV, "configs": tiles})]
     if by_bytes != tiles:
         out.append((label(by_bytes), {"upcast": moe.GEMV, "configs": by_bytes}))
-    for ring in rings:
-        deeper = tuple(dataclasses.replace(c, tma_ring=ring) for c in by_bytes)
-        out.append((label(deeper), {"upcast": moe.GEMV, "configs": deeper}))
     return out, tiles
 
 
@@ -538,8 +535,7 @@ def pdl_comparison(args) -> None:
             rows = batch * TOP_K
             if args.bytes and not moe.gemv_f16_default(rows, inter):
                 continue
-            rings = tuple(int(r) for r in args.rings.split(",")) if args.rings else ()
-            variants, tiles = (bytes_variants(rows, inter, rings) if args.bytes else
+            variants, tiles = (bytes_variants(rows, inter) if args.bytes else
                                pdl_shipped_variants(rows, inter) if args.shipped else pdl_variants(rows, inter))
 
             def forward(layer, kw, out=None):
@@ -841,7 +837,6 @@ def main() -> None:
                         help="run 18b: the TMA gate/up with the down launch on 32 rows / 2 warps, sub_k 512 / 256 / 128")
     parser.add_argument("--bytes", action="store_true",
                         help="run 26: the fp16 TMA GEMV's pairs built by bytes (f16_bytes) beside the shipped shifts")
-    parser.add_argument("--rings", default="", help="with --bytes (run 26b): also these TMA ring depths, comma-separated")
     parser.add_argument("--shipped", action="store_true",
                         help="with --pdl (run 17b): the shipped PDL defaults vs the previous defaults")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
