@@ -465,10 +465,13 @@ def pdl_variants(rows, inter):
     return out, tiles
 
 
-def bytes_variants(rows, inter):
+def bytes_variants(rows, inter, down_per_sm=()):
     """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles, then the same tiles with the pairs built by bytes
     (``GemvConfig(f16_bytes=True)``; the default since run 26, so now only the shipped tiles run; run 22 timed 4-stage
-    rings at B = 1..8, 0.97-0.98x at T=1 B=1)."""
+    rings at B = 1..8, 0.97-0.98x at T=1 B=1). Run 26c (``--down-per-sm``): the down launch as a persistent grid of P
+    programs per SM (its work items' K loops flattened into one ring, so a program's next item streams while it
+    finishes one) on the shipped down tile and on half its rows, where it is not persistent already (round 11 timed
+    that grid with the bf16 decode of the time: a win at T=4 B <= 8 only)."""
     import dataclasses
 
     tiles = moe.gemv_configs(rows, inter)
@@ -476,6 +479,12 @@ def bytes_variants(rows, inter):
     out = [(f"{label(tiles)} (shipped default)", {"upcast": moe.GEMV, "configs": tiles})]
     if by_bytes != tiles:
         out.append((label(by_bytes), {"upcast": moe.GEMV, "configs": by_bytes}))
+    gate_up, down = by_bytes
+    if not down.persistent_programs_per_sm:
+        for per_sm in down_per_sm:
+            for block_n in dict.fromkeys((down.block_n, down.block_n // 2)):
+                cfgs = (gate_up, dataclasses.replace(down, block_n=block_n, persistent_programs_per_sm=per_sm))
+                out.append((label(cfgs), {"upcast": moe.GEMV, "configs": cfgs}))
     return out, tiles
 
 
@@ -535,15 +544,19 @@ def pdl_comparison(args) -> None:
             rows = batch * TOP_K
             if args.bytes and not moe.gemv_f16_default(rows, inter):
                 continue
-            variants, tiles = (bytes_variants(rows, inter) if args.bytes else
+            down_per_sm = tuple(int(p) for p in args.down_per_sm.split(",")) if args.down_per_sm else ()
+            variants, tiles = (bytes_variants(rows, inter, down_per_sm) if args.bytes else
                                pdl_shipped_variants(rows, inter) if args.shipped else pdl_variants(rows, inter))
 
             def forward(layer, kw, out=None):
                 return moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT, out=out, **kw)
 
+            def without_pdl(cfgs):
+                return tuple(dataclasses.replace(c, pdl=False, pdl_late=False, pdl_l2=False) for c in cfgs)
+
             def plain_outputs(cfgs):
                 # each layer's output of these tiles without PDL, launch after launch (the bits PDL must keep)
-                no_pdl = tuple(dataclasses.replace(c, pdl=False, pdl_late=False, pdl_l2=False) for c in cfgs)
+                no_pdl = without_pdl(cfgs)
                 outs = []
                 for layer in layers:
                     outs.append(forward(layer, {"upcast": moe.GEMV, "configs": no_pdl}).clone())
@@ -558,9 +571,9 @@ def pdl_comparison(args) -> None:
                     errs[name] = relative_error(forward(layers[0], kw), ref)
                     cfgs = kw.get("configs") or moe.gemv_configs(rows, inter)
                     if cfgs[0].pdl:
-                        # the byte form's bits differ from the shift form's: its chain against its own plain forward
+                        # other tiles or pair forms sum in another order: each chain against its own plain forward
                         chain[name] = chain_matches(lambda layer, out, kw=kw: forward(layer, kw, out), layers,
-                                                    plain if cfgs[0].f16_bytes == tiles[0].f16_bytes
+                                                    plain if without_pdl(cfgs) == without_pdl(tiles)
                                                     else plain_outputs(cfgs), x, chain_len, device)
                     ok.append((name, kw))
                 except Exception as exc:  # one broken variant must not lose the run
@@ -837,6 +850,8 @@ def main() -> None:
                         help="run 18b: the TMA gate/up with the down launch on 32 rows / 2 warps, sub_k 512 / 256 / 128")
     parser.add_argument("--bytes", action="store_true",
                         help="run 26: the fp16 TMA GEMV's pairs built by bytes (f16_bytes) beside the shipped shifts")
+    parser.add_argument("--down-per-sm", default="", help="with --bytes (run 26c): the down launch persistent at these "
+                        "programs per SM, comma-separated")
     parser.add_argument("--shipped", action="store_true",
                         help="with --pdl (run 17b): the shipped PDL defaults vs the previous defaults")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
