@@ -628,19 +628,18 @@ def _e2m1_value(nibble: int) -> float:
 
 
 def test_e2m1_f16_byte_pairs_every_nibble_in_every_place():
-    """The byte form's pair words (interpreter: its shift-and-mask twin of the PTX) against fp16 bits built from the
-    e2m1 values: pair j of a word holds values (0, 2), (4, 6), (1, 3), (5, 7) times 2**-14 as (low, high) halves,
-    for words that put each of the 16 codes in each of the 8 places (signed zero included), and random words; the
-    activation order puts the matching values in pair j."""
-    if not interpreter_enabled():
-        pytest.skip("the inline-PTX form is checked on the device (tools/device_moe_mxfp4_gemv.py)")
+    """The byte form's pair words (under the interpreter its shift-and-mask twin, on a GPU the inline PTX) against fp16
+    bits built from the e2m1 values: pair j of a word holds values (0, 2), (4, 6), (1, 3), (5, 7) times 2**-14 as
+    (low, high) halves, for words that put each of the 16 codes in each of the 8 places (signed zero included), and
+    random words; the activation order puts the matching values in pair j."""
+    device = "cpu" if interpreter_enabled() else "cuda"
     codes = [sum(((c + 3 * place) % 16) << (4 * place) for place in range(8)) for c in range(16)]
     words = torch.tensor(codes, dtype=torch.int64)
     words = torch.cat([words, torch.randint(0, 2 ** 32, (48,), generator=torch.Generator().manual_seed(3))])
     q = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
-    out = torch.empty(q.numel() * 4, dtype=torch.int32)
-    _byte_pairs_probe[(1,)](q, out, N=q.numel(), EMULATE=True)
-    got = out.view(-1, 4)
+    out = torch.empty(q.numel() * 4, dtype=torch.int32, device=device)
+    _byte_pairs_probe[(1,)](q.to(device), out, N=q.numel(), EMULATE=interpreter_enabled())
+    got = out.view(-1, 4).cpu()
     places = ((0, 2), (4, 6), (1, 3), (5, 7))
     for i, word in enumerate(words.tolist()):
         for j, (lo, hi) in enumerate(places):
