@@ -796,35 +796,27 @@ def _gemv_tma_step(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS: tl.constexpr,
     return (_gemv_group_dot(q, x0, x1, x2, x3, x4, x5, x6, x7, False) * GEMV_GROUP_UNBIAS) * _e8m0_to_f32(s)
 
 
-# fp16 pair decode (GemvConfig.f16, round 16): shifting a word so that nibbles j and j+4 sit at bits 12..15 and
-# 28..31, ``(t & 0x80008000) | ((t & 0x70007000) >> 3)`` is an fp16 pair holding both values times 2**-14 (the
-# e2m1 exponent lands in the fp16 exponent's low bits, the 0.5 code is the fp16 subnormal 2**-15: exact). The
-# pair multiplies the activation's fp16 pair (values k and k+4 of the word, :func:`_f16_position`) by one packed
-# ``fma.rn.f16x2``, so no pair is split into two float32: a word's 4 packed FMAs leave two fp16 sums of 4 products,
-# converted to float32 once per word. The activations are fp16 times a power of two that keeps them below 2**15
+# fp16 pair decode (GemvConfig.f16, round 16): an e2m1 value placed with its sign at fp16 bit 15 and its 3 other bits
+# at bits 9..11 is the fp16 value times 2**-14 (the e2m1 exponent lands in the fp16 exponent's low bits, the 0.5 code
+# is the fp16 subnormal 2**-15: exact), so each weight word gives 4 fp16 pair words (:func:`_e2m1_f16_byte_pairs`).
+# Each pair multiplies the activation's matching fp16 pair (:func:`_f16_position`) by one packed ``fma.rn.f16x2``, so
+# no pair is split into two float32: a word's 4 packed FMAs leave two fp16 sums of 4 products, converted to float32
+# once per word. The activations are fp16 times a power of two that keeps them below 2**15
 # (x: per row, from its max |x|; the SwiGLU rows: from the clamp), so no product or sum can overflow (a 4-product
 # sum is at most 4 * 6 * 2**-14 * 2**15 = 48).
 F16_GROUP_UNBIAS: tl.constexpr = tl.constexpr(2.0 ** 14)  # e2m1 placed as fp16 bits is the value times 2**-14
-F16_MAGNITUDE_MASK: tl.constexpr = tl.constexpr(0x70007000)
 F16_ACT_MAX_LOG2 = 15  # prepared activations stay below 2**15 (fp16 max 65504)
 # a row's shift from the float32 exponent field e of its max |x| (< 2**(e - 126)): 2**(e - 126 + shift) = 2**15
 F16_X_SHIFT_BIAS: tl.constexpr = tl.constexpr(126 + F16_ACT_MAX_LOG2)
 
 
-@triton.jit
-def _e2m1_f16_pair(q, SHIFT: tl.constexpr):
-    """Nibbles j and j+4 of each int32 word ``q`` (``SHIFT`` = 12 - 4j) -> int32 fp16 pair words, the values
-    times 2**-14 (exact, signs and the 0.5 subnormal included)."""
-    t = q << SHIFT
-    return (t & SIGN_PAIR_MASK) | ((t & F16_MAGNITUDE_MASK) >> 3)
-
-
-# The byte form (round 26, ``GemvConfig(f16_bytes=True)``): the same fp16 values, built per byte. An fp16 e2m1 value
-# times 2**-14 has a zero low byte and the high byte ``s000mmm0``; for the low nibble of every byte of a word that
-# byte is ``((q << 4) & 0x80808080) | ((q << 1) & 0x0E0E0E0E)``, for the high nibble ``(q & 0x80808080) |
-# ((q >> 3) & 0x0E0E0E0E)``, and one byte permute (``prmt`` with a zero source) places two such bytes as the high
-# bytes of an fp16 pair: 11 integer instructions per weight word against 15 for the shifts per pair above. Pairs
-# (low, high half): values (0, 2), (4, 6), (1, 3), (5, 7) of the word (:func:`_f16_position`).
+# The pairs are built per byte (round 26): such an fp16 value has a zero low byte and the high byte ``s000mmm0``; for
+# the low nibble of every byte of a word that byte is ``((q << 4) & 0x80808080) | ((q << 1) & 0x0E0E0E0E)``, for the
+# high nibble ``(q & 0x80808080) | ((q >> 3) & 0x0E0E0E0E)``, and one byte permute (``prmt`` with a zero source)
+# places two such bytes as the high bytes of an fp16 pair: 11 integer instructions per weight word, where round 16's
+# two shifts and two masks per pair took 15 (H200 run 26: 1.000x at T=1 B=1, 1.012-1.139x at every other T = 1/2/4,
+# B <= 32; that form is in commit 0dfc461, GemvConfig(f16_bytes=False)). Pairs (low, high half): values (0, 2),
+# (4, 6), (1, 3), (5, 7) of the word (:func:`_f16_position`).
 LOW_NIBBLE_SIGNS: tl.constexpr = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as int32
 NIBBLE_MAGNITUDES: tl.constexpr = tl.constexpr(0x0E0E0E0E)
 F16_PAIR_HIGH_BYTES: tl.constexpr = tl.constexpr(-0xFF0100)  # 0xFF00FF00 as int32
@@ -832,7 +824,7 @@ F16_PAIR_HIGH_BYTES: tl.constexpr = tl.constexpr(-0xFF0100)  # 0xFF00FF00 as int
 
 @triton.jit
 def _e2m1_f16_byte_pairs(q, EMULATE: tl.constexpr):
-    """The byte form's four fp16 pair words of each int32 word ``q`` (values (0, 2), (4, 6), (1, 3), (5, 7) of the
+    """The four fp16 pair words of each int32 word ``q`` (values (0, 2), (4, 6), (1, 3), (5, 7) of the
     word as (low, high) halves, times 2**-14, exact). EMULATE: the same bits by shifts and masks (the interpreter
     runs no inline PTX)."""
     if EMULATE:
@@ -868,19 +860,13 @@ def _round_f16(v):
 
 
 @triton.jit
-def _f16_word_dot(q, f0, f1, f2, f3, EMULATE: tl.constexpr, BYTE_PAIRS: tl.constexpr = False):
+def _f16_word_dot(q, f0, f1, f2, f3, EMULATE: tl.constexpr):
     """``q`` [R, G, 4] weight words against the activation's fp16 pair words ``f<j>`` [1, G, 4] (pair j of word w in
     the :func:`_f16_position` order) -> float32 [R, G, 4]: each word's 8 products times 2**-14, summed as two fp16
     partial sums of 4 (one packed multiply and 3 packed FMAs) and one float32 add. EMULATE: the same fp16
     roundings in float32 (the CPU interpreter runs no inline PTX; fp16 a*b is exact in float32, so only the
-    add rounds twice). BYTE_PAIRS: the weight pairs by :func:`_e2m1_f16_byte_pairs` (same values, another order)."""
-    if BYTE_PAIRS:
-        w0, w1, w2, w3 = _e2m1_f16_byte_pairs(q, EMULATE)
-    else:
-        w0 = _e2m1_f16_pair(q, 12)
-        w1 = _e2m1_f16_pair(q, 8)
-        w2 = _e2m1_f16_pair(q, 4)
-        w3 = _e2m1_f16_pair(q, 0)
+    add rounds twice)."""
+    w0, w1, w2, w3 = _e2m1_f16_byte_pairs(q, EMULATE)
     if EMULATE:
         lo = _round_f16(_f16_half(w0, False) * _f16_half(f0, False))
         hi = _round_f16(_f16_half(w0, True) * _f16_half(f0, True))
@@ -913,7 +899,7 @@ def _f16_word_dot(q, f0, f1, f2, f3, EMULATE: tl.constexpr, BYTE_PAIRS: tl.const
 
 @triton.jit
 def _gemv_tma_f16_step(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                       EMULATE: tl.constexpr, BYTE_PAIRS: tl.constexpr = False):
+                       EMULATE: tl.constexpr):
     """:func:`_gemv_tma_step` on the fp16 pair decode (:func:`_f16_word_dot`): ``x_desc`` over the activation's
     fp16 pair words in the :func:`_f16_position` order; [ROWS, BLOCK_K/32] scaled per-group partial dots (times
     the activation row's power of two)."""
@@ -924,27 +910,23 @@ def _gemv_tma_f16_step(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS: tl.conste
     x_even, x_odd = tl.split(xw)  # pairs 0, 2 / 1, 3
     f0, f2 = tl.split(x_even)
     f1, f3 = tl.split(x_odd)
-    dots = tl.sum(_f16_word_dot(q, f0, f1, f2, f3, EMULATE, BYTE_PAIRS), 2)
+    dots = tl.sum(_f16_word_dot(q, f0, f1, f2, f3, EMULATE), 2)
     return (dots * F16_GROUP_UNBIAS) * _e8m0_to_f32(s)
 
 
 @triton.jit
-def _f16_position(k, BYTE_PAIRS: tl.constexpr = False):
-    """Index of value ``k`` of a row in the fp16 pair order: within each 8 values (one weight word), value
-    ``j`` (< 4) and ``j + 4`` are fp16 pair word j (low, high half); BYTE_PAIRS: values (0, 2), (4, 6), (1, 3),
-    (5, 7) are pair words 0..3 (:func:`_e2m1_f16_byte_pairs`)."""
-    if BYTE_PAIRS:
-        return (k // 8) * 8 + (k % 2) * 4 + (k % 8) // 2
-    return (k // 8) * 8 + (k % 4) * 2 + (k % 8) // 4
+def _f16_position(k):
+    """Index of value ``k`` of a row in the fp16 pair order: within each 8 values (one weight word), values (0, 2),
+    (4, 6), (1, 3), (5, 7) are pair words 0..3 (low, high half; :func:`_e2m1_f16_byte_pairs`)."""
+    return (k // 8) * 8 + (k % 2) * 4 + (k % 8) // 2
 
 
 @triton.jit
-def _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, mask,
-                   BYTE_PAIRS: tl.constexpr = False):
+def _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, mask):
     """The clamped SwiGLU of one routed row's columns times ``act_scale`` as fp16 in the pair order (what the
     fp16 down GEMV reads; the host picks ``act_scale`` so the clamped values stay below 2**15)."""
     act = _swiglu(gate, up, swiglu_limit) * act_scale
-    tl.store(act_ptr + row.to(tl.int64) * inter + _f16_position(cols, BYTE_PAIRS), act.to(tl.float16), mask=mask)
+    tl.store(act_ptr + row.to(tl.int64) * inter + _f16_position(cols), act.to(tl.float16), mask=mask)
 
 
 @triton.jit
@@ -969,8 +951,7 @@ def _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, w_row, inter, BLOCK_N: tl.cons
 def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                         num_active_ptr, x_ptr, x16_ptr, x_unscale_ptr, hidden, NUM_EXPERTS: tl.constexpr,
                         BLOCK_ROWS: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_H: tl.constexpr,
-                        ROUTE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                        BYTE_PAIRS: tl.constexpr = False):
+                        ROUTE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False):
     """Launch 1 of the fp16 TMA GEMV: program 0 routes (``_route_kernel``; not with ROUTE False, when the torch
     sort of :func:`route` did), program ``1 + b`` writes row b of the bf16 activations ``x [B, H]`` times 2**S_b
     as fp16 in the pair order (exact) and ``2**-S_b`` to ``x_unscale [B]``: S_b = 141 - (the float32 exponent
@@ -991,7 +972,7 @@ def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
         exponent = tl.max(tl.abs(x), 0).to(tl.int32, bitcast=True) >> 23
         shift = tl.minimum(tl.maximum(0 - exponent + F16_X_SHIFT_BIAS, -100), 100)
         scale = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-        tl.store(x16_ptr + row * hidden + _f16_position(k, BYTE_PAIRS), (x * scale).to(tl.float16), mask=ok)
+        tl.store(x16_ptr + row * hidden + _f16_position(k), (x * scale).to(tl.float16), mask=ok)
         tl.store(x_unscale_ptr + row, ((127 - shift) << 23).to(tl.float32, bitcast=True))
     pdl_launch_dependents(PDL and PDL_LATE)
 
@@ -1001,7 +982,7 @@ def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr
                                  active_experts_ptr, num_active_ptr, act_ptr, hidden, inter, swiglu_limit, act_scale,
                                  TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                  RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
-                                 PDL_LATE: tl.constexpr = False, BYTE_PAIRS: tl.constexpr = False):
+                                 PDL_LATE: tl.constexpr = False):
     """:func:`_gate_up_gemv_tma_kernel` on the fp16 pair decode: ``x_desc`` over the prepared fp16 pair words
     [B, H/2] (:func:`_route_x_f16_kernel`), each row's sums times its ``x_unscale``; the SwiGLU rows stored by
     :func:`_f16_act_store` (fp16 [B*top_k, I] in the pair order, times ``act_scale``). PDL: the trigger comes
@@ -1021,10 +1002,10 @@ def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr
         x_row = (row // TOP_K).to(tl.int32)
         for k0 in tl.range(0, hidden, BLOCK_K, num_stages=RING):
             acc += _gemv_tma_f16_step(w13_desc, w13_scale_desc, x_desc, w_row, x_row, k0, 2 * BLOCK_N, BLOCK_K,
-                                      EMULATE, BYTE_PAIRS)
+                                      EMULATE)
         out = tl.sum(acc, 1) * tl.load(x_unscale_ptr + row // TOP_K)
         gate, up = tl.split(tl.reshape(out, [BLOCK_N, 2]))
-        _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, cols >= 0, BYTE_PAIRS)
+        _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, cols >= 0)
     pdl_launch_dependents(PDL and PDL_LATE)
 
 
@@ -1033,7 +1014,7 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
                               active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, act_unscale, w2_ptr,
                               w2_scale_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
                               EMULATE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                              L2_PREFETCH: tl.constexpr = False, BYTE_PAIRS: tl.constexpr = False):
+                              L2_PREFETCH: tl.constexpr = False):
     """:func:`_down_gemv_tma_kernel` on the fp16 pair decode: ``act_desc`` over the fp16 SwiGLU pair words
     [B*top_k, I/2] of :func:`_f16_act_store`, the sums times ``act_unscale`` (1 / its ``act_scale``).
     L2_PREFETCH (with PDL): before the wait, the program asks L2 for its weight block (``w2_ptr`` / ``w2_scale_ptr``:
@@ -1056,7 +1037,7 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
         acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
         for k0 in tl.range(0, inter, BLOCK_K, num_stages=RING):
             acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row.to(tl.int32), k0, BLOCK_N,
-                                      BLOCK_K, EMULATE, BYTE_PAIRS)
+                                      BLOCK_K, EMULATE)
         tl.store(y_ptr + row.to(tl.int64) * hidden + n,
                  tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)))
     pdl_launch_dependents(PDL and PDL_LATE)
@@ -1067,8 +1048,7 @@ def _down_gemv_tma_persistent_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_
                                          sorted_rows_ptr, y_ptr, num_rows, num_experts, hidden, inter, act_unscale,
                                          w2_ptr, w2_scale_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                          RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
-                                         PDL_LATE: tl.constexpr = False, L2_PREFETCH: tl.constexpr = False,
-                                         BYTE_PAIRS: tl.constexpr = False):
+                                         PDL_LATE: tl.constexpr = False, L2_PREFETCH: tl.constexpr = False):
     """:func:`_down_gemv_tma_persistent_kernel` on the fp16 pair decode (as :func:`_down_gemv_tma_f16_kernel`;
     L2_PREFETCH: the program's first work item's weight block)."""
     pid = tl.program_id(0)
@@ -1088,8 +1068,7 @@ def _down_gemv_tma_persistent_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_
         w_row = expert * hidden + block * BLOCK_N
         acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
         for k0 in range(0, inter, BLOCK_K):
-            acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row, k0, BLOCK_N, BLOCK_K, EMULATE,
-                                      BYTE_PAIRS)
+            acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row, k0, BLOCK_N, BLOCK_K, EMULATE)
         n = block * BLOCK_N + tl.arange(0, BLOCK_N)
         tl.store(y_ptr + row.to(tl.int64) * hidden + n,
                  tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)),
@@ -1932,10 +1911,7 @@ class GemvConfig:
     waits before its first read of an earlier launch's output and before its first store, and triggers its
     dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (the down
     config, with ``pdl``): each down program asks L2 for its weight block before its wait (its expert is known:
-    the routing launch completed before any gate/up program passed its wait, and those trigger only after it).
-    ``f16_bytes`` (with ``f16``, both configs alike, round 26): the fp16 pairs built per byte and placed by a byte
-    permute (:func:`_e2m1_f16_byte_pairs`: 11 instead of 15 integer instructions per weight word), the activations
-    in that form's pair order."""
+    the routing launch completed before any gate/up program passed its wait, and those trigger only after it)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1950,12 +1926,11 @@ class GemvConfig:
     pdl: bool = False
     pdl_late: bool = False
     pdl_l2: bool = False
-    f16_bytes: bool = False
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
         tag += f"tma{self.tma_ring}" if self.tma_ring else ""
-        tag += ("hb" if self.f16_bytes else "h") if self.f16 else ""
+        tag += "h" if self.f16 else ""
         tag += ("pdl" + ("late" if self.pdl_late else "") + ("l2" if self.pdl_l2 else "")) if self.pdl else ""
         if self.persistent_programs_per_sm:
             tag += f"pers{self.persistent_programs_per_sm}"
@@ -2026,15 +2001,13 @@ GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
 # 39.84, T=2 B=2 39.18 against 40.61, T=4 B=16 116.99 against 119.97. Not at B = 64 (0.80-0.99x of the pairs
 # forward). Unmeasured B between two measured ones whose default both became the fp16 GEMV take it too (B = 7, 9-11,
 # 13-15, 17-31, on the 2x-row tiles); B = 33-63 keep theirs. T = 8 (I = 256) cannot run the TMA GEMV (K >= 512).
-# Run 26 (benchmarks/moe_mxfp4-h200-run26-summary.md, one H200 run, every forward reference-checked, the PDL chains bit
-# for bit as their forms without PDL): the pairs built per byte (f16_bytes) on the same tiles at T = 1 / 2 / 4, B = 1,
-# 2, 3, 4, 6, 8, 12, 16, 24, 32: 1.000x at T=1 B=1 (35.27 vs 35.28 us: not issue-bound there), 1.012-1.120x everywhere
-# else (T=1 B = 8 / 16 / 32 1.088 / 1.092 / 1.076x, 199.7 -> 183.6 us at B = 8; T=4 B = 1 / 8 / 32 1.031 / 1.059 /
-# 1.119x), so every fp16 tile takes it.
-_F16_2X = (GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, f16=True, f16_bytes=True),
-           GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True, f16_bytes=True))
-_F16_4X = (GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True, f16_bytes=True),
-           GemvConfig(64, 512, 4, tma_ring=GEMV_TMA_RING, f16=True, f16_bytes=True))
+# Run 26 (benchmarks/moe_mxfp4-h200-run26-summary.md): the pairs built per byte (:func:`_e2m1_f16_byte_pairs`) on the
+# same tiles, 1.000x at T=1 B=1 and 1.012-1.139x at every other measured T = 1 / 2 / 4, B <= 32; the only fp16 decode
+# since (the tiles unchanged).
+_F16_2X = (GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, f16=True),
+           GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True))
+_F16_4X = (GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True),
+           GemvConfig(64, 512, 4, tma_ring=GEMV_TMA_RING, f16=True))
 F16_MAX_BATCH = 32  # the largest B (per rank) at which the fp16 TMA GEMV is the default
 
 
@@ -2514,8 +2487,6 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                          f"got {configs!r}")
     if (gu_cfg.f16 or dn_cfg.f16) and (gu_cfg.f16 != dn_cfg.f16 or not tma_ring or gu_persistent):
         raise ValueError(f"GEMV f16 needs both configs alike, tma_ring and no persistent gate/up, got {configs!r}")
-    if gu_cfg.f16_bytes != dn_cfg.f16_bytes or (gu_cfg.f16_bytes and not gu_cfg.f16):
-        raise ValueError(f"GEMV f16_bytes needs f16 and both configs alike (one activation order), got {configs!r}")
     act_shift = f16_act_shift(swiglu_limit) if gu_cfg.f16 else None
     f16 = act_shift is not None  # where the clamp does not bound the SwiGLU rows, the bf16 decode runs
     if (gu_cfg.pdl != dn_cfg.pdl or gu_cfg.pdl_late != dn_cfg.pdl_late or gu_cfg.pdl_l2
@@ -2527,7 +2498,6 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     # the instructions need griddepcontrol (cc >= 9, not the interpreter); the bf16 decode (no clamp) launches without
     pdl = gu_cfg.pdl and f16 and pdl_supported(device)
     pdl_args = dict(PDL=pdl, PDL_LATE=pdl and gu_cfg.pdl_late, launch_pdl=pdl)
-    byte_pairs = dict(BYTE_PAIRS=gu_cfg.f16_bytes)  # the fp16 kernels' weight-pair form and activation order
     route_kernel = num_rows <= ROUTE_TRITON_MAX_ROWS
     if x_f32 or f16:
         if x_f32:
@@ -2566,7 +2536,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                                          active_experts, num_active, y, num_rows, num_experts, hidden, inter, slots,
                                          dn_cfg, dn_k, device, act_unscale=2.0 ** -act_shift if f16 else None,
                                          w2_bytes=w2, w2_scale_bytes=scale_bytes(w2_scale),
-                                         pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2, **byte_pairs))
+                                         pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2))
 
     # persistent grid: the program count from shapes and the device only, so a captured graph replays it
     gu_persistent_grid = (min(num_rows * (inter // gu_cfg.block_n), _sm_count(device) * gu_persistent),)
@@ -2582,8 +2552,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             _gate_up_gemv_tma_f16_kernel[gu_grid](
                 x_desc, w13_desc, w13_s_desc, x_unscale, sorted_rows, expert_start, active_experts, num_active, act,
                 hidden, inter, float(swiglu_limit), 2.0 ** act_shift, TOP_K=top_k, BLOCK_N=gu_cfg.block_n,
-                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **byte_pairs,
-                **gu_cfg.launch_options())
+                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **gu_cfg.launch_options())
             return
         if tma_ring:
             _gate_up_gemv_tma_kernel[gu_grid](
@@ -2624,7 +2593,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             ids, num_rows, sorted_rows, expert_start, active_experts, num_active, x, x_in, x_unscale, hidden,
             NUM_EXPERTS=num_experts, BLOCK_ROWS=triton.next_power_of_2(max(num_rows, 16)),
             NUM_BINS=triton.next_power_of_2(num_experts + 1), BLOCK_H=triton.next_power_of_2(hidden),
-            ROUTE=route_kernel, num_warps=4, **pdl_args, **byte_pairs)
+            ROUTE=route_kernel, num_warps=4, **pdl_args)
 
     route_x = route_x_f32 if x_f32 else (route_x_f16 if f16 else None)
     if route_x:
@@ -3041,25 +3010,23 @@ def _gemv_tma_persistent_sig(kind, rows, block_k):
 def _gemv_tma_f16_sig(kind, rows, block_k, persistent=False):
     """Signature of the fp16 pair decode's TMA GEMV kernels: as the bf16 ones (:func:`_gemv_tma_sig`,
     :func:`_gemv_tma_persistent_sig`) with the activation scales (gate/up: each x row's ``x_unscale`` and the
-    SwiGLU rows' ``act_scale``, fp16 rows; down: ``act_unscale``), EMULATE and the PDL / BYTE_PAIRS constexprs."""
+    SwiGLU rows' ``act_scale``, fp16 rows; down: ``act_unscale``), EMULATE and the PDL constexprs."""
     pdl = {"PDL": "constexpr", "PDL_LATE": "constexpr"}
-    byte_pairs = {"BYTE_PAIRS": "constexpr"}
     if persistent:
         sig = _gemv_tma_persistent_sig(kind, rows, block_k)
         return {**{k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}, "act_unscale": "fp32",
                 "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-                "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr", **byte_pairs}
+                "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
     sig = _gemv_tma_sig(kind, rows, block_k)
     if kind == "gate_up":
         head = {k: sig[k] for k in ("x_desc", "w13_desc", "w13_scale_desc")}
         rest = {k: v for k, v in sig.items() if k not in head and k not in ("TOP_K", "BLOCK_N", "BLOCK_K", "RING")}
         return {**head, "x_unscale_ptr": "*fp32", **rest, "act_ptr": "*fp16", "act_scale": "fp32",
                 "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr",
-                "EMULATE": "constexpr", **pdl, **byte_pairs}
+                "EMULATE": "constexpr", **pdl}
     rest = {k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}
     return {**rest, "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr",
-            "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr",
-            **byte_pairs}
+            "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
 
 
 def _gate_up_pairs_sig():
@@ -3247,23 +3214,21 @@ def aot_configs() -> list[AotConfig]:
                        "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "x_ptr": "*bf16", "x16_ptr": "*fp16",
                        "x_unscale_ptr": "*fp32", "hidden": "i32", "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr",
                        "NUM_BINS": "constexpr", "BLOCK_H": "constexpr", "ROUTE": "constexpr", "PDL": "constexpr",
-                       "PDL_LATE": "constexpr", "BYTE_PAIRS": "constexpr"},
+                       "PDL_LATE": "constexpr"},
             constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": block_rows,
                         "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True,
-                        "PDL": pdl, "PDL_LATE": False, "BYTE_PAIRS": _F16_2X[0].f16_bytes},
+                        "PDL": pdl, "PDL_LATE": False},
             num_warps=4, div16=("hidden",), expect_opcodes=PDL_OPCODES if pdl else (),
             note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)" + (", PDL" if pdl else "")))
     f16_forms = {("gate_up", GEMV_TMA_F16_AOT[0]), ("down", GEMV_TMA_F16_AOT[1]), ("down", GEMV_TMA_F16_PERSISTENT_DOWN_AOT)}
     f16_forms |= set(GEMV_TMA_F16_SHIPPED_AOT)
-    # each tile in the other pair form too (f16_bytes: round 26), selectable through GemvConfig
-    f16_forms |= {(kind, dataclasses.replace(cfg, f16_bytes=not cfg.f16_bytes)) for kind, cfg in f16_forms}
     for kind, cfg in sorted(f16_forms, key=lambda kc: (kc[0], kc[1].label())):
         persistent = cfg.persistent_programs_per_sm > 0
         kernel = (_gate_up_gemv_tma_f16_kernel if kind == "gate_up" else
                   _down_gemv_tma_persistent_f16_kernel if persistent else _down_gemv_tma_f16_kernel)
         rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
         constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False,
-                      **_aot_pdl(cfg), "BYTE_PAIRS": cfg.f16_bytes}
+                      **_aot_pdl(cfg)}
         if kind == "gate_up":
             constexprs["TOP_K"] = TOP_K
         else:
@@ -3272,10 +3237,10 @@ def aot_configs() -> list[AotConfig]:
             name=f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}", kernel=kernel,
             signature=_gemv_tma_f16_sig(kind, rows, cfg.block_k, persistent), constexprs=constexprs,
             num_warps=cfg.num_warps, num_stages=cfg.tma_ring, div16=("hidden", "inter"),
-            expect_opcodes=("UTMALDG", "HFMA2") + (PDL_OPCODES if cfg.pdl else ()) + (("PRMT",) if cfg.f16_bytes else ()),
+            expect_opcodes=("UTMALDG", "HFMA2", "PRMT") + (PDL_OPCODES if cfg.pdl else ()),
             forbid_opcodes=TENSOR_CORE_OPCODES,
-            note="CUDA-core GEMV, fp16 pair decode" + (" (pairs by bytes)" if cfg.f16_bytes else "")
-                 + ", operands by TMA (the default where GEMV_TMA_F16_WHERE says)"))
+            note="CUDA-core GEMV, fp16 pair decode (pairs by bytes), operands by TMA (the default where "
+                 "GEMV_TMA_F16_WHERE says)"))
     # tensor-core pairs decode at every per-rank I (selectable through upcast="pairs")
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp

@@ -28,8 +28,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   kept from the warm-up call), i.e. the most that fusing them into the next launch could save;
 - ``attn_s{N}``: the sparse MLA decode at B=1 on N splits (at most one per tile; shipped: one tile per split, C4 20,
   SWA / C128 4 at 8K), ``attn_bf16p``: with bf16 partial accumulators at B=1 (half the split-K traffic);
-- ``moe_bytes``: the routed experts' fp16 TMA GEMV with its weight pairs built per byte (``GemvConfig(f16_bytes=True)``,
-  round 26) wherever that GEMV is the default (the default since run 15, so now the same as shipped);
+- (run 15's ``moe_bytes``, the routed experts' fp16 GEMV with its pairs built per byte, is the shipped form since
+  and was taken out of the tool; commit 0dfc461 has it);
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
   persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
@@ -64,12 +64,12 @@ import torch  # noqa: E402
 from device_bench_trace import kernels_of_one_replay, layer_arguments, reduced_layers, summarise  # noqa: E402
 from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
-from sglang_sm120.kernels import dsv4, fp8_gemv, moe_mxfp4, sparse_mla_decode  # noqa: E402
+from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
 
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
             "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc", "sd_n16", "sd_n32",
             "sd_nopdl", "drop_route", "drop_qquant", "drop_route_qquant", "attn_s1", "attn_s2", "attn_s5", "attn_s10",
-            "attn_bf16p", "moe_bytes")
+            "attn_bf16p")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -195,21 +195,16 @@ def applied(variant: str, tp: int):
         sparse_mla_decode.USE_PDL = False
     if variant == "no_share":
         fp8_gemv.sharing_config = lambda cfg: cfg
-    moe_configs = moe_mxfp4.gemv_configs
-    if variant == "moe_bytes":
-        moe_mxfp4.gemv_configs = lambda *a, **k: tuple(
-            dataclasses.replace(c, f16_bytes=c.f16) for c in moe_configs(*a, **k))
     attention = attention_overrides(variant)
     attention_saved = {name: getattr(sparse_mla_decode, name) for name in attention}
     for name, value in attention.items():
         setattr(sparse_mla_decode, name, value)
     try:
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
-               or bool(attention) or variant in DROPPED_STAGES or variant == "moe_bytes")
+               or bool(attention) or variant in DROPPED_STAGES)
     finally:
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
         fp8_gemv.sharing_config = sharing
-        moe_mxfp4.gemv_configs = moe_configs
         for name, value in attention_saved.items():
             setattr(sparse_mla_decode, name, value)
 

@@ -46,8 +46,8 @@ tiles without PDL) at every B where ``GEMV_PDL_WHERE`` ships PDL, the B between 
 17b itself timed T=1 B = 1..4, T=2 B = 1..8, T=4 B = 1..16; T=4 B = 15 was taken out after it).
 
 Run 26 (``--bytes``, issue 4 / issue 8): the fp16 TMA GEMV forward as shipped beside the same tiles with its weight
-pairs built per byte and placed by a byte permute (``GemvConfig(f16_bytes=True)``, 11 instead of 15 integer
-instructions per weight word), T = 1 / 2 / 4 at every B of ``BYTES_BATCHES`` where that GEMV is the default; timed and
+pairs built per byte and placed by a byte permute (then ``GemvConfig(f16_bytes=True)``, 11 instead of 15 integer
+instructions per weight word; the only fp16 decode since, so the mode now times the shipped forward alone), T = 1 / 2 / 4 at every B of ``BYTES_BATCHES`` where that GEMV is the default; timed and
 checked as run 17 (chains of PDL forwards, interleaved rounds; each PDL chain against its own form without PDL).
 
 Run 18 (``--run18``, issue 4 at B >= 64): the pairs decode at T = 1 / 4, B = 256 / 64 / 128, every variant launch by
@@ -466,20 +466,17 @@ def pdl_variants(rows, inter):
 
 
 def bytes_variants(rows, inter, down_per_sm=()):
-    """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles, then the same tiles with the pairs built by bytes
-    (``GemvConfig(f16_bytes=True)``; the default since run 26, so now only the shipped tiles run; run 22 timed 4-stage
-    rings at B = 1..8, 0.97-0.98x at T=1 B=1). Run 26c (``--down-per-sm``): the down launch as a persistent grid of P
+    """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles (run 26 timed them beside the round-16 pair form, commit
+    0dfc461's ``GemvConfig(f16_bytes=False)``, since removed: the byte-built pairs are the only fp16 decode now; run 22
+    timed 4-stage rings at B = 1..8, 0.97-0.98x at T=1 B=1). Run 26c (``--down-per-sm``): the down launch as a persistent grid of P
     programs per SM (its work items' K loops flattened into one ring, so a program's next item streams while it
     finishes one) on the shipped down tile and on half its rows, where it is not persistent already (round 11 timed
     that grid with the bf16 decode of the time: a win at T=4 B <= 8 only)."""
     import dataclasses
 
     tiles = moe.gemv_configs(rows, inter)
-    by_bytes = tuple(dataclasses.replace(c, f16_bytes=True) for c in tiles)
     out = [(f"{label(tiles)} (shipped default)", {"upcast": moe.GEMV, "configs": tiles})]
-    if by_bytes != tiles:
-        out.append((label(by_bytes), {"upcast": moe.GEMV, "configs": by_bytes}))
-    gate_up, down = by_bytes
+    gate_up, down = tiles
     if not down.persistent_programs_per_sm:
         for per_sm in down_per_sm:
             for block_n in dict.fromkeys((down.block_n, down.block_n // 2)):
@@ -849,7 +846,7 @@ def main() -> None:
     parser.add_argument("--run18b", action="store_true",
                         help="run 18b: the TMA gate/up with the down launch on 32 rows / 2 warps, sub_k 512 / 256 / 128")
     parser.add_argument("--bytes", action="store_true",
-                        help="run 26: the fp16 TMA GEMV's pairs built by bytes (f16_bytes) beside the shipped shifts")
+                        help="run 26: the shipped fp16 TMA GEMV forward (with --down-per-sm, run 26c: persistent downs)")
     parser.add_argument("--down-per-sm", default="", help="with --bytes (run 26c): the down launch persistent at these "
                         "programs per SM, comma-separated")
     parser.add_argument("--shipped", action="store_true",

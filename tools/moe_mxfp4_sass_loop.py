@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import contextlib
 import io
 import json
@@ -169,19 +168,19 @@ H200_SMS, H200_CLOCK_HZ, SCHEDULERS_PER_SM = 132, 1.98e9, 4
 GEMV_F16_CASES = ((1, 1), (1, 8), (4, 1))
 
 
-def gemv_f16_loops(archs, byte_pairs: bool = False) -> None:
+def gemv_f16_loops(archs) -> None:
     """Run 19: the shipped fp16 TMA GEMV tiles (GEMV_TMA_F16_WHERE) at GEMV_F16_CASES: registers, shared memory, K-loop
     SASS instructions (the innermost loop holding HFMA2; one iteration = one 512-wide K step of one warp) per weight word
     per thread, the opcode histogram, and the issue floor of the launch on the H200 at T=1: loop instructions x warps x
     K steps x routed rows x programs / (SMs x 4 schedulers x 1.98 GHz), i.e. the time if every scheduler issued one
-    loop instruction every cycle (no stalls, nothing outside the loop). ``byte_pairs`` (round 26, ``--f16-bytes``): the
-    same tiles with the pairs built by bytes (``GemvConfig.f16_bytes``; None: as shipped)."""
+    loop instruction every cycle (no stalls, nothing outside the loop). Round 26 (the pairs built per byte, the only
+    fp16 decode since): T=1 B=1 gate/up 27.7 -> 23.7 loop instructions per word on sm_90a (commit 0dfc461 had both
+    forms, ``--f16-bytes on|off``)."""
     from sglang_sm120.kernels.dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, TOP_K
 
     for tp, batch in GEMV_F16_CASES:
         inter = MOE_INTERMEDIATE_SIZE // tp
-        gu, dn = (dataclasses.replace(c, f16_bytes=byte_pairs) if byte_pairs is not None else c
-                  for c in moe.gemv_configs(batch * TOP_K, inter))
+        gu, dn = moe.gemv_configs(batch * TOP_K, inter)
         experts = min(batch * TOP_K, moe.NUM_EXPERTS)  # distinct experts at most; B = 1: exactly 6
         for kind, cfg in (("gate_up", gu), ("down", dn)):
             name = f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}"
@@ -214,15 +213,13 @@ def main() -> None:
     parser.add_argument("--pairs", action="store_true", help="the pairs decode's AOT configs instead")
     parser.add_argument("--pairs-tma", action="store_true", help="run 18: the TMA swap-AB tiles and their sub_k forms")
     parser.add_argument("--gemv-f16", action="store_true", help="run 19: the shipped fp16 TMA GEMV tiles, issue floors")
-    parser.add_argument("--f16-bytes", choices=("on", "off"), help="with --gemv-f16: the pairs by bytes or by shifts "
-                        "(round 26; default: as shipped)")
     parser.add_argument("--pairs-rows", action="store_true", help="run 20: the PAIRS_TMA_ROWS_WHERE tiles (8 rows per pass)")
     args = parser.parse_args()
     if args.pairs_rows:
         pairs_rows_loops(args.arch or (90, 120))
         return
     if args.gemv_f16:
-        gemv_f16_loops(args.arch or (90, 120), None if args.f16_bytes is None else args.f16_bytes == "on")
+        gemv_f16_loops(args.arch or (90, 120))
         return
     if args.pairs_tma:
         pairs_tma_loops(args.arch or (90, 120))

@@ -575,16 +575,14 @@ def test_gemv_tma_persistent(monkeypatch, per_sm, batch, pattern, seed, launches
 
 
 # fp16 pair decode of the TMA GEMV (GemvConfig.f16): packed fp16 FMAs on the weight words, activations as scaled fp16
-@pytest.mark.parametrize("byte_pairs", [False, True], ids=["shifts", "bytes"])
 @pytest.mark.parametrize("batch,pattern,persistent_down,x_scale,seed", [
     (0, "random", 0, 4.0, 0), (1, "random", 0, 4.0, 1), (3, "duplicate", 0, 4.0, 2), (3, "random", 1, 4.0, 3),
     (2, "invalid", 1, 4.0, 4), (1, "random", 0, 3.0e5, 5), (3, "duplicate", 0, 1.0e-3, 6)])
-def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, seed, byte_pairs):
-    """The fp16 pair decode (one and several programs per weight block, the down launch persistent or not; the pairs
-    by shifts or by bytes, ``f16_bytes``) against the reference with the clamp active (x at 4: most gate values
-    beyond the limit) and every scratch tensor NaN-poisoned; x at 3e5 (beyond fp16's 65504: each row's power of two
-    brings it below 2**15) and at 1e-3 (fp16 subnormals without it): within the bf16 TMA decode's error plus fp16's
-    (2**-11 per sum of 4 products)."""
+def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, seed):
+    """The fp16 pair decode (one and several programs per weight block, the down launch persistent or not) against
+    the reference with the clamp active (x at 4: most gate values beyond the limit) and every scratch tensor
+    NaN-poisoned; x at 3e5 (beyond fp16's 65504: each row's power of two brings it below 2**15) and at 1e-3 (fp16
+    subnormals without it): within the bf16 TMA decode's error plus fp16's (2**-11 per sum of 4 products)."""
     monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
     inter = TMA_HIDDEN
     experts = make_experts(inter, hidden=TMA_HIDDEN, seed=seed + 70)
@@ -596,7 +594,7 @@ def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, see
     gu_n, dn_n = inter // 2, TMA_HIDDEN // 2
     bf16 = (moe.GemvConfig(gu_n, 512, 4, tma_ring=3),
             moe.GemvConfig(dn_n, 512, 4, tma_ring=3, persistent_programs_per_sm=persistent_down))
-    f16 = tuple(dataclasses.replace(c, f16=True, f16_bytes=byte_pairs) for c in bf16)
+    f16 = tuple(dataclasses.replace(c, f16=True) for c in bf16)
     with poisoned_scratch():
         out = run(x, experts, weights, ids, upcast="gemv", configs=f16)
     if not batch:
@@ -606,10 +604,6 @@ def test_gemv_tma_f16(monkeypatch, batch, pattern, persistent_down, x_scale, see
     f16_err = rel(out, ref)
     assert torch.isfinite(out).all() and f16_err < bf16_err + 4e-3 and f16_err < 2e-2
     assert not torch.equal(out, run(x, experts, weights, ids, upcast="gemv", configs=bf16))  # the fp16 path ran
-    if byte_pairs and x_scale == 4.0:  # the byte form ran: its fp16 sums group other products than the shift form's
-        # (at 3e5 and 1e-3 the rounding of the bf16 output can hide that)
-        shifts = tuple(dataclasses.replace(c, f16_bytes=False) for c in f16)
-        assert not torch.equal(out, run(x, experts, weights, ids, upcast="gemv", configs=shifts))
 
 
 @triton.jit
@@ -628,7 +622,7 @@ def _e2m1_value(nibble: int) -> float:
 
 
 def test_e2m1_f16_byte_pairs_every_nibble_in_every_place():
-    """The byte form's pair words (under the interpreter its shift-and-mask twin, on a GPU the inline PTX) against fp16
+    """The fp16 decode's pair words (under the interpreter its shift-and-mask twin, on a GPU the inline PTX) against fp16
     bits built from the e2m1 values: pair j of a word holds values (0, 2), (4, 6), (1, 3), (5, 7) times 2**-14 as
     (low, high) halves, for words that put each of the 16 codes in each of the 8 places (signed zero included), and
     random words; the activation order puts the matching values in pair j."""
@@ -661,7 +655,7 @@ def test_gemv_f16_default_follows_the_h200_numbers():
     the operands allow TMA: on twice the rows per program (gate/up 16 columns, down 32 rows), on 4x rows (32 / 64)
     at T=1 B=1, T=2 B=2 and T=4 B=16, the down launch persistent (P = 8) at T=4; not at B > 32 (B = 64 slower), not
     at T = 8 (K = 256 < 512), not between multiples of top_k; every shipped tile in the AOT registry with HFMA2."""
-    f16 = dict(tma_ring=3, f16=True, f16_bytes=True)  # run 26: the pairs built by bytes on every fp16 tile
+    f16 = dict(tma_ring=3, f16=True)
     rows2 = (moe.GemvConfig(16, 512, 4, **f16), moe.GemvConfig(32, 512, 4, **f16))
     rows4 = (moe.GemvConfig(32, 512, 4, **f16), moe.GemvConfig(64, 512, 4, **f16))
     four = {(2048, 1), (1024, 2), (512, 16)}
