@@ -814,7 +814,7 @@ F16_X_SHIFT_BIAS: tl.constexpr = tl.constexpr(126 + F16_ACT_MAX_LOG2)
 # the low nibble of every byte of a word that byte is ``((q << 4) & 0x80808080) | ((q << 1) & 0x0E0E0E0E)``, for the
 # high nibble ``(q & 0x80808080) | ((q >> 3) & 0x0E0E0E0E)``, and one byte permute (``prmt`` with a zero source)
 # places two such bytes as the high bytes of an fp16 pair: 11 integer instructions per weight word, where round 16's
-# two shifts and two masks per pair took 15 (H200 run 26: 1.000x at T=1 B=1, 1.012-1.139x at every other T = 1/2/4,
+# two shifts and two masks per pair took 15 (H200 run 26: 1.000x at T=1 B=1, 1.011-1.139x at every other T = 1/2/4,
 # B <= 32; that form is in commit 0dfc461, GemvConfig(f16_bytes=False)). Pairs (low, high half): values (0, 2),
 # (4, 6), (1, 3), (5, 7) of the word (:func:`_f16_position`).
 LOW_NIBBLE_SIGNS: tl.constexpr = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as int32
@@ -2002,7 +2002,7 @@ GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
 # forward). Unmeasured B between two measured ones whose default both became the fp16 GEMV take it too (B = 7, 9-11,
 # 13-15, 17-31, on the 2x-row tiles); B = 33-63 keep theirs. T = 8 (I = 256) cannot run the TMA GEMV (K >= 512).
 # Run 26 (benchmarks/moe_mxfp4-h200-run26-summary.md): the pairs built per byte (:func:`_e2m1_f16_byte_pairs`) on the
-# same tiles, 1.000x at T=1 B=1 and 1.012-1.139x at every other measured T = 1 / 2 / 4, B <= 32; the only fp16 decode
+# same tiles, 1.000x at T=1 B=1 and 1.011-1.139x at every other measured T = 1 / 2 / 4, B <= 32; the only fp16 decode
 # since (the tiles unchanged).
 _F16_2X = (GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, f16=True),
            GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True))
