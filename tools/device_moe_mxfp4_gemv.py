@@ -47,8 +47,8 @@ tiles without PDL) at every B where ``GEMV_PDL_WHERE`` ships PDL, the B between 
 
 Run 26 (``--bytes``, issue 4 / issue 8): the fp16 TMA GEMV forward as shipped beside the same tiles with its weight
 pairs built per byte and placed by a byte permute (then ``GemvConfig(f16_bytes=True)``, 11 instead of 15 integer
-instructions per weight word; the only fp16 decode since, so the mode now times the shipped forward alone), T = 1 / 2 / 4 at every B of ``BYTES_BATCHES`` where that GEMV is the default; timed and
-checked as run 17 (chains of PDL forwards, interleaved rounds; each PDL chain against its own form without PDL).
+instructions per weight word; the only fp16 decode since, so the mode now times the shipped forward alone), T = 1 / 2
+/ 4 at every B of ``BYTES_BATCHES`` where that GEMV is the default; timed and checked as run 17 (chains of PDL forwards, interleaved rounds; each PDL chain against its own form without PDL).
 
 Run 18 (``--run18``, issue 4 at B >= 64): the pairs decode at T = 1 / 4, B = 256 / 64 / 128, every variant launch by
 launch (where the time goes: gate/up and down alone, their bytes): the default (TMA swap-AB tiles up to B = 64, the
@@ -468,10 +468,10 @@ def pdl_variants(rows, inter):
 def bytes_variants(rows, inter, down_per_sm=()):
     """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles (run 26 timed them beside the round-16 pair form, commit
     0dfc461's ``GemvConfig(f16_bytes=False)``, since removed: the byte-built pairs are the only fp16 decode now; run 22
-    timed 4-stage rings at B = 1..8, 0.97-0.98x at T=1 B=1). Run 26c (``--down-per-sm``): the down launch as a persistent grid of P
-    programs per SM (its work items' K loops flattened into one ring, so a program's next item streams while it
-    finishes one) on the shipped down tile and on half its rows, where it is not persistent already (round 11 timed
-    that grid with the bf16 decode of the time: a win at T=4 B <= 8 only)."""
+    timed 4-stage rings at B = 1..8, 0.97-0.98x at T=1 B=1). Run 26c (``--down-per-sm``): the down launch as a
+    persistent grid of P programs per SM (its work items' K loops flattened into one ring, so a program's next item
+    streams while it finishes one) on the shipped down tile and on half its rows, where it is not persistent already
+    (round 11 timed that grid with the bf16 decode of the time: a win at T=4 B <= 8 only)."""
     import dataclasses
 
     tiles = moe.gemv_configs(rows, inter)
@@ -508,6 +508,7 @@ def pdl_comparison(args) -> None:
         batches = None
     if args.bytes and not args.batches and not args.smoke:
         batches = BYTES_BATCHES
+    down_per_sm = tuple(int(p) for p in args.down_per_sm.split(",")) if args.down_per_sm else ()
     chain_len = 2 if args.smoke else PDL_CHAIN  # a forward takes seconds under the interpreter
     run = timer(args.smoke)
     t_start = time.time()
@@ -515,7 +516,8 @@ def pdl_comparison(args) -> None:
     result = BenchResult(
         name=args.name or ("moe_mxfp4-h200-run26" if args.bytes else
                            "moe_mxfp4-h200-run17b" if args.shipped else "moe_mxfp4-h200-run17"),
-        title=("sm120 MoE decode, run 26: the fp16 TMA GEMV's pairs built by bytes vs by shifts, H200" if args.bytes else
+        title=("sm120 MoE decode, run 26: the shipped fp16 TMA GEMV forward (pairs built by bytes)"
+               + (", persistent down launches" if args.down_per_sm else "") + ", H200" if args.bytes else
                "sm120 MoE decode, run 17b: the shipped PDL defaults of the fp16 TMA GEMV forward vs the previous ones, H200"
                if args.shipped else
                "sm120 MoE decode, run 17: programmatic dependent launch on the fp16 TMA GEMV forward, H200"),
@@ -541,7 +543,6 @@ def pdl_comparison(args) -> None:
             rows = batch * TOP_K
             if args.bytes and not moe.gemv_f16_default(rows, inter):
                 continue
-            down_per_sm = tuple(int(p) for p in args.down_per_sm.split(",")) if args.down_per_sm else ()
             variants, tiles = (bytes_variants(rows, inter, down_per_sm) if args.bytes else
                                pdl_shipped_variants(rows, inter) if args.shipped else pdl_variants(rows, inter))
 
