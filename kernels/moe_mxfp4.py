@@ -819,7 +819,8 @@ F16_X_SHIFT_BIAS: tl.constexpr = tl.constexpr(126 + F16_ACT_MAX_LOG2)
 # (4, 6), (1, 3), (5, 7) of the word (:func:`_f16_position`).
 LOW_NIBBLE_SIGNS: tl.constexpr = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as int32
 NIBBLE_MAGNITUDES: tl.constexpr = tl.constexpr(0x0E0E0E0E)
-F16_PAIR_HIGH_BYTES: tl.constexpr = tl.constexpr(-0xFF0100)  # 0xFF00FF00 as int32
+LOW_HALF_HIGH_BYTE: tl.constexpr = tl.constexpr(0xFF00)
+HIGH_HALF_HIGH_BYTE: tl.constexpr = tl.constexpr(-0x1000000)  # 0xFF000000 as int32
 
 
 @triton.jit
@@ -831,11 +832,11 @@ def _e2m1_f16_byte_pairs(q, EMULATE: tl.constexpr):
         low = ((q << 4) & LOW_NIBBLE_SIGNS) | ((q << 1) & NIBBLE_MAGNITUDES)
         high = (q & LOW_NIBBLE_SIGNS) | ((q >> 3) & NIBBLE_MAGNITUDES)
         # bytes 0 and 1 (2 and 3) of low / high as the high bytes of the two halves
-        w0 = ((low << 8) & 0xFF00) | ((low << 16) & HIGH_HALF_MASK)
-        w1 = ((low >> 8) & 0xFF00) | (low & HIGH_HALF_MASK)
-        w2 = ((high << 8) & 0xFF00) | ((high << 16) & HIGH_HALF_MASK)
-        w3 = ((high >> 8) & 0xFF00) | (high & HIGH_HALF_MASK)
-        return w0 & F16_PAIR_HIGH_BYTES, w1 & F16_PAIR_HIGH_BYTES, w2 & F16_PAIR_HIGH_BYTES, w3 & F16_PAIR_HIGH_BYTES
+        w0 = ((low << 8) & LOW_HALF_HIGH_BYTE) | ((low << 16) & HIGH_HALF_HIGH_BYTE)
+        w1 = ((low >> 8) & LOW_HALF_HIGH_BYTE) | (low & HIGH_HALF_HIGH_BYTE)
+        w2 = ((high << 8) & LOW_HALF_HIGH_BYTE) | ((high << 16) & HIGH_HALF_HIGH_BYTE)
+        w3 = ((high >> 8) & LOW_HALF_HIGH_BYTE) | (high & HIGH_HALF_HIGH_BYTE)
+        return w0, w1, w2, w3
     else:
         return tl.inline_asm_elementwise(
             "{ .reg .b32 t, u, lo, hi; "
