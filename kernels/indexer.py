@@ -80,6 +80,8 @@ MAX_TOPK = 1024
 SELECT_CHUNKS = (512, 1024, 2048, 4096, 8192)  # positions one select program holds in registers
 SELECT_MAX_CHUNK = 4096  # largest chunk by default (8192: fewer merge levels, 16 warps)
 SELECT_MAX_WARPS = 16
+RANK_ROWS = (4, 8, 16, 32)  # positions one rank-select program ranks (SelectForm.rank_rows)
+RANK_BLOCK_J = 2048  # positions a rank-select program compares against per loop step
 FUSED_SPLIT_PAGES = (8, 16, 32, 64)  # pages one fused program scores and reduces to K candidates
 LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this many programs run
 # The page-max overlap form's logits programs per launch (SelectForm.overlap_programs; H200 run 14): several waves
@@ -558,6 +560,73 @@ def _select_kernel(in_val_ptr, in_pos_ptr, lens_ptr, pt_ptr, out_val_ptr, out_po
     else:
         base = b64 * stride_outb + g * K
         _store_candidates(out_val_ptr + base, out_pos_ptr + base, vals, pos, sel, slot, k_eff, K)
+
+
+# Rank select (round 27): at short rows and few rows the bitwise search's 32 dependent block-wide counts (~8.5 us at
+# B=1 x 2048 positions, H200 runs 16 / 17) cost more than counting every pair. Each program takes RANK_ROWS positions
+# of one row and counts, for each, the positions ahead of it in the order (score, then lower position first); a
+# position whose count is below K writes its slot id straight at that rank, so there is no search, no cumulative sum
+# and no merge: B x width^2 compares in one launch.
+RANK_KEY_MAX: tl.constexpr = tl.constexpr(0x7FFFFFFE)  # keys are capped here so that key + 1 cannot overflow
+RANK_KEY_NONE: tl.constexpr = tl.constexpr(-2147483648)  # key of a position past the row's length: behind all
+
+
+@triton.jit
+def _rank_key(vals):
+    """:func:`_signed_key` capped at RANK_KEY_MAX (only the NaN of bit pattern 0x7FFFFFFF moves: it ties with
+    0x7FFFFFFE)."""
+    return tl.minimum(_signed_key(vals), RANK_KEY_MAX)
+
+
+@triton.jit
+def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, n_in, pt_width, stride_sb, stride_ptb,
+                        stride_outb, stride_rawb, K: tl.constexpr, PAGE: tl.constexpr, ROWS: tl.constexpr,
+                        BLOCK_J: tl.constexpr, HAS_RAW: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid (B, cdiv(width, ROWS)): the rank of each of ROWS consecutive positions of a scores row (how many
+    positions of the row come before it: higher score, or equal score at a lower position), and for the K
+    best the slot id written at ``out[b, rank]``. Rows of at most K positions keep them in position order (as
+    the search forms and upstream do); longer rows list the selection best first. Program 0 writes the -1
+    padding past min(length, K)."""
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    pdl_wait(PDL)  # the scores row is the previous launch's output
+    pdl_launch_dependents(PDL)
+    length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
+    k_eff = tl.minimum(length, K)
+    out_row = out_ptr + b64 * stride_outb
+    raw_row = raw_ptr + b64 * stride_rawb
+    if g == 0:
+        pad = tl.arange(0, K)
+        tl.store(out_row + pad, tl.full((K,), -1, tl.int32), mask=pad >= k_eff)
+        if HAS_RAW:
+            tl.store(raw_row + pad, tl.full((K,), -1, tl.int32), mask=pad >= k_eff)
+    i0 = g * ROWS
+    if i0 < length:
+        row = scores_ptr + b64 * stride_sb
+        i = i0 + tl.arange(0, ROWS)
+        live = i < length
+        rank = i  # a row of at most K positions: each one at its own position
+        if length > K:
+            ki = _rank_key(tl.load(row + i, mask=live, other=0.0))
+            ahead = tl.zeros([ROWS], dtype=tl.int32)
+            for j0 in range(0, length, BLOCK_J):
+                j = j0 + tl.arange(0, BLOCK_J)
+                inside = j < length
+                kj = tl.where(inside, _rank_key(tl.load(row + j, mask=inside, other=0.0)), RANK_KEY_NONE)
+                # a position before the block wins a tie: kj >= ki, i.e. kj + 1 > ki (no overflow: RANK_KEY_MAX)
+                kj = kj + (j < i0).to(tl.int32)
+                ahead += tl.sum((kj[None, :] > ki[:, None]).to(tl.int32), axis=1)
+            # ties inside the block: the lower position wins (the loop counted only strictly higher scores there)
+            jb = i0 + tl.arange(0, ROWS)
+            kb = tl.where(jb < length, _rank_key(tl.load(row + jb, mask=jb < length, other=0.0)), RANK_KEY_NONE)
+            ahead += tl.sum(((kb[None, :] == ki[:, None]) & (jb[None, :] < i[:, None])).to(tl.int32), axis=1)
+            rank = ahead
+        sel = live & (rank < k_eff)
+        page = tl.load(pt_ptr + b64 * stride_ptb + i // PAGE, mask=sel, other=0)
+        tl.store(out_row + rank, page * PAGE + i % PAGE, mask=sel)
+        if HAS_RAW:
+            tl.store(raw_row + rank, i, mask=sel)
 
 
 @triton.jit
@@ -1069,7 +1138,7 @@ def launch_pdl(device, batch: int, form: "SelectForm") -> bool:
     """Whether a two-kernel-path launch of ``batch`` rows whose select is ``form`` uses programmatic
     dependent launch on ``device`` (see :data:`PDL_MAX_BATCH`): the histogram select and the
     double-warp search only, where H200 run 9 measured PDL faster."""
-    pdl_form = form.method == "histogram" or form.warps_mul == 2
+    pdl_form = form.method in ("histogram", "rank") or form.warps_mul == 2
     return USE_PDL and batch <= PDL_MAX_BATCH and pdl_form and pdl_supported(torch.device(device))
 
 
@@ -1316,6 +1385,25 @@ def _merge(vals, pos, lens, page_table, out, raw, implicit, form):
         vals, pos, n = dst_val, dst_pos, groups * k
 
 
+def rank_warps(form: "SelectForm") -> int:
+    return 4 * form.warps_mul
+
+
+def rank_select(scores, lens, page_table, out, raw, form):
+    """Top-``out.shape[1]`` of each scores row by rank (:func:`_rank_select_kernel`): one launch of
+    ``B * cdiv(width, form.rank_rows)`` programs, each comparing its positions with the whole row."""
+    batch, width = scores.shape
+    pdl = launch_pdl(scores.device, batch, form)
+    block_j = min(RANK_BLOCK_J, triton.next_power_of_2(width))
+    raw_arg = raw if raw is not None else out
+    _rank_select_kernel[(batch, _cdiv(width, form.rank_rows))](
+        scores, lens, page_table, out, raw_arg, width, page_table.shape[1], scores.stride(0), page_table.stride(0),
+        out.stride(0), raw_arg.stride(0), K=out.shape[1], PAGE=INDEX_PAGE_SIZE, ROWS=form.rank_rows,
+        BLOCK_J=block_j, HAS_RAW=raw is not None, PDL=pdl, num_warps=rank_warps(form), num_stages=1,
+        launch_pdl=pdl)
+    return out
+
+
 def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZE, raw=None, *, select=None):
     """``topk_transform_paged`` contract: top-``out.shape[1]`` positions of each scores row (below its
     length) as cache slot ids in ``out`` (-1 padded); optionally the raw positions in ``raw``.
@@ -1332,11 +1420,13 @@ def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZ
         return out
     if form.method == "histogram":
         return _hist_topk_from_scores(scores, lens, page_table, out, raw)
+    if form.method == "rank":
+        return rank_select(scores, lens, page_table, out, raw, form)
     return _merge(scores, None, lens, page_table, out, raw, implicit=True, form=form)
 
 
 SELECT_WARPS_MULS = (1, 2)
-SELECT_METHODS = ("search", "histogram")
+SELECT_METHODS = ("search", "histogram", "rank")
 HIST_THRESHOLDS = ("count", "page_max")
 
 
@@ -1363,6 +1453,8 @@ class SelectForm:
     # "page_max": > 0 runs the overlap form (PAGE_MAX_OVERLAP_PROGRAMS): about this many logits programs in a
     # row-major grid, each row's select programs waiting for that row's ready flag instead of the whole launch
     overlap_programs: int = 0
+    # "rank" (:func:`rank_select`): positions each program ranks; its warps are 4 * warps_mul
+    rank_rows: int = 8
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
@@ -1381,6 +1473,8 @@ class SelectForm:
             raise ValueError(f"max_chunk must be one of {SELECT_CHUNKS} and >= {2 * MAX_TOPK}, got {self.max_chunk!r}")
         if self.warps_mul not in SELECT_WARPS_MULS:
             raise ValueError(f"warps_mul must be one of {SELECT_WARPS_MULS}, got {self.warps_mul!r}")
+        if self.rank_rows not in RANK_ROWS:
+            raise ValueError(f"rank_rows must be one of {RANK_ROWS}, got {self.rank_rows!r}")
 
 
 @dataclasses.dataclass(frozen=True)

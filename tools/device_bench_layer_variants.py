@@ -30,6 +30,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   SWA / C128 4 at 8K), ``attn_bf16p``: with bf16 partial accumulators at B=1 (half the split-K traffic);
 - (run 15's ``moe_bytes``, the routed experts' fp16 GEMV with its pairs built per byte, is the shipped form since
   and was taken out of the tool; commit 0dfc461 has it);
+- ``ix_rank_r{N}``: the indexer's top-512 by the rank select (``SelectForm(method="rank")``, N positions per program,
+  8 warps) at up to 8192 compressed positions and any batch, instead of the plan table's form there;
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
   persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
@@ -65,11 +67,12 @@ from device_bench_trace import kernels_of_one_replay, layer_arguments, reduced_l
 from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
 from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
+from sglang_sm120.kernels import indexer as ix  # noqa: E402
 
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
             "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc", "sd_n16", "sd_n32",
             "sd_nopdl", "drop_route", "drop_qquant", "drop_route_qquant", "attn_s1", "attn_s2", "attn_s5", "attn_s10",
-            "attn_bf16p")
+            "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -197,12 +200,17 @@ def applied(variant: str, tp: int):
         fp8_gemv.sharing_config = lambda cfg: cfg
     attention = attention_overrides(variant)
     attention_saved = {name: getattr(sparse_mla_decode, name) for name in attention}
+    plan_table = ix.PLAN_TABLE
+    if variant.startswith("ix_rank_r"):
+        rank = ix.SelectForm(method="rank", rank_rows=int(variant[len("ix_rank_r"):]), warps_mul=2)
+        ix.PLAN_TABLE = ((dsv4.INDEX_MAX_BATCH, 8192, ix.Plan("two_kernel", select=rank)),) + plan_table
     for name, value in attention.items():
         setattr(sparse_mla_decode, name, value)
     try:
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
-               or bool(attention) or variant in DROPPED_STAGES)
+               or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table)
     finally:
+        ix.PLAN_TABLE = plan_table
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
         fp8_gemv.sharing_config = sharing
         for name, value in attention_saved.items():

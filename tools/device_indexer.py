@@ -56,6 +56,10 @@ FORM_CATALOG = {
     "hist_pmax_ov2048": ix.SelectForm(method="histogram", threshold="page_max",
                                     overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
 }  # run 5a also timed a double-warp radix-4 search: no faster than the defaults; removed from the kernel
+# run 18 (round 27): the rank select (every pair of positions of a row compared; no search rounds), by positions per
+# program and warps (_w4: 4 warps, else 8)
+FORM_CATALOG.update({f"rank_r{rows}": ix.SelectForm(method="rank", rank_rows=rows, warps_mul=2) for rows in ix.RANK_ROWS})
+FORM_CATALOG.update({f"rank_r{rows}_w4": ix.SelectForm(method="rank", rank_rows=rows) for rows in ix.RANK_ROWS})
 SELECT_FORMS = {"hist": FORM_CATALOG["hist"]}  # --forms replaces it
 TOPK_ONLY_FORMS = ["hist"]  # top-k alone from a given logits row (the seam's unfused call); --no-topk-only drops it
 FUSED_VARIANTS = {}  # (pages per split, select form of the merge); none timed since run 4
@@ -89,6 +93,9 @@ VARIANT_CATALOG = {
     # run 11b: group maxima per row of the page-max form (2048 shipped)
     "pmax_keys1024": dict(PAGE_MAX_KEYS=1024),
     "pmax_keys4096": dict(PAGE_MAX_KEYS=4096),
+    # run 18: the rank select's positions per loop step (RANK_BLOCK_J, 2048 shipped)
+    "rank_j1024": dict(RANK_BLOCK_J=1024),
+    "rank_j4096": dict(RANK_BLOCK_J=4096),
     # run 12 (H200, 2026-12-03): the page-max select's parts; its round-20 candidates (the list loaded beside its
     # count, at most 512 split programs, the bound in the select) were level or slower and are removed
     "bound_bits0": dict(PAGE_MAX_BOUND_BITS=0),
@@ -401,6 +408,8 @@ def main() -> None:
     parser.add_argument("--shapes", help="comma-separated BxCONTEXT (e.g. 1x65536,64x262144) instead of the full grid")
     parser.add_argument("--skip-upstream", action="store_true", help="time only ours (upstream timed in runs 1-5)")
     parser.add_argument("--no-topk-only", action="store_true", help="skip the top-k-alone timings")
+    parser.add_argument("--topk-only", help="comma-separated --forms also timed alone on a given logits row "
+                        "(ours_topk_only_<form> rows; default: hist)")
     parser.add_argument("--variants", default="shipped", help=f"comma-separated launch-flag variants timed "
                         f"(default_plan[<variant>] rows), from shipped, {sorted(VARIANT_CATALOG)}")
     args = parser.parse_args()
@@ -413,6 +422,8 @@ def main() -> None:
     VARIANTS[:] = args.variants.split(",")
     SELECT_FORMS.clear()
     SELECT_FORMS.update({name: FORM_CATALOG[name] for name in args.forms.split(",")})
+    if args.topk_only:
+        TOPK_ONLY_FORMS[:] = args.topk_only.split(",")
     if args.no_topk_only:
         TOPK_ONLY_FORMS[:] = []
     if args.prepare:

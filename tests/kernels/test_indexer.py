@@ -193,6 +193,94 @@ def test_select_forms_match_reference(form, lens, width):
     assert torch.equal(out, ix.positions_to_slots(expected, table))
 
 
+def _rank_order(scores, lens, k=INDEX_TOPK):
+    """The rank select's listing: rows of at most k positions 0..len-1 in order, longer rows their k best best
+    first (equal scores, signed zeros included, by position)."""
+    out = torch.full((scores.shape[0], k), -1, dtype=torch.long)
+    for b in range(scores.shape[0]):
+        n = int(min(max(int(lens[b]), 0), scores.shape[1]))
+        row = scores[b, :n].double().tolist()
+        order = list(range(n)) if n <= k else sorted(range(n), key=lambda i: (-row[i], i))[:k]
+        out[b, :len(order)] = torch.tensor(order, dtype=torch.long)
+    return out
+
+
+RANK_CASES = [
+    # (lens, width, rank_rows, warps_mul, positions per loop step or None)
+    ([0, 1, 511, 512, 513, 600], 600, 8, 2, None),  # empty, short, exactly K, K + 1, ragged
+    ([1100, 700, 1033, 1050], 1100, 4, 1, None),  # ragged rows not a multiple of the block
+    ([1100, 1, 1100, 1024], 1100, 16, 2, 256),  # five loop steps, ties across step boundaries
+    ([900, 2000, 1000, 999], 1000, 32, 1, 128),  # a length past the row width is clipped to it
+]
+
+
+@pytest.mark.parametrize("lens,width,rows,warps_mul,block_j", RANK_CASES)
+@pytest.mark.parametrize("make", ["extreme", "tied"])
+def test_rank_select_matches_reference(lens, width, rows, warps_mul, block_j, make, monkeypatch):
+    """Every selected position is the reference's (ties to the lowest position), listed in rank order; -1 padding
+    over poisoned outputs; slot ids through a shuffled page table."""
+    if block_j is not None:
+        monkeypatch.setattr(ix, "RANK_BLOCK_J", block_j)
+    gen = torch.Generator().manual_seed(width + rows)
+    batch = len(lens)
+    scores = _extreme_scores(batch, width, gen) if make == "extreme" else _tied_scores(batch, width, gen)
+    pt_width = -(-width // INDEX_PAGE_SIZE)
+    table = torch.stack([torch.randperm(3 * pt_width, generator=gen)[:pt_width] for _ in range(batch)]).int()
+    l = torch.tensor(lens, dtype=torch.int32)
+    out = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
+    raw = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
+    form = ix.SelectForm(method="rank", rank_rows=rows, warps_mul=warps_mul)
+    ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw, select=form)
+    clipped = l.clamp(max=width)
+    masked = scores.masked_fill(torch.arange(width)[None, :] >= clipped[:, None], float("-inf"))
+    assert torch.equal(raw.long(), _rank_order(scores, clipped))
+    expected = ix.reference_topk_positions(masked, clipped)  # the same set as the search forms, ascending
+    chosen = torch.where(raw >= 0, raw.long(), torch.full_like(raw.long(), 1 << 40)).sort(dim=1).values
+    assert torch.equal(torch.where(chosen == 1 << 40, -1, chosen), expected)
+    assert torch.equal(out, ix.positions_to_slots(raw.long(), table))
+    # without raw positions: the same slot ids
+    alone = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
+    ix.topk_transform_paged(scores, l, table, alone, INDEX_PAGE_SIZE, select=form)
+    assert torch.equal(alone, out)
+
+
+def test_rank_select_nan_keys_and_small_k():
+    """NaN scores rank above every number (the NaN of bits 0x7FFFFFFF ties with 0x7FFFFFFE: the lower position
+    first); -inf inside the length still ranks below every number; k = 64 at a short page table."""
+    width = 300
+    scores = torch.randn(2, width, generator=torch.Generator().manual_seed(3))
+    bits = scores.view(torch.int32)
+    bits[0, 250] = 0x7FFFFFFF
+    bits[0, 40] = 0x7FFFFFFE
+    bits[0, 100] = 0x7FC00000
+    scores[0, 5] = float("-inf")
+    scores[1, :] = float("-inf")
+    l = torch.tensor([300, 200], dtype=torch.int32)
+    table = torch.arange(10).view(2, 5).int()  # 5 pages: 320 positions
+    out = torch.full((2, 64), 12345, dtype=torch.int32)
+    raw = torch.full((2, 64), 12345, dtype=torch.int32)
+    ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw,
+                            select=ix.SelectForm(method="rank", rank_rows=16))
+    assert raw[0, :3].tolist() == [40, 250, 100]
+    finite = scores[0].clone()
+    finite[[40, 100, 250]] = float("-inf")
+    assert raw[0, 3:].tolist() == _rank_order(finite[None], torch.tensor([300]), k=61)[0].tolist()
+    assert 5 not in raw[0].tolist()
+    assert raw[1].tolist() == list(range(64))  # all -inf: the lowest positions, in order
+    assert torch.equal(out, ix.positions_to_slots(raw.long(), table))
+
+
+def test_rank_select_plan_through_indexer_topk():
+    """A two-kernel plan with the rank select picks the reference's set from the logits kernel's row."""
+    lens, max_seq_len = [1500, 0, 700, 513], 1500
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=27)
+    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    out = torch.full((len(lens), INDEX_TOPK), 12345, dtype=torch.int32)
+    plan = ix.Plan("two_kernel", select=ix.SelectForm(method="rank", rank_rows=32, warps_mul=2))
+    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, plan=plan)
+    assert_selection_matches(out, ref, l, pt, rel_tol=1e-5)
+
+
 def test_default_select_forms_and_fused_merge_forms_agree():
     """Every plan's select form, and the fused path's merge under each form, pick the reference set."""
     lens, max_seq_len = [2500, 1999, 0], 2560
@@ -451,6 +539,8 @@ def test_logits_first_digit_threshold(k, forms, monkeypatch):
     (dict(method="histogram", threshold="page_max", copies=1), "copies"),
     (dict(copies=1), "copies"),
     (dict(method="histogram", overlap_programs=2048), "overlap_programs"),
+    (dict(method="rank", rank_rows=3), "rank_rows"),
+    (dict(method="rank", rank_rows=64), "rank_rows"),
 ])
 def test_bad_select_form_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -495,10 +585,11 @@ def test_plan_buckets(batch, length, form):
         assert plan.scores_select == plan.select
 
 
-def test_fused_rejects_histogram():
+@pytest.mark.parametrize("form", [HISTOGRAM, ix.SelectForm(method="rank")], ids=["histogram", "rank"])
+def test_fused_rejects_histogram_and_rank(form):
     q, kv, w, l, pt = make_inputs([100], 128)
     with pytest.raises(ValueError, match="search form"):
-        ix.fused_logits_topk(q, kv, w, l, pt, 128, torch.empty(1, 512, dtype=torch.int32), select=HISTOGRAM)
+        ix.fused_logits_topk(q, kv, w, l, pt, 128, torch.empty(1, 512, dtype=torch.int32), select=form)
 
 
 def test_select_argument_must_be_a_select_form():
