@@ -108,6 +108,7 @@ WS_THR1 = tl.constexpr(3)  # the first digit's threshold bin
 WS_ABOVE1 = tl.constexpr(4)  # entries in the bins above it
 WS_SPLIT_DONE = tl.constexpr(5)  # split programs finished (folded form: the last one finishes the row)
 WS_READY = tl.constexpr(6)  # page-max overlap form: the row's bound and logits are ready (set by the logits kernel)
+WS_RANK_DONE = tl.constexpr(7)  # rank select, ordered: ranking programs finished (the last one lists the row)
 HIST_REDUCE_BLOCK = tl.constexpr(256)  # first-digit bins the reducing program sums at a time
 # How the last counting program of a row reduces the first digit's copies (_finish_first_digit)
 REDUCE_BLOCKS = tl.constexpr(0)
@@ -579,14 +580,17 @@ def _rank_key(vals):
 
 
 @triton.jit
-def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, n_in, pt_width, stride_sb, stride_ptb,
-                        stride_outb, stride_rawb, K: tl.constexpr, PAGE: tl.constexpr, ROWS: tl.constexpr,
-                        BLOCK_J: tl.constexpr, HAS_RAW: tl.constexpr, PDL: tl.constexpr = False):
+def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, flags_ptr, ws_ptr, n_in, pt_width, stride_sb,
+                        stride_ptb, stride_outb, stride_rawb, stride_fb, stride_wsb, K: tl.constexpr,
+                        PAGE: tl.constexpr, ROWS: tl.constexpr, BLOCK_J: tl.constexpr, HAS_RAW: tl.constexpr,
+                        ORDERED: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (B, cdiv(width, ROWS)): the rank of each of ROWS consecutive positions of a scores row (how many
-    positions of the row come before it: higher score, or equal score at a lower position), and for the K
-    best the slot id written at ``out[b, rank]``. Rows of at most K positions keep them in position order (as
-    the search forms and upstream do); longer rows list the selection best first. Program 0 writes the -1
-    padding past min(length, K)."""
+    positions of the row come before it: higher score, or equal score at a lower position); the K best are the
+    selection. Not ORDERED: each selected position's slot id is written at ``out[b, rank]`` (best first).
+    ORDERED: each program stores its positions' selected flags (``flags [B, width]`` int8) and takes a ticket
+    (``ws[b, WS_RANK_DONE]``, left zeroed); the row's last program lists the selection in position order, as
+    the search forms do. Rows of at most K positions list them in position order either way (as upstream does).
+    Program 0 writes the -1 padding past min(length, K)."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -623,10 +627,29 @@ def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, n_in, pt
             ahead += tl.sum(((kb[None, :] == ki[:, None]) & (jb[None, :] < i[:, None])).to(tl.int32), axis=1)
             rank = ahead
         sel = live & (rank < k_eff)
-        page = tl.load(pt_ptr + b64 * stride_ptb + i // PAGE, mask=sel, other=0)
-        tl.store(out_row + rank, page * PAGE + i % PAGE, mask=sel)
-        if HAS_RAW:
-            tl.store(raw_row + rank, i, mask=sel)
+        if ORDERED and length > K:
+            tl.store(flags_ptr + b64 * stride_fb + i, sel.to(tl.int8), mask=live)
+            tl.debug_barrier()  # all of this program's flags stored before its arrival is published
+            ws_row = ws_ptr + b64 * stride_wsb
+            arrived = tl.atomic_add(ws_row + WS_RANK_DONE, 1, sem="acq_rel")
+            if arrived == tl.cdiv(length, ROWS) - 1:  # the row's last ranking program: list it in position order
+                tl.store(ws_row + WS_RANK_DONE, 0)  # every program has arrived: ready for the next call
+                listed = 0
+                for c0 in range(0, length, BLOCK_J):
+                    c = c0 + tl.arange(0, BLOCK_J)
+                    flag = tl.load(flags_ptr + b64 * stride_fb + c, mask=c < length, other=0).to(tl.int32)
+                    chosen = flag > 0
+                    slot = listed + tl.cumsum(flag, axis=0) - 1
+                    page = tl.load(pt_ptr + b64 * stride_ptb + c // PAGE, mask=chosen, other=0)
+                    tl.store(out_row + slot, page * PAGE + c % PAGE, mask=chosen)
+                    if HAS_RAW:
+                        tl.store(raw_row + slot, c, mask=chosen)
+                    listed += tl.sum(flag, axis=0)
+        else:
+            page = tl.load(pt_ptr + b64 * stride_ptb + i // PAGE, mask=sel, other=0)
+            tl.store(out_row + rank, page * PAGE + i % PAGE, mask=sel)
+            if HAS_RAW:
+                tl.store(raw_row + rank, i, mask=sel)
 
 
 @triton.jit
@@ -1396,11 +1419,14 @@ def rank_select(scores, lens, page_table, out, raw, form):
     pdl = launch_pdl(scores.device, batch, form)
     block_j = min(RANK_BLOCK_J, triton.next_power_of_2(width))
     raw_arg = raw if raw is not None else out
+    ordered = form.rank_ordered and width > out.shape[1]
+    flags = torch.empty(batch if ordered else 0, width, dtype=torch.int8, device=scores.device)
+    workspace = hist_workspace(batch if ordered else 0, scores.device)
     _rank_select_kernel[(batch, _cdiv(width, form.rank_rows))](
-        scores, lens, page_table, out, raw_arg, width, page_table.shape[1], scores.stride(0), page_table.stride(0),
-        out.stride(0), raw_arg.stride(0), K=out.shape[1], PAGE=INDEX_PAGE_SIZE, ROWS=form.rank_rows,
-        BLOCK_J=block_j, HAS_RAW=raw is not None, PDL=pdl, num_warps=rank_warps(form), num_stages=1,
-        launch_pdl=pdl)
+        scores, lens, page_table, out, raw_arg, flags, workspace, width, page_table.shape[1], scores.stride(0),
+        page_table.stride(0), out.stride(0), raw_arg.stride(0), flags.stride(0), workspace.stride(0), K=out.shape[1],
+        PAGE=INDEX_PAGE_SIZE, ROWS=form.rank_rows, BLOCK_J=block_j, HAS_RAW=raw is not None, ORDERED=ordered,
+        PDL=pdl, num_warps=rank_warps(form), num_stages=1, launch_pdl=pdl)
     return out
 
 
@@ -1453,8 +1479,10 @@ class SelectForm:
     # "page_max": > 0 runs the overlap form (PAGE_MAX_OVERLAP_PROGRAMS): about this many logits programs in a
     # row-major grid, each row's select programs waiting for that row's ready flag instead of the whole launch
     overlap_programs: int = 0
-    # "rank" (:func:`rank_select`): positions each program ranks; its warps are 4 * warps_mul
+    # "rank" (:func:`rank_select`): positions each program ranks; its warps are 4 * warps_mul; ordered: the
+    # selection listed in position order (the row's last program lists it) instead of best first
     rank_rows: int = 8
+    rank_ordered: bool = True
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:

@@ -206,19 +206,22 @@ def _rank_order(scores, lens, k=INDEX_TOPK):
 
 
 RANK_CASES = [
-    # (lens, width, rank_rows, warps_mul, positions per loop step or None)
-    ([0, 1, 511, 512, 513, 600], 600, 8, 2, None),  # empty, short, exactly K, K + 1, ragged
-    ([1100, 700, 1033, 1050], 1100, 4, 1, None),  # ragged rows not a multiple of the block
-    ([1100, 1, 1100, 1024], 1100, 16, 2, 256),  # five loop steps, ties across step boundaries
-    ([900, 2000, 1000, 999], 1000, 32, 1, 128),  # a length past the row width is clipped to it
+    # (lens, width, rank_rows, warps_mul, positions per loop step or None, ordered)
+    ([0, 1, 511, 512, 513, 600], 600, 8, 2, None, True),  # empty, short, exactly K, K + 1, ragged
+    ([0, 1, 511, 512, 513, 600], 600, 8, 2, None, False),
+    ([1100, 700, 1033, 1050], 1100, 4, 1, None, False),  # ragged rows not a multiple of the block
+    ([1100, 1, 1100, 1024], 1100, 16, 2, 256, True),  # five loop steps, ties across step boundaries
+    ([1100, 1, 1100, 1024], 1100, 16, 2, 256, False),
+    ([900, 2000, 1000, 999], 1000, 32, 1, 128, True),  # a length past the row width is clipped to it
 ]
 
 
-@pytest.mark.parametrize("lens,width,rows,warps_mul,block_j", RANK_CASES)
+@pytest.mark.parametrize("lens,width,rows,warps_mul,block_j,ordered", RANK_CASES)
 @pytest.mark.parametrize("make", ["extreme", "tied"])
-def test_rank_select_matches_reference(lens, width, rows, warps_mul, block_j, make, monkeypatch):
-    """Every selected position is the reference's (ties to the lowest position), listed in rank order; -1 padding
-    over poisoned outputs; slot ids through a shuffled page table."""
+def test_rank_select_matches_reference(lens, width, rows, warps_mul, block_j, ordered, make, monkeypatch):
+    """Every selected position is the reference's (ties to the lowest position), listed in position order
+    (ordered: as the search forms) or in rank order; -1 padding over poisoned outputs; slot ids through a shuffled
+    page table; the ordered form leaves the shared workspace zeroed."""
     if block_j is not None:
         monkeypatch.setattr(ix, "RANK_BLOCK_J", block_j)
     gen = torch.Generator().manual_seed(width + rows)
@@ -229,14 +232,18 @@ def test_rank_select_matches_reference(lens, width, rows, warps_mul, block_j, ma
     l = torch.tensor(lens, dtype=torch.int32)
     out = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
     raw = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
-    form = ix.SelectForm(method="rank", rank_rows=rows, warps_mul=warps_mul)
+    form = ix.SelectForm(method="rank", rank_rows=rows, warps_mul=warps_mul, rank_ordered=ordered)
     ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw, select=form)
     clipped = l.clamp(max=width)
     masked = scores.masked_fill(torch.arange(width)[None, :] >= clipped[:, None], float("-inf"))
-    assert torch.equal(raw.long(), _rank_order(scores, clipped))
-    expected = ix.reference_topk_positions(masked, clipped)  # the same set as the search forms, ascending
-    chosen = torch.where(raw >= 0, raw.long(), torch.full_like(raw.long(), 1 << 40)).sort(dim=1).values
-    assert torch.equal(torch.where(chosen == 1 << 40, -1, chosen), expected)
+    expected = ix.reference_topk_positions(masked, clipped)  # the search forms' listing: ascending positions
+    if ordered:
+        assert torch.equal(raw.long(), expected)
+        assert not ix.hist_workspace(batch, "cpu").any()
+    else:
+        assert torch.equal(raw.long(), _rank_order(scores, clipped))
+        chosen = torch.where(raw >= 0, raw.long(), torch.full_like(raw.long(), 1 << 40)).sort(dim=1).values
+        assert torch.equal(torch.where(chosen == 1 << 40, -1, chosen), expected)
     assert torch.equal(out, ix.positions_to_slots(raw.long(), table))
     # without raw positions: the same slot ids
     alone = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
@@ -260,7 +267,10 @@ def test_rank_select_nan_keys_and_small_k():
     out = torch.full((2, 64), 12345, dtype=torch.int32)
     raw = torch.full((2, 64), 12345, dtype=torch.int32)
     ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw,
-                            select=ix.SelectForm(method="rank", rank_rows=16))
+                            select=ix.SelectForm(method="rank", rank_rows=16, rank_ordered=False))
+    ordered = torch.full((2, 64), 12345, dtype=torch.int32)
+    ix.topk_transform_paged(scores, l, table, ordered, INDEX_PAGE_SIZE, select=ix.SelectForm(method="rank"))
+    assert torch.equal(ordered, ix.positions_to_slots(raw.long().sort(dim=1).values, table))
     assert raw[0, :3].tolist() == [40, 250, 100]
     finite = scores[0].clone()
     finite[[40, 100, 250]] = float("-inf")
