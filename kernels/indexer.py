@@ -11,8 +11,8 @@ and ``topk_transform_paged``):
 * top-k: ``out[b, j]`` = ``page_table[b, i // 64] * 64 + i % 64`` for the ``K`` (512) selected
   positions ``i``, ``-1`` past ``min(length, K)``. Rows of at most ``K`` positions list them in order
   (as upstream does); longer rows list the selection in ascending position order with the search
-  forms, in no fixed order with the histogram select (slots are claimed with atomics; upstream's
-  order is unspecified). Among equal scores at the threshold the search forms take the lowest
+  forms, best first with the rank select, in no fixed order with the histogram select (slots are
+  claimed with atomics; upstream's order is unspecified). Among equal scores at the threshold the search forms take the lowest
   positions; the histogram select takes any of them (the selected scores are the same).
 
 Two paths, both graph-capturable (grids and scratch depend on shapes only):
@@ -36,8 +36,10 @@ finishes the row from two more digit histograms. Its page-max form (H200 run 11b
 kernel keep each program's elementwise maximum over its pages instead of counting (no atomic per
 logit); the row's last logits program turns the group maxima into a bound at or below the K-th logit,
 the split pass keeps the ~1 % of logits at or above it and the last program finishes from their digit
-histograms. :class:`SelectForm` (search or histogram, largest chunk, warps, threshold, copies) is
-chosen per shape in :data:`PLAN_TABLE`.
+histograms. :class:`SelectForm` (search, histogram or rank, largest chunk, warps, threshold, copies) is
+chosen per shape in :data:`PLAN_TABLE`. At one or two short rows the rank select (:func:`rank_select`)
+replaces the search: every pair of a row's positions is compared in one launch and each of the K best
+writes its slot id at its rank, so no search round depends on another.
 
 Launches (H200 run 9, :data:`USE_PDL`): the two-kernel path launches with programmatic dependent launch
 at B <= 16 with the histogram select or the double-warp search (:func:`launch_pdl`). Every kernel waits
@@ -108,7 +110,6 @@ WS_THR1 = tl.constexpr(3)  # the first digit's threshold bin
 WS_ABOVE1 = tl.constexpr(4)  # entries in the bins above it
 WS_SPLIT_DONE = tl.constexpr(5)  # split programs finished (folded form: the last one finishes the row)
 WS_READY = tl.constexpr(6)  # page-max overlap form: the row's bound and logits are ready (set by the logits kernel)
-WS_RANK_DONE = tl.constexpr(7)  # rank select, ordered: ranking programs finished (the last one lists the row)
 HIST_REDUCE_BLOCK = tl.constexpr(256)  # first-digit bins the reducing program sums at a time
 # How the last counting program of a row reduces the first digit's copies (_finish_first_digit)
 REDUCE_BLOCKS = tl.constexpr(0)
@@ -580,17 +581,14 @@ def _rank_key(vals):
 
 
 @triton.jit
-def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, flags_ptr, ws_ptr, n_in, pt_width, stride_sb,
-                        stride_ptb, stride_outb, stride_rawb, stride_fb, stride_wsb, K: tl.constexpr,
-                        PAGE: tl.constexpr, ROWS: tl.constexpr, BLOCK_J: tl.constexpr, HAS_RAW: tl.constexpr,
-                        ORDERED: tl.constexpr, PDL: tl.constexpr = False):
+def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, n_in, pt_width, stride_sb, stride_ptb,
+                        stride_outb, stride_rawb, K: tl.constexpr, PAGE: tl.constexpr, ROWS: tl.constexpr,
+                        BLOCK_J: tl.constexpr, HAS_RAW: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (B, cdiv(width, ROWS)): the rank of each of ROWS consecutive positions of a scores row (how many
-    positions of the row come before it: higher score, or equal score at a lower position); the K best are the
-    selection. Not ORDERED: each selected position's slot id is written at ``out[b, rank]`` (best first).
-    ORDERED: each program stores its positions' selected flags (``flags [B, width]`` int8) and takes a ticket
-    (``ws[b, WS_RANK_DONE]``, left zeroed); the row's last program lists the selection in position order, as
-    the search forms do. Rows of at most K positions list them in position order either way (as upstream does).
-    Program 0 writes the -1 padding past min(length, K)."""
+    positions of the row come before it: higher score, or equal score at a lower position), and for the K
+    best the slot id written at ``out[b, rank]``: longer rows list the selection best first. Rows of at most K
+    positions list them in position order (as the search forms and upstream do). Program 0 writes the -1
+    padding past min(length, K)."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -627,29 +625,10 @@ def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, flags_pt
             ahead += tl.sum(((kb[None, :] == ki[:, None]) & (jb[None, :] < i[:, None])).to(tl.int32), axis=1)
             rank = ahead
         sel = live & (rank < k_eff)
-        if ORDERED and length > K:
-            tl.store(flags_ptr + b64 * stride_fb + i, sel.to(tl.int8), mask=live)
-            tl.debug_barrier()  # all of this program's flags stored before its arrival is published
-            ws_row = ws_ptr + b64 * stride_wsb
-            arrived = tl.atomic_add(ws_row + WS_RANK_DONE, 1, sem="acq_rel")
-            if arrived == tl.cdiv(length, ROWS) - 1:  # the row's last ranking program: list it in position order
-                tl.store(ws_row + WS_RANK_DONE, 0)  # every program has arrived: ready for the next call
-                listed = 0
-                for c0 in range(0, length, BLOCK_J):
-                    c = c0 + tl.arange(0, BLOCK_J)
-                    flag = tl.load(flags_ptr + b64 * stride_fb + c, mask=c < length, other=0).to(tl.int32)
-                    chosen = flag > 0
-                    slot = listed + tl.cumsum(flag, axis=0) - 1
-                    page = tl.load(pt_ptr + b64 * stride_ptb + c // PAGE, mask=chosen, other=0)
-                    tl.store(out_row + slot, page * PAGE + c % PAGE, mask=chosen)
-                    if HAS_RAW:
-                        tl.store(raw_row + slot, c, mask=chosen)
-                    listed += tl.sum(flag, axis=0)
-        else:
-            page = tl.load(pt_ptr + b64 * stride_ptb + i // PAGE, mask=sel, other=0)
-            tl.store(out_row + rank, page * PAGE + i % PAGE, mask=sel)
-            if HAS_RAW:
-                tl.store(raw_row + rank, i, mask=sel)
+        page = tl.load(pt_ptr + b64 * stride_ptb + i // PAGE, mask=sel, other=0)
+        tl.store(out_row + rank, page * PAGE + i % PAGE, mask=sel)
+        if HAS_RAW:
+            tl.store(raw_row + rank, i, mask=sel)
 
 
 @triton.jit
@@ -1160,7 +1139,7 @@ def _cdiv(a: int, b: int) -> int:
 def launch_pdl(device, batch: int, form: "SelectForm") -> bool:
     """Whether a two-kernel-path launch of ``batch`` rows whose select is ``form`` uses programmatic
     dependent launch on ``device`` (see :data:`PDL_MAX_BATCH`): the histogram select and the
-    double-warp search only, where H200 run 9 measured PDL faster."""
+    double-warp search, where H200 run 9 measured PDL faster, and the rank select (timed with it, runs 18 / 19)."""
     pdl_form = form.method in ("histogram", "rank") or form.warps_mul == 2
     return USE_PDL and batch <= PDL_MAX_BATCH and pdl_form and pdl_supported(torch.device(device))
 
@@ -1417,16 +1396,12 @@ def rank_select(scores, lens, page_table, out, raw, form):
     ``B * cdiv(width, form.rank_rows)`` programs, each comparing its positions with the whole row."""
     batch, width = scores.shape
     pdl = launch_pdl(scores.device, batch, form)
-    block_j = min(RANK_BLOCK_J, triton.next_power_of_2(width))
     raw_arg = raw if raw is not None else out
-    ordered = form.rank_ordered and width > out.shape[1]
-    flags = torch.empty(batch if ordered else 0, width, dtype=torch.int8, device=scores.device)
-    workspace = hist_workspace(batch if ordered else 0, scores.device)
     _rank_select_kernel[(batch, _cdiv(width, form.rank_rows))](
-        scores, lens, page_table, out, raw_arg, flags, workspace, width, page_table.shape[1], scores.stride(0),
-        page_table.stride(0), out.stride(0), raw_arg.stride(0), flags.stride(0), workspace.stride(0), K=out.shape[1],
-        PAGE=INDEX_PAGE_SIZE, ROWS=form.rank_rows, BLOCK_J=block_j, HAS_RAW=raw is not None, ORDERED=ordered,
-        PDL=pdl, num_warps=rank_warps(form), num_stages=1, launch_pdl=pdl)
+        scores, lens, page_table, out, raw_arg, width, page_table.shape[1], scores.stride(0), page_table.stride(0),
+        out.stride(0), raw_arg.stride(0), K=out.shape[1], PAGE=INDEX_PAGE_SIZE, ROWS=form.rank_rows,
+        BLOCK_J=RANK_BLOCK_J, HAS_RAW=raw is not None, PDL=pdl, num_warps=rank_warps(form), num_stages=1,
+        launch_pdl=pdl)
     return out
 
 
@@ -1465,7 +1440,9 @@ class SelectForm:
     8192 entries (half the entries per thread). ``method`` "histogram" replaces the
     search: the logits kernel counts a per-row histogram of each key's top 11 bits, one split pass
     sends the entries above the K-th key's bin out and keeps that bin's entries, its last program
-    per row finishes from two more digit histograms (:func:`hist_select`); the search fields do not apply."""
+    per row finishes from two more digit histograms (:func:`hist_select`); the search fields do not apply.
+    ``method`` "rank" ranks every position of a row against the whole row in one launch
+    (:func:`rank_select`: ``rank_rows`` positions per program on 4 * ``warps_mul`` warps)."""
     max_chunk: int = SELECT_MAX_CHUNK
     warps_mul: int = 1
     method: str = "search"
@@ -1479,10 +1456,8 @@ class SelectForm:
     # "page_max": > 0 runs the overlap form (PAGE_MAX_OVERLAP_PROGRAMS): about this many logits programs in a
     # row-major grid, each row's select programs waiting for that row's ready flag instead of the whole launch
     overlap_programs: int = 0
-    # "rank" (:func:`rank_select`): positions each program ranks; its warps are 4 * warps_mul; ordered: the
-    # selection listed in position order (the row's last program lists it) instead of best first
+    # "rank" (:func:`rank_select`): positions each program ranks; its warps are 4 * warps_mul
     rank_rows: int = 8
-    rank_ordered: bool = True
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
@@ -1696,9 +1671,30 @@ _PAGE_MAX = SelectForm(method="histogram", threshold="page_max")
 _PAGE_MAX_UNFUSED_2XW = Plan("two_kernel", select=_PAGE_MAX, unfused_select=_BITWISE_2XW)
 _PAGE_MAX_UNFUSED_CHUNK8K = Plan("two_kernel", select=_PAGE_MAX, unfused_select=_CHUNK8K)
 _PAGE_MAX_OVERLAP = SelectForm(method="histogram", threshold="page_max", overlap_programs=PAGE_MAX_OVERLAP_PROGRAMS)
+#
+# H200 runs 18 / 19 (benchmarks/indexer-h200-run19-summary.md, us, same run, 0 violations): the rank select (every
+# pair of a row's positions compared in one launch, the selection listed best first) against the defaults of the
+# time, logits + top-512:
+#
+#   B   context  positions  default          rank 8 rows, 8 warps  rank 16 rows, 4 warps
+#   1   8K       2048       11.88 (2x warps) 6.53  <- 1.82x        6.86
+#   2   8K       2048       11.92 (2x warps) 8.35                  7.68  <- 1.55x
+#   4   8K       2048       12.16 (2x warps) 11.34                 10.38    (layer run 17: slower in the C4 layer)
+#   1   16K      4096       12.03 (hist)     10.48                 9.92  <- 1.21x
+#   2   16K      4096       16.58 (bitwise)  17.29                 15.32 <- 1.08x
+#   1   32K      8192       23.90 (bitwise)  26.15                 22.88 <- 1.04x
+#
+# (run 18: B = 8 / 16 / 32 x 8K 15.45 / 25.78 / 45.55 at best against 12.6 / 13.6 / 16.4: the pairs grow with B x
+# positions^2). In the C4 layer at 8K (bench-variants-h200-run17, median of 30 replays): T=1 B=1 125.74 -> 122.35 us,
+# T=4 B=1 87.94 -> 82.55, T=1 B=2 162.37 -> 160.71, T=4 B=2 110.77 -> 107.65 (8 rows, 8 warps); B=4 slower.
+_RANK_R8 = SelectForm(method="rank", rank_rows=8, warps_mul=2)
+_RANK_R16_W4 = SelectForm(method="rank", rank_rows=16)
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
+    (1, 2048, Plan("two_kernel", select=_RANK_R8)),
+    (2, 2048, Plan("two_kernel", select=_RANK_R16_W4)),
     (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE_2XW)),
-    (1, 4096, _HIST_UNFUSED_BITWISE),  # run 15: 1 x 16K 13.41 vs 16.26 us (bitwise); B=2 there unmeasured
+    (2, 4096, Plan("two_kernel", select=_RANK_R16_W4)),  # run 15's histogram (1 x 16K 13.41 us) before run 19
+    (1, 8192, Plan("two_kernel", select=_RANK_R16_W4)),
     (2, 8192, Plan("two_kernel", select=_BITWISE)),
     (2, 65536, _HIST_UNFUSED_BITWISE),
     (4, 8192, Plan("two_kernel", select=_BITWISE)),
@@ -1735,6 +1731,8 @@ def fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=No
     """Top-k slot ids straight from q and the index-K cache; only per-split candidates hit memory."""
     validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len)
     form = _select_form(q.shape[0], max_seq_len, select)
+    if select is None and form.method == "rank":
+        form = _BITWISE  # the shape's select ranks a logits row; the split candidates are merged by the search
     if form.method != "search":
         raise ValueError("select must be a search form for the fused path (its merge has no histogram)")
     if split_pages not in FUSED_SPLIT_PAGES:
@@ -1818,6 +1816,10 @@ _SELECT_SIG = {
     "in_val_ptr": "*fp32", "in_pos_ptr": "*i32", "lens_ptr": "*i32", "pt_ptr": "*i32", "out_val_ptr": "*fp32",
     "out_pos_ptr": "*i32", "out_raw_ptr": "*i32", "n_in": "i32", "pt_width": "i32", "stride_inb": "i32",
     "stride_outb": "i32", "stride_ptb": "i32", "stride_rawb": "i32",
+}
+_RANK_SIG = {
+    "scores_ptr": "*fp32", "lens_ptr": "*i32", "pt_ptr": "*i32", "out_ptr": "*i32", "raw_ptr": "*i32", "n_in": "i32",
+    "pt_width": "i32", "stride_sb": "i32", "stride_ptb": "i32", "stride_outb": "i32", "stride_rawb": "i32",
 }
 _HIST_SIG = {
     "scores_ptr": "*fp32", "lens_ptr": "*i32", "pt_ptr": "*i32", "ws_ptr": "*i32", "cand_val_ptr": "*fp32",
@@ -1918,6 +1920,16 @@ def aot_configs() -> list[AotConfig]:
                         name + ("" if w == _select_warps(chunk) else f"_w{w}") + suffix, _select_kernel,
                         _sig(_SELECT_SIG, c), c, num_warps=w, num_stages=1, div16=("stride_inb", "stride_outb"),
                         expect_opcodes=pdl_ops))
+        rank_forms = sorted({plan.select for _, _, plan in PLAN_TABLE if plan.select.method == "rank"},
+                            key=lambda f: (f.rank_rows, f.warps_mul))
+        for form in rank_forms:  # with PDL at B <= PDL_MAX_BATCH (every rank bucket), without where unsupported
+            for has_raw in (False, True):
+                c = dict(K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, ROWS=form.rank_rows, BLOCK_J=RANK_BLOCK_J,
+                         HAS_RAW=has_raw, PDL=pdl)
+                configs.append(AotConfig(
+                    f"indexer_rank_select_r{form.rank_rows}_w{rank_warps(form)}{'_raw' if has_raw else ''}{suffix}",
+                    _rank_select_kernel, _sig(_RANK_SIG, c), c, num_warps=rank_warps(form), num_stages=1,
+                    div16=("stride_sb", "stride_outb"), expect_opcodes=pdl_ops))
     for r in FUSED_SPLIT_PAGES:
         c = dict(page, R_PAGES=r, K=INDEX_TOPK, CB=min(INDEX_TOPK, r * INDEX_PAGE_SIZE), USE_SCALED_DOT=True)
         configs.append(AotConfig(

@@ -30,9 +30,10 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   SWA / C128 4 at 8K), ``attn_bf16p``: with bf16 partial accumulators at B=1 (half the split-K traffic);
 - (run 15's ``moe_bytes``, the routed experts' fp16 GEMV with its pairs built per byte, is the shipped form since
   and was taken out of the tool; commit 0dfc461 has it);
-- ``ix_rank_r{N}[w4][u]``: the indexer's top-512 by the rank select (``SelectForm(method="rank")``, N positions per
-  program, 8 warps or ``w4`` 4; the selection in position order or ``u`` best first) at up to 8192 compressed
-  positions and any batch, instead of the plan table's form there;
+- ``ix_rank_r{N}[w4]``: the indexer's top-512 by the rank select (``SelectForm(method="rank")``, N positions per
+  program, 8 warps or ``w4`` 4) at up to 8192 compressed positions and any batch, instead of the plan table's form
+  there (runs 16 / 17; in run 17 the ``ix_rank_r*`` rows list the selection in position order, a form since removed,
+  and ``ix_rank_r8u`` is today's ``ix_rank_r8``);
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
   persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
@@ -73,8 +74,7 @@ from sglang_sm120.kernels import indexer as ix  # noqa: E402
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
             "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc", "sd_n16", "sd_n32",
             "sd_nopdl", "drop_route", "drop_qquant", "drop_route_qquant", "attn_s1", "attn_s2", "attn_s5", "attn_s10",
-            "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r8u", "ix_rank_r16u",
-            "ix_rank_r16w4", "ix_rank_r16w4u")
+            "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r16w4")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -205,9 +205,7 @@ def applied(variant: str, tp: int):
     plan_table = ix.PLAN_TABLE
     if variant.startswith("ix_rank_r"):
         spec = variant[len("ix_rank_r"):]
-        rows = int(spec.rstrip("u").replace("w4", ""))
-        rank = ix.SelectForm(method="rank", rank_rows=rows, warps_mul=1 if "w4" in spec else 2,
-                             rank_ordered=not spec.endswith("u"))
+        rank = ix.SelectForm(method="rank", rank_rows=int(spec.replace("w4", "")), warps_mul=1 if "w4" in spec else 2)
         ix.PLAN_TABLE = ((dsv4.INDEX_MAX_BATCH, 8192, ix.Plan("two_kernel", select=rank)),) + plan_table
     for name, value in attention.items():
         setattr(sparse_mla_decode, name, value)

@@ -57,12 +57,12 @@ FORM_CATALOG = {
                                     overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
 }  # run 5a also timed a double-warp radix-4 search: no faster than the defaults; removed from the kernel
 # runs 18 / 19 (round 27): the rank select (every pair of positions of a row compared; no search rounds), by positions
-# per program and warps (_w4: 4 warps, else 8), listed in position order or (_u) best first
+# per program and warps (_w4: 4 warps, else 8). Run 19 also timed a form listing the selection in position order (a
+# ticket, the row's last program listing it: 2.3-12.6 us slower; in runs 19 and layer run 17 the rank_* rows are that
+# form and rank_*_u the shipped one; commit 967630e has it)
 for rows in ix.RANK_ROWS:
     FORM_CATALOG[f"rank_r{rows}"] = ix.SelectForm(method="rank", rank_rows=rows, warps_mul=2)
     FORM_CATALOG[f"rank_r{rows}_w4"] = ix.SelectForm(method="rank", rank_rows=rows)
-    FORM_CATALOG[f"rank_r{rows}_u"] = ix.SelectForm(method="rank", rank_rows=rows, warps_mul=2, rank_ordered=False)
-    FORM_CATALOG[f"rank_r{rows}_w4_u"] = ix.SelectForm(method="rank", rank_rows=rows, rank_ordered=False)
 SELECT_FORMS = {"hist": FORM_CATALOG["hist"]}  # --forms replaces it
 TOPK_ONLY_FORMS = ["hist"]  # top-k alone from a given logits row (the seam's unfused call); --no-topk-only drops it
 FUSED_VARIANTS = {}  # (pages per split, select form of the merge); none timed since run 4

@@ -135,6 +135,11 @@ def test_topk_transform_matches_reference_and_upstream(lens, width):
     ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw)
     masked = scores.masked_fill(torch.arange(width)[None, :] >= l[:, None], float("-inf"))
     expected = ix.reference_topk_positions(masked, l)
+    if ix.choose_plan(batch, width).scores_select.method == "rank":  # it lists longer rows best first
+        assert torch.equal(out, ix.positions_to_slots(raw.long(), table))
+        long_rows = torch.tensor(lens) > INDEX_TOPK
+        raw[long_rows] = raw[long_rows].sort(dim=1).values  # (no -1 in rows longer than k)
+        out = ix.positions_to_slots(raw.long(), table)
     assert torch.equal(raw, expected.int())  # exact, ties to the lowest position
     assert torch.equal(out, ix.positions_to_slots(expected, table))
     # Upstream's torch top-k: same rows for short lengths, same sets elsewhere (ties aside).
@@ -206,22 +211,19 @@ def _rank_order(scores, lens, k=INDEX_TOPK):
 
 
 RANK_CASES = [
-    # (lens, width, rank_rows, warps_mul, positions per loop step or None, ordered)
-    ([0, 1, 511, 512, 513, 600], 600, 8, 2, None, True),  # empty, short, exactly K, K + 1, ragged
-    ([0, 1, 511, 512, 513, 600], 600, 8, 2, None, False),
-    ([1100, 700, 1033, 1050], 1100, 4, 1, None, False),  # ragged rows not a multiple of the block
-    ([1100, 1, 1100, 1024], 1100, 16, 2, 256, True),  # five loop steps, ties across step boundaries
-    ([1100, 1, 1100, 1024], 1100, 16, 2, 256, False),
-    ([900, 2000, 1000, 999], 1000, 32, 1, 128, True),  # a length past the row width is clipped to it
+    # (lens, width, rank_rows, warps_mul, positions per loop step or None)
+    ([0, 1, 511, 512, 513, 600], 600, 8, 2, None),  # empty, short, exactly K, K + 1, ragged
+    ([1100, 700, 1033, 1050], 1100, 4, 1, None),  # ragged rows not a multiple of the block
+    ([1100, 1, 1100, 1024], 1100, 16, 2, 256),  # five loop steps, ties across step boundaries
+    ([900, 2000, 1000, 999], 1000, 32, 1, 128),  # a length past the row width is clipped to it
 ]
 
 
-@pytest.mark.parametrize("lens,width,rows,warps_mul,block_j,ordered", RANK_CASES)
+@pytest.mark.parametrize("lens,width,rows,warps_mul,block_j", RANK_CASES)
 @pytest.mark.parametrize("make", ["extreme", "tied"])
-def test_rank_select_matches_reference(lens, width, rows, warps_mul, block_j, ordered, make, monkeypatch):
-    """Every selected position is the reference's (ties to the lowest position), listed in position order
-    (ordered: as the search forms) or in rank order; -1 padding over poisoned outputs; slot ids through a shuffled
-    page table; the ordered form leaves the shared workspace zeroed."""
+def test_rank_select_matches_reference(lens, width, rows, warps_mul, block_j, make, monkeypatch):
+    """Every selected position is the reference's (ties to the lowest position), listed best first (short rows
+    in position order); -1 padding over poisoned outputs; slot ids through a shuffled page table."""
     if block_j is not None:
         monkeypatch.setattr(ix, "RANK_BLOCK_J", block_j)
     gen = torch.Generator().manual_seed(width + rows)
@@ -232,18 +234,14 @@ def test_rank_select_matches_reference(lens, width, rows, warps_mul, block_j, or
     l = torch.tensor(lens, dtype=torch.int32)
     out = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
     raw = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
-    form = ix.SelectForm(method="rank", rank_rows=rows, warps_mul=warps_mul, rank_ordered=ordered)
+    form = ix.SelectForm(method="rank", rank_rows=rows, warps_mul=warps_mul)
     ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw, select=form)
     clipped = l.clamp(max=width)
     masked = scores.masked_fill(torch.arange(width)[None, :] >= clipped[:, None], float("-inf"))
-    expected = ix.reference_topk_positions(masked, clipped)  # the search forms' listing: ascending positions
-    if ordered:
-        assert torch.equal(raw.long(), expected)
-        assert not ix.hist_workspace(batch, "cpu").any()
-    else:
-        assert torch.equal(raw.long(), _rank_order(scores, clipped))
-        chosen = torch.where(raw >= 0, raw.long(), torch.full_like(raw.long(), 1 << 40)).sort(dim=1).values
-        assert torch.equal(torch.where(chosen == 1 << 40, -1, chosen), expected)
+    assert torch.equal(raw.long(), _rank_order(scores, clipped))
+    expected = ix.reference_topk_positions(masked, clipped)  # the same set as the search forms (they list it ascending)
+    chosen = torch.where(raw >= 0, raw.long(), torch.full_like(raw.long(), 1 << 40)).sort(dim=1).values
+    assert torch.equal(torch.where(chosen == 1 << 40, -1, chosen), expected)
     assert torch.equal(out, ix.positions_to_slots(raw.long(), table))
     # without raw positions: the same slot ids
     alone = torch.full((batch, INDEX_TOPK), 12345, dtype=torch.int32)
@@ -267,10 +265,7 @@ def test_rank_select_nan_keys_and_small_k():
     out = torch.full((2, 64), 12345, dtype=torch.int32)
     raw = torch.full((2, 64), 12345, dtype=torch.int32)
     ix.topk_transform_paged(scores, l, table, out, INDEX_PAGE_SIZE, raw,
-                            select=ix.SelectForm(method="rank", rank_rows=16, rank_ordered=False))
-    ordered = torch.full((2, 64), 12345, dtype=torch.int32)
-    ix.topk_transform_paged(scores, l, table, ordered, INDEX_PAGE_SIZE, select=ix.SelectForm(method="rank"))
-    assert torch.equal(ordered, ix.positions_to_slots(raw.long().sort(dim=1).values, table))
+                            select=ix.SelectForm(method="rank", rank_rows=16))
     assert raw[0, :3].tolist() == [40, 250, 100]
     finite = scores[0].clone()
     finite[[40, 100, 250]] = float("-inf")
@@ -558,9 +553,11 @@ def test_bad_select_form_raises(kwargs, match):
 
 
 # (batch, compressed positions, select form): the H200 runs 6-9 decisions (benchmarks/indexer-h200-run8-summary.md,
-# -run9-summary.md), the page-max buckets of run 11b and the overlap form's of run 14.
+# -run9-summary.md), the page-max buckets of run 11b, the overlap form's of run 14 and the rank select's of run 19.
 PLAN_BUCKETS = [
-    (1, 8192, "bitwise"), (2, 8193, "histogram"), (1, 16384, "histogram"), (3, 16384, "hist1"),
+    (1, 8192, "rank_r16_w4"), (1, 2048, "rank_r8"), (1, 600, "rank_r8"), (2, 2048, "rank_r16_w4"),
+    (3, 2048, "bitwise_2xw"), (1, 4096, "rank_r16_w4"), (2, 4096, "rank_r16_w4"), (2, 4097, "bitwise"),
+    (1, 8193, "histogram"), (2, 8193, "histogram"), (1, 16384, "histogram"), (3, 16384, "hist1"),
     (4, 8192, "bitwise"), (3, 8193, "hist1"), (4, 16384, "hist1"), (4, 16385, "histogram"), (4, 40000, "histogram"),
     (1, 65536, "histogram"), (8, 32768, "page_max"), (5, 16385, "page_max"), (16, 32768, "page_max"),
     (32, 32768, "chunk8k"), (8, 65536, "page_max"), (16, 65536, "page_max"), (9, 32769, "page_max"),
@@ -576,7 +573,9 @@ FORMS_BY_NAME = {"bitwise": ix.SelectForm(), "bitwise_2xw": ix.SelectForm(warps_
                  "hist1": ix.SelectForm(method="histogram", copies=1),
                  "page_max": ix.SelectForm(method="histogram", threshold="page_max"),
                  "page_max_overlap": ix.SelectForm(method="histogram", threshold="page_max",
-                                                   overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS)}
+                                                   overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
+                 "rank_r8": ix.SelectForm(method="rank", rank_rows=8, warps_mul=2),
+                 "rank_r16_w4": ix.SelectForm(method="rank", rank_rows=16)}
 
 
 @pytest.mark.parametrize("batch,length,form", PLAN_BUCKETS)
@@ -904,15 +903,19 @@ def test_page_max_overlap(lens, max_seq_len, k, programs):
     assert (workspace[:, ix.WS_READY.value] == 1).all() and (workspace[:, ix.WS_DONE.value] == 0).all()
 
 
-def test_one_row_up_to_4096_positions_takes_the_histogram_select():
-    """Run 15: at B=1 x 4096 compressed positions (16K context) the histogram select beat the bitwise search (13.41 vs
-    16.26 us); rows up to 2048 positions keep the double-warp search, B=2 and longer rows their buckets."""
-    for positions in (2049, 3000, 4096):
-        plan = ix.choose_plan(1, positions)
-        assert plan.select.method == "histogram" and plan.select.threshold == "count"
-    assert ix.choose_plan(1, 2048).select == ix.SelectForm(warps_mul=2)
-    for batch, positions in ((2, 4096), (1, 4097), (1, 8192)):
-        assert ix.choose_plan(batch, positions).select == ix.SelectForm()
+def test_one_or_two_short_rows_take_the_rank_select():
+    """Run 19: one row up to 8192 compressed positions (32K context) and two up to 4096 take the rank select (8 rows
+    per program, 8 warps, for one row of up to 2048; else 16 rows, 4 warps); a logits row from elsewhere too (the rank
+    select reads the scores row); three rows at 2048 keep the double-warp search, one row above 8192 the histogram."""
+    for batch, positions, rows, warps_mul in ((1, 1, 8, 2), (1, 2048, 8, 2), (2, 2048, 16, 1), (1, 2049, 16, 1),
+                                              (1, 8192, 16, 1), (2, 4096, 16, 1)):
+        plan = ix.choose_plan(batch, positions)
+        assert plan.select == ix.SelectForm(method="rank", rank_rows=rows, warps_mul=warps_mul)
+        assert plan.scores_select == plan.select and plan.path == "two_kernel"
+        assert ix.launch_pdl("cpu", batch, plan.select) is False  # no PDL on the CPU
+    assert ix.choose_plan(3, 2048).select == ix.SelectForm(warps_mul=2)
+    assert ix.choose_plan(1, 8193).select.method == "histogram"
+    assert ix.choose_plan(2, 4097).select == ix.SelectForm()
 
 
 def test_page_max_overlap_dispatch():
