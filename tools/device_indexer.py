@@ -59,7 +59,7 @@ FORM_CATALOG = {
 # runs 18 / 19 (round 27): the rank select (every pair of positions of a row compared; no search rounds), by positions
 # per program and warps (_w4: 4 warps, else 8). Run 19 also timed a form listing the selection in position order (a
 # ticket, the row's last program listing it: 2.3-12.6 us slower; in runs 19 and layer run 17 the rank_* rows are that
-# form and rank_*_u the shipped one; commit 967630e has it)
+# form and rank_*_u the shipped one; commit 0ddefbb has it)
 for rows in ix.RANK_ROWS:
     FORM_CATALOG[f"rank_r{rows}"] = ix.SelectForm(method="rank", rank_rows=rows, warps_mul=2)
     FORM_CATALOG[f"rank_r{rows}_w4"] = ix.SelectForm(method="rank", rank_rows=rows)
