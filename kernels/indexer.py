@@ -1685,7 +1685,8 @@ _PAGE_MAX_OVERLAP = SelectForm(method="histogram", threshold="page_max", overlap
 #   1   32K      8192       23.90 (bitwise)  26.15                 22.88 <- 1.04x
 #
 # (run 18: B = 8 / 16 / 32 x 8K 15.45 / 25.78 / 45.55 at best against 12.6 / 13.6 / 16.4: the pairs grow with B x
-# positions^2). In the C4 layer at 8K (bench-variants-h200-run17, median of 30 replays): T=1 B=1 125.74 -> 122.35 us,
+# positions^2). Run 20 (the shipped table): 1 x 32K 23.57 (rank) vs 23.44 us (2x-warp search), so one row above 4096
+# positions keeps the search; 1 x 8K 6.59, 2 x 8K 7.77, 1 x 16K 9.86, 2 x 16K 14.86 us. In the C4 layer at 8K (bench-variants-h200-run17, median of 30 replays): T=1 B=1 125.74 -> 122.35 us,
 # T=4 B=1 87.94 -> 82.55, T=1 B=2 162.37 -> 160.71, T=4 B=2 110.77 -> 107.65 (8 rows, 8 warps); B=4 slower.
 _RANK_R8 = SelectForm(method="rank", rank_rows=8, warps_mul=2)
 _RANK_R16_W4 = SelectForm(method="rank", rank_rows=16)
@@ -1694,7 +1695,6 @@ PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (2, 2048, Plan("two_kernel", select=_RANK_R16_W4)),
     (INDEX_MAX_BATCH, 2048, Plan("two_kernel", select=_BITWISE_2XW)),
     (2, 4096, Plan("two_kernel", select=_RANK_R16_W4)),  # run 15's histogram (1 x 16K 13.41 us) before run 19
-    (1, 8192, Plan("two_kernel", select=_RANK_R16_W4)),
     (2, 8192, Plan("two_kernel", select=_BITWISE)),
     (2, 65536, _HIST_UNFUSED_BITWISE),
     (4, 8192, Plan("two_kernel", select=_BITWISE)),

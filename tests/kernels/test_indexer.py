@@ -555,7 +555,7 @@ def test_bad_select_form_raises(kwargs, match):
 # (batch, compressed positions, select form): the H200 runs 6-9 decisions (benchmarks/indexer-h200-run8-summary.md,
 # -run9-summary.md), the page-max buckets of run 11b, the overlap form's of run 14 and the rank select's of run 19.
 PLAN_BUCKETS = [
-    (1, 8192, "rank_r16_w4"), (1, 2048, "rank_r8"), (1, 600, "rank_r8"), (2, 2048, "rank_r16_w4"),
+    (1, 8192, "bitwise"), (1, 2048, "rank_r8"), (1, 600, "rank_r8"), (2, 2048, "rank_r16_w4"),
     (3, 2048, "bitwise_2xw"), (1, 4096, "rank_r16_w4"), (2, 4096, "rank_r16_w4"), (2, 4097, "bitwise"),
     (1, 8193, "histogram"), (2, 8193, "histogram"), (1, 16384, "histogram"), (3, 16384, "hist1"),
     (4, 8192, "bitwise"), (3, 8193, "hist1"), (4, 16384, "hist1"), (4, 16385, "histogram"), (4, 40000, "histogram"),
@@ -904,18 +904,18 @@ def test_page_max_overlap(lens, max_seq_len, k, programs):
 
 
 def test_one_or_two_short_rows_take_the_rank_select():
-    """Run 19: one row up to 8192 compressed positions (32K context) and two up to 4096 take the rank select (8 rows
-    per program, 8 warps, for one row of up to 2048; else 16 rows, 4 warps); a logits row from elsewhere too (the rank
-    select reads the scores row); three rows at 2048 keep the double-warp search, one row above 8192 the histogram."""
+    """Runs 19 / 20: one or two rows up to 4096 compressed positions (16K context) take the rank select (8 rows per
+    program, 8 warps, for one row of up to 2048; else 16 rows, 4 warps); a logits row from elsewhere too (the rank
+    select reads the scores row); three rows at 2048 keep the double-warp search, longer rows their buckets."""
     for batch, positions, rows, warps_mul in ((1, 1, 8, 2), (1, 2048, 8, 2), (2, 2048, 16, 1), (1, 2049, 16, 1),
-                                              (1, 8192, 16, 1), (2, 4096, 16, 1)):
+                                              (1, 4096, 16, 1), (2, 4096, 16, 1)):
         plan = ix.choose_plan(batch, positions)
         assert plan.select == ix.SelectForm(method="rank", rank_rows=rows, warps_mul=warps_mul)
         assert plan.scores_select == plan.select and plan.path == "two_kernel"
         assert ix.launch_pdl("cpu", batch, plan.select) is False  # no PDL on the CPU
     assert ix.choose_plan(3, 2048).select == ix.SelectForm(warps_mul=2)
     assert ix.choose_plan(1, 8193).select.method == "histogram"
-    assert ix.choose_plan(2, 4097).select == ix.SelectForm()
+    assert ix.choose_plan(1, 4097).select == ix.SelectForm() == ix.choose_plan(2, 4097).select
 
 
 def test_page_max_overlap_dispatch():
