@@ -84,7 +84,6 @@ SELECT_MAX_CHUNK = 4096  # largest chunk by default (8192: fewer merge levels, 1
 SELECT_MAX_WARPS = 16
 RANK_ROWS = (4, 8, 16, 32)  # positions one rank-select program ranks (SelectForm.rank_rows)
 RANK_BLOCK_J = 2048  # positions a rank-select program compares against per loop step
-RANK_PDL_LATE = False  # measuring: the rank select lets the next launch in after its stores instead of at its start
 FUSED_SPLIT_PAGES = (8, 16, 32, 64)  # pages one fused program scores and reduces to K candidates
 LOGITS_TARGET_PROGRAMS = 1024  # two-kernel path: split rows so that about this many programs run
 # The page-max overlap form's logits programs per launch (SelectForm.overlap_programs; H200 run 14): several waves
@@ -584,8 +583,7 @@ def _rank_key(vals):
 @triton.jit
 def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, n_in, pt_width, stride_sb, stride_ptb,
                         stride_outb, stride_rawb, K: tl.constexpr, PAGE: tl.constexpr, ROWS: tl.constexpr,
-                        BLOCK_J: tl.constexpr, HAS_RAW: tl.constexpr, PDL: tl.constexpr = False,
-                        PDL_LATE: tl.constexpr = False):
+                        BLOCK_J: tl.constexpr, HAS_RAW: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (B, cdiv(width, ROWS)): the rank of each of ROWS consecutive positions of a scores row (how many
     positions of the row come before it: higher score, or equal score at a lower position), and for the K
     best the slot id written at ``out[b, rank]``: longer rows list the selection best first. Rows of at most K
@@ -595,7 +593,7 @@ def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, n_in, pt
     g = tl.program_id(1)
     b64 = b.to(tl.int64)
     pdl_wait(PDL)  # the scores row is the previous launch's output
-    pdl_launch_dependents(PDL and not PDL_LATE)
+    pdl_launch_dependents(PDL)
     length = _row_length(lens_ptr, b, n_in, pt_width, PAGE)
     k_eff = tl.minimum(length, K)
     out_row = out_ptr + b64 * stride_outb
@@ -631,7 +629,6 @@ def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, n_in, pt
         tl.store(out_row + rank, page * PAGE + i % PAGE, mask=sel)
         if HAS_RAW:
             tl.store(raw_row + rank, i, mask=sel)
-    pdl_launch_dependents(PDL and PDL_LATE)
 
 
 @triton.jit
@@ -1403,8 +1400,7 @@ def rank_select(scores, lens, page_table, out, raw, form):
     _rank_select_kernel[(batch, _cdiv(width, form.rank_rows))](
         scores, lens, page_table, out, raw_arg, width, page_table.shape[1], scores.stride(0), page_table.stride(0),
         out.stride(0), raw_arg.stride(0), K=out.shape[1], PAGE=INDEX_PAGE_SIZE, ROWS=form.rank_rows,
-        BLOCK_J=RANK_BLOCK_J, HAS_RAW=raw is not None, PDL=pdl, PDL_LATE=RANK_PDL_LATE, num_warps=rank_warps(form),
-        num_stages=1,
+        BLOCK_J=RANK_BLOCK_J, HAS_RAW=raw is not None, PDL=pdl, num_warps=rank_warps(form), num_stages=1,
         launch_pdl=pdl)
     return out
 
@@ -1929,7 +1925,7 @@ def aot_configs() -> list[AotConfig]:
         for form in rank_forms:  # with PDL at B <= PDL_MAX_BATCH (every rank bucket), without where unsupported
             for has_raw in (False, True):
                 c = dict(K=INDEX_TOPK, PAGE=INDEX_PAGE_SIZE, ROWS=form.rank_rows, BLOCK_J=RANK_BLOCK_J,
-                         HAS_RAW=has_raw, PDL=pdl, PDL_LATE=RANK_PDL_LATE)
+                         HAS_RAW=has_raw, PDL=pdl)
                 configs.append(AotConfig(
                     f"indexer_rank_select_r{form.rank_rows}_w{rank_warps(form)}{'_raw' if has_raw else ''}{suffix}",
                     _rank_select_kernel, _sig(_RANK_SIG, c), c, num_warps=rank_warps(form), num_stages=1,

@@ -33,8 +33,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
 - ``ix_rank_r{N}[w4]``: the indexer's top-512 by the rank select (``SelectForm(method="rank")``, N positions per
   program, 8 warps or ``w4`` 4) at up to 8192 compressed positions and any batch, instead of the plan table's form
   there (runs 16 / 17; in run 17 the ``ix_rank_r*`` rows list the selection in position order, a form since removed,
-  and ``ix_rank_r8u`` is today's ``ix_rank_r8``); ``ix_late``: the rank select lets the attention in after its stores
-  (``RANK_PDL_LATE``) instead of at its start; ``ix_nopdl``: the indexer's launches without PDL;
+  and ``ix_rank_r8u`` is today's ``ix_rank_r8``); ``ix_nopdl``: the indexer's launches without PDL (run 19 also timed
+  ``ix_late``, the rank select's trigger after its stores: flag ``RANK_PDL_LATE`` of commit 724fe88, since removed);
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
   persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
 
@@ -75,7 +75,7 @@ from sglang_sm120.kernels import indexer as ix  # noqa: E402
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
             "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc", "sd_n16", "sd_n32",
             "sd_nopdl", "drop_route", "drop_qquant", "drop_route_qquant", "attn_s1", "attn_s2", "attn_s5", "attn_s10",
-            "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r16w4", "ix_late", "ix_nopdl")
+            "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r16w4", "ix_nopdl")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -203,9 +203,8 @@ def applied(variant: str, tp: int):
         fp8_gemv.sharing_config = lambda cfg: cfg
     attention = attention_overrides(variant)
     attention_saved = {name: getattr(sparse_mla_decode, name) for name in attention}
-    plan_table, ix_pdl, rank_late = ix.PLAN_TABLE, ix.USE_PDL, ix.RANK_PDL_LATE
+    plan_table, ix_pdl = ix.PLAN_TABLE, ix.USE_PDL
     ix.USE_PDL = ix_pdl and variant != "ix_nopdl"
-    ix.RANK_PDL_LATE = rank_late or variant == "ix_late"
     if variant.startswith("ix_rank_r"):
         spec = variant[len("ix_rank_r"):]
         rank = ix.SelectForm(method="rank", rank_rows=int(spec.replace("w4", "")), warps_mul=1 if "w4" in spec else 2)
@@ -215,9 +214,9 @@ def applied(variant: str, tp: int):
     try:
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
-               or variant in ("ix_late", "ix_nopdl"))
+               or variant == "ix_nopdl")
     finally:
-        ix.PLAN_TABLE, ix.USE_PDL, ix.RANK_PDL_LATE = plan_table, ix_pdl, rank_late
+        ix.PLAN_TABLE, ix.USE_PDL = plan_table, ix_pdl
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
         fp8_gemv.sharing_config = sharing
         for name, value in attention_saved.items():
