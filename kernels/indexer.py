@@ -12,8 +12,9 @@ and ``topk_transform_paged``):
   positions ``i``, ``-1`` past ``min(length, K)``. Rows of at most ``K`` positions list them in order
   (as upstream does); longer rows list the selection in ascending position order with the search
   forms, best first with the rank select, in no fixed order with the histogram select (slots are
-  claimed with atomics; upstream's order is unspecified). Among equal scores at the threshold the search forms take the lowest
-  positions; the histogram select takes any of them (the selected scores are the same).
+  claimed with atomics; upstream's order is unspecified). Among equal scores at the threshold the
+  search forms and the rank select take the lowest positions; the histogram select takes any of them
+  (the selected scores are the same).
 
 Two paths, both graph-capturable (grids and scratch depend on shapes only):
 
@@ -42,7 +43,7 @@ replaces the search: every pair of a row's positions is compared in one launch a
 writes its slot id at its rank, so no search round depends on another.
 
 Launches (H200 run 9, :data:`USE_PDL`): the two-kernel path launches with programmatic dependent launch
-at B <= 16 with the histogram select or the double-warp search (:func:`launch_pdl`). Every kernel waits
+at B <= 16 with the histogram select, the rank select or the double-warp search (:func:`launch_pdl`). Every kernel waits
 (``griddepcontrol.wait``) before its first load: the logits kernel's inputs (q and the weights, lengths,
 page table, index-K cache) may all be written by the kernels just before it, and the later launches of
 the chain read only the previous launch's output, so there is no independent prologue to overlap (no
@@ -1686,8 +1687,9 @@ _PAGE_MAX_OVERLAP = SelectForm(method="histogram", threshold="page_max", overlap
 #
 # (run 18: B = 8 / 16 / 32 x 8K 15.45 / 25.78 / 45.55 at best against 12.6 / 13.6 / 16.4: the pairs grow with B x
 # positions^2). Run 20 (the shipped table): 1 x 32K 23.57 (rank) vs 23.44 us (2x-warp search), so one row above 4096
-# positions keeps the search; 1 x 8K 6.59, 2 x 8K 7.77, 1 x 16K 9.86, 2 x 16K 14.86 us. In the C4 layer at 8K (bench-variants-h200-run17, median of 30 replays): T=1 B=1 125.74 -> 122.35 us,
-# T=4 B=1 87.94 -> 82.55, T=1 B=2 162.37 -> 160.71, T=4 B=2 110.77 -> 107.65 (8 rows, 8 warps); B=4 slower.
+# positions keeps the search; 1 x 8K 6.59, 2 x 8K 7.77, 1 x 16K 9.86, 2 x 16K 14.86 us. In the C4 layer at 8K
+# (bench-variants-h200-run17, median of 30 replays): T=1 B=1 125.74 -> 122.35 us, T=4 B=1 87.94 -> 82.55, T=1 B=2
+# 162.37 -> 160.71, T=4 B=2 110.77 -> 107.65 (8 rows, 8 warps); B=4 slower.
 _RANK_R8 = SelectForm(method="rank", rank_rows=8, warps_mul=2)
 _RANK_R16_W4 = SelectForm(method="rank", rank_rows=16)
 PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
