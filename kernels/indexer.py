@@ -620,7 +620,8 @@ def _rank_select_kernel(scores_ptr, lens_ptr, pt_ptr, out_ptr, raw_ptr, n_in, pt
                 # a position before the block wins a tie: kj >= ki, i.e. kj + 1 > ki (no overflow: RANK_KEY_MAX)
                 kj = kj + (j < i0).to(tl.int32)
                 ahead += tl.sum((kj[None, :] > ki[:, None]).to(tl.int32), axis=1)
-            # ties inside the block: the lower position wins (the loop counted only strictly higher scores there)
+            # ties inside the block: the lower position wins (the loop counted only strictly higher scores there);
+            # the block's keys are loaded again rather than moved into the other operand's layout (an L1 hit)
             jb = i0 + tl.arange(0, ROWS)
             kb = tl.where(jb < length, _rank_key(tl.load(row + jb, mask=jb < length, other=0.0)), RANK_KEY_NONE)
             ahead += tl.sum(((kb[None, :] == ki[:, None]) & (jb[None, :] < i[:, None])).to(tl.int32), axis=1)

@@ -48,7 +48,8 @@ tiles without PDL) at every B where ``GEMV_PDL_WHERE`` ships PDL, the B between 
 Run 26 (``--bytes``, issue 4 / issue 8): the fp16 TMA GEMV forward as shipped beside the same tiles with its weight
 pairs built per byte and placed by a byte permute (then ``GemvConfig(f16_bytes=True)``, 11 instead of 15 integer
 instructions per weight word; the only fp16 decode since, so the mode now times the shipped forward alone), T = 1 / 2
-/ 4 at every B of ``BYTES_BATCHES`` where that GEMV is the default; timed and checked as run 17 (chains of PDL forwards, interleaved rounds; each PDL chain against its own form without PDL).
+/ 4 at every B of ``BYTES_BATCHES`` where that GEMV is the default; timed and checked as run 17 (chains of PDL
+forwards, interleaved rounds; each PDL chain against its own form without PDL).
 
 Run 18 (``--run18``, issue 4 at B >= 64): the pairs decode at T = 1 / 4, B = 256 / 64 / 128, every variant launch by
 launch (where the time goes: gate/up and down alone, their bytes): the default (TMA swap-AB tiles up to B = 64, the
