@@ -1047,8 +1047,8 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
 @triton.jit
 def _down_token_sum_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, topk_ids_ptr, out_ptr, hidden,
                                inter, act_unscale, w2_ptr, w2_scale_ptr, NUM_EXPERTS: tl.constexpr,
-                               TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               RING: tl.constexpr, EMULATE: tl.constexpr,
+                               TOP_K: tl.constexpr, TOP_K_POW2: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, RING: tl.constexpr, EMULATE: tl.constexpr,
                                PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
                                L2_PREFETCH: tl.constexpr = False):
     """The fp16 down GEMV token by token (``GemvConfig.token_sum``): grid (token, column block); each program runs
@@ -1060,26 +1060,27 @@ def _down_token_sum_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_pt
     experts; their ids come from the router's top-k, complete once any gate/up program has passed its wait."""
     token = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
+    k_idx = tl.arange(0, TOP_K_POW2)
+    ids = tl.load(topk_ids_ptr + token * TOP_K + k_idx, mask=k_idx < TOP_K, other=-1)
+    valid = (ids >= 0) & (ids < NUM_EXPERTS)
+    experts = tl.where(valid, ids, 0)
     if L2_PREFETCH:
         for j in tl.static_range(TOP_K):
-            expert = tl.load(topk_ids_ptr + token * TOP_K + j)
-            expert = tl.where((expert >= 0) & (expert < NUM_EXPERTS), expert, 0).to(tl.int64)
-            _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, expert * hidden + block * BLOCK_N, inter, BLOCK_N)
+            e = tl.sum(tl.where(k_idx == j, experts, 0)).to(tl.int64)
+            _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, e * hidden + block * BLOCK_N, inter, BLOCK_N)
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
+    weights = tl.load(topk_weights_ptr + token * TOP_K + k_idx, mask=valid, other=0.0).to(tl.float32)
     steps = inter // BLOCK_K
     acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
-    # the expert id and weight as scalar loads inside the loop (a block-wide reduction per step would cost barriers),
-    # so the pipeliner fetches them stages ahead with the TMA copies they address
     for t in tl.range(0, TOP_K * steps, num_stages=RING):
         k = t // steps
-        e = tl.load(topk_ids_ptr + token * TOP_K + k)
-        keep = (e >= 0) & (e < NUM_EXPERTS)
-        w_row = (tl.where(keep, e, 0) * hidden + block * BLOCK_N).to(tl.int32)
+        chosen = k_idx == k
+        w_row = (tl.sum(tl.where(chosen, experts, 0)) * hidden + block * BLOCK_N).to(tl.int32)
         part = _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, (token * TOP_K + k).to(tl.int32),
                                   (t - k * steps) * BLOCK_K, BLOCK_N, BLOCK_K, EMULATE)
-        weight = tl.load(topk_weights_ptr + token * TOP_K + k).to(tl.float32)
-        acc += tl.where(keep, part * weight, 0.0)
+        keep = tl.sum(tl.where(chosen, valid.to(tl.int32), 0)) > 0
+        acc += tl.where(keep, part * tl.sum(tl.where(chosen, weights, 0.0)), 0.0)
     n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(out_ptr + token * hidden + n, (tl.sum(acc, 1) * act_unscale).to(tl.bfloat16))
     pdl_launch_dependents(PDL and PDL_LATE)
@@ -1954,8 +1955,7 @@ class GemvConfig:
     dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (the down
     config, with ``pdl``): each down program asks L2 for its weight block before its wait (its expert is known:
     the routing launch completed before any gate/up program passed its wait, and those trigger only after it).
-    ``token_sum`` (the down config, with ``f16``, not persistent, its ``tma_ring`` its own; round 28): the down
-    launch runs token by token
+    ``token_sum`` (the down config, with ``f16``, not persistent; round 28): the down launch runs token by token
     (:func:`_down_token_sum_f16_kernel`: grid (token, column block), each program through the token's top-k experts in
     one ring) and writes the bf16 output itself, so the forward is three launches (:data:`GEMV_TOKEN_SUM_LAUNCH_NAMES`);
     where the clamp does not bound the SwiGLU rows (the bf16 decode) the slot-major down and the top-k sum run."""
@@ -2528,9 +2528,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         raise ValueError(f"GEMV configs must agree on x_f32 (one activation layout per forward), got {configs!r}")
     x_f32 = gu_cfg.x_f32
     tma_ring = gu_cfg.tma_ring
-    # the token-by-token down launch has a ring of its own depth (GemvConfig.token_sum)
-    if tma_ring and ((dn_cfg.tma_ring != tma_ring and not (dn_cfg.token_sum and dn_cfg.tma_ring > 0))
-                     or x_f32 or gu_k < 512 or dn_k < 512
+    if tma_ring and (dn_cfg.tma_ring != tma_ring or x_f32 or gu_k < 512 or dn_k < 512
                      or any(c.two_rows or c.prefetch or c.split_k > 1 for c in (gu_cfg, dn_cfg))):
         raise ValueError(f"GEMV tma_ring needs both configs alike, block_k >= 512 (K >= 512), one row per pass, "
                          f"no K split, no prefetch, no x_f32; got {configs!r} at H={hidden}, I={inter}")
@@ -2628,7 +2626,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         if token_sum:
             _down_token_sum_f16_kernel[(batch, hidden // dn_cfg.block_n)](
                 act_sum_desc, w2_desc, w2_s_desc, weights, ids, out, hidden, inter, 2.0 ** -act_shift, w2, scale_bytes(w2_scale), NUM_EXPERTS=num_experts,
-                TOP_K=top_k, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
+                TOP_K=top_k, TOP_K_POW2=triton.next_power_of_2(top_k), BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
                 RING=dn_cfg.tma_ring, EMULATE=interpreter_enabled(), PDL=pdl, PDL_LATE=pdl and dn_cfg.pdl_late,
                 L2_PREFETCH=pdl and dn_cfg.pdl_l2, launch_pdl=pdl, **dn_cfg.launch_options())
             return
@@ -3101,7 +3099,7 @@ def _down_token_sum_sig(rows, block_k):
     descs = {k: v for k, v in _gemv_tma_sig("down", rows, block_k).items() if k.endswith("_desc")}
     return {**descs, "topk_weights_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
             "inter": "i32", "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "NUM_EXPERTS": "constexpr",
-            "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+            "TOP_K": "constexpr", "TOP_K_POW2": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
             "RING": "constexpr", "EMULATE": "constexpr", "PDL": "constexpr", "PDL_LATE": "constexpr",
             "L2_PREFETCH": "constexpr"}
 
@@ -3156,9 +3154,8 @@ GEMV_TMA_PERSISTENT_DOWN_AOT = GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, pe
 GEMV_TMA_F16_AOT = tuple(dataclasses.replace(c, f16=True) for c in GEMV_TMA_AOT)
 GEMV_TMA_F16_PERSISTENT_DOWN_AOT = dataclasses.replace(GEMV_TMA_PERSISTENT_DOWN_AOT, f16=True)
 # the token-by-token down launch (GemvConfig.token_sum, round 28) on the tiles device run 28 times
-GEMV_TOKEN_SUM_AOT = tuple(GemvConfig(n, 512, 4, tma_ring=ring, f16=True, token_sum=True, pdl=True, pdl_l2=l2)
-                           for n, ring in ((8, 3), (16, 3), (32, 3), (16, 6), (16, 8), (32, 6), (32, 8))
-                           for l2 in (False, True))
+GEMV_TOKEN_SUM_AOT = tuple(GemvConfig(n, 512, 4, tma_ring=GEMV_TMA_RING, f16=True, token_sum=True, pdl=True, pdl_l2=l2)
+                           for n in (8, 16, 32) for l2 in (False, True))
 # every fp16 tile GEMV_TMA_F16_WHERE ships: (kind, config)
 GEMV_TMA_F16_SHIPPED_AOT = sorted({("gate_up", gu) for gu, _ in GEMV_TMA_F16_WHERE.values()}
                                   | {("down", dn) for _, dn in GEMV_TMA_F16_WHERE.values()}, key=lambda kc: (kc[0], kc[1].label()))
@@ -3308,7 +3305,8 @@ def aot_configs() -> list[AotConfig]:
             configs.append(AotConfig(
                 name=f"moe_mxfp4_down_gemvtma_{cfg.label()}", kernel=_down_token_sum_f16_kernel,
                 signature=_down_token_sum_sig(cfg.block_n, cfg.block_k),
-                constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False,
+                constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "TOP_K_POW2": triton.next_power_of_2(TOP_K),
+                            "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False,
                             "L2_PREFETCH": cfg.pdl_l2, **_aot_pdl(cfg)},
                 num_warps=cfg.num_warps, num_stages=cfg.tma_ring, div16=("hidden", "inter"),
                 expect_opcodes=("UTMALDG", "HFMA2", "PRMT") + (PDL_OPCODES if cfg.pdl else ()),

@@ -52,7 +52,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import statistics
 import sys
 
@@ -77,7 +76,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc", "sd_n16", "sd_n32",
             "sd_nopdl", "drop_route", "drop_qquant", "drop_route_qquant", "attn_s1", "attn_s2", "attn_s5", "attn_s10",
             "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r16w4", "ix_nopdl",
-            "moe_ts8", "moe_ts16", "moe_ts32", "moe_ts16l2", "moe_ts16r6", "moe_ts16r8", "moe_ts32r6", "moe_ts32r8")
+            "moe_ts8", "moe_ts16", "moe_ts32", "moe_ts16l2")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -178,18 +177,17 @@ def attention_overrides(variant: str) -> dict:
 
 def moe_token_sum_where(variant: str):
     """The ``moe_ts*`` variants (round 28): at B=1 the routed experts' down launch token by token with the top-k sum
-    in it (``GemvConfig.token_sum``) on ``N`` rows per program (``rR``: a ring of R stages; ``l2``: its blocks
-    prefetched into L2 before the PDL wait), as a replacement of :data:`moe_mxfp4.GEMV_TMA_F16_WHERE`; None for other variants."""
+    in it (``GemvConfig.token_sum``) on ``N`` rows per program (``l2``: its blocks prefetched into L2 before the PDL
+    wait), as a replacement of :data:`moe_mxfp4.GEMV_TMA_F16_WHERE`; None for other variants."""
     if not variant.startswith("moe_ts"):
         return None
-    match = re.fullmatch(r"(\d+)(?:r(\d+))?(l2)?", variant[len("moe_ts"):])
-    block_n, ring, l2 = int(match.group(1)), int(match.group(2) or 0), bool(match.group(3))
+    spec = variant[len("moe_ts"):]
+    block_n, l2 = int(spec.replace("l2", "")), spec.endswith("l2")
     where = dict(moe_mxfp4.GEMV_TMA_F16_WHERE)
     for (inter, rows), (gate_up, down) in moe_mxfp4.GEMV_TMA_F16_WHERE.items():
         if rows == dsv4.TOP_K:
             where[(inter, rows)] = (gate_up, dataclasses.replace(
-                down, block_n=block_n, token_sum=True, persistent_programs_per_sm=0, tma_ring=ring or down.tma_ring,
-                pdl_l2=l2 and down.pdl))
+                down, block_n=block_n, token_sum=True, persistent_programs_per_sm=0, pdl_l2=l2 and down.pdl))
     return where
 
 

@@ -89,7 +89,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import re
 import sys
 import time
 
@@ -467,14 +466,6 @@ def pdl_variants(rows, inter):
     return out, tiles
 
 
-def token_sum_spec(spec: str) -> tuple[int, int, bool]:
-    """``N[rR][l2]`` (run 28): rows per program, the ring depth (0: the gate/up launch's), the L2 prefetch."""
-    match = re.fullmatch(r"(\d+)(?:r(\d+))?(l2)?", spec)
-    if not match:
-        raise ValueError(f"--token-sum entries are N[rR][l2], got {spec!r}")
-    return int(match.group(1)), int(match.group(2) or 0), bool(match.group(3))
-
-
 def bytes_variants(rows, inter, down_per_sm=(), token_sum=()):
     """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles (run 26 timed them beside the round-16 pair form, commit
     0dfc461's ``GemvConfig(f16_bytes=False)``, since removed: the byte-built pairs are the only fp16 decode now; run 22
@@ -487,9 +478,9 @@ def bytes_variants(rows, inter, down_per_sm=(), token_sum=()):
     tiles = moe.gemv_configs(rows, inter)
     out = [(f"{label(tiles)} (shipped default)", {"upcast": moe.GEMV, "configs": tiles})]
     gate_up, down = tiles
-    for block_n, ring, l2 in token_sum:  # run 28: the down launch token by token, the top-k sum in it
+    for block_n, l2 in token_sum:  # run 28: the down launch token by token, the top-k sum in it
         cfgs = (gate_up, dataclasses.replace(down, block_n=block_n, token_sum=True, persistent_programs_per_sm=0,
-                                             tma_ring=ring or down.tma_ring, pdl_l2=l2 and down.pdl))
+                                             pdl_l2=l2 and down.pdl))
         if all(label(cfgs) != name.split(" ")[0] for name, _ in out):
             out.append((label(cfgs), {"upcast": moe.GEMV, "configs": cfgs}))
     if not down.persistent_programs_per_sm:
@@ -524,7 +515,8 @@ def pdl_comparison(args) -> None:
     if args.bytes and not args.batches and not args.smoke:
         batches = BYTES_BATCHES
     down_per_sm = tuple(int(p) for p in args.down_per_sm.split(",")) if args.down_per_sm else ()
-    token_sum = tuple(token_sum_spec(spec) for spec in args.token_sum.split(",") if spec)
+    token_sum = tuple((int(spec.replace("l2", "")), spec.endswith("l2")) for spec in args.token_sum.split(",")
+                      if spec)
     chain_len = 2 if args.smoke else PDL_CHAIN  # a forward takes seconds under the interpreter
     run = timer(args.smoke)
     t_start = time.time()
@@ -869,8 +861,8 @@ def main() -> None:
     parser.add_argument("--down-per-sm", default="", help="with --bytes (run 26c): the down launch persistent at these "
                         "programs per SM, comma-separated")
     parser.add_argument("--token-sum", default="", help="with --bytes (run 28): the down launch token by token with "
-                        "the top-k sum in it (GemvConfig.token_sum), comma-separated N[rR][l2]: rows per program, "
-                        "its ring depth R, 'l2' for its L2 prefetch before the PDL wait (e.g. 16,16r6,32r8l2)")
+                        "the top-k sum in it (GemvConfig.token_sum), comma-separated rows per program, 'l2' appended "
+                        "for its L2 prefetch before the PDL wait (e.g. 8,16,16l2,32)")
     parser.add_argument("--shipped", action="store_true",
                         help="with --pdl (run 17b): the shipped PDL defaults vs the previous defaults")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
