@@ -1045,48 +1045,6 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
 
 
 @triton.jit
-def _down_token_sum_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, topk_ids_ptr, out_ptr, hidden,
-                               inter, act_unscale, w2_ptr, w2_scale_ptr, NUM_EXPERTS: tl.constexpr,
-                               TOP_K: tl.constexpr, TOP_K_POW2: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, RING: tl.constexpr, EMULATE: tl.constexpr,
-                               PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                               L2_PREFETCH: tl.constexpr = False):
-    """The fp16 down GEMV token by token (``GemvConfig.token_sum``): grid (token, column block); each program runs
-    the down rows of its column block for each of the token's top-k experts in turn, one TMA ring over all of them,
-    the routing weight applied per K step, and stores the token's sum as bf16 into ``out`` -- no per-row fp32 output
-    and no top-k sum launch. Invalid ids add nothing (their SwiGLU rows were never written: ``tl.where``, not a
-    multiply, drops them). Only where a token's experts are not shared with other tokens (B = 1) does this read each
-    weight block once. L2_PREFETCH (with PDL): before the wait each program asks L2 for its blocks of all top-k
-    experts; their ids come from the router's top-k, complete once any gate/up program has passed its wait."""
-    token = tl.program_id(0).to(tl.int64)
-    block = tl.program_id(1)
-    k_idx = tl.arange(0, TOP_K_POW2)
-    ids = tl.load(topk_ids_ptr + token * TOP_K + k_idx, mask=k_idx < TOP_K, other=-1)
-    valid = (ids >= 0) & (ids < NUM_EXPERTS)
-    experts = tl.where(valid, ids, 0)
-    if L2_PREFETCH:
-        for j in tl.static_range(TOP_K):
-            e = tl.sum(tl.where(k_idx == j, experts, 0)).to(tl.int64)
-            _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, e * hidden + block * BLOCK_N, inter, BLOCK_N)
-    pdl_wait(PDL)
-    pdl_launch_dependents(PDL and not PDL_LATE)
-    weights = tl.load(topk_weights_ptr + token * TOP_K + k_idx, mask=valid, other=0.0).to(tl.float32)
-    steps = inter // BLOCK_K
-    acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
-    for t in tl.range(0, TOP_K * steps, num_stages=RING):
-        k = t // steps
-        chosen = k_idx == k
-        w_row = (tl.sum(tl.where(chosen, experts, 0)) * hidden + block * BLOCK_N).to(tl.int32)
-        part = _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, (token * TOP_K + k).to(tl.int32),
-                                  (t - k * steps) * BLOCK_K, BLOCK_N, BLOCK_K, EMULATE)
-        keep = tl.sum(tl.where(chosen, valid.to(tl.int32), 0)) > 0
-        acc += tl.where(keep, part * tl.sum(tl.where(chosen, weights, 0.0)), 0.0)
-    n = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(out_ptr + token * hidden + n, (tl.sum(acc, 1) * act_unscale).to(tl.bfloat16))
-    pdl_launch_dependents(PDL and PDL_LATE)
-
-
-@triton.jit
 def _down_gemv_tma_persistent_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr, topk_ids_ptr,
                                          sorted_rows_ptr, y_ptr, num_rows, num_experts, hidden, inter, act_unscale,
                                          w2_ptr, w2_scale_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -1954,11 +1912,7 @@ class GemvConfig:
     waits before its first read of an earlier launch's output and before its first store, and triggers its
     dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (the down
     config, with ``pdl``): each down program asks L2 for its weight block before its wait (its expert is known:
-    the routing launch completed before any gate/up program passed its wait, and those trigger only after it).
-    ``token_sum`` (the down config, with ``f16``, not persistent; round 28): the down launch runs token by token
-    (:func:`_down_token_sum_f16_kernel`: grid (token, column block), each program through the token's top-k experts in
-    one ring) and writes the bf16 output itself, so the forward is three launches (:data:`GEMV_TOKEN_SUM_LAUNCH_NAMES`);
-    where the clamp does not bound the SwiGLU rows (the bf16 decode) the slot-major down and the top-k sum run."""
+    the routing launch completed before any gate/up program passed its wait, and those trigger only after it)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1973,13 +1927,11 @@ class GemvConfig:
     pdl: bool = False
     pdl_late: bool = False
     pdl_l2: bool = False
-    token_sum: bool = False
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
         tag += f"tma{self.tma_ring}" if self.tma_ring else ""
         tag += "h" if self.f16 else ""
-        tag += "ts" if self.token_sum else ""
         tag += ("pdl" + ("late" if self.pdl_late else "") + ("l2" if self.pdl_l2 else "")) if self.pdl else ""
         if self.persistent_programs_per_sm:
             tag += f"pers{self.persistent_programs_per_sm}"
@@ -2441,7 +2393,6 @@ def _gemv_forward(x, w13, w13_scale, w2, w2_scale, weights_, ids_, out, swiglu_l
 
 
 GEMV_LAUNCH_NAMES = ("route", "gate_up", "down", "topk_sum")
-GEMV_TOKEN_SUM_LAUNCH_NAMES = ("route", "gate_up", "down_sum")  # GemvConfig.token_sum: the down launch sums
 GEMV_X_BLOCK = 1024  # activations one program of the x_f32 routing launch converts
 
 
@@ -2505,8 +2456,7 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
 
 def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
                   configs=None) -> list:
-    """The GEMV forward as its four launches ``[(name, fn)]`` (:data:`GEMV_LAUNCH_NAMES`; three with the down
-    config's ``token_sum``, :data:`GEMV_TOKEN_SUM_LAUNCH_NAMES`) over buffers
+    """The GEMV forward as its four launches ``[(name, fn)]`` (:data:`GEMV_LAUNCH_NAMES`) over buffers
     allocated here: run in order they are :func:`moe_mxfp4_forward` with ``upcast="gemv"`` into ``out``;
     the device tool also times each alone (per-launch breakdown). Inputs as validated by the forward."""
     batch, hidden = x.shape
@@ -2538,12 +2488,8 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                          f"got {configs!r}")
     if (gu_cfg.f16 or dn_cfg.f16) and (gu_cfg.f16 != dn_cfg.f16 or not tma_ring or gu_persistent):
         raise ValueError(f"GEMV f16 needs both configs alike, tma_ring and no persistent gate/up, got {configs!r}")
-    if gu_cfg.token_sum or (dn_cfg.token_sum and (not dn_cfg.f16 or dn_persistent or dn_cfg.split_k > 1)):
-        raise ValueError(f"GEMV token_sum is a down config option and needs f16, no persistent grid and no K split, "
-                         f"got {configs!r}")
     act_shift = f16_act_shift(swiglu_limit) if gu_cfg.f16 else None
     f16 = act_shift is not None  # where the clamp does not bound the SwiGLU rows, the bf16 decode runs
-    token_sum = dn_cfg.token_sum and f16
     if (gu_cfg.pdl != dn_cfg.pdl or gu_cfg.pdl_late != dn_cfg.pdl_late or gu_cfg.pdl_l2
             or ((gu_cfg.pdl or dn_cfg.pdl) and not gu_cfg.f16)
             or ((dn_cfg.pdl_late or dn_cfg.pdl_l2) and not dn_cfg.pdl)):
@@ -2592,7 +2538,6 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                                          dn_cfg, dn_k, device, act_unscale=2.0 ** -act_shift if f16 else None,
                                          w2_bytes=w2, w2_scale_bytes=scale_bytes(w2_scale),
                                          pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2))
-        act_sum_desc = TensorDescriptor.from_tensor(act.view(torch.int32), [1, dn_k // 2]) if token_sum else None
 
     # persistent grid: the program count from shapes and the device only, so a captured graph replays it
     gu_persistent_grid = (min(num_rows * (inter // gu_cfg.block_n), _sm_count(device) * gu_persistent),)
@@ -2623,13 +2568,6 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             PREFETCH=gu_cfg.prefetch, X_F32=x_f32, **gu_cfg.launch_options())
 
     def down():
-        if token_sum:
-            _down_token_sum_f16_kernel[(batch, hidden // dn_cfg.block_n)](
-                act_sum_desc, w2_desc, w2_s_desc, weights, ids, out, hidden, inter, 2.0 ** -act_shift, w2, scale_bytes(w2_scale), NUM_EXPERTS=num_experts,
-                TOP_K=top_k, TOP_K_POW2=triton.next_power_of_2(top_k), BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
-                RING=dn_cfg.tma_ring, EMULATE=interpreter_enabled(), PDL=pdl, PDL_LATE=pdl and dn_cfg.pdl_late,
-                L2_PREFETCH=pdl and dn_cfg.pdl_l2, launch_pdl=pdl, **dn_cfg.launch_options())
-            return
         if tma_ring:
             down_tma()
             return
@@ -2673,8 +2611,6 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                                 NUM_EXPERTS=num_experts, BLOCK_ROWS=triton.next_power_of_2(max(num_rows, 16)),
                                 NUM_BINS=triton.next_power_of_2(num_experts + 1), num_warps=4)
 
-    if token_sum:
-        return list(zip(GEMV_TOKEN_SUM_LAUNCH_NAMES, (route_step, gate_up, down)))
     return list(zip(GEMV_LAUNCH_NAMES, (route_step, gate_up, down, topk_sum)))
 
 
@@ -3094,16 +3030,6 @@ def _gemv_tma_f16_sig(kind, rows, block_k, persistent=False):
             "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
 
 
-def _down_token_sum_sig(rows, block_k):
-    """Signature of :func:`_down_token_sum_f16_kernel` (descriptors as :func:`_gemv_tma_sig`)."""
-    descs = {k: v for k, v in _gemv_tma_sig("down", rows, block_k).items() if k.endswith("_desc")}
-    return {**descs, "topk_weights_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
-            "inter": "i32", "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "NUM_EXPERTS": "constexpr",
-            "TOP_K": "constexpr", "TOP_K_POW2": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-            "RING": "constexpr", "EMULATE": "constexpr", "PDL": "constexpr", "PDL_LATE": "constexpr",
-            "L2_PREFETCH": "constexpr"}
-
-
 def _gate_up_pairs_sig():
     return {"x_ptr": "*bf16", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "sorted_rows_ptr": "*i32",
             "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "act_ptr": "*bf16",
@@ -3153,9 +3079,6 @@ GEMV_TMA_PERSISTENT_DOWN_AOT = GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, pe
 # the fp16 pair decode at the same tiles (GemvConfig.f16)
 GEMV_TMA_F16_AOT = tuple(dataclasses.replace(c, f16=True) for c in GEMV_TMA_AOT)
 GEMV_TMA_F16_PERSISTENT_DOWN_AOT = dataclasses.replace(GEMV_TMA_PERSISTENT_DOWN_AOT, f16=True)
-# the token-by-token down launch (GemvConfig.token_sum, round 28) on the tiles device run 28 times
-GEMV_TOKEN_SUM_AOT = tuple(GemvConfig(n, 512, 4, tma_ring=GEMV_TMA_RING, f16=True, token_sum=True, pdl=True, pdl_l2=l2)
-                           for n in (8, 16, 32) for l2 in (False, True))
 # every fp16 tile GEMV_TMA_F16_WHERE ships: (kind, config)
 GEMV_TMA_F16_SHIPPED_AOT = sorted({("gate_up", gu) for gu, _ in GEMV_TMA_F16_WHERE.values()}
                                   | {("down", dn) for _, dn in GEMV_TMA_F16_WHERE.values()}, key=lambda kc: (kc[0], kc[1].label()))
@@ -3299,20 +3222,8 @@ def aot_configs() -> list[AotConfig]:
             num_warps=4, div16=("hidden",), expect_opcodes=PDL_OPCODES if pdl else (),
             note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)" + (", PDL" if pdl else "")))
     f16_forms = {("gate_up", GEMV_TMA_F16_AOT[0]), ("down", GEMV_TMA_F16_AOT[1]), ("down", GEMV_TMA_F16_PERSISTENT_DOWN_AOT)}
-    f16_forms |= set(GEMV_TMA_F16_SHIPPED_AOT) | {("down", cfg) for cfg in GEMV_TOKEN_SUM_AOT}
+    f16_forms |= set(GEMV_TMA_F16_SHIPPED_AOT)
     for kind, cfg in sorted(f16_forms, key=lambda kc: (kc[0], kc[1].label())):
-        if cfg.token_sum:
-            configs.append(AotConfig(
-                name=f"moe_mxfp4_down_gemvtma_{cfg.label()}", kernel=_down_token_sum_f16_kernel,
-                signature=_down_token_sum_sig(cfg.block_n, cfg.block_k),
-                constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "TOP_K_POW2": triton.next_power_of_2(TOP_K),
-                            "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False,
-                            "L2_PREFETCH": cfg.pdl_l2, **_aot_pdl(cfg)},
-                num_warps=cfg.num_warps, num_stages=cfg.tma_ring, div16=("hidden", "inter"),
-                expect_opcodes=("UTMALDG", "HFMA2", "PRMT") + (PDL_OPCODES if cfg.pdl else ()),
-                forbid_opcodes=TENSOR_CORE_OPCODES,
-                note="fp16 pair decode down launch token by token, the top-k sum in it (GemvConfig.token_sum)"))
-            continue
         persistent = cfg.persistent_programs_per_sm > 0
         kernel = (_gate_up_gemv_tma_f16_kernel if kind == "gate_up" else
                   _down_gemv_tma_persistent_f16_kernel if persistent else _down_gemv_tma_f16_kernel)
