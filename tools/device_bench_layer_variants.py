@@ -52,6 +52,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -69,13 +70,14 @@ import torch  # noqa: E402
 from device_bench_trace import kernels_of_one_replay, layer_arguments, reduced_layers, summarise  # noqa: E402
 from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
-from sglang_sm120.kernels import dsv4, fp8_gemv, sparse_mla_decode  # noqa: E402
+from sglang_sm120.kernels import dsv4, fp8_gemv, moe_mxfp4, sparse_mla_decode  # noqa: E402
 from sglang_sm120.kernels import indexer as ix  # noqa: E402
 
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
             "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc", "sd_n16", "sd_n32",
             "sd_nopdl", "drop_route", "drop_qquant", "drop_route_qquant", "attn_s1", "attn_s2", "attn_s5", "attn_s10",
-            "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r16w4", "ix_nopdl")
+            "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r16w4", "ix_nopdl",
+            "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -174,6 +176,21 @@ def attention_overrides(variant: str) -> dict:
     return {}
 
 
+def moe_tiles_where(variant: str):
+    """The ``moe_gu{G}_dn{D}`` variants (run 28): at B=1 the routed experts' fp16 GEMV on G gate/up columns and D
+    down rows per program (the rest of the shipped tiles kept), as a replacement of
+    :data:`moe_mxfp4.GEMV_TMA_F16_WHERE`; None for other variants."""
+    match = re.fullmatch(r"moe_gu(\d+)_dn(\d+)", variant)
+    if not match:
+        return None
+    gu_n, dn_n = int(match.group(1)), int(match.group(2))
+    where = dict(moe_mxfp4.GEMV_TMA_F16_WHERE)
+    for (inter, rows), (gate_up, down) in moe_mxfp4.GEMV_TMA_F16_WHERE.items():
+        if rows == dsv4.TOP_K and inter % gu_n == 0:
+            where[(inter, rows)] = (dataclasses.replace(gate_up, block_n=gu_n), dataclasses.replace(down, block_n=dn_n))
+    return where
+
+
 def drop_stages(stages: list, names: tuple) -> list:
     """``stages`` without ``names``; a stage that waited for a dropped one waits for what the dropped one came after
     on its stream (or for what it waited for, if it was its stream's first)."""
@@ -203,6 +220,9 @@ def applied(variant: str, tp: int):
         fp8_gemv.sharing_config = lambda cfg: cfg
     attention = attention_overrides(variant)
     attention_saved = {name: getattr(sparse_mla_decode, name) for name in attention}
+    moe_where, moe_saved = moe_tiles_where(variant), moe_mxfp4.GEMV_TMA_F16_WHERE
+    if moe_where is not None:
+        moe_mxfp4.GEMV_TMA_F16_WHERE = moe_where
     plan_table, ix_pdl = ix.PLAN_TABLE, ix.USE_PDL
     ix.USE_PDL = ix_pdl and variant != "ix_nopdl"
     if variant.startswith("ix_rank_r"):
@@ -214,8 +234,9 @@ def applied(variant: str, tp: int):
     try:
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
-               or variant == "ix_nopdl")
+               or variant == "ix_nopdl" or moe_where is not None)
     finally:
+        moe_mxfp4.GEMV_TMA_F16_WHERE = moe_saved
         ix.PLAN_TABLE, ix.USE_PDL = plan_table, ix_pdl
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
         fp8_gemv.sharing_config = sharing

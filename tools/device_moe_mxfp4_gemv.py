@@ -466,7 +466,7 @@ def pdl_variants(rows, inter):
     return out, tiles
 
 
-def bytes_variants(rows, inter, down_per_sm=()):
+def bytes_variants(rows, inter, down_per_sm=(), tiles_n=()):
     """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles (run 26 timed them beside the round-16 pair form, commit
     0dfc461's ``GemvConfig(f16_bytes=False)``, since removed: the byte-built pairs are the only fp16 decode now; run 22
     timed 4-stage rings at B = 1..8, 0.97-0.98x at T=1 B=1). Run 26c (``--down-per-sm``): the down launch as a
@@ -478,6 +478,10 @@ def bytes_variants(rows, inter, down_per_sm=()):
     tiles = moe.gemv_configs(rows, inter)
     out = [(f"{label(tiles)} (shipped default)", {"upcast": moe.GEMV, "configs": tiles})]
     gate_up, down = tiles
+    for gu_n, dn_n in tiles_n:  # run 28: other columns / rows per program for either launch, the rest as shipped
+        cfgs = (dataclasses.replace(gate_up, block_n=gu_n), dataclasses.replace(down, block_n=dn_n))
+        if cfgs != tiles:
+            out.append((label(cfgs), {"upcast": moe.GEMV, "configs": cfgs}))
     if not down.persistent_programs_per_sm:
         for per_sm in down_per_sm:
             for block_n in dict.fromkeys((down.block_n, down.block_n // 2)):
@@ -510,6 +514,7 @@ def pdl_comparison(args) -> None:
     if args.bytes and not args.batches and not args.smoke:
         batches = BYTES_BATCHES
     down_per_sm = tuple(int(p) for p in args.down_per_sm.split(",")) if args.down_per_sm else ()
+    tiles_n = tuple(tuple(int(n) for n in pair.split("/")) for pair in args.tiles.split(",") if pair)
     chain_len = 2 if args.smoke else PDL_CHAIN  # a forward takes seconds under the interpreter
     run = timer(args.smoke)
     t_start = time.time()
@@ -518,7 +523,8 @@ def pdl_comparison(args) -> None:
         name=args.name or ("moe_mxfp4-h200-run26" if args.bytes else
                            "moe_mxfp4-h200-run17b" if args.shipped else "moe_mxfp4-h200-run17"),
         title=("sm120 MoE decode, run 26: the shipped fp16 TMA GEMV forward (pairs built by bytes)"
-               + (", persistent down launches" if args.down_per_sm else "") + ", H200" if args.bytes else
+               + (", persistent down launches" if args.down_per_sm else "")
+               + (", other tiles per launch (run 28)" if args.tiles else "") + ", H200" if args.bytes else
                "sm120 MoE decode, run 17b: the shipped PDL defaults of the fp16 TMA GEMV forward vs the previous ones, H200"
                if args.shipped else
                "sm120 MoE decode, run 17: programmatic dependent launch on the fp16 TMA GEMV forward, H200"),
@@ -544,7 +550,7 @@ def pdl_comparison(args) -> None:
             rows = batch * TOP_K
             if args.bytes and not moe.gemv_f16_default(rows, inter):
                 continue
-            variants, tiles = (bytes_variants(rows, inter, down_per_sm) if args.bytes else
+            variants, tiles = (bytes_variants(rows, inter, down_per_sm, tiles_n) if args.bytes else
                                pdl_shipped_variants(rows, inter) if args.shipped else pdl_variants(rows, inter))
 
             def forward(layer, kw, out=None):
@@ -851,6 +857,9 @@ def main() -> None:
                         help="run 26: the shipped fp16 TMA GEMV forward (with --down-per-sm, run 26c: persistent downs)")
     parser.add_argument("--down-per-sm", default="", help="with --bytes (run 26c): the down launch persistent at these "
                         "programs per SM, comma-separated")
+    parser.add_argument("--tiles", default="", help="with --bytes (run 28): comma-separated GU/DN pairs, the gate/up "
+                        "launch's columns and the down launch's rows per program (e.g. 32/32,16/64), each timed "
+                        "beside the shipped tiles")
     parser.add_argument("--shipped", action="store_true",
                         help="with --pdl (run 17b): the shipped PDL defaults vs the previous defaults")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
