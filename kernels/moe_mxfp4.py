@@ -2009,6 +2009,11 @@ _F16_2X = (GemvConfig(16, 512, 4, tma_ring=GEMV_TMA_RING, f16=True),
            GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True))
 _F16_4X = (GemvConfig(32, 512, 4, tma_ring=GEMV_TMA_RING, f16=True),
            GemvConfig(64, 512, 4, tma_ring=GEMV_TMA_RING, f16=True))
+# Run 28c (benchmarks/moe_mxfp4-h200-run28-summary.md): at T=1 B=1 the 4x gate/up tile with the 2x down tile (32
+# rows: 768 programs of 4 K steps at 69 / 76 registers on sm_90a / sm_120a, where the 64-row tile's 384 programs held
+# 128 / 120) 33.76 against 35.14 us for the 4x pair (1.041x); in the layer (variants run 22) 1.005-1.011x. Tiles of 16
+# or 64 gate/up columns or 128 down rows beside it were slower or level.
+_F16_4X_GATE_UP_2X_DOWN = (_F16_4X[0], _F16_2X[1])
 F16_MAX_BATCH = 32  # the largest B (per rank) at which the fp16 TMA GEMV is the default
 
 
@@ -2016,8 +2021,9 @@ def _persistent_down(tiles):
     return tiles[0], dataclasses.replace(tiles[1], persistent_programs_per_sm=8)
 
 
-# (per-rank I, B) -> tiles where the 4x-row tiles are the default; the 2x-row ones at every other B <= F16_MAX_BATCH
-_F16_4X_AT = {(MOE_INTERMEDIATE_SIZE, 1): _F16_4X, (MOE_INTERMEDIATE_SIZE // 2, 2): _F16_4X,
+# (per-rank I, B) -> tiles where the 4x-row tiles are the default (at T=1 B=1 the gate/up tile only, run 28c); the
+# 2x-row ones at every other B <= F16_MAX_BATCH
+_F16_4X_AT = {(MOE_INTERMEDIATE_SIZE, 1): _F16_4X_GATE_UP_2X_DOWN, (MOE_INTERMEDIATE_SIZE // 2, 2): _F16_4X,
               (MOE_INTERMEDIATE_SIZE // 4, 16): _persistent_down(_F16_4X)}
 _F16_2X_AT = {MOE_INTERMEDIATE_SIZE: _F16_2X, MOE_INTERMEDIATE_SIZE // 2: _F16_2X,
               MOE_INTERMEDIATE_SIZE // 4: _persistent_down(_F16_2X)}  # the down launch persistent (P = 8) at I = 512
