@@ -70,7 +70,7 @@ import torch  # noqa: E402
 from device_bench_trace import kernels_of_one_replay, layer_arguments, reduced_layers, summarise  # noqa: E402
 from sglang_sm120.bench import layer as L  # noqa: E402
 from sglang_sm120.bench import model  # noqa: E402
-from sglang_sm120.kernels import dsv4, fp8_gemv, moe_mxfp4, sparse_mla_decode  # noqa: E402
+from sglang_sm120.kernels import bf16_gemv, dsv4, fp8_gemv, moe_mxfp4, sparse_mla_decode  # noqa: E402
 from sglang_sm120.kernels import indexer as ix  # noqa: E402
 
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
@@ -78,7 +78,8 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "sd_nopdl", "drop_route", "drop_qquant", "drop_route_qquant", "attn_s1", "attn_s2", "attn_s5", "attn_s10",
             "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r16w4", "ix_nopdl",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
-            "moe_gu32_dn16")
+            "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
+            "comp_n32", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -178,18 +179,36 @@ def attention_overrides(variant: str) -> dict:
 
 
 def moe_tiles_where(variant: str):
-    """The ``moe_gu{G}_dn{D}`` variants (run 28): at B=1 the routed experts' fp16 GEMV on G gate/up columns and D
-    down rows per program (the rest of the shipped tiles kept), as a replacement of
+    """The ``moe_gu{G}_dn{D}[_r{R}][_l2]`` variants (run 28): at B=1 the routed experts' fp16 GEMV on G gate/up columns
+    and D down rows per program, rings of R stages, the down launch's L2 prefetch before its PDL wait (the rest of the
+    shipped tiles kept), as a replacement of
     :data:`moe_mxfp4.GEMV_TMA_F16_WHERE`; None for other variants."""
-    match = re.fullmatch(r"moe_gu(\d+)_dn(\d+)", variant)
+    match = re.fullmatch(r"moe_gu(\d+)_dn(\d+)(?:_r(\d+))?(_l2)?", variant)
     if not match:
         return None
-    gu_n, dn_n = int(match.group(1)), int(match.group(2))
+    gu_n, dn_n, ring, l2 = int(match.group(1)), int(match.group(2)), int(match.group(3) or 0), bool(match.group(4))
     where = dict(moe_mxfp4.GEMV_TMA_F16_WHERE)
     for (inter, rows), (gate_up, down) in moe_mxfp4.GEMV_TMA_F16_WHERE.items():
         if rows == dsv4.TOP_K and inter % gu_n == 0:
-            where[(inter, rows)] = (dataclasses.replace(gate_up, block_n=gu_n), dataclasses.replace(down, block_n=dn_n))
+            ring_of = ring or gate_up.tma_ring
+            where[(inter, rows)] = (dataclasses.replace(gate_up, block_n=gu_n, tma_ring=ring_of),
+                                    dataclasses.replace(down, block_n=dn_n, tma_ring=ring_of,
+                                                        pdl_l2=down.pdl and (l2 or down.pdl_l2)))
     return where
+
+
+def compressor_block_n(variant: str) -> dict:
+    """The ``comp_n{X}`` / ``icomp_n{Y}`` variants (run 28): at one row the compressors' bf16 GEMV on X weight rows per
+    program for the attention compressor ([2048, 4096] at C4; X/2 for C128's [1024, 4096]: the same program count) and
+    Y for the indexer compressor ([512, 4096]), so that these side-stream launches hold fewer SM slots beside the
+    query projections. Returns {width: block_n} to set in :data:`bf16_gemv.MEASURED_BLOCK_N` at one row."""
+    widths = {}
+    for kind, value in re.findall(r"(icomp|comp)_n(\d+)", variant):
+        if kind == "comp":
+            widths[2048], widths[1024] = int(value), max(int(value) // 2, 1)
+        else:
+            widths[512] = int(value)
+    return widths
 
 
 def drop_stages(stages: list, names: tuple) -> list:
@@ -224,6 +243,10 @@ def applied(variant: str, tp: int):
     moe_where, moe_saved = moe_tiles_where(variant), moe_mxfp4.GEMV_TMA_F16_WHERE
     if moe_where is not None:
         moe_mxfp4.GEMV_TMA_F16_WHERE = moe_where
+    comp_widths = compressor_block_n(variant)
+    comp_saved = {width: dict(bf16_gemv.MEASURED_BLOCK_N[width]) for width in comp_widths}
+    for width, block_n in comp_widths.items():
+        bf16_gemv.MEASURED_BLOCK_N[width][1] = block_n
     plan_table, ix_pdl = ix.PLAN_TABLE, ix.USE_PDL
     ix.USE_PDL = ix_pdl and variant != "ix_nopdl"
     if variant.startswith("ix_rank_r"):
@@ -235,8 +258,10 @@ def applied(variant: str, tp: int):
     try:
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
-               or variant == "ix_nopdl" or moe_where is not None)
+               or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths))
     finally:
+        for width, saved in comp_saved.items():
+            bf16_gemv.MEASURED_BLOCK_N[width] = saved
         moe_mxfp4.GEMV_TMA_F16_WHERE = moe_saved
         ix.PLAN_TABLE, ix.USE_PDL = plan_table, ix_pdl
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl

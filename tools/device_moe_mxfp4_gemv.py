@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import re
 import sys
 import time
 
@@ -466,6 +467,15 @@ def pdl_variants(rows, inter):
     return out, tiles
 
 
+def tiles_spec(spec: str) -> tuple[int, int, int, bool]:
+    """``GU/DN[rR][l2]`` (run 28): gate/up columns and down rows per program, the ring depth of both launches (0: as
+    shipped), the down launch's L2 prefetch before its PDL wait."""
+    match = re.fullmatch(r"(\d+)/(\d+)(?:r(\d+))?(l2)?", spec)
+    if not match:
+        raise ValueError(f"--tiles entries are GU/DN[rR][l2], got {spec!r}")
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0), bool(match.group(4))
+
+
 def bytes_variants(rows, inter, down_per_sm=(), tiles_n=()):
     """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles (run 26 timed them beside the round-16 pair form, commit
     0dfc461's ``GemvConfig(f16_bytes=False)``, since removed: the byte-built pairs are the only fp16 decode now; run 22
@@ -478,8 +488,10 @@ def bytes_variants(rows, inter, down_per_sm=(), tiles_n=()):
     tiles = moe.gemv_configs(rows, inter)
     out = [(f"{label(tiles)} (shipped default)", {"upcast": moe.GEMV, "configs": tiles})]
     gate_up, down = tiles
-    for gu_n, dn_n in tiles_n:  # run 28: other columns / rows per program for either launch, the rest as shipped
-        cfgs = (dataclasses.replace(gate_up, block_n=gu_n), dataclasses.replace(down, block_n=dn_n))
+    for gu_n, dn_n, ring, l2 in tiles_n:  # run 28: other columns / rows per program per launch, the rest as shipped
+        ring = ring or gate_up.tma_ring
+        cfgs = (dataclasses.replace(gate_up, block_n=gu_n, tma_ring=ring),
+                dataclasses.replace(down, block_n=dn_n, tma_ring=ring, pdl_l2=down.pdl and (l2 or down.pdl_l2)))
         if cfgs != tiles:
             out.append((label(cfgs), {"upcast": moe.GEMV, "configs": cfgs}))
     if not down.persistent_programs_per_sm:
@@ -514,7 +526,7 @@ def pdl_comparison(args) -> None:
     if args.bytes and not args.batches and not args.smoke:
         batches = BYTES_BATCHES
     down_per_sm = tuple(int(p) for p in args.down_per_sm.split(",")) if args.down_per_sm else ()
-    tiles_n = tuple(tuple(int(n) for n in pair.split("/")) for pair in args.tiles.split(",") if pair)
+    tiles_n = tuple(tiles_spec(spec) for spec in args.tiles.split(",") if spec)
     chain_len = 2 if args.smoke else PDL_CHAIN  # a forward takes seconds under the interpreter
     run = timer(args.smoke)
     t_start = time.time()
@@ -857,9 +869,9 @@ def main() -> None:
                         help="run 26: the shipped fp16 TMA GEMV forward (with --down-per-sm, run 26c: persistent downs)")
     parser.add_argument("--down-per-sm", default="", help="with --bytes (run 26c): the down launch persistent at these "
                         "programs per SM, comma-separated")
-    parser.add_argument("--tiles", default="", help="with --bytes (run 28): comma-separated GU/DN pairs, the gate/up "
-                        "launch's columns and the down launch's rows per program (e.g. 32/32,16/64), each timed "
-                        "beside the shipped tiles")
+    parser.add_argument("--tiles", default="", help="with --bytes (run 28): comma-separated GU/DN[rR][l2]: the gate/up "
+                        "launch's columns and the down launch's rows per program, both launches' ring depth R, the "
+                        "down launch's L2 prefetch (e.g. 32/32,16/64r4,32/32l2), each timed beside the shipped tiles")
     parser.add_argument("--shipped", action="store_true",
                         help="with --pdl (run 17b): the shipped PDL defaults vs the previous defaults")
     parser.add_argument("--gemv-max-batch", type=int, default=WORDS_GEMV_MAX_BATCH,
