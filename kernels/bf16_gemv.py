@@ -137,9 +137,13 @@ def _launch_with_pdl(device: torch.device) -> bool:
 
 # weight rows per program measured fastest on the H200 (run 2, benchmarks/bf16_gemv-h200-run2-summary.md) for
 # DSv4-Flash's widths, by row block: with more rows a program reads the activations once per block_n weight
-# rows, so wider blocks win from 2 rows; at one row the [1024] and [512] widths want the most programs
+# rows, so wider blocks win from 2 rows; at one row the [1024] and [512] widths want the most programs.
+# One exception, measured in the layer rather than alone: the C4 compressor's [2048, 4096] at one row takes 32 rows
+# per program (64 programs). SGLang's captured decode runs it on a side stream beside wqkv_a / wq_b, where its
+# programs would otherwise hold SM slots those query projections need (layer variants runs 24 / 25: C4 T=4 B=1
+# 81.62 -> 79.38 us, 1.028x; T=1 B=1 and B=2 level; 64 rows per program 0.69-0.77x). Alone it is the slower tile.
 MEASURED_BLOCK_N = {
-    2048: {1: 4, 2: 4, 4: 4, 8: 4},
+    2048: {1: 32, 2: 4, 4: 4, 8: 4},
     1024: {1: 1, 2: 2, 4: 2, 8: 2},
     512: {1: 1, 2: 1, 4: 2, 8: 2},
     64: {1: 1, 2: 1, 4: 1, 8: 1},
