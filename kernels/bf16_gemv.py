@@ -137,17 +137,22 @@ def _launch_with_pdl(device: torch.device) -> bool:
 
 # weight rows per program measured fastest on the H200 (run 2, benchmarks/bf16_gemv-h200-run2-summary.md) for
 # DSv4-Flash's widths, by row block: with more rows a program reads the activations once per block_n weight
-# rows, so wider blocks win from 2 rows; at one row the [1024] and [512] widths want the most programs.
-# One exception, measured in the layer rather than alone: the C4 compressor's [2048, 4096] at one row takes 32 rows
-# per program (64 programs). SGLang's captured decode runs it on a side stream beside wqkv_a / wq_b, where its
-# programs would otherwise hold SM slots those query projections need (layer variants runs 24 / 25: C4 T=4 B=1
-# 81.62 -> 79.38 us, 1.028x; T=1 B=1 and B=2 level; 64 rows per program 0.69-0.77x). Alone it is the slower tile.
+# rows, so wider blocks win from 2 rows; at one row the [1024] and [512] widths want the most programs
 MEASURED_BLOCK_N = {
-    2048: {1: 32, 2: 4, 4: 4, 8: 4},
+    2048: {1: 4, 2: 4, 4: 4, 8: 4},
     1024: {1: 1, 2: 2, 4: 2, 8: 2},
     512: {1: 1, 2: 1, 4: 2, 8: 2},
     64: {1: 1, 2: 1, 4: 1, 8: 1},
 }
+
+
+# share_sms (a call that other streams' kernels run beside): fewer, wider programs, measured in the layer rather than
+# alone. SGLang's captured decode runs the C4 compressor's [2048, 4096] on a side stream beside wqkv_a / wq_b, where
+# the 512 programs of its one-row tile hold the SM slots the query projections' kernels need when they launch (layer
+# variants runs 24 / 25, benchmarks/bench-variants-h200-summary.md: on 32 rows per program C4 T=4 B=1 81.62 -> 79.38 us,
+# 1.028x; T=1 B=1 and B=2 level; 64 rows 0.69-0.77x). Alone the wider tile is the slower one (the bench's one-stream C4
+# layer at T=1 B=1: 148.7 -> 157.5 us), so only sharing callers take it.
+SHARING_BLOCK_N = {2048: {1: 32}}
 
 
 def tile(block_m: int, block_n: int, k: int, pdl: bool = False) -> Bf16GemvConfig:
@@ -161,12 +166,16 @@ def tile(block_m: int, block_n: int, k: int, pdl: bool = False) -> Bf16GemvConfi
     return Bf16GemvConfig(block_m, block_n, block_k, num_warps=num_warps, pdl=pdl)
 
 
-def default_config(m: int, n: int, k: int, sms: int = DEFAULT_SM_COUNT, pdl: bool = False) -> Bf16GemvConfig:
-    """The tile for ``m`` rows of ``[n, k]``: the measured weight rows per program for DSv4-Flash's widths,
-    elsewhere as many (1..8) as keep at least ``PROGRAMS_PER_SM`` programs per SM; then the longest K step
-    that keeps the per-thread product within budget."""
+def default_config(m: int, n: int, k: int, sms: int = DEFAULT_SM_COUNT, pdl: bool = False,
+                   share_sms: bool = False) -> Bf16GemvConfig:
+    """The tile for ``m`` rows of ``[n, k]``: the measured weight rows per program for DSv4-Flash's widths (with
+    ``share_sms``, where other streams run beside the call, :data:`SHARING_BLOCK_N` first), elsewhere as many (1..8)
+    as keep at least ``PROGRAMS_PER_SM`` programs per SM; then the longest K step that keeps the per-thread product
+    within budget."""
     block_m = _row_block(m)
-    block_n = MEASURED_BLOCK_N.get(n, {}).get(block_m)
+    block_n = SHARING_BLOCK_N.get(n, {}).get(block_m) if share_sms else None
+    if block_n is None:
+        block_n = MEASURED_BLOCK_N.get(n, {}).get(block_m)
     if block_n is None:
         block_n = 8
         while block_n > 1 and triton.cdiv(n, block_n) < PROGRAMS_PER_SM * sms:
@@ -197,9 +206,10 @@ def _check(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, out: t
 
 def bf16_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype = torch.float32,
                 scale: float | None = None, out: torch.Tensor | None = None,
-                config: Bf16GemvConfig | None = None) -> torch.Tensor:
+                config: Bf16GemvConfig | None = None, share_sms: bool = False) -> torch.Tensor:
     """``x [M, K] bf16 @ weight [N, K]^T bf16`` (times ``scale`` if given) as ``out_dtype`` ``[M, N]``,
-    M <= ``MAX_ROWS`` (0 allowed); the sum in float32, rounded once to ``out_dtype``."""
+    M <= ``MAX_ROWS`` (0 allowed); the sum in float32, rounded once to ``out_dtype``. ``share_sms``: kernels on
+    other streams run beside this call (the tile of :func:`default_config`; the result is the same)."""
     _check(x, weight, out_dtype, out)
     m, k = x.shape
     n = weight.shape[0]
@@ -208,7 +218,7 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype = 
         return y
     if k == 0:
         return y.zero_()
-    cfg = config or default_config(m, n, k, sm_count(x.device), pdl=_launch_with_pdl(x.device))
+    cfg = config or default_config(m, n, k, sm_count(x.device), pdl=_launch_with_pdl(x.device), share_sms=share_sms)
     if cfg.block_m < m:
         raise ValueError(f"config {cfg.name} holds {cfg.block_m} rows, x has {m}")
     extra = {"launch_pdl": True} if cfg.pdl else {}
@@ -228,16 +238,18 @@ def reference_bf16_linear(x: torch.Tensor, weight: torch.Tensor, scale: float | 
 
 def shipped_configs() -> list[Bf16GemvConfig]:
     """Every tile :func:`default_config` picks for DSv4-Flash's bf16 projections at 1..MAX_ROWS rows on the
-    sm_12x GPUs (their SM counts) and the H200 the device runs use, with PDL as those GPUs launch it; also the
-    router gate's, which the bench runs in both paths in place of SGLang's tiny_gemm_bf16."""
+    sm_12x GPUs (their SM counts) and the H200 the device runs use, with PDL as those GPUs launch it, alone and
+    sharing the SMs; also the router gate's, which the bench runs in both paths in place of SGLang's
+    tiny_gemm_bf16."""
     from .dsv4 import BF16_LINEAR_SHAPES, ROUTER_GATE_SHAPE, SM12X_SM_COUNTS
 
     configs = {}
     for n, k in (*BF16_LINEAR_SHAPES.values(), ROUTER_GATE_SHAPE):
         for m in ROW_BLOCKS:
             for sms in (*SM12X_SM_COUNTS.values(), DEFAULT_SM_COUNT):
-                cfg = default_config(m, n, k, sms, pdl=True)
-                configs[cfg.name] = cfg
+                for share_sms in (False, True):
+                    cfg = default_config(m, n, k, sms, pdl=True, share_sms=share_sms)
+                    configs[cfg.name] = cfg
     return list(configs.values())
 
 

@@ -19,12 +19,19 @@ Hooks (SGLang 0.5.23):
   out, the weight scale (when not skipped) applied in float32 before the one rounding; anything else
   (the expert-pack quantised form, more rows) stays upstream's.
 
+* ``srt/models/deepseek_v4.py: MQALayer._forward_prepare_multi_stream`` (:1891-1953) AROUND: only marks
+  the call, so that the compressor's ``wkv_gate`` inside it, which runs on a side stream beside ``wqkv_a`` /
+  ``wq_b`` (SGLang's multi-stream decode), takes the GEMV's SM-sharing tile (``bf16_gemv.SHARING_BLOCK_N``:
+  fewer, wider programs); the call itself is upstream's, unchanged.
+
 Both answer with upstream's dtypes and shapes, so the callers are unchanged. Each hook checks at call time
 that the seam is active, so installed hooks of an inactive seam change nothing.
 """
 
 from __future__ import annotations
 
+
+import contextvars
 
 import torch
 
@@ -33,7 +40,11 @@ from .seams import REGISTRY, OnceLog, Seam, kernels_runnable
 
 COMPRESSOR_GATE = "sglang.srt.layers.attention.dsv4.compressor.Compressor._compute_wkv_gate"
 INDEXER_WEIGHTS = "sglang.srt.layers.attention.dsv4.indexer.C4Indexer.compute_weights"
-TARGETS = (COMPRESSOR_GATE, INDEXER_WEIGHTS)
+PREPARE_MULTI_STREAM = "sglang.srt.models.deepseek_v4.MQALayer._forward_prepare_multi_stream"
+TARGETS = (COMPRESSOR_GATE, INDEXER_WEIGHTS, PREPARE_MULTI_STREAM)
+
+# True while MQALayer._forward_prepare_multi_stream runs: its compressor shares the SMs with the query projections
+_beside_query_projections = contextvars.ContextVar("sglang_sm120_bf16_beside_query", default=False)
 
 # Rows up to which the GEMV runs, from H200 run 2 (benchmarks/bf16_gemv-h200-run2-summary.md): the compressors
 # at 4 rows 1.05x ([2048]) .. 1.46x ([512]) over cuBLAS and slower at 8; weights_proj 1.52x at 8 rows.
@@ -78,8 +89,16 @@ def compute_wkv_gate_hook(original, self, x, *args, **kwargs):
             and _upstream_gemm_is_cublas() and not _uses_aiter():
         _log_once("compressor", "compressor wkv_gate at 1..%d rows runs the Triton bf16 GEMV (fp32 out); more "
                   "rows stay on linear_bf16_fp32", COMPRESSOR_MAX_ROWS)
-        return _kernels().bf16_linear(x, weight, out_dtype=torch.float32)
+        return _kernels().bf16_linear(x, weight, out_dtype=torch.float32, share_sms=_beside_query_projections.get())
     return original(self, x, *args, **kwargs)
+
+
+def prepare_multi_stream_hook(original, self, *args, **kwargs):
+    token = _beside_query_projections.set(True)
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        _beside_query_projections.reset(token)
 
 
 def _uses_aiter() -> bool:
@@ -108,7 +127,8 @@ def compute_weights_hook(original, self, x, skip_scale=False):
 
 def install() -> None:
     install_hooks([(COMPRESSOR_GATE, compute_wkv_gate_hook, "AROUND"),
-                   (INDEXER_WEIGHTS, compute_weights_hook, "AROUND")])
+                   (INDEXER_WEIGHTS, compute_weights_hook, "AROUND"),
+                   (PREPARE_MULTI_STREAM, prepare_multi_stream_hook, "AROUND")])
 
 
 def make_seam() -> Seam:

@@ -28,6 +28,7 @@ kernels (TileLang), RoPE and the KV/compressor cache writes (JIT CUDA), and the 
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from typing import Callable
 
@@ -126,6 +127,14 @@ def _happens_before(stages: list[Stage], name: str) -> set[str]:
     return before
 
 
+_on_side_streams = contextvars.ContextVar("sglang_sm120_bench_side_streams", default=False)
+
+
+def on_side_streams() -> bool:
+    """Whether the layer now running runs its stages on their streams (SGLang's multi-stream decode), not in line."""
+    return _on_side_streams.get()
+
+
 def run_layer(stages: list[Stage], side_streams: dict | None = None) -> None:
     """One layer: every stage in order on the current stream (``side_streams`` None), or with each stage on its
     stream (a dict of SIDE_STREAMS name -> torch.cuda.Stream), the waits as events and the side streams joined
@@ -145,16 +154,20 @@ def run_layer(stages: list[Stage], side_streams: dict | None = None) -> None:
                                    "from the capture stream")
     events: dict[str, torch.cuda.Event] = {}
     used = []
-    for stage in stages:
-        stream = main if stage.stream == MAIN else side_streams[stage.stream]
-        if stream is not main and stage.stream not in used:
-            used.append(stage.stream)
-        for dep in stage.waits:
-            stream.wait_event(events[dep])
-        with torch.cuda.stream(stream):
-            stage.fn()
-        events[stage.name] = torch.cuda.Event()
-        events[stage.name].record(stream)
+    token = _on_side_streams.set(True)
+    try:
+        for stage in stages:
+            stream = main if stage.stream == MAIN else side_streams[stage.stream]
+            if stream is not main and stage.stream not in used:
+                used.append(stage.stream)
+            for dep in stage.waits:
+                stream.wait_event(events[dep])
+            with torch.cuda.stream(stream):
+                stage.fn()
+            events[stage.name] = torch.cuda.Event()
+            events[stage.name].record(stream)
+    finally:
+        _on_side_streams.reset(token)
     for name in used:
         main.wait_stream(side_streams[name])
 
@@ -262,11 +275,13 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
         whose scale the indexer's fused query kernel applies)."""
         out_dtype = torch.bfloat16 if index_weights else torch.float32
         ours = path == PLUGIN and 1 <= batch <= max_rows
-
         def fn():
             x = st[src]
             if ours:
-                st[dst] = bf16_gemv.bf16_linear(x, weight, out_dtype=out_dtype)
+                # as the seam: a compressor in SGLang's multi-stream prepare runs beside the query projections;
+                # in line (one stream) it keeps the tile of a call alone
+                share = not index_weights and stream != MAIN and on_side_streams()
+                st[dst] = bf16_gemv.bf16_linear(x, weight, out_dtype=out_dtype, share_sms=share)
             elif index_weights:
                 st[dst] = torch.nn.functional.linear(x, weight)
             else:

@@ -149,6 +149,34 @@ def test_tile_rule_elsewhere_keeps_programs_per_sm(n, sms):
     assert cfg.block_n == 1 or -(-n // (cfg.block_n // 2)) >= g.PROGRAMS_PER_SM * sms or cfg.block_n == 8
 
 
+@pytest.mark.parametrize("sms", sorted({*SM12X_SM_COUNTS.values(), g.DEFAULT_SM_COUNT}))
+def test_sharing_tile_where_listed(sms):
+    """share_sms: the wider tile of SHARING_BLOCK_N where it lists the width and row block (the C4 compressor at one
+    row), the call-alone tile everywhere else; both in the AOT registry."""
+    names = {c.name for c in g.shipped_configs()}
+    assert g.SHARING_BLOCK_N, "nothing to share"
+    for name, (n, k) in BF16_LINEAR_SHAPES.items():
+        for rows in range(1, g.MAX_ROWS + 1):
+            alone = g.default_config(rows, n, k, sms, pdl=True)
+            shared = g.default_config(rows, n, k, sms, pdl=True, share_sms=True)
+            listed = g.SHARING_BLOCK_N.get(n, {}).get(alone.block_m)
+            assert shared.block_n == (listed if listed is not None else alone.block_n), (name, rows)
+            assert shared == alone or listed is not None
+            assert {alone.name, shared.name} <= names
+
+
+def test_sharing_tile_computes_the_same_product():
+    """The sharing tile of the [2048, K] compressor at one row against the tile alone and the reference (K reduced)."""
+    gen = torch.Generator().manual_seed(5)
+    n = next(iter(g.SHARING_BLOCK_N))
+    x, w = randn(1, 256, gen=gen), randn(n, 256, gen=gen)
+    shared = g.bf16_linear(x, w, share_sms=True)
+    alone = g.bf16_linear(x, w)
+    assert g.default_config(1, n, 256, share_sms=True).block_n != g.default_config(1, n, 256).block_n
+    ref = g.reference_bf16_linear(x, w)
+    assert torch.allclose(shared, ref, rtol=1e-5, atol=1e-5) and torch.allclose(alone, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_aot_configs_cover_the_shipped_tiles():
     names = {c.name for c in g.aot_configs()}
     for cfg in g.shipped_configs():

@@ -29,12 +29,18 @@ def seam(install_seam):
 
 @pytest.fixture
 def gemv_calls(monkeypatch):
-    calls = []
+    class Calls(list):
+        shares: list
+
+    calls = Calls()
     real = bf16_gemv.bf16_linear
 
     def counting(x, weight, **kwargs):
         calls.append((tuple(x.shape), kwargs.get("out_dtype")))
+        shares.append(kwargs.get("share_sms", False))
         return real(x, weight, **kwargs)
+    shares = []
+    calls.shares = shares
     monkeypatch.setattr(bf16_gemv, "bf16_linear", counting)
     return calls
 
@@ -67,6 +73,35 @@ def test_compressor_gate_reaches_the_gemv(seam, gemv_calls, rows):
     assert gemv_calls == ([((rows, HIDDEN), torch.float32)] if ours else [])
     assert y.dtype == torch.float32 and y.shape == (rows, GATE_OUT)  # linear_bf16_fp32's contract
     assert rel_err(y, x.float() @ w.float().t()) < 1e-5
+
+
+def test_compressor_in_the_multi_stream_prepare_shares_the_sms(seam, gemv_calls):
+    """Inside the seam's hook around SGLang's MQALayer._forward_prepare_multi_stream (registered through the
+    HookRegistry; upstream's body, which needs a live model, stood in for) the compressor's wkv_gate asks the GEMV
+    for its SM-sharing tile; before and after it, and after the prepare raised, it does not."""
+    seam({"SGLANG_SM120_FORCE": "1"})
+    x, w = randn(1, HIDDEN, seed=3), randn(GATE_OUT, HIDDEN, seed=4, scale=0.05)
+    seen = []
+
+    def fake_layer_prepare(self, *args, **kwargs):  # stands in for upstream's body, which needs a live model
+        seen.append(compressor_gate(x, w))
+        if kwargs.get("fail"):
+            raise RuntimeError("prepare failed")
+        return "q"
+    compressor_gate(x, w)
+    assert seam_module.prepare_multi_stream_hook(fake_layer_prepare, None) == "q"
+    with pytest.raises(RuntimeError, match="prepare failed"):
+        seam_module.prepare_multi_stream_hook(fake_layer_prepare, None, fail=True)
+    compressor_gate(x, w)
+    assert gemv_calls.shares == [False, True, True, False]
+    # at this reduced width no sharing tile is listed: the same tile, the same bits
+    assert torch.equal(seen[0], compressor_gate(x, w))
+    # SGLang's MQALayer method is patched with this hook (AROUND) through the public HookRegistry
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    assert seam_module.PREPARE_MULTI_STREAM in HookRegistry._patched
+    assert (HookType.AROUND, seam_module.prepare_multi_stream_hook) in [
+        (kind, hook) for kind, hook, _src in HookRegistry._hooks[seam_module.PREPARE_MULTI_STREAM]]
 
 
 def test_kill_switch_keeps_upstreams_compressor_gate(seam, gemv_calls):
