@@ -34,7 +34,8 @@ BF16_TOL = 2 ** -8
 
 
 def variants(g, m, n, k, sms, pdl):
-    """The default tile, and the same with other weight rows per program and pipeline depths."""
+    """The default tile, and the same with other weight rows per program and pipeline depths; the SM-sharing tile
+    where it differs."""
     base = g.default_config(m, n, k, sms, pdl=pdl)
     out = {"default": base}
     for stages in (1, 3):
@@ -48,6 +49,9 @@ def variants(g, m, n, k, sms, pdl):
         out["w4"] = dataclasses.replace(base, num_warps=g.NUM_WARPS)
     if pdl:
         out["nopdl"] = dataclasses.replace(base, pdl=False)
+    shared = g.default_config(m, n, k, sms, pdl=pdl, share_sms=True)
+    if shared != base:  # the SM-sharing tile (SHARING_BLOCK_N), timed alone here (it ships for the layer)
+        out["share"] = shared
     return out
 
 
