@@ -36,7 +36,14 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   and ``ix_rank_r8u`` is today's ``ix_rank_r8``); ``ix_nopdl``: the indexer's launches without PDL (run 19 also timed
   ``ix_late``, the rank select's trigger after its stores: flag ``RANK_PDL_LATE`` of commit 724fe88, since removed);
 - ``no_share``: the C4 layer's main wq_b without its SM-sharing form (``fp8_gemv.sharing_config`` a no-op: the
-  persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form).
+  persistent GEMV on 2 programs per SM, as before the dense seam gave C4 layers the sharing form);
+- ``moe_gu{G}_dn{D}[_r{R}][_l2]`` (runs 22-24): the routed experts' fp16 GEMV at B=1 on G gate/up columns and D
+  down rows per program, rings of R stages, the down launch's L2 prefetch (run 20 / 21's ``moe_ts*``, the down
+  launch token by token, went with its kernel: commits 79a25b8 / d002fa4);
+- ``comp_n{X}`` / ``icomp_n{Y}`` (runs 24 / 25): the compressors' bf16 GEMV at one row on X rows per program for the
+  attention compressor ([2048], X/2 for C128's [1024]) and Y for the indexer's ([512]), set in the call-alone table
+  ``bf16_gemv.MEASURED_BLOCK_N`` (since round 28 the C4 compressor on SGLang's streams takes 32 by itself:
+  ``bf16_gemv.SHARING_BLOCK_N``).
 
 Each variant's layer graph is captured once; the graphs are then replayed in interleaved rounds (every variant
 once per round, an L2 flush before each replay) and each variant's figure is the median over all its replays, so
