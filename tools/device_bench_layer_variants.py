@@ -41,9 +41,9 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   down rows per program, rings of R stages, the down launch's L2 prefetch (run 20 / 21's ``moe_ts*``, the down
   launch token by token, went with its kernel: commits 79a25b8 / d002fa4);
 - ``comp_n{X}`` / ``icomp_n{Y}`` (runs 24 / 25): the compressors' bf16 GEMV at one row on X rows per program for the
-  attention compressor ([2048], X/2 for C128's [1024]) and Y for the indexer's ([512]), set in the call-alone table
-  ``bf16_gemv.MEASURED_BLOCK_N`` (since round 28 the C4 compressor on SGLang's streams takes 32 by itself:
-  ``bf16_gemv.SHARING_BLOCK_N``).
+  attention compressor ([2048], X/2 for C128's [1024]) and Y for the indexer's ([512]), set in
+  ``bf16_gemv.MEASURED_BLOCK_N`` and, where it lists the width, ``bf16_gemv.SHARING_BLOCK_N`` (since round 28 the
+  C4 compressor on SGLang's streams takes 32 rows per program: ``comp_n4`` is the tile before).
 
 Each variant's layer graph is captured once; the graphs are then replayed in interleaved rounds (every variant
 once per round, an L2 flush before each replay) and each variant's figure is the median over all its replays, so
@@ -86,7 +86,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r16w4", "ix_nopdl",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
             "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
-            "comp_n32", "comp_n64", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8")
+            "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -252,8 +252,11 @@ def applied(variant: str, tp: int):
         moe_mxfp4.GEMV_TMA_F16_WHERE = moe_where
     comp_widths = compressor_block_n(variant)
     comp_saved = {width: dict(bf16_gemv.MEASURED_BLOCK_N[width]) for width in comp_widths}
+    sharing_saved = {width: dict(rows) for width, rows in bf16_gemv.SHARING_BLOCK_N.items()}
     for width, block_n in comp_widths.items():
         bf16_gemv.MEASURED_BLOCK_N[width][1] = block_n
+        if 1 in bf16_gemv.SHARING_BLOCK_N.get(width, {}):  # the tile beside the query projections too
+            bf16_gemv.SHARING_BLOCK_N[width][1] = block_n
     plan_table, ix_pdl = ix.PLAN_TABLE, ix.USE_PDL
     ix.USE_PDL = ix_pdl and variant != "ix_nopdl"
     if variant.startswith("ix_rank_r"):
@@ -269,6 +272,8 @@ def applied(variant: str, tp: int):
     finally:
         for width, saved in comp_saved.items():
             bf16_gemv.MEASURED_BLOCK_N[width] = saved
+        for width, saved in sharing_saved.items():
+            bf16_gemv.SHARING_BLOCK_N[width] = saved
         moe_mxfp4.GEMV_TMA_F16_WHERE = moe_saved
         ix.PLAN_TABLE, ix.USE_PDL = plan_table, ix_pdl
         fp8_gemv.default_config, sparse_mla_decode.USE_PDL = original, attention_pdl
