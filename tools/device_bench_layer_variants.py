@@ -86,7 +86,8 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r16w4", "ix_nopdl",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
             "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
-            "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8")
+            "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
+            "sgu_p1")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -130,6 +131,19 @@ def shared_down_override(variant: str, tp: int):
         return None
     tile = dict(pdl=False) if variant == "sd_nopdl" else dict(block_n=int(variant[len("sd_n"):]))
     return one_row_override(dsv4.dense_linear_shapes(tp)["shared_down"], lambda cfg, *_: dataclasses.replace(cfg, **tile))
+
+
+def shared_gate_up_override(variant: str, tp: int):
+    """The shared expert's gate/up ([4096, 4096] at T=1) at 1 row on fewer programs (``sgu_n64``: 64 columns per
+    program, ``sgu_s2``: K in 2 splits instead of 4, ``sgu_p1``: persistent on one program per SM; shipped: 32
+    columns, 4 splits, 512 programs): it runs on a side stream beside the router's chain of one-program kernels
+    (round 28, after the compressor's case); None: no change (T=1 only)."""
+    if not variant.startswith("sgu_") or tp != 1:
+        return None
+    tile = {"sgu_n64": dict(block_n=64), "sgu_s2": dict(split_k=2),
+            "sgu_p1": dict(persistent_programs_per_sm=1)}[variant]
+    return one_row_override(dsv4.dense_linear_shapes(tp)["shared_gate_up"],
+                            lambda cfg, *_: dataclasses.replace(cfg, **tile))
 
 
 def indexer_wq_b_override(variant: str, tp: int):
@@ -237,7 +251,7 @@ def drop_stages(stages: list, names: tuple) -> list:
 @contextlib.contextmanager
 def applied(variant: str, tp: int):
     override = (wq_b_override(variant, tp) or wqkv_a_override(variant, tp) or indexer_wq_b_override(variant, tp)
-                or shared_down_override(variant, tp))
+                or shared_down_override(variant, tp) or shared_gate_up_override(variant, tp))
     original, attention_pdl, sharing = fp8_gemv.default_config, sparse_mla_decode.USE_PDL, fp8_gemv.sharing_config
     if override is not None:
         fp8_gemv.default_config = override
