@@ -94,6 +94,9 @@ def compute_wkv_gate_hook(original, self, x, *args, **kwargs):
 
 
 def prepare_multi_stream_hook(original, self, *args, **kwargs):
+    """Upstream's multi-stream prepare, unchanged, with the compressor calls inside it marked as sharing the SMs
+    (they run on a side stream beside wqkv_a / wq_b). The mark is host-side: under capture it picks the tile the
+    graph records."""
     token = _beside_query_projections.set(True)
     try:
         return original(self, *args, **kwargs)

@@ -275,6 +275,7 @@ def build_stages(path: str, kind: str, layer: LayerState, caches: model.Caches, 
         whose scale the indexer's fused query kernel applies)."""
         out_dtype = torch.bfloat16 if index_weights else torch.float32
         ours = path == PLUGIN and 1 <= batch <= max_rows
+
         def fn():
             x = st[src]
             if ours:
