@@ -27,7 +27,7 @@ def test_launches_are_the_fp16_gemv_defaults():
 
 @pytest.mark.parametrize("tp, batch, kind, gpu, programs", [
     (1, 1, "gate_up", occ.RTX_PRO_6000, 6 * 2048 // 32),  # 6 experts x 64 column blocks of 32
-    (1, 1, "down", occ.RTX_PRO_6000, 6 * 4096 // 64),
+    (1, 1, "down", occ.RTX_PRO_6000, 6 * 4096 // 32),  # the 2x down tile at T=1 B=1 (MoE run 28c)
     (4, 1, "down", occ.RTX_PRO_6000, 6 * 4096 // 32),  # persistent: 768 items < 188 x 8
     (4, 2, "down", occ.RTX_PRO_6000, 188 * 8),  # persistent: 1536 items, the grid caps at SMs x 8
     (4, 2, "down", occ.H200, 132 * 8),
