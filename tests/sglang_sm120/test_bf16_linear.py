@@ -29,18 +29,17 @@ def seam(install_seam):
 
 @pytest.fixture
 def gemv_calls(monkeypatch):
-    class Calls(list):
+    class Calls(list):  # (x shape, out dtype) per call; ``shares``: each call's share_sms
         shares: list
 
     calls = Calls()
+    calls.shares = []
     real = bf16_gemv.bf16_linear
 
     def counting(x, weight, **kwargs):
         calls.append((tuple(x.shape), kwargs.get("out_dtype")))
-        shares.append(kwargs.get("share_sms", False))
+        calls.shares.append(kwargs.get("share_sms", False))
         return real(x, weight, **kwargs)
-    shares = []
-    calls.shares = shares
     monkeypatch.setattr(bf16_gemv, "bf16_linear", counting)
     return calls
 
