@@ -201,6 +201,22 @@ def _load_slots(u, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N: tl
 
 
 @triton.jit
+def _mask_slots(u, u_end, main_live, n_live, x_live, slots, BLOCK_N: tl.constexpr, HAS_EXTRA: tl.constexpr):
+    """``slots`` of live tile ``u``, read with the bounds of a full row, set to -1 where :func:`_load_slots` would
+    mask them (past the row's candidates or past ``u_end``). Valid only where the tile reads the same cache and
+    candidates as in a full row (the same ``main_live``)."""
+    if HAS_EXTRA:
+        is_main = u < main_live
+        start = tl.where(is_main, u, u - main_live)
+        live = tl.where(is_main, n_live, x_live)
+    else:
+        start = u
+        live = n_live
+    offs = start * BLOCK_N + tl.arange(0, BLOCK_N)
+    return tl.where((offs < live) & (u < u_end), slots, -1)
+
+
+@triton.jit
 def _tile_rows(u, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots,
                x_nope_ptr, x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots,
                DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, HAS_EXTRA: tl.constexpr):
@@ -354,15 +370,25 @@ def _store_chunk(ptr, value, heads, row_stride, mask, CHUNK: tl.constexpr, C: tl
 
 
 @triton.jit
-def _finish_stats(m_i, l_i, sink_ptr, heads, head_ok, HAS_SINK: tl.constexpr):
+def _load_sink(sink_ptr, heads, head_ok, HAS_SINK: tl.constexpr):
+    """The heads' sink logits (fp32; -inf for padded heads and without a sink). Loaded at a program's start, beside
+    its other independent loads, so that its latency is not added after the merge; volatile, as the other loads
+    issued with it, because ptxas keeps volatile loads in program order (plain loads it moved below the first use of
+    an earlier load, which then waited for a round trip before the rest were issued)."""
+    if HAS_SINK:
+        return tl.load(sink_ptr + heads, mask=head_ok, other=float("-inf"), volatile=True).to(tl.float32)
+    return tl.full(heads.shape, float("-inf"), tl.float32)
+
+
+@triton.jit
+def _finish_stats(m_i, l_i, sink, HAS_SINK: tl.constexpr):
     """(output scale, natural-log LSE without the sink) from the base-2 running max and sum.
-    The sink only adds exp(sink) to the softmax denominator; a row with no candidate gets
+    The sink (``_load_sink``) only adds exp(sink) to the softmax denominator; a row with no candidate gets
     scale 0 and LSE -inf, sink or not."""
     has = l_i > 0.0
     m_use = tl.where(has, m_i, 0.0)
     denom = l_i
     if HAS_SINK:
-        sink = tl.load(sink_ptr + heads, mask=head_ok, other=float("-inf")).to(tl.float32)
         denom = denom + tl.exp2(sink * 1.4426950408889634 - m_use)
     scale = tl.where(has, 1.0 / tl.where(has, denom, 1.0), 0.0)
     lse = tl.where(has, (m_use + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
@@ -398,31 +424,10 @@ def sparse_mla_decode_kernel(
     b = row // s_q
     sq = row - b * s_q
 
-    n_live = topk
-    if HAS_LEN:
-        n_live = tl.minimum(n_live, tl.load(len_ptr + b))
-    idx_row = idx_ptr + b * idx_stride_b + sq * idx_stride_s
-    main_live = tl.cdiv(n_live, BLOCK_N)
-    live_tiles = main_live
-    x_live = 0
-    x_row = idx_row
-    if HAS_EXTRA:
-        x_live = x_topk
-        if HAS_X_LEN:
-            x_live = tl.minimum(x_live, tl.load(x_len_ptr + b))
-        x_row = x_idx_ptr + b * x_idx_stride_b + sq * x_idx_stride_s
-        live_tiles += tl.cdiv(x_live, BLOCK_N)
-    u_lo = split * tiles_per_split
-    u_end = tl.minimum(u_lo + tiles_per_split, live_tiles)
-
-    slots = _load_slots(u_lo, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
-    if PREFETCH_KV or MID_PREFETCH:  # KV of tile u_lo now, slots of tile u_lo + 1
-        valid, n0, n1, n2, n3, rope, scales = _load_tile(
-            u_lo, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
-            x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
-            DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
-        slots = _load_slots(u_lo + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
-
+    # The loads that need nothing but the program's coordinates go out together, before any of them is used: the query,
+    # the sink, and the first tile's slots read as if the row's lengths were its top-k sizes (a full row, the steady
+    # decode state); then the lengths. The first KV gather so waits for one round trip (lengths and slots at once)
+    # instead of two in a row.
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < num_heads
     q_row = q_ptr + b * q_stride_b + sq * q_stride_s + heads[:, None] * q_stride_h
@@ -431,6 +436,42 @@ def sparse_mla_decode_kernel(
     q1 = tl.load(q_row + CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
     q2 = tl.load(q_row + 2 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
     q3 = tl.load(q_row + 3 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+    sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK and not SPLIT_K)
+    idx_row = idx_ptr + b * idx_stride_b + sq * idx_stride_s
+    x_row = idx_row
+    full_main = tl.cdiv(topk, BLOCK_N)
+    full_tiles = full_main
+    if HAS_EXTRA:
+        x_row = x_idx_ptr + b * x_idx_stride_b + sq * x_idx_stride_s
+        full_tiles += tl.cdiv(x_topk, BLOCK_N)
+    u_lo = split * tiles_per_split
+    slots = _load_slots(u_lo, tl.minimum(u_lo + tiles_per_split, full_tiles), full_main, idx_row, x_row, topk,
+                        x_topk, BLOCK_N, HAS_EXTRA)
+
+    n_live = topk
+    if HAS_LEN:
+        n_live = tl.minimum(n_live, tl.load(len_ptr + b))
+    main_live = tl.cdiv(n_live, BLOCK_N)
+    live_tiles = main_live
+    x_live = 0
+    if HAS_EXTRA:
+        x_live = x_topk
+        if HAS_X_LEN:
+            x_live = tl.minimum(x_live, tl.load(x_len_ptr + b))
+        live_tiles += tl.cdiv(x_live, BLOCK_N)
+    u_end = tl.minimum(u_lo + tiles_per_split, live_tiles)
+    if HAS_LEN or HAS_X_LEN:
+        if main_live == full_main:  # tile u_lo reads the cache and candidates it was read from: mask past the lengths
+            slots = _mask_slots(u_lo, u_end, main_live, n_live, x_live, slots, BLOCK_N, HAS_EXTRA)
+        else:  # a main list shorter than its top-k moves the extra cache's tiles: read them again
+            slots = _load_slots(u_lo, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+
+    if PREFETCH_KV or MID_PREFETCH:  # KV of tile u_lo now, slots of tile u_lo + 1
+        valid, n0, n1, n2, n3, rope, scales = _load_tile(
+            u_lo, slots, main_live, nope_ptr, rope_ptr, scale_ptr, page_size, page_stride, n_slots, x_nope_ptr,
+            x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
+            DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
+        slots = _load_slots(u_lo + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
     m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc0 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
@@ -489,7 +530,7 @@ def sparse_mla_decode_kernel(
         tl.store(stats + local, m_i)
         tl.store(stats + BLOCK_H + local, l_i)
     else:
-        scale, lse = _finish_stats(m_i, l_i, sink_ptr, heads, head_ok, HAS_SINK)
+        scale, lse = _finish_stats(m_i, l_i, sink, HAS_SINK)
         out_row = out_ptr + row * num_heads * D
         _store_chunk(out_row, (acc0 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 0)
         _store_chunk(out_row, (acc1 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 1)
@@ -516,18 +557,22 @@ def sparse_mla_combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, sink_
     head_ok = heads < num_heads
     j = tl.arange(0, SPLITS)
     j_ok = j < num_splits
+    # every load issued before any is used (partials, stats, sink: one round trip to L2, not two or three in a row);
+    # volatile keeps ptxas from moving the max over the splits' stats above the partials' loads (sm_90a SASS)
+    sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK)
+    cols = c0 + tl.arange(0, COLS)
+    part = part_acc_ptr + ((unit * num_splits + j) * BLOCK_H * D)[:, None, None] + (local * D)[None, :, None] \
+        + cols[None, None, :]
+    parts = tl.load(part, mask=j_ok[:, None, None], other=0.0, volatile=True)
     stats = part_ml_ptr + ((unit * num_splits + j) * 2 * BLOCK_H)[:, None] + local[None, :]
-    m_j = tl.load(stats, mask=j_ok[:, None], other=float("-inf"))
-    l_j = tl.load(stats + BLOCK_H, mask=j_ok[:, None], other=0.0)
+    m_j = tl.load(stats, mask=j_ok[:, None], other=float("-inf"), volatile=True)
+    l_j = tl.load(stats + BLOCK_H, mask=j_ok[:, None], other=0.0, volatile=True)
     m = tl.max(m_j, 0)
     w = tl.exp2(m_j - tl.where(m == float("-inf"), 0.0, m)[None, :])
     w = tl.where(j_ok[:, None], w, 0.0)
     l_sum = tl.sum(l_j * w, 0)
-    cols = c0 + tl.arange(0, COLS)
-    part = part_acc_ptr + ((unit * num_splits + j) * BLOCK_H * D)[:, None, None] + (local * D)[None, :, None] \
-        + cols[None, None, :]
-    acc = tl.sum(tl.load(part, mask=j_ok[:, None, None], other=0.0).to(tl.float32) * w[:, :, None], 0)
-    scale, lse = _finish_stats(m, l_sum, sink_ptr, heads, head_ok, HAS_SINK)
+    acc = tl.sum(parts.to(tl.float32) * w[:, :, None], 0)
+    scale, lse = _finish_stats(m, l_sum, sink, HAS_SINK)
     tl.store(out_ptr + (row * num_heads + heads)[:, None] * D + cols[None, :], (acc * scale[:, None]).to(tl.bfloat16),
              mask=head_ok[:, None])
     tl.store(lse_ptr + row * num_heads + heads, lse, mask=head_ok & (c0 == 0))

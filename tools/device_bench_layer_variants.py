@@ -45,6 +45,11 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   ``bf16_gemv.MEASURED_BLOCK_N`` and, where it lists the width, ``bf16_gemv.SHARING_BLOCK_N`` (since round 28 the
   C4 compressor on SGLang's streams takes 32 rows per program: ``comp_n4`` is the tile before).
 
+- ``attn_base`` (run 29): the sparse MLA decode and combine kernels of another copy of
+  ``kernels/sparse_mla_decode.py`` (``--baseline-attention FILE``, e.g. ``git show 8abcc26:kernels/sparse_mla_decode.py``:
+  the kernels before their loads were issued together), launched by today's host code (the kernels' parameters must
+  be the same).
+
 Each variant's layer graph is captured once; the graphs are then replayed in interleaved rounds (every variant
 once per round, an L2 flush before each replay) and each variant's figure is the median over all its replays, so
 that clock and thermal drift during the run falls on every variant alike.
@@ -87,7 +92,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
             "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
-            "sgu_p1")
+            "sgu_p1", "attn_base")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -180,8 +185,30 @@ def wq_b_override(variant: str, tp: int):
     return one_row_override(shape, change)
 
 
+BASELINE_ATTENTION_MODULE = "sglang_sm120.kernels._baseline_sparse_mla_decode"
+baseline_attention_file: str | None = None  # --baseline-attention
+
+
+def baseline_attention_kernels() -> dict:
+    """The decode and combine kernels of ``baseline_attention_file``, loaded as a module of the kernels package (its
+    relative imports resolve there)."""
+    import importlib.util
+
+    if baseline_attention_file is None:
+        raise SystemExit("the attn_base variant needs --baseline-attention FILE")
+    module = sys.modules.get(BASELINE_ATTENTION_MODULE)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(BASELINE_ATTENTION_MODULE, baseline_attention_file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[BASELINE_ATTENTION_MODULE] = module
+        spec.loader.exec_module(module)
+    return {name: getattr(module, name) for name in ("sparse_mla_decode_kernel", "sparse_mla_combine_kernel")}
+
+
 def attention_overrides(variant: str) -> dict:
     """Module attributes of sparse_mla_decode the ``attn_*`` variants replace (empty: no change)."""
+    if variant == "attn_base":
+        return baseline_attention_kernels()
     if variant.startswith("attn_s"):
         splits = int(variant[len("attn_s"):])
         original = sparse_mla_decode.choose_splits
@@ -319,7 +346,11 @@ def main() -> int:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--rounds", type=int, default=40, help="interleaved rounds (one replay of each variant per round)")
     p.add_argument("--trace", nargs="*", default=[], help="variants to trace (kernel timeline of one replay)")
+    p.add_argument("--baseline-attention", default=None,
+                   help="a copy of kernels/sparse_mla_decode.py whose kernels the attn_base variant launches")
     args = p.parse_args()
+    global baseline_attention_file
+    baseline_attention_file = args.baseline_attention
 
     if args.smoke:
         for kind, state_w, caches, x in reduced_layers(args.kind):

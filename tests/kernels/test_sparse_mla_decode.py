@@ -107,6 +107,29 @@ def test_lengths(lengths):
     _check(_case(3, 3, 1, 8, C4_PAGE_SIZE, 40, C128_PAGE_SIZE, 24, lengths=lengths))
 
 
+@pytest.mark.parametrize("num_splits", [None, 1, "max"])
+@pytest.mark.parametrize("heads", [64, 16])
+def test_first_tile_slots_read_before_the_lengths(num_splits, heads):
+    """A program reads its first tile's slots as if the row were full, then masks them by the row's lengths, or reads
+    them again where a main list shorter by a tile or more moves the extra cache's tiles. One row per case: full,
+    shorter within the last tile, shorter by exactly one tile, by more, one candidate, none; the slots past each length
+    are valid ones, so a missed mask shows in the output."""
+    block_n = smd.LAUNCH_CONFIGS[smd.padded_heads(heads)]["BLOCK_N"]
+    topk, extra_topk = 3 * block_n + 16, 2 * block_n
+    main_lengths = [topk, topk - 5, topk - block_n, 2 * block_n, 2 * block_n - 1, 1, 0]
+    args = _case(17, len(main_lengths), 1, heads, C4_PAGE_SIZE, topk, SWA_PAGE_SIZE, extra_topk, lengths="full",
+                 out_of_range=False)
+    gen = torch.Generator().manual_seed(18)
+    args["indices"] = torch.randint(0, args["k_cache"].shape[0] * C4_PAGE_SIZE, args["indices"].shape, generator=gen,
+                                    dtype=torch.int32).to(DEVICE)
+    args["topk_length"] = torch.tensor(main_lengths, dtype=torch.int32, device=DEVICE)
+    args["extra_topk_length"] = torch.tensor([extra_topk, extra_topk - 3, block_n, extra_topk, 5, extra_topk, 0],
+                                             dtype=torch.int32, device=DEVICE)
+    tiles = -(-topk // block_n) + -(-extra_topk // block_n)
+    out, lse = _check(args, num_splits=min(tiles, smd.MAX_SPLITS) if num_splits == "max" else num_splits)
+    assert torch.isneginf(lse[-1]).all() and torch.isfinite(lse[:-1]).all()
+
+
 @pytest.mark.parametrize("sink", [True, False])
 def test_all_invalid_and_zero_length_rows_are_lonely(sink):
     args = _case(5, 3, 2, 16, SWA_PAGE_SIZE, 32, C4_PAGE_SIZE, 32, sink=sink, lengths="full")
