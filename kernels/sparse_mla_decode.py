@@ -151,7 +151,14 @@ FEW_CANDIDATES_CONFIGS = {
 # 2 rows C4 was 6% slower, so the cut is at 1 row there (4 rows was faster again but is not
 # shipped without the 2-3 row cases).
 _BLOCK16 = dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1)
-SMALL_BATCH_CONFIGS: dict[int, tuple[int, dict]] = {64: (1, _BLOCK16), 32: (2, _BLOCK16)}
+# At one query row the loads that wait for nothing are issued together (EARLY_LOADS: the decode's query, sink and first
+# slots before the lengths arrive; COMBINE_ONE_TRIP: the combine's partials, stats and sink before any is used), so
+# each launch waits for one round trip to memory where it waited for two or three in a row: H200 run 29
+# (benchmarks/bench-variants-h200-run27.md), the attention stage at T=1 / T=4 B=1 SWA 11.68 / 11.58 -> 10.11 / 9.73
+# us, C128 10.59 / 10.56 -> 10.11 / 9.98; slower at B >= 32 (C4 B=64 70.78 -> 73.73) when every config had them.
+_BLOCK16_ONE_ROW = dict(_BLOCK16, EARLY_LOADS=True, COMBINE_ONE_TRIP=True)
+SMALL_BATCH_CONFIGS: dict[int, tuple[int, dict]] = {64: (1, _BLOCK16_ONE_ROW), 32: (2, _BLOCK16),
+                                                    16: (1, _BLOCK16_ONE_ROW)}
 MIN_HEADS = 16  # tl.dot needs M >= 16: H = 8 runs padded to 16 rows
 TILE_LOOPS = ("PREFETCH_KV", "MID_PREFETCH", "L2_PREFETCH")  # a launch config sets exactly one
 MAX_SPLITS = 32  # bounds the combine's registers (all splits of a block are loaded at once)
@@ -370,13 +377,13 @@ def _store_chunk(ptr, value, heads, row_stride, mask, CHUNK: tl.constexpr, C: tl
 
 
 @triton.jit
-def _load_sink(sink_ptr, heads, head_ok, HAS_SINK: tl.constexpr):
+def _load_sink(sink_ptr, heads, head_ok, HAS_SINK: tl.constexpr, VOLATILE: tl.constexpr = True):
     """The heads' sink logits (fp32; -inf for padded heads and without a sink). Loaded at a program's start, beside
     its other independent loads, so that its latency is not added after the merge; volatile, as the other loads
     issued with it, because ptxas keeps volatile loads in program order (plain loads it moved below the first use of
     an earlier load, which then waited for a round trip before the rest were issued)."""
     if HAS_SINK:
-        return tl.load(sink_ptr + heads, mask=head_ok, other=float("-inf"), volatile=True).to(tl.float32)
+        return tl.load(sink_ptr + heads, mask=head_ok, other=float("-inf"), volatile=VOLATILE).to(tl.float32)
     return tl.full(heads.shape, float("-inf"), tl.float32)
 
 
@@ -409,7 +416,8 @@ def sparse_mla_decode_kernel(
         HAS_EXTRA: tl.constexpr, HAS_X_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT_K: tl.constexpr,
         PREFETCH_KV: tl.constexpr, MID_PREFETCH: tl.constexpr, EMIT_ASM: tl.constexpr, D: tl.constexpr,
         TILE: tl.constexpr, NOPE_TILES: tl.constexpr, NOPE: tl.constexpr,
-        DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, PDL: tl.constexpr = False):
+        DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, PDL: tl.constexpr = False,
+        EARLY_LOADS: tl.constexpr = False):
     """Grid ``(HEAD_BLOCKS * splits, B * s_q)``; see the module docstring. Split ``j`` of a query
     row takes live tiles ``[j * tiles_per_split, (j + 1) * tiles_per_split)`` of the row's
     candidate list (main cache, then extra cache), prefetching slots two tiles and KV one tile
@@ -424,19 +432,10 @@ def sparse_mla_decode_kernel(
     b = row // s_q
     sq = row - b * s_q
 
-    # The loads that need nothing but the program's coordinates go out together, before any of them is used: the query,
-    # the sink, and the first tile's slots read as if the row's lengths were its top-k sizes (a full row, the steady
-    # decode state); then the lengths. The first KV gather so waits for one round trip (lengths and slots at once)
-    # instead of two in a row.
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < num_heads
     q_row = q_ptr + b * q_stride_b + sq * q_stride_s + heads[:, None] * q_stride_h
     cols = tl.arange(0, CHUNK)
-    q0 = tl.load(q_row + cols[None, :], mask=head_ok[:, None], other=0.0)
-    q1 = tl.load(q_row + CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
-    q2 = tl.load(q_row + 2 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
-    q3 = tl.load(q_row + 3 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
-    sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK and not SPLIT_K)
     idx_row = idx_ptr + b * idx_stride_b + sq * idx_stride_s
     x_row = idx_row
     full_main = tl.cdiv(topk, BLOCK_N)
@@ -445,8 +444,18 @@ def sparse_mla_decode_kernel(
         x_row = x_idx_ptr + b * x_idx_stride_b + sq * x_idx_stride_s
         full_tiles += tl.cdiv(x_topk, BLOCK_N)
     u_lo = split * tiles_per_split
-    slots = _load_slots(u_lo, tl.minimum(u_lo + tiles_per_split, full_tiles), full_main, idx_row, x_row, topk,
-                        x_topk, BLOCK_N, HAS_EXTRA)
+    if EARLY_LOADS:
+        # The loads that need nothing but the program's coordinates go out together, before any of them is used: the
+        # query, the sink, and the first tile's slots read as if the row's lengths were its top-k sizes (a full row,
+        # the steady decode state); then the lengths. The first KV gather so waits for one round trip (lengths and
+        # slots at once) instead of two in a row.
+        q0 = tl.load(q_row + cols[None, :], mask=head_ok[:, None], other=0.0)
+        q1 = tl.load(q_row + CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+        q2 = tl.load(q_row + 2 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+        q3 = tl.load(q_row + 3 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+        sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK and not SPLIT_K)
+        slots = _load_slots(u_lo, tl.minimum(u_lo + tiles_per_split, full_tiles), full_main, idx_row, x_row, topk,
+                            x_topk, BLOCK_N, HAS_EXTRA)
 
     n_live = topk
     if HAS_LEN:
@@ -460,7 +469,9 @@ def sparse_mla_decode_kernel(
             x_live = tl.minimum(x_live, tl.load(x_len_ptr + b))
         live_tiles += tl.cdiv(x_live, BLOCK_N)
     u_end = tl.minimum(u_lo + tiles_per_split, live_tiles)
-    if HAS_LEN or HAS_X_LEN:
+    if not EARLY_LOADS:
+        slots = _load_slots(u_lo, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+    elif HAS_LEN or HAS_X_LEN:
         if main_live == full_main:  # tile u_lo reads the cache and candidates it was read from: mask past the lengths
             slots = _mask_slots(u_lo, u_end, main_live, n_live, x_live, slots, BLOCK_N, HAS_EXTRA)
         else:  # a main list shorter than its top-k moves the extra cache's tiles: read them again
@@ -472,6 +483,11 @@ def sparse_mla_decode_kernel(
             x_rope_ptr, x_scale_ptr, x_page_size, x_page_stride, x_n_slots, BLOCK_N, TILE, NOPE_TILES, NOPE,
             DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
         slots = _load_slots(u_lo + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+    if not EARLY_LOADS:
+        q0 = tl.load(q_row + cols[None, :], mask=head_ok[:, None], other=0.0)
+        q1 = tl.load(q_row + CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+        q2 = tl.load(q_row + 2 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+        q3 = tl.load(q_row + 3 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
     m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc0 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
@@ -530,6 +546,8 @@ def sparse_mla_decode_kernel(
         tl.store(stats + local, m_i)
         tl.store(stats + BLOCK_H + local, l_i)
     else:
+        if not EARLY_LOADS:
+            sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK, False)
         scale, lse = _finish_stats(m_i, l_i, sink, HAS_SINK)
         out_row = out_ptr + row * num_heads * D
         _store_chunk(out_row, (acc0 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 0)
@@ -543,7 +561,7 @@ def sparse_mla_decode_kernel(
 def sparse_mla_combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, sink_ptr, num_heads, num_splits,
                               BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, SUB_H: tl.constexpr,
                               COLS: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr,
-                              PDL: tl.constexpr = False):
+                              PDL: tl.constexpr = False, ONE_TRIP: tl.constexpr = False):
     """Merge the splits of one (query row, head block): grid ``(units, BLOCK_H / SUB_H, D / COLS)``,
     each program one [SUB_H, COLS] block, all splits loaded at once (one round trip to L2). PDL as the
     decode kernel's."""
@@ -557,20 +575,26 @@ def sparse_mla_combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, sink_
     head_ok = heads < num_heads
     j = tl.arange(0, SPLITS)
     j_ok = j < num_splits
-    # every load issued before any is used (partials, stats, sink: one round trip to L2, not two or three in a row);
-    # volatile keeps ptxas from moving the max over the splits' stats above the partials' loads (sm_90a SASS)
-    sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK)
+    # ONE_TRIP: every load issued before any is used (sink, partials, stats: one round trip to L2, not two or three in
+    # a row); volatile keeps ptxas from moving the max over the splits' stats above the partials' loads (sm_90a SASS).
+    # Otherwise the stats first, the partials once the max is known, the sink at the end.
+    if ONE_TRIP:
+        sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK)
     cols = c0 + tl.arange(0, COLS)
     part = part_acc_ptr + ((unit * num_splits + j) * BLOCK_H * D)[:, None, None] + (local * D)[None, :, None] \
         + cols[None, None, :]
-    parts = tl.load(part, mask=j_ok[:, None, None], other=0.0, volatile=True)
+    if ONE_TRIP:
+        parts = tl.load(part, mask=j_ok[:, None, None], other=0.0, volatile=True)
     stats = part_ml_ptr + ((unit * num_splits + j) * 2 * BLOCK_H)[:, None] + local[None, :]
-    m_j = tl.load(stats, mask=j_ok[:, None], other=float("-inf"), volatile=True)
-    l_j = tl.load(stats + BLOCK_H, mask=j_ok[:, None], other=0.0, volatile=True)
+    m_j = tl.load(stats, mask=j_ok[:, None], other=float("-inf"), volatile=ONE_TRIP)
+    l_j = tl.load(stats + BLOCK_H, mask=j_ok[:, None], other=0.0, volatile=ONE_TRIP)
     m = tl.max(m_j, 0)
     w = tl.exp2(m_j - tl.where(m == float("-inf"), 0.0, m)[None, :])
     w = tl.where(j_ok[:, None], w, 0.0)
     l_sum = tl.sum(l_j * w, 0)
+    if not ONE_TRIP:
+        parts = tl.load(part, mask=j_ok[:, None, None], other=0.0)
+        sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK, False)
     acc = tl.sum(parts.to(tl.float32) * w[:, :, None], 0)
     scale, lse = _finish_stats(m, l_sum, sink, HAS_SINK)
     tl.store(out_ptr + (row * num_heads + heads)[:, None] * D + cols[None, :], (acc * scale[:, None]).to(tl.bfloat16),
@@ -788,15 +812,15 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, BLOCK_N=block_n, HAS_LEN=topk_length is not None,
         HAS_EXTRA=has_extra, HAS_X_LEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
         SPLIT_K=splits > 1, PREFETCH_KV=cfg.get("PREFETCH_KV", False), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
-        EMIT_ASM=not interpreter_enabled(), **_LAYOUT, PDL=use_pdl, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], launch_pdl=use_pdl)
+        EMIT_ASM=not interpreter_enabled(), **_LAYOUT, PDL=use_pdl, EARLY_LOADS=cfg.get("EARLY_LOADS", False),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=use_pdl)
     if splits > 1:
         cols = _combine_width(cfg, splits)
         sparse_mla_combine_kernel[(units, block_h // COMBINE_SUB_H, HEAD_DIM // cols)](
             part_acc, part_ml, out, lse, attn_sink if attn_sink is not None else lse, num_heads, splits,
             BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, SUB_H=COMBINE_SUB_H, COLS=cols,
             SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=attn_sink is not None, PDL=use_pdl,
-            num_warps=COMBINE_WARPS, launch_pdl=use_pdl)
+            ONE_TRIP=cfg.get("COMBINE_ONE_TRIP", False), num_warps=COMBINE_WARPS, launch_pdl=use_pdl)
     return out, lse.permute(0, 2, 1)
 
 
@@ -898,7 +922,7 @@ def _signature(cfg: dict) -> dict:
     sig.update(pointers)
     sig["qk_scale"] = "fp32"
     for name in ("BLOCK_H", "HEAD_BLOCKS", "BLOCK_N", "HAS_LEN", "HAS_EXTRA", "HAS_X_LEN", "HAS_SINK", "SPLIT_K",
-                 "PREFETCH_KV", "MID_PREFETCH", "EMIT_ASM", "PDL", *_LAYOUT):
+                 "PREFETCH_KV", "MID_PREFETCH", "EMIT_ASM", "PDL", "EARLY_LOADS", *_LAYOUT):
         sig[name] = "constexpr"
     return sig
 
@@ -930,7 +954,7 @@ def aot_configs() -> list[AotConfig]:
         constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
                           HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
                           PREFETCH_KV=cfg.get("PREFETCH_KV", False), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
-                          EMIT_ASM=True, PDL=USE_PDL, **_LAYOUT)
+                          EMIT_ASM=True, PDL=USE_PDL, EARLY_LOADS=cfg.get("EARLY_LOADS", False), **_LAYOUT)
         configs.append(AotConfig(
             name=f"sparse_mla_decode_{suffix}", kernel=sparse_mla_decode_kernel, signature=_signature(cfg),
             constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,
@@ -942,7 +966,8 @@ def aot_configs() -> list[AotConfig]:
         for splits in range(2, MAX_SPLITS + 1):
             widest[_combine_width(cfg, splits)] = splits
         for cols, splits in sorted(widest.items()):
-            key = (_partial_type(cfg), cfg["BLOCK_H"], heads, cols, triton.next_power_of_2(splits))
+            key = (_partial_type(cfg), cfg["BLOCK_H"], heads, cols, triton.next_power_of_2(splits),
+                   cfg.get("COMBINE_ONE_TRIP", False))
             if key in seen:  # the same combine as an earlier config's
                 continue
             seen.append(key)
@@ -952,10 +977,11 @@ def aot_configs() -> list[AotConfig]:
                            "lse_ptr": "*fp32",
                            "sink_ptr": "*fp32", "num_heads": "i32", "num_splits": "i32", "BLOCK_H": "constexpr",
                            "HEAD_BLOCKS": "constexpr", "SUB_H": "constexpr", "COLS": "constexpr",
-                           "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr", "PDL": "constexpr"},
+                           "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr", "PDL": "constexpr",
+                           "ONE_TRIP": "constexpr"},
                 constexprs=dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], SUB_H=COMBINE_SUB_H,
                                 COLS=cols, SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=True,
-                                PDL=USE_PDL),
+                                PDL=USE_PDL, ONE_TRIP=cfg.get("COMBINE_ONE_TRIP", False)),
                 num_warps=COMBINE_WARPS, num_stages=1, div16=("num_heads",),
                 expect_opcodes=PDL_OPCODES if USE_PDL else (),
                 note=f"split-K merge + sink + LSE, up to {splits} splits (no tensor cores: a reduction)"))

@@ -109,9 +109,10 @@ def test_lengths(lengths):
 
 @pytest.mark.parametrize("num_splits", [None, 1, "max"])
 @pytest.mark.parametrize("heads", [64, 16])
-def test_first_tile_slots_read_before_the_lengths(num_splits, heads):
-    """A program reads its first tile's slots as if the row were full, then masks them by the row's lengths, or reads
-    them again where a main list shorter by a tile or more moves the extra cache's tiles. One row per case: full,
+@pytest.mark.parametrize("early_loads", [True, False])
+def test_first_tile_slots_read_before_the_lengths(num_splits, heads, early_loads):
+    """EARLY_LOADS: a program reads its first tile's slots as if the row were full, then masks them by the row's
+    lengths, or reads them again where a main list shorter by a tile or more moves the extra cache's tiles. One row per case: full,
     shorter within the last tile, shorter by exactly one tile, by more, one candidate, none; the slots past each length
     are valid ones, so a missed mask shows in the output."""
     block_n = smd.LAUNCH_CONFIGS[smd.padded_heads(heads)]["BLOCK_N"]
@@ -126,7 +127,9 @@ def test_first_tile_slots_read_before_the_lengths(num_splits, heads):
     args["extra_topk_length"] = torch.tensor([extra_topk, extra_topk - 3, block_n, extra_topk, 5, extra_topk, 0],
                                              dtype=torch.int32, device=DEVICE)
     tiles = -(-topk // block_n) + -(-extra_topk // block_n)
-    out, lse = _check(args, num_splits=min(tiles, smd.MAX_SPLITS) if num_splits == "max" else num_splits)
+    cfg = dict(smd.LAUNCH_CONFIGS[smd.padded_heads(heads)], EARLY_LOADS=early_loads, COMBINE_ONE_TRIP=early_loads)
+    out, lse = _check(args, num_splits=min(tiles, smd.MAX_SPLITS) if num_splits == "max" else num_splits,
+                      launch_config=cfg)
     assert torch.isneginf(lse[-1]).all() and torch.isfinite(lse[:-1]).all()
 
 
@@ -249,6 +252,11 @@ LAUNCH_FORMS = {
     # 16-head blocks at H=64 and H=32: four / two programs per query row gather the same KV rows
     "bh16_at_h64": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1)),
     "bh16_at_h32": (32, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1)),
+    # one query row (run 29): the loads that wait for nothing issued together in both launches
+    "bh16_at_h64_one_row": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1,
+                                     EARLY_LOADS=True, COMBINE_ONE_TRIP=True)),
+    "bh16_at_h16_one_row": (16, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1,
+                                     EARLY_LOADS=True, COMBINE_ONE_TRIP=True)),
     # the next tile's raw KV issued between the current tile's QK and PV products (run 5)
     "bh32_mid_prefetch": (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=False, MID_PREFETCH=True, num_warps=8,
                                    num_stages=1)),
@@ -377,12 +385,16 @@ def test_default_path_counts_both_caches_candidates(monkeypatch):
     assert seen == [(32, 2, 24 + 40), (16, 2, 40)]
 
 
-@pytest.mark.parametrize("heads", [64, 32])
+@pytest.mark.parametrize("heads", [64, 32, 16])
 def test_few_rows_run_sixteen_head_programs(heads):
     rows, small = smd.SMALL_BATCH_CONFIGS[heads]
     assert smd.launch_config_for(heads, rows) is small and small["BLOCK_H"] == 16
-    assert smd.launch_config_for(heads, rows + 1)["BLOCK_H"] > 16
-    assert small == LAUNCH_FORMS[f"bh16_at_h{heads}"][1]
+    if heads > 16:
+        assert smd.launch_config_for(heads, rows + 1)["BLOCK_H"] > 16
+    assert small == LAUNCH_FORMS[f"bh16_at_h{heads}" + ("_one_row" if rows == 1 else "")][1]
+    # the early loads only where one row was measured faster with them
+    assert all(not cfg.get("EARLY_LOADS") and not cfg.get("COMBINE_ONE_TRIP")
+               for cfg in [smd.launch_config_for(h, r) for h in (64, 32, 16) for r in (2, 3, 8, 64)])
     # the default path (no launch_config) at that row count: H/16 programs per row, split-K combine
     args = _case(47, rows, 1, heads, SWA_PAGE_SIZE, 40, C4_PAGE_SIZE, 40)
     _check(args)
