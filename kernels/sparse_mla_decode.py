@@ -151,12 +151,12 @@ FEW_CANDIDATES_CONFIGS = {
 # 2 rows C4 was 6% slower, so the cut is at 1 row there (4 rows was faster again but is not
 # shipped without the 2-3 row cases).
 _BLOCK16 = dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1)
-# At one query row the loads that wait for nothing are issued together (EARLY_LOADS: the decode's query, sink and first
-# slots before the lengths arrive; COMBINE_ONE_TRIP: the combine's partials, stats and sink before any is used), so
-# each launch waits for one round trip to memory where it waited for two or three in a row: H200 run 29
-# (benchmarks/bench-variants-h200-run27.md), the attention stage at T=1 / T=4 B=1 SWA 11.68 / 11.58 -> 10.11 / 9.73
-# us, C128 10.59 / 10.56 -> 10.11 / 9.98; slower at B >= 32 (C4 B=64 70.78 -> 73.73) when every config had them.
-_BLOCK16_ONE_ROW = dict(_BLOCK16, EARLY_LOADS=True, COMBINE_ONE_TRIP=True)
+# At one query row the decode issues the query, the sink and the first tile's slots before the lengths arrive
+# (EARLY_LOADS), so the first KV gather waits for one round trip where it waited for two in a row. H200 variants run 28
+# (benchmarks/bench-variants-h200-run28.md, the layer on SGLang's streams against the same kernels without it): B=1
+# SWA / C128 / C4 1.016 / 1.007 / 1.002x at T=1 and 1.022 / 1.000 / 1.003x at T=4; B=2 SWA 1.008 / 1.016x; but B=8
+# SWA at T=1 0.985x, and level or within 0.3 % at B = 8..64 elsewhere, so only one row takes it.
+_BLOCK16_ONE_ROW = dict(_BLOCK16, EARLY_LOADS=True)
 SMALL_BATCH_CONFIGS: dict[int, tuple[int, dict]] = {64: (1, _BLOCK16_ONE_ROW), 32: (2, _BLOCK16),
                                                     16: (1, _BLOCK16_ONE_ROW)}
 MIN_HEADS = 16  # tl.dot needs M >= 16: H = 8 runs padded to 16 rows
@@ -377,13 +377,10 @@ def _store_chunk(ptr, value, heads, row_stride, mask, CHUNK: tl.constexpr, C: tl
 
 
 @triton.jit
-def _load_sink(sink_ptr, heads, head_ok, HAS_SINK: tl.constexpr, VOLATILE: tl.constexpr = True):
-    """The heads' sink logits (fp32; -inf for padded heads and without a sink). Loaded at a program's start, beside
-    its other independent loads, so that its latency is not added after the merge; volatile, as the other loads
-    issued with it, because ptxas keeps volatile loads in program order (plain loads it moved below the first use of
-    an earlier load, which then waited for a round trip before the rest were issued)."""
+def _load_sink(sink_ptr, heads, head_ok, HAS_SINK: tl.constexpr):
+    """The heads' sink logits (fp32; -inf for padded heads and without a sink)."""
     if HAS_SINK:
-        return tl.load(sink_ptr + heads, mask=head_ok, other=float("-inf"), volatile=VOLATILE).to(tl.float32)
+        return tl.load(sink_ptr + heads, mask=head_ok, other=float("-inf")).to(tl.float32)
     return tl.full(heads.shape, float("-inf"), tl.float32)
 
 
@@ -547,7 +544,7 @@ def sparse_mla_decode_kernel(
         tl.store(stats + BLOCK_H + local, l_i)
     else:
         if not EARLY_LOADS:
-            sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK, False)
+            sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK)
         scale, lse = _finish_stats(m_i, l_i, sink, HAS_SINK)
         out_row = out_ptr + row * num_heads * D
         _store_chunk(out_row, (acc0 * scale[:, None]).to(tl.bfloat16), heads, D, head_ok, CHUNK, 0)
@@ -561,7 +558,7 @@ def sparse_mla_decode_kernel(
 def sparse_mla_combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, sink_ptr, num_heads, num_splits,
                               BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, SUB_H: tl.constexpr,
                               COLS: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr, HAS_SINK: tl.constexpr,
-                              PDL: tl.constexpr = False, ONE_TRIP: tl.constexpr = False):
+                              PDL: tl.constexpr = False):
     """Merge the splits of one (query row, head block): grid ``(units, BLOCK_H / SUB_H, D / COLS)``,
     each program one [SUB_H, COLS] block, all splits loaded at once (one round trip to L2). PDL as the
     decode kernel's."""
@@ -575,28 +572,20 @@ def sparse_mla_combine_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, sink_
     head_ok = heads < num_heads
     j = tl.arange(0, SPLITS)
     j_ok = j < num_splits
-    # ONE_TRIP: every load issued before any is used (sink, partials, stats: one round trip to L2, not two or three in
-    # a row); volatile keeps ptxas from moving the max over the splits' stats above the partials' loads (sm_90a SASS).
-    # Otherwise the stats first, the partials once the max is known, the sink at the end.
-    if ONE_TRIP:
-        sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK)
-    cols = c0 + tl.arange(0, COLS)
-    part = part_acc_ptr + ((unit * num_splits + j) * BLOCK_H * D)[:, None, None] + (local * D)[None, :, None] \
-        + cols[None, None, :]
-    if ONE_TRIP:
-        parts = tl.load(part, mask=j_ok[:, None, None], other=0.0, volatile=True)
+    # (Loading the partials, stats and sink before any is used, volatile so that ptxas keeps that order, was no faster
+    # at one row and 0.99x at B = 32 in the layer: H200 variants run 28, COMBINE_ONE_TRIP; removed.)
     stats = part_ml_ptr + ((unit * num_splits + j) * 2 * BLOCK_H)[:, None] + local[None, :]
-    m_j = tl.load(stats, mask=j_ok[:, None], other=float("-inf"), volatile=ONE_TRIP)
-    l_j = tl.load(stats + BLOCK_H, mask=j_ok[:, None], other=0.0, volatile=ONE_TRIP)
+    m_j = tl.load(stats, mask=j_ok[:, None], other=float("-inf"))
+    l_j = tl.load(stats + BLOCK_H, mask=j_ok[:, None], other=0.0)
     m = tl.max(m_j, 0)
     w = tl.exp2(m_j - tl.where(m == float("-inf"), 0.0, m)[None, :])
     w = tl.where(j_ok[:, None], w, 0.0)
     l_sum = tl.sum(l_j * w, 0)
-    if not ONE_TRIP:
-        parts = tl.load(part, mask=j_ok[:, None, None], other=0.0)
-        sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK, False)
-    acc = tl.sum(parts.to(tl.float32) * w[:, :, None], 0)
-    scale, lse = _finish_stats(m, l_sum, sink, HAS_SINK)
+    cols = c0 + tl.arange(0, COLS)
+    part = part_acc_ptr + ((unit * num_splits + j) * BLOCK_H * D)[:, None, None] + (local * D)[None, :, None] \
+        + cols[None, None, :]
+    acc = tl.sum(tl.load(part, mask=j_ok[:, None, None], other=0.0).to(tl.float32) * w[:, :, None], 0)
+    scale, lse = _finish_stats(m, l_sum, _load_sink(sink_ptr, heads, head_ok, HAS_SINK), HAS_SINK)
     tl.store(out_ptr + (row * num_heads + heads)[:, None] * D + cols[None, :], (acc * scale[:, None]).to(tl.bfloat16),
              mask=head_ok[:, None])
     tl.store(lse_ptr + row * num_heads + heads, lse, mask=head_ok & (c0 == 0))
@@ -820,7 +809,7 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
             part_acc, part_ml, out, lse, attn_sink if attn_sink is not None else lse, num_heads, splits,
             BLOCK_H=block_h, HEAD_BLOCKS=head_blocks, SUB_H=COMBINE_SUB_H, COLS=cols,
             SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=attn_sink is not None, PDL=use_pdl,
-            ONE_TRIP=cfg.get("COMBINE_ONE_TRIP", False), num_warps=COMBINE_WARPS, launch_pdl=use_pdl)
+            num_warps=COMBINE_WARPS, launch_pdl=use_pdl)
     return out, lse.permute(0, 2, 1)
 
 
@@ -966,8 +955,7 @@ def aot_configs() -> list[AotConfig]:
         for splits in range(2, MAX_SPLITS + 1):
             widest[_combine_width(cfg, splits)] = splits
         for cols, splits in sorted(widest.items()):
-            key = (_partial_type(cfg), cfg["BLOCK_H"], heads, cols, triton.next_power_of_2(splits),
-                   cfg.get("COMBINE_ONE_TRIP", False))
+            key = (_partial_type(cfg), cfg["BLOCK_H"], heads, cols, triton.next_power_of_2(splits))
             if key in seen:  # the same combine as an earlier config's
                 continue
             seen.append(key)
@@ -977,11 +965,10 @@ def aot_configs() -> list[AotConfig]:
                            "lse_ptr": "*fp32",
                            "sink_ptr": "*fp32", "num_heads": "i32", "num_splits": "i32", "BLOCK_H": "constexpr",
                            "HEAD_BLOCKS": "constexpr", "SUB_H": "constexpr", "COLS": "constexpr",
-                           "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr", "PDL": "constexpr",
-                           "ONE_TRIP": "constexpr"},
+                           "SPLITS": "constexpr", "D": "constexpr", "HAS_SINK": "constexpr", "PDL": "constexpr"},
                 constexprs=dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], SUB_H=COMBINE_SUB_H,
                                 COLS=cols, SPLITS=triton.next_power_of_2(splits), D=HEAD_DIM, HAS_SINK=True,
-                                PDL=USE_PDL, ONE_TRIP=cfg.get("COMBINE_ONE_TRIP", False)),
+                                PDL=USE_PDL),
                 num_warps=COMBINE_WARPS, num_stages=1, div16=("num_heads",),
                 expect_opcodes=PDL_OPCODES if USE_PDL else (),
                 note=f"split-K merge + sink + LSE, up to {splits} splits (no tensor cores: a reduction)"))

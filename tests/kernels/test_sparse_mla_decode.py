@@ -127,7 +127,7 @@ def test_first_tile_slots_read_before_the_lengths(num_splits, heads, early_loads
     args["extra_topk_length"] = torch.tensor([extra_topk, extra_topk - 3, block_n, extra_topk, 5, extra_topk, 0],
                                              dtype=torch.int32, device=DEVICE)
     tiles = -(-topk // block_n) + -(-extra_topk // block_n)
-    cfg = dict(smd.LAUNCH_CONFIGS[smd.padded_heads(heads)], EARLY_LOADS=early_loads, COMBINE_ONE_TRIP=early_loads)
+    cfg = dict(smd.LAUNCH_CONFIGS[smd.padded_heads(heads)], EARLY_LOADS=early_loads)
     out, lse = _check(args, num_splits=min(tiles, smd.MAX_SPLITS) if num_splits == "max" else num_splits,
                       launch_config=cfg)
     assert torch.isneginf(lse[-1]).all() and torch.isfinite(lse[:-1]).all()
@@ -252,11 +252,11 @@ LAUNCH_FORMS = {
     # 16-head blocks at H=64 and H=32: four / two programs per query row gather the same KV rows
     "bh16_at_h64": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1)),
     "bh16_at_h32": (32, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1)),
-    # one query row (run 29): the loads that wait for nothing issued together in both launches
+    # one query row (variants run 28): the decode's query, sink and first slots issued before the lengths arrive
     "bh16_at_h64_one_row": (64, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1,
-                                     EARLY_LOADS=True, COMBINE_ONE_TRIP=True)),
+                                     EARLY_LOADS=True)),
     "bh16_at_h16_one_row": (16, dict(BLOCK_H=16, BLOCK_N=32, PREFETCH_KV=True, num_warps=8, num_stages=1,
-                                     EARLY_LOADS=True, COMBINE_ONE_TRIP=True)),
+                                     EARLY_LOADS=True)),
     # the next tile's raw KV issued between the current tile's QK and PV products (run 5)
     "bh32_mid_prefetch": (64, dict(BLOCK_H=32, BLOCK_N=32, PREFETCH_KV=False, MID_PREFETCH=True, num_warps=8,
                                    num_stages=1)),
@@ -393,7 +393,7 @@ def test_few_rows_run_sixteen_head_programs(heads):
         assert smd.launch_config_for(heads, rows + 1)["BLOCK_H"] > 16
     assert small == LAUNCH_FORMS[f"bh16_at_h{heads}" + ("_one_row" if rows == 1 else "")][1]
     # the early loads only where one row was measured faster with them
-    assert all(not cfg.get("EARLY_LOADS") and not cfg.get("COMBINE_ONE_TRIP")
+    assert all(not cfg.get("EARLY_LOADS")
                for cfg in [smd.launch_config_for(h, r) for h in (64, 32, 16) for r in (2, 3, 8, 64)])
     # the default path (no launch_config) at that row count: H/16 programs per row, split-K combine
     args = _case(47, rows, 1, heads, SWA_PAGE_SIZE, 40, C4_PAGE_SIZE, 40)
