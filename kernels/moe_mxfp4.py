@@ -316,6 +316,24 @@ def _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr):
 
 
 @triton.jit
+def _slot_work(slot, num_active_ptr, active_experts_ptr, expert_start_ptr, sorted_rows_ptr, NUM_EXPERTS: tl.constexpr,
+               CG: tl.constexpr):
+    """(active, expert, row_begin, row_end, first routed row) of expert slot ``slot`` with the active count and the
+    slot's expert loaded together (one round trip where :func:`_slot_expert_rows` after the count check takes two):
+    past the active count the slot's entry is stale, so its expert is clamped into [0, E) to keep the loads after it
+    in bounds, and the caller returns on ``active`` False. CG: loads through L2 only (``.cg``), for loads issued
+    before a PDL wait."""
+    mod: tl.constexpr = ".cg" if CG else ""
+    active = slot < tl.load(num_active_ptr, cache_modifier=mod)
+    expert = tl.load(active_experts_ptr + slot, cache_modifier=mod)
+    expert = tl.where(active & (expert >= 0) & (expert < NUM_EXPERTS), expert, 0).to(tl.int64)
+    row_begin = tl.load(expert_start_ptr + expert, cache_modifier=mod)
+    row_end = tl.load(expert_start_ptr + expert + 1, cache_modifier=mod)
+    first_row = tl.load(sorted_rows_ptr + row_begin, mask=row_begin < row_end, other=0, cache_modifier=mod)
+    return active, expert, row_begin, row_end, first_row
+
+
+@triton.jit
 def _route_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                   num_active_ptr, NUM_EXPERTS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                   NUM_BINS: tl.constexpr):
@@ -983,22 +1001,33 @@ def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr
                                  active_experts_ptr, num_active_ptr, act_ptr, hidden, inter, swiglu_limit, act_scale,
                                  TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                  RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
-                                 PDL_LATE: tl.constexpr = False):
+                                 PDL_LATE: tl.constexpr = False, EARLY_TABLES: tl.constexpr = False,
+                                 NUM_EXPERTS: tl.constexpr = 256):
     """:func:`_gate_up_gemv_tma_kernel` on the fp16 pair decode: ``x_desc`` over the prepared fp16 pair words
     [B, H/2] (:func:`_route_x_f16_kernel`), each row's sums times its ``x_unscale``; the SwiGLU rows stored by
     :func:`_f16_act_store` (fp16 [B*top_k, I] in the pair order, times ``act_scale``). PDL: the trigger comes
     after the wait in every program, so once the down launch starts, the routing launch has completed (the down
-    launch reads its routing before its own wait)."""
+    launch reads its routing before its own wait). EARLY_TABLES (:attr:`GemvConfig.early_tables`): the slot's
+    routing read by :func:`_slot_work` (the active count and the slot's expert in one round trip)."""
     slot = tl.program_id(0)
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
-    if slot >= tl.load(num_active_ptr):
-        return
-    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+    if EARLY_TABLES:
+        active, expert, row_begin, row_end, row = _slot_work(slot, num_active_ptr, active_experts_ptr,
+                                                             expert_start_ptr, sorted_rows_ptr, NUM_EXPERTS, False)
+        if not active:
+            return
+    else:
+        if slot >= tl.load(num_active_ptr):
+            return
+        expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_row = (expert * (2 * inter) + tl.program_id(1) * (2 * BLOCK_N)).to(tl.int32)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     for m in range(row_begin, row_end):
-        row = tl.load(sorted_rows_ptr + m)
+        if EARLY_TABLES:  # this row loaded before the loop, the next one now
+            next_row = tl.load(sorted_rows_ptr + m + 1, mask=m + 1 < row_end, other=0)
+        else:
+            row = tl.load(sorted_rows_ptr + m)
         acc = tl.zeros([2 * BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
         x_row = (row // TOP_K).to(tl.int32)
         for k0 in tl.range(0, hidden, BLOCK_K, num_stages=RING):
@@ -1007,6 +1036,8 @@ def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr
         out = tl.sum(acc, 1) * tl.load(x_unscale_ptr + row // TOP_K)
         gate, up = tl.split(tl.reshape(out, [BLOCK_N, 2]))
         _f16_act_store(act_ptr, row, cols, gate, up, swiglu_limit, act_scale, inter, cols >= 0)
+        if EARLY_TABLES:
+            row = next_row
     pdl_launch_dependents(PDL and PDL_LATE)
 
 
@@ -1015,32 +1046,57 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
                               active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, act_unscale, w2_ptr,
                               w2_scale_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
                               EMULATE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                              L2_PREFETCH: tl.constexpr = False):
+                              L2_PREFETCH: tl.constexpr = False, EARLY_TABLES: tl.constexpr = False,
+                              NUM_EXPERTS: tl.constexpr = 256):
     """:func:`_down_gemv_tma_kernel` on the fp16 pair decode: ``act_desc`` over the fp16 SwiGLU pair words
     [B*top_k, I/2] of :func:`_f16_act_store`, the sums times ``act_unscale`` (1 / its ``act_scale``).
     L2_PREFETCH (with PDL): before the wait, the program asks L2 for its weight block (``w2_ptr`` / ``w2_scale_ptr``:
-    the same bytes as the descriptors), whose expert the routing launch (complete by then) names."""
+    the same bytes as the descriptors), whose expert the routing launch (complete by then) names. EARLY_TABLES
+    (:attr:`GemvConfig.early_tables`): the slot's routing (:func:`_slot_work`) read before the wait for the same
+    reason, so that after it the program's first loads are its weights and SwiGLU row."""
     slot = tl.program_id(0)
-    if L2_PREFETCH:
+    if EARLY_TABLES:
+        active, expert, row_begin, row_end, row = _slot_work(slot, num_active_ptr, active_experts_ptr,
+                                                             expert_start_ptr, sorted_rows_ptr, NUM_EXPERTS, True)
+        if L2_PREFETCH:
+            if active:
+                _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, expert * hidden + tl.program_id(1) * BLOCK_N, inter,
+                                        BLOCK_N)
+        pdl_wait(PDL)
+        pdl_launch_dependents(PDL and not PDL_LATE)
+        if not active:
+            return
+    elif L2_PREFETCH:
         if slot < tl.load(num_active_ptr, cache_modifier=".cg"):
             expert = tl.load(active_experts_ptr + slot, cache_modifier=".cg").to(tl.int64)
             _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, expert * hidden + tl.program_id(1) * BLOCK_N, inter,
                                     BLOCK_N)
-    pdl_wait(PDL)
-    pdl_launch_dependents(PDL and not PDL_LATE)
-    if slot >= tl.load(num_active_ptr):
-        return
-    expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+        pdl_wait(PDL)
+        pdl_launch_dependents(PDL and not PDL_LATE)
+        if slot >= tl.load(num_active_ptr):
+            return
+        expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
+    else:
+        pdl_wait(PDL)
+        pdl_launch_dependents(PDL and not PDL_LATE)
+        if slot >= tl.load(num_active_ptr):
+            return
+        expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_row = (expert * hidden + tl.program_id(1) * BLOCK_N).to(tl.int32)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     for m in range(row_begin, row_end):
-        row = tl.load(sorted_rows_ptr + m)
+        if EARLY_TABLES:  # this row loaded before the loop, the next one now
+            next_row = tl.load(sorted_rows_ptr + m + 1, mask=m + 1 < row_end, other=0)
+        else:
+            row = tl.load(sorted_rows_ptr + m)
         acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
         for k0 in tl.range(0, inter, BLOCK_K, num_stages=RING):
             acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row.to(tl.int32), k0, BLOCK_N,
                                       BLOCK_K, EMULATE)
         tl.store(y_ptr + row.to(tl.int64) * hidden + n,
                  tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)))
+        if EARLY_TABLES:
+            row = next_row
     pdl_launch_dependents(PDL and PDL_LATE)
 
 
@@ -1722,8 +1778,10 @@ def _to_bf16_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
 @triton.jit
 def _topk_sum_kernel(y_ptr, topk_ids_ptr, out_ptr, hidden, split_stride, NUM_EXPERTS: tl.constexpr,
                      TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = False,
-                     PDL_LATE: tl.constexpr = False):
-    """out[token] = sum over its top-k rows (and SPLITS K splits ``split_stride`` floats apart) of y."""
+                     PDL_LATE: tl.constexpr = False, EARLY_TABLES: tl.constexpr = False):
+    """out[token] = sum over its top-k rows (and SPLITS K splits ``split_stride`` floats apart) of y. EARLY_TABLES:
+    every row loaded with the ids (the rows of invalid ids, never written, dropped by a select rather than a mask),
+    one round trip instead of two in a row."""
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
     token = tl.program_id(0).to(tl.int64)
@@ -1733,8 +1791,13 @@ def _topk_sum_kernel(y_ptr, topk_ids_ptr, out_ptr, hidden, split_stride, NUM_EXP
         e = tl.load(topk_ids_ptr + token * TOP_K + k)
         valid = (e >= 0) & (e < NUM_EXPERTS)  # rows of invalid ids were never written
         for split in tl.static_range(SPLITS):
-            acc += tl.load(y_ptr + split * split_stride + (token * TOP_K + k) * hidden + h,
-                           mask=valid & (h < hidden), other=0.0)
+            if EARLY_TABLES:
+                part = tl.load(y_ptr + split * split_stride + (token * TOP_K + k) * hidden + h, mask=h < hidden,
+                               other=0.0)
+                acc += tl.where(valid, part, 0.0)
+            else:
+                acc += tl.load(y_ptr + split * split_stride + (token * TOP_K + k) * hidden + h,
+                               mask=valid & (h < hidden), other=0.0)
     tl.store(out_ptr + token * hidden + h, acc.to(tl.bfloat16), mask=h < hidden)
     pdl_launch_dependents(PDL and PDL_LATE)
 
@@ -1912,7 +1975,10 @@ class GemvConfig:
     waits before its first read of an earlier launch's output and before its first store, and triggers its
     dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (the down
     config, with ``pdl``): each down program asks L2 for its weight block before its wait (its expert is known:
-    the routing launch completed before any gate/up program passed its wait, and those trigger only after it)."""
+    the routing launch completed before any gate/up program passed its wait, and those trigger only after it);
+    ``early_tables`` (with ``f16``, both configs alike, round 29): the per-slot gate/up and down launches read the active
+    count and the slot's expert in one round trip (the down launch its whole routing before its PDL wait, as
+    ``pdl_l2``), and the top-k sum loads each token's rows with its ids."""
     block_n: int
     block_k: int
     num_warps: int
@@ -1927,12 +1993,14 @@ class GemvConfig:
     pdl: bool = False
     pdl_late: bool = False
     pdl_l2: bool = False
+    early_tables: bool = False
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
         tag += f"tma{self.tma_ring}" if self.tma_ring else ""
         tag += "h" if self.f16 else ""
         tag += ("pdl" + ("late" if self.pdl_late else "") + ("l2" if self.pdl_l2 else "")) if self.pdl else ""
+        tag += "et" if self.early_tables else ""
         if self.persistent_programs_per_sm:
             tag += f"pers{self.persistent_programs_per_sm}"
         tag += "x2" if self.two_rows else ""
@@ -2051,8 +2119,14 @@ def _with_pdl(tiles, inter, batch):
     return dataclasses.replace(tiles[0], pdl=True), dataclasses.replace(tiles[1], pdl=True, pdl_l2=l2)
 
 
-# (per-rank I, routed rows) -> (gate/up, down)
-GEMV_TMA_F16_WHERE = {(inter, batch * TOP_K): _with_pdl(_F16_4X_AT.get((inter, batch), tiles), inter, batch)
+def _with_early_tables(tiles):
+    return tuple(dataclasses.replace(c, early_tables=True) for c in tiles)
+
+
+# (per-rank I, routed rows) -> (gate/up, down), each with early_tables (round 29: the slots' routing in fewer round
+# trips, the down launch's before its PDL wait; H200 variants run 29, benchmarks/bench-variants-h200-run29.md)
+GEMV_TMA_F16_WHERE = {(inter, batch * TOP_K): _with_early_tables(_with_pdl(_F16_4X_AT.get((inter, batch), tiles), inter,
+                                                                           batch))
                       for inter, tiles in _F16_2X_AT.items() for batch in range(1, F16_MAX_BATCH + 1)}
 
 
@@ -2452,7 +2526,8 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
             _down_gemv_tma_f16_kernel[(slots, hidden // dn_cfg.block_n)](
                 act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
                 hidden, inter, act_unscale, w2_bytes, w2_scale_bytes, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
-                RING=dn_cfg.tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **dn_cfg.launch_options())
+                RING=dn_cfg.tma_ring, EMULATE=interpreter_enabled(), NUM_EXPERTS=num_experts, **pdl_args,
+                **dn_cfg.launch_options())
             return
         _down_gemv_tma_kernel[(slots, hidden // dn_cfg.block_n)](
             act_desc, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y,
@@ -2501,10 +2576,13 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             or ((dn_cfg.pdl_late or dn_cfg.pdl_l2) and not dn_cfg.pdl)):
         raise ValueError(f"GEMV pdl needs f16, both configs alike in pdl and pdl_late (which need pdl), pdl_l2 on the "
                          f"down config only (with pdl); got {configs!r}")
+    if gu_cfg.early_tables != dn_cfg.early_tables or (gu_cfg.early_tables and not gu_cfg.f16):
+        raise ValueError(f"GEMV early_tables needs f16 and both configs alike; got {configs!r}")
     device = x.device
     # the instructions need griddepcontrol (cc >= 9, not the interpreter); the bf16 decode (no clamp) launches without
     pdl = gu_cfg.pdl and f16 and pdl_supported(device)
     pdl_args = dict(PDL=pdl, PDL_LATE=pdl and gu_cfg.pdl_late, launch_pdl=pdl)
+    early_tables = f16 and gu_cfg.early_tables
     route_kernel = num_rows <= ROUTE_TRITON_MAX_ROWS
     if x_f32 or f16:
         if x_f32:
@@ -2543,7 +2621,9 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                                          active_experts, num_active, y, num_rows, num_experts, hidden, inter, slots,
                                          dn_cfg, dn_k, device, act_unscale=2.0 ** -act_shift if f16 else None,
                                          w2_bytes=w2, w2_scale_bytes=scale_bytes(w2_scale),
-                                         pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2))
+                                         pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2,
+                                                       **({} if dn_cfg.persistent_programs_per_sm
+                                                          else {"EARLY_TABLES": early_tables})))
 
     # persistent grid: the program count from shapes and the device only, so a captured graph replays it
     gu_persistent_grid = (min(num_rows * (inter // gu_cfg.block_n), _sm_count(device) * gu_persistent),)
@@ -2559,7 +2639,8 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             _gate_up_gemv_tma_f16_kernel[gu_grid](
                 x_desc, w13_desc, w13_s_desc, x_unscale, sorted_rows, expert_start, active_experts, num_active, act,
                 hidden, inter, float(swiglu_limit), 2.0 ** act_shift, TOP_K=top_k, BLOCK_N=gu_cfg.block_n,
-                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), **pdl_args, **gu_cfg.launch_options())
+                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), EARLY_TABLES=early_tables,
+                NUM_EXPERTS=num_experts, **pdl_args, **gu_cfg.launch_options())
             return
         if tma_ring:
             _gate_up_gemv_tma_kernel[gu_grid](
@@ -2586,7 +2667,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     def topk_sum():
         _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
             y, ids, out, hidden, num_rows * hidden, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK,
-            SPLITS=dn_cfg.split_k, num_warps=4, **pdl_args)
+            SPLITS=dn_cfg.split_k, EARLY_TABLES=early_tables, num_warps=4, **pdl_args)
 
     def route_x_f32():  # routing (unless the torch sort did it) and x -> float32 word-pair order, one launch
         _route_x_f32_kernel[(int(route_kernel) + triton.cdiv(x.numel(), GEMV_X_BLOCK),)](
@@ -3030,10 +3111,11 @@ def _gemv_tma_f16_sig(kind, rows, block_k, persistent=False):
         rest = {k: v for k, v in sig.items() if k not in head and k not in ("TOP_K", "BLOCK_N", "BLOCK_K", "RING")}
         return {**head, "x_unscale_ptr": "*fp32", **rest, "act_ptr": "*fp16", "act_scale": "fp32",
                 "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr",
-                "EMULATE": "constexpr", **pdl}
+                "EMULATE": "constexpr", **pdl, "EARLY_TABLES": "constexpr", "NUM_EXPERTS": "constexpr"}
     rest = {k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}
     return {**rest, "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr",
-            "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr"}
+            "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr",
+            "EARLY_TABLES": "constexpr", "NUM_EXPERTS": "constexpr"}
 
 
 def _gate_up_pairs_sig():
@@ -3236,6 +3318,8 @@ def aot_configs() -> list[AotConfig]:
         rows = 2 * cfg.block_n if kind == "gate_up" else cfg.block_n
         constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "RING": cfg.tma_ring, "EMULATE": False,
                       **_aot_pdl(cfg)}
+        if not persistent:
+            constexprs.update(EARLY_TABLES=cfg.early_tables, NUM_EXPERTS=NUM_EXPERTS)
         if kind == "gate_up":
             constexprs["TOP_K"] = TOP_K
         else:
@@ -3335,18 +3419,21 @@ def aot_configs() -> list[AotConfig]:
                    "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
                    "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr", "NUM_BINS": "constexpr"},
         constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": 2048, "NUM_BINS": 512}, num_warps=4))
-    for splits, name, div16, note, pdl in ((1, "moe_mxfp4_topk_sum", ("hidden",), "", False),
-                                           (1, "moe_mxfp4_topk_sum_pdl", ("hidden",),
-                                            "top-k sum of the fp16 TMA GEMV with PDL (GEMV_PDL_WHERE)", True),
-                                           (2, "moe_mxfp4_topk_sum_splits2", ("hidden", "split_stride"),
-                                            "top-k sum of a GEMV down with 2 K splits", False)):
+    for splits, name, div16, note, pdl, early in (
+            (1, "moe_mxfp4_topk_sum", ("hidden",), "", False, False),
+            (1, "moe_mxfp4_topk_sum_et", ("hidden",), "top-k sum of the fp16 TMA GEMV (early_tables)", False, True),
+            (1, "moe_mxfp4_topk_sum_pdl", ("hidden",),
+             "top-k sum of the fp16 TMA GEMV with PDL (GEMV_PDL_WHERE, early_tables)", True, True),
+            (2, "moe_mxfp4_topk_sum_splits2", ("hidden", "split_stride"), "top-k sum of a GEMV down with 2 K splits",
+             False, False)):
         configs.append(AotConfig(
             name=name, kernel=_topk_sum_kernel,
             signature={"y_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
                        "split_stride": "i32", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr",
-                       "BLOCK_H": "constexpr", "SPLITS": "constexpr", "PDL": "constexpr", "PDL_LATE": "constexpr"},
+                       "BLOCK_H": "constexpr", "SPLITS": "constexpr", "PDL": "constexpr", "PDL_LATE": "constexpr",
+                       "EARLY_TABLES": "constexpr"},
             constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK, "SPLITS": splits,
-                        "PDL": pdl, "PDL_LATE": False},
+                        "PDL": pdl, "PDL_LATE": False, "EARLY_TABLES": early},
             num_warps=4, div16=div16, note=note, expect_opcodes=PDL_OPCODES if pdl else ()))
     return configs
 

@@ -48,8 +48,9 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
 - ``attn_base`` (variants run 27): the sparse MLA decode and combine kernels of another copy of
   ``kernels/sparse_mla_decode.py`` (``--baseline-attention FILE``, e.g. ``git show 8abcc26:kernels/sparse_mla_decode.py``:
   the kernels before their loads were issued together), launched by today's host code (the kernels' parameters must
-  be the same); ``attn_e{E}c{C}`` (variants run 28): the launch configs' ``EARLY_LOADS`` (E) and ``COMBINE_ONE_TRIP`` (C) set
-  alike in every config, at every batch (shipped: both at one query row only).
+  be the same); ``attn_e{E}`` (variants run 28): the launch configs' ``EARLY_LOADS`` set to E in every config, at
+  every batch (shipped: on at one query row only; run 28's ``attn_e{E}c{C}`` also set the combine's
+  ``COMBINE_ONE_TRIP``, a form removed after it: commit 87b73a8 has it).
 
 Each variant's layer graph is captured once; the graphs are then replayed in interleaved rounds (every variant
 once per round, an L2 flush before each replay) and each variant's figure is the median over all its replays, so
@@ -93,7 +94,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
             "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
-            "sgu_p1", "attn_base", "attn_e0c0", "attn_e1c0", "attn_e0c1", "attn_e1c1")
+            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -210,13 +211,13 @@ def attention_overrides(variant: str) -> dict:
     """Module attributes of sparse_mla_decode the ``attn_*`` variants replace (empty: no change)."""
     if variant == "attn_base":
         return baseline_attention_kernels()
-    flags = re.fullmatch(r"attn_e([01])c([01])", variant)
-    if flags:  # the same two flags in every launch config, whatever the batch
-        early, one_trip = bool(int(flags.group(1))), bool(int(flags.group(2)))
+    flags = re.fullmatch(r"attn_e([01])", variant)
+    if flags:  # the same flag in every launch config, whatever the batch
+        early = bool(int(flags.group(1)))
         smd = sparse_mla_decode
 
         def flagged(cfg):
-            return dict(cfg, EARLY_LOADS=early, COMBINE_ONE_TRIP=one_trip)
+            return dict(cfg, EARLY_LOADS=early)
         return {"LAUNCH_CONFIGS": {h: flagged(c) for h, c in smd.LAUNCH_CONFIGS.items()},
                 **{name: {h: (rows, flagged(c)) for h, (rows, c) in getattr(smd, name).items()}
                    for name in ("SMALL_BATCH_CONFIGS", "LARGE_BATCH_CONFIGS", "WIDE_COMBINE_CONFIGS",
@@ -242,7 +243,11 @@ def moe_tiles_where(variant: str):
     """The ``moe_gu{G}_dn{D}[_r{R}][_l2]`` variants (run 28): at B=1 the routed experts' fp16 GEMV on G gate/up columns
     and D down rows per program, rings of R stages, the down launch's L2 prefetch before its PDL wait (the rest of the
     shipped tiles kept), as a replacement of
-    :data:`moe_mxfp4.GEMV_TMA_F16_WHERE`; None for other variants."""
+    :data:`moe_mxfp4.GEMV_TMA_F16_WHERE`; ``moe_et`` / ``moe_et0`` (variants run 29): every entry with / without
+    ``GemvConfig.early_tables``; None for other variants."""
+    if variant in ("moe_et", "moe_et0"):
+        return {key: tuple(dataclasses.replace(c, early_tables=variant == "moe_et") for c in tiles)
+                for key, tiles in moe_mxfp4.GEMV_TMA_F16_WHERE.items()}
     match = re.fullmatch(r"moe_gu(\d+)_dn(\d+)(?:_r(\d+))?(_l2)?", variant)
     if not match:
         return None

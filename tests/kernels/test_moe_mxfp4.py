@@ -27,14 +27,17 @@ TOP_K = 6
 
 
 @contextlib.contextmanager
-def poisoned_scratch():
+def poisoned_scratch(int_value=None):
     """Inside: torch.empty fills floating-point tensors with NaN, so every scratch buffer a forward
-    allocates (atomic outputs, split-K partials) must be written by the kernels, not be zero by luck."""
+    allocates (atomic outputs, split-K partials) must be written by the kernels, not be zero by luck;
+    with ``int_value`` integer tensors (the routing tables) are filled with it too."""
     real_empty = torch.empty
 
     def poisoned_empty(*args, **kw):
         t = real_empty(*args, **kw)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
+        if t.is_floating_point():
+            return t.fill_(float("nan"))
+        return t.fill_(int_value) if int_value is not None and t.dtype != torch.bool else t
 
     torch.empty = poisoned_empty
     try:
@@ -655,7 +658,7 @@ def test_gemv_f16_default_follows_the_h200_numbers():
     the operands allow TMA: on twice the rows per program (gate/up 16 columns, down 32 rows), on 4x rows (32 / 64)
     at T=2 B=2 and T=4 B=16, at T=1 B=1 the 4x gate/up tile with the 2x down tile (run 28c), the down launch
     persistent (P = 8) at T=4; not at B > 32 (B = 64 slower), not at T = 8 (K = 256 < 512), not between multiples of
-    top_k; every shipped tile in the AOT registry with HFMA2."""
+    top_k; all with early_tables (round 29); every shipped tile in the AOT registry with HFMA2."""
     f16 = dict(tma_ring=3, f16=True)
     rows2 = (moe.GemvConfig(16, 512, 4, **f16), moe.GemvConfig(32, 512, 4, **f16))
     rows4 = (moe.GemvConfig(32, 512, 4, **f16), moe.GemvConfig(64, 512, 4, **f16))
@@ -675,6 +678,7 @@ def test_gemv_f16_default_follows_the_h200_numbers():
             if batch in PDL_DEFAULT_AT[inter][0]:  # run 17
                 gu = dataclasses.replace(gu, pdl=True)
                 dn = dataclasses.replace(dn, pdl=True, pdl_l2=PDL_DEFAULT_AT[inter][1])
+            gu, dn = (dataclasses.replace(c, early_tables=True) for c in (gu, dn))  # round 29
             assert moe.gemv_configs(rows, inter) == (gu, dn)
             assert moe.default_upcast(rows, inter) == ("pairs" if inter != 1024 and batch >= 16 else "gemv")  # run 20b
             assert not moe.gemv_configs(rows, inter, tma=False)[0].f16
@@ -753,6 +757,63 @@ def test_gemv_tma_f16_pdl_forward(monkeypatch, batch, pattern, persistent_down, 
         return
     assert torch.equal(out, run(x, experts, weights, ids, configs=_f16_tiles(persistent_down)))
     assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
+
+
+@pytest.mark.parametrize("batch,pattern,persistent_down,pdl", [
+    (1, "random", 0, True), (1, "random", 0, False), (3, "duplicate", 0, True), (2, "invalid", 0, True),
+    (3, "random", 1, True), (0, "random", 0, True)])
+def test_gemv_tma_f16_early_tables(monkeypatch, batch, pattern, persistent_down, pdl):
+    """GemvConfig.early_tables reorders loads only (the slot's routing in fewer round trips, the down launch's before
+    its wait, the top-k sum's rows with its ids): the same bits as the forward without it, every scratch tensor
+    NaN-poisoned (so a stale slot past the active count, or an invalid id's unwritten row, shows), duplicate and
+    invalid ids, one and several programs per weight block, the persistent down launch (which keeps its own order)."""
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN, seed=batch + 50)
+    weights, ids = make_routing(batch, pattern, seed=batch + 51)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=batch + 52, scale=4.0)
+    tiles = _f16_tiles(persistent_down, pdl=pdl)
+    early = tuple(dataclasses.replace(c, early_tables=True) for c in tiles)
+    assert all("et" in c.label() for c in early)
+    with poisoned_scratch(int_value=2**30):  # a stale slot's expert far out of range
+        out = run(x, experts, weights, ids, configs=early)
+    if not batch:
+        assert out.numel() == 0
+        return
+    with poisoned_scratch():
+        assert torch.equal(out, run(x, experts, weights, ids, configs=tiles))
+    assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
+
+
+def test_gemv_early_tables_reach_their_launches(monkeypatch):
+    launches = []
+    for name in F16_KERNELS:
+        monkeypatch.setattr(moe, name, _LaunchRecorder(name, launches))
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(2, "random")
+    for early in (True, False):
+        launches.clear()
+        tiles = tuple(dataclasses.replace(c, early_tables=early) for c in _f16_tiles(0, pdl=True))
+        run(make_x(2, hidden=TMA_HIDDEN), experts, weights, ids, configs=tiles)
+        assert {name: kw["EARLY_TABLES"] for name, kw in launches if name != "_route_x_f16_kernel"} == {
+            "_gate_up_gemv_tma_f16_kernel": early, "_down_gemv_tma_f16_kernel": early, "_topk_sum_kernel": early}
+
+
+@pytest.mark.parametrize("bad", ["gate_up_only", "down_only", "no_f16"])
+def test_gemv_early_tables_arguments(bad):
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    gu = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2, f16=True, early_tables=True)
+    dn = dict(gu)
+    if bad == "gate_up_only":
+        dn["early_tables"] = False
+    elif bad == "down_only":
+        gu["early_tables"] = False
+    else:
+        gu["f16"] = dn["f16"] = False
+    with pytest.raises(ValueError, match="early_tables"):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
+            configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
 
 
 class _LaunchRecorder:
