@@ -2119,14 +2119,23 @@ def _with_pdl(tiles, inter, batch):
     return dataclasses.replace(tiles[0], pdl=True), dataclasses.replace(tiles[1], pdl=True, pdl_l2=l2)
 
 
-def _with_early_tables(tiles):
+# (per-rank I, B) where the tiles take early_tables (round 29: the slots' routing in fewer round trips, the down
+# launch's before its PDL wait, the top-k sum's rows with its ids). H200 variants run 29
+# (benchmarks/bench-variants-h200-run29.md, the layer on SGLang's streams, 50 rounds) against the same tiles without
+# it: T=1 B=1 SWA / C4 / C128 1.013 / 1.008 / 1.007x, the routed-experts stage 42.2 -> 40.9 us (bench); but T=1 B=2
+# 0.994-0.996x, B=8 0.980-0.984x, and T=4 B = 1 / 2 / 8 level or up to 0.5 % slower.
+EARLY_TABLES_AT = {(MOE_INTERMEDIATE_SIZE, 1)}
+
+
+def _with_early_tables(tiles, inter, batch):
+    if (inter, batch) not in EARLY_TABLES_AT:
+        return tiles
     return tuple(dataclasses.replace(c, early_tables=True) for c in tiles)
 
 
-# (per-rank I, routed rows) -> (gate/up, down), each with early_tables (round 29: the slots' routing in fewer round
-# trips, the down launch's before its PDL wait; H200 variants run 29, benchmarks/bench-variants-h200-run29.md)
+# (per-rank I, routed rows) -> (gate/up, down)
 GEMV_TMA_F16_WHERE = {(inter, batch * TOP_K): _with_early_tables(_with_pdl(_F16_4X_AT.get((inter, batch), tiles), inter,
-                                                                           batch))
+                                                                           batch), inter, batch)
                       for inter, tiles in _F16_2X_AT.items() for batch in range(1, F16_MAX_BATCH + 1)}
 
 
@@ -3421,9 +3430,10 @@ def aot_configs() -> list[AotConfig]:
         constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": 2048, "NUM_BINS": 512}, num_warps=4))
     for splits, name, div16, note, pdl, early in (
             (1, "moe_mxfp4_topk_sum", ("hidden",), "", False, False),
-            (1, "moe_mxfp4_topk_sum_et", ("hidden",), "top-k sum of the fp16 TMA GEMV (early_tables)", False, True),
-            (1, "moe_mxfp4_topk_sum_pdl", ("hidden",),
-             "top-k sum of the fp16 TMA GEMV with PDL (GEMV_PDL_WHERE, early_tables)", True, True),
+            (1, "moe_mxfp4_topk_sum_pdl", ("hidden",), "top-k sum of the fp16 TMA GEMV with PDL (GEMV_PDL_WHERE)",
+             True, False),
+            (1, "moe_mxfp4_topk_sum_pdl_et", ("hidden",),
+             "top-k sum of the fp16 TMA GEMV with PDL and early_tables (EARLY_TABLES_AT)", True, True),
             (2, "moe_mxfp4_topk_sum_splits2", ("hidden", "split_stride"), "top-k sum of a GEMV down with 2 K splits",
              False, False)):
         configs.append(AotConfig(
