@@ -2122,9 +2122,11 @@ def _with_pdl(tiles, inter, batch):
 # (per-rank I, B) where the tiles take early_tables (round 29: the slots' routing in fewer round trips, the down
 # launch's before its PDL wait, the top-k sum's rows with its ids). H200 variants run 29
 # (benchmarks/bench-variants-h200-run29.md, the layer on SGLang's streams, 50 rounds) against the same tiles without
-# it: T=1 B=1 SWA / C4 / C128 1.013 / 1.008 / 1.007x, the routed-experts stage 42.2 -> 40.9 us (bench); but T=1 B=2
-# 0.994-0.996x, B=8 0.980-0.984x, and T=4 B = 1 / 2 / 8 level or up to 0.5 % slower.
-EARLY_TABLES_AT = {(MOE_INTERMEDIATE_SIZE, 1)}
+# it: T=1 B=1 SWA / C4 / C128 1.013 / 1.008 / 1.007x; but T=1 B=2 0.994-0.996x, B=8 0.980-0.984x, and T=4 B = 1 / 2 / 8
+# level or up to 0.5 % slower. The forward alone (run 29, benchmarks/moe_mxfp4-h200-run29.md, chains of 12 PDL
+# forwards): T=1 B=1 33.77 -> 32.29 us (2.48 TB/s), T=2 B=2 35.72 -> 34.47 (1.036x; the bench has no T=2 layer);
+# T=1 B=2 1.006x, T=2 B=1 0.974x, T=4 B = 1 / 2 1.013 / 0.989x.
+EARLY_TABLES_AT = {(MOE_INTERMEDIATE_SIZE, 1), (MOE_INTERMEDIATE_SIZE // 2, 2)}
 
 
 def _with_early_tables(tiles, inter, batch):

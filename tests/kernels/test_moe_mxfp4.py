@@ -658,7 +658,7 @@ def test_gemv_f16_default_follows_the_h200_numbers():
     the operands allow TMA: on twice the rows per program (gate/up 16 columns, down 32 rows), on 4x rows (32 / 64)
     at T=2 B=2 and T=4 B=16, at T=1 B=1 the 4x gate/up tile with the 2x down tile (run 28c), the down launch
     persistent (P = 8) at T=4; not at B > 32 (B = 64 slower), not at T = 8 (K = 256 < 512), not between multiples of
-    top_k; early_tables at T=1 B=1 (round 29); every shipped tile in the AOT registry with HFMA2."""
+    top_k; early_tables at T=1 B=1 and T=2 B=2 (round 29); every shipped tile in the AOT registry with HFMA2."""
     f16 = dict(tma_ring=3, f16=True)
     rows2 = (moe.GemvConfig(16, 512, 4, **f16), moe.GemvConfig(32, 512, 4, **f16))
     rows4 = (moe.GemvConfig(32, 512, 4, **f16), moe.GemvConfig(64, 512, 4, **f16))
@@ -678,7 +678,7 @@ def test_gemv_f16_default_follows_the_h200_numbers():
             if batch in PDL_DEFAULT_AT[inter][0]:  # run 17
                 gu = dataclasses.replace(gu, pdl=True)
                 dn = dataclasses.replace(dn, pdl=True, pdl_l2=PDL_DEFAULT_AT[inter][1])
-            if (inter, batch) == (2048, 1):  # round 29
+            if (inter, batch) in ((2048, 1), (1024, 2)):  # round 29
                 gu, dn = (dataclasses.replace(c, early_tables=True) for c in (gu, dn))
             assert moe.gemv_configs(rows, inter) == (gu, dn)
             assert moe.default_upcast(rows, inter) == ("pairs" if inter != 1024 and batch >= 16 else "gemv")  # run 20b
