@@ -61,6 +61,12 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
   ``prefetch.global.L2`` (``L2_PREFETCH``: one instruction per thread, no data registers), slots
   two tiles ahead: 1.008-1.035x on the H200 over no prefetch (runs 6, 7), slower in the 32-head
   forms. Every launch config names one of these three tile loops.
+* **Early loads at one query row** (``EARLY_LOADS``, round 29): the query, the sink and the first tile's slots are
+  issued before the row's lengths arrive, the slots read as if the row were full and then masked by the lengths (or
+  read again where a main list shorter by a tile or more moves the extra cache's tiles), so the first KV gather
+  waits for one round trip where it waited for two (sm_90a / sm_120a SASS). Layers 1.002-1.022x at B=1 (H200
+  variants run 28), 0.985x for SWA at B=8, hence one row only. Loading the combine's partials, stats and sink
+  together was no faster and was removed.
 * **Lazy rescale was measured and removed**: 0.73x in the 64-head form, 0.97-1.00x in the others
   (``benchmarks/sparse_mla_decode-h200-run6-summary.md``).
 * **Split-K over candidates.** The grid is ``(head_blocks * splits, B * s_q)``; split ``j`` takes
