@@ -67,7 +67,8 @@ split_bf16 (``benchmarks/moe_mxfp4-h200-run2.md``). ``PairsConfig(scale_bf16=Tru
 pairs default) multiplies the pair words by the E8M0 factor in packed bf16 instead, so a K step is one
 MMA (sm_120a: 5.3 instead of 6.4 instructions per value, 16-byte weight loads; sm_90a: wgmma); exact for
 E8M0 bytes 34..160 (inf above 160; below 34, i.e. scales under 2**-93, the factor leaves the normal bf16
-range and the products lose bits -- both far outside checkpoint scales). On the H200 it is 1.2-1.9x
+range and the products lose bits -- both far outside checkpoint scales; the seam checks each layer's bytes at load
+and passes ``wide_scales`` to keep such a layer off these forms, :data:`PAIRS_EXACT_SCALE_BYTES`). On the H200 it is 1.2-1.9x
 faster than the previous defaults from B = 16 to 256 at T = 1 and 4 and from B = 1 to 64 at T = 2 and 8,
 1.04-1.29x at B = 9..15 (T = 1 and 4) and 1-2 % at B = 8 (T = 1), and the default there
 (:data:`PAIRS_DEFAULT_WHERE`; ``benchmarks/moe_mxfp4-h200-run3.md``, ``run4a/b.md``, ``run5.md``, ``run5b.md``).
@@ -1892,14 +1893,38 @@ PAIRS_DEFAULT_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K + 1, 256 * TOP_K),
                        (MOE_INTERMEDIATE_SIZE // 8, TOP_K, 64 * TOP_K))
 
 
-def default_upcast(num_rows: int, inter: int, tma: bool = True) -> str:
+# E8M0 bytes for which the pairs decode (the E8M0 factor multiplied onto the bf16 pair words) and the prefill GEMM
+# (the same pair words) are exact: above 160 the products overflow bf16 (inf), below 34 they leave its normal range.
+# Checkpoint scales lie far inside (DSv4-Flash's experts: bytes around 110-130); the GEMV forms and the split-nibble /
+# tl.dot upcasts apply the factor in float32 and are exact for every byte.
+PAIRS_EXACT_SCALE_BYTES = (34, 160)
+
+
+def scale_byte_range(*scales: torch.Tensor) -> tuple[int, int]:
+    """(smallest, largest) E8M0 byte over ``scales`` (float8_e8m0fnu or uint8): a reduction and one host sync, for
+    load time."""
+    lows, highs = zip(*(torch.aminmax(scale_bytes(s).reshape(-1)) for s in scales if s.numel()))
+    return int(torch.stack(lows).min()), int(torch.stack(highs).max())
+
+
+def pairs_exact_for(byte_range: tuple[int, int]) -> bool:
+    """Whether E8M0 bytes in ``byte_range`` (:func:`scale_byte_range`) keep the pairs decode and the prefill exact."""
+    return PAIRS_EXACT_SCALE_BYTES[0] <= byte_range[0] and byte_range[1] <= PAIRS_EXACT_SCALE_BYTES[1]
+
+
+def default_upcast(num_rows: int, inter: int, tma: bool = True, pairs: bool = True) -> str:
     """The decode/prefill variant :func:`moe_mxfp4_forward` runs when not told: the tensor-core pairs
     decode and the CUDA-core GEMV where the H200 measured them faster (:data:`PAIRS_TMA_WHERE` where ``tma``
     says the operands allow its TMA-fed form, :data:`PAIRS_DEFAULT_WHERE`, :data:`GEMV_DEFAULT_WHERE`), else
     :func:`default_gemm_upcast`; first the TMA pairs decode where ``tma`` and :data:`PAIRS_TMA_ROWS_WHERE` say, then
     the fp16 TMA GEMV where ``tma`` and :data:`GEMV_TMA_F16_WHERE` say; above DECODE_MAX_ROWS the prefill grouped
     GEMM where :func:`moe_prefill.prefill_default` says, except where the TMA pairs decode's table reaches (up to
-    :data:`PAIRS_MAX_ROWS`)."""
+    :data:`PAIRS_MAX_ROWS`). ``pairs`` False (scales outside :data:`PAIRS_EXACT_SCALE_BYTES`): never the pairs
+    decode nor the prefill GEMM; the GEMV where it is a default, else :func:`default_gemm_upcast`."""
+    if not pairs:
+        gemv = (tma and gemv_f16_default(num_rows, inter)) or any(
+            inter == where_inter and lo <= num_rows <= hi for where_inter, lo, hi in GEMV_DEFAULT_WHERE)
+        return GEMV if gemv else default_gemm_upcast(num_rows, inter)
     if num_rows > DECODE_MAX_ROWS and not (tma and pairs_rows_tiles(num_rows, inter)):
         from .moe_prefill import prefill_default  # moe_prefill builds on this module, so it is imported at call time
         if prefill_default(num_rows, inter):
@@ -2258,7 +2283,7 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
                       act_mxfp8: bool = False,
                       configs: tuple[GemmConfig, GemmConfig] | None = None,
                       dot_scaled: bool | None = None, upcast: str | None = None,
-                      split_k: str | tuple[int, int] | None = None) -> torch.Tensor:
+                      split_k: str | tuple[int, int] | None = None, wide_scales: bool = False) -> torch.Tensor:
     """Routed-expert MoE on repacked MXFP4 weights (see :func:`repack_w13_`): bf16 ``[B, H]``.
 
     ``topk_weights`` already carry any routed scaling; ids outside ``[0, E)`` contribute nothing.
@@ -2272,7 +2297,9 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     :func:`default_upcast` (which yields to the tl.dot path when GemmConfig tiles, ``split_k`` or
     ``act_mxfp8`` are given). ``split_k`` (bf16 activations, decode tiles): ``"off"``, ``"auto"``
     (:func:`split_k_choice` from the shapes and the SM count) or explicit ``(gate_up, down)`` splits of
-    the K loops; default :func:`default_split_k`.
+    the K loops; default :func:`default_split_k`. ``wide_scales`` (the experts' E8M0 bytes reach outside
+    :data:`PAIRS_EXACT_SCALE_BYTES`, :func:`scale_byte_range`): the default never picks the pairs decode or the
+    prefill GEMM, whose bf16 products would overflow there.
     """
     batch, hidden, num_experts, inter = _validate(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
@@ -2285,7 +2312,7 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
         return out
     if upcast is None:
         tma = gemv_tma_usable(x, w13, w13_scale, w2, w2_scale) and pair_words_mul_usable(x.device)
-        upcast = (default_upcast(num_rows, inter, tma) if dot_scaled is None
+        upcast = (default_upcast(num_rows, inter, tma, pairs=not wide_scales) if dot_scaled is None
                   else ("dot_scaled" if dot_scaled else "regs"))
         if dot_scaled is None and configs and isinstance(configs[0], (GemvConfig, PairsConfig)):  # tiles name the form
             upcast = GEMV if isinstance(configs[0], GemvConfig) else PAIRS
@@ -3454,6 +3481,7 @@ __all__ = [
     "FORWARD_UPCASTS", "GEMV", "GEMV_DEFAULT_WHERE", "PAIRS", "PAIRS_DEFAULT_WHERE", "PREFILL", "PairsConfig",
     "pairs_configs",
     "pairs_launches", "GEMV_X_F32_WHERE", "GEMV_LAUNCH_NAMES", "GemvConfig", "gemv_launches", "LAUNCHES_PER_FORWARD", "UPCASTS", "aot_configs",
+    "PAIRS_EXACT_SCALE_BYTES", "pairs_exact_for", "scale_byte_range",
     "default_gemm_upcast", "default_upcast", "gemv_configs", "dequant_nibbles", "moe_mxfp4_forward", "quantize_mxfp8",
     "reference_dequant_mxfp4", "reference_moe_mxfp4", "reference_moe_mxfp8_act", "reference_swiglu",
     "repack_w13_", "route", "scale_bytes", "touched_expert_bytes", "unpack_w13_", "use_dot_scaled",

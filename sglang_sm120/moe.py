@@ -170,7 +170,7 @@ def _make_runner_core(config):
             out = moe_mxfp4_forward(
                 x.contiguous(), quant_info.w13_weight, quant_info.w13_scale, quant_info.w2_weight,
                 quant_info.w2_scale, topk.topk_weights, topk.topk_ids,
-                swiglu_limit=float(runner_config.swiglu_limit or 0.0))
+                swiglu_limit=float(runner_config.swiglu_limit or 0.0), wide_scales=quant_info.wide_scales)
             return StandardCombineInput(hidden_states=out.to(hidden_states.dtype))
 
     return Sm120Mxfp4RunnerCore(config)
@@ -185,6 +185,7 @@ def _quant_info_class():
         w13_scale: torch.Tensor  # [E, 2I, H/32] E8M0, same row order
         w2_weight: torch.Tensor  # [E, H, I/2] int8
         w2_scale: torch.Tensor  # [E, H, I/32] E8M0
+        wide_scales: bool = False  # E8M0 bytes outside the pairs decode's exact range: the forward avoids it
 
     return Sm120Mxfp4QuantInfo
 
@@ -201,6 +202,7 @@ class Sm120Mxfp4MoEMethod:
         self.prefix = prefix
         self.runner = None
         self.repack_report: dict | None = None
+        self.wide_scales = False  # set at load time from the checkpoint's E8M0 bytes
 
     def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
                        **extra_weight_attrs):
@@ -225,7 +227,7 @@ class Sm120Mxfp4MoEMethod:
     def process_weights_after_loading(self, layer) -> None:
         # Upstream's Fp8MoEMethod post-load step only re-views FP4 weights as int8 on CUDA (its
         # other branches are ROCm/NPU/DeepGEMM/CPU-AMX), so it is not called here.
-        from .kernels.moe_mxfp4 import repack_w13_
+        from .kernels.moe_mxfp4 import PAIRS_EXACT_SCALE_BYTES, pairs_exact_for, repack_w13_, scale_byte_range
 
         if getattr(layer, "_mega_moe_weights_built", False):
             return
@@ -233,6 +235,15 @@ class Sm120Mxfp4MoEMethod:
         for t in tensors:
             if not t.data.is_contiguous():
                 raise ValueError(f"{self.prefix}: sm120 MoE expects contiguous expert tensors")
+        # the pairs decode and the prefill GEMM are exact only for E8M0 bytes in PAIRS_EXACT_SCALE_BYTES; a layer
+        # whose scales reach outside runs the forms that apply the factor in float32 (slower from B = 16 on)
+        byte_range = scale_byte_range(layer.w13_weight_scale_inv.data, layer.w2_weight_scale_inv.data)
+        self.wide_scales = not pairs_exact_for(byte_range)
+        if self.wide_scales:
+            logger.warning("sglang-sm120: %s: the experts' E8M0 scale bytes span %d..%d, outside %d..%d where the "
+                           "sm120 pairs decode and prefill GEMM are exact; this layer runs the GEMV and tl.dot forms "
+                           "only (exact for every byte, slower from 16 tokens on)", self.prefix, *byte_range,
+                           *PAIRS_EXACT_SCALE_BYTES)
         before = sum(t.data.untyped_storage().nbytes() for t in tensors)
         ptrs = [t.data.data_ptr() for t in tensors]
         cuda = layer.w13_weight.is_cuda
@@ -258,7 +269,7 @@ class Sm120Mxfp4MoEMethod:
             raise ValueError(f"sm120 MoE needs the standard top-k output, got {topk_output.format}")
         quant_info = _quant_info_class()(
             w13_weight=layer.w13_weight.data, w13_scale=layer.w13_weight_scale_inv.data,
-            w2_weight=layer.w2_weight.data, w2_scale=layer.w2_weight_scale_inv.data)
+            w2_weight=layer.w2_weight.data, w2_scale=layer.w2_weight_scale_inv.data, wide_scales=self.wide_scales)
         return self.runner.run(dispatch_output, quant_info)
 
 

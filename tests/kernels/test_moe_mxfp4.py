@@ -1667,3 +1667,47 @@ def test_pairs_gemv_down_default_follows_the_h200_numbers():
     assert aot.kernel is moe._gate_up_pairs_tma_kernel and aot.constexprs["NATURAL_ACT"] is True
     assert not names[f"moe_mxfp4_gate_up_pairs_{gate_up.label()}"].constexprs["NATURAL_ACT"]
     assert aot.expect_opcodes == ("HMMA.16816.F32.BF16", "UTMALDG") and aot.num_warps == gate_up.num_warps
+
+
+# E8M0 bytes outside the pairs decode's exact range (PAIRS_EXACT_SCALE_BYTES): the load-time check and the forward's
+# choice without the pairs forms
+def test_scale_byte_range_and_the_pairs_exact_range():
+    lo, hi = moe.PAIRS_EXACT_SCALE_BYTES
+    inside = torch.tensor([lo, 127, hi], dtype=torch.uint8)
+    assert moe.scale_byte_range(inside.view(torch.float8_e8m0fnu), torch.tensor([120], dtype=torch.uint8)) == (lo, hi)
+    assert moe.pairs_exact_for((lo, hi))
+    assert not moe.pairs_exact_for((lo - 1, hi)) and not moe.pairs_exact_for((lo, hi + 1))
+    assert moe.scale_byte_range(torch.tensor([255, 0], dtype=torch.uint8), torch.empty(0, dtype=torch.uint8)) == (0, 255)
+
+
+@pytest.mark.parametrize("inter", [MOE_INTERMEDIATE_SIZE // tp for tp in SUPPORTED_TP])
+@pytest.mark.parametrize("tma", [True, False])
+def test_wide_scales_never_pick_the_pairs_forms(inter, tma):
+    picked = set()
+    for rows in [*range(TOP_K, 64 * TOP_K + 1, TOP_K), 1000, 2048, 2049, 3072, 4096 * TOP_K]:
+        upcast = moe.default_upcast(rows, inter, tma, pairs=False)
+        assert upcast not in (moe.PAIRS, moe.PREFILL), (rows, inter, upcast)
+        picked.add(moe.default_upcast(rows, inter, tma))
+        if moe.default_upcast(rows, inter, tma) == moe.GEMV:  # where the GEMV is the default it stays
+            assert upcast == moe.GEMV
+    assert picked & {moe.PAIRS, moe.PREFILL}  # the normal defaults do use them on this grid
+
+
+def test_wide_scales_forward_is_exact_where_the_pairs_decode_is_not():
+    """Scale bytes 170 (w13) and 20 (w2): the pairs decode, asked for, is far off (its bf16 factor overflows / leaves
+    the normal range); the forward with ``wide_scales`` agrees with the float32 reference."""
+    inter, hidden, batch = 512, TMA_HIDDEN, 9
+    experts = make_experts(inter, hidden=hidden, seed=21)
+    s13 = experts[1].view(torch.uint8).clone()
+    s13[:, :, :2] = 170
+    s2 = experts[3].view(torch.uint8).clone()
+    s2[:, :5, :] = 20
+    experts[1], experts[3] = s13.view(torch.float8_e8m0fnu), s2.view(torch.float8_e8m0fnu)
+    assert not moe.pairs_exact_for(moe.scale_byte_range(experts[1], experts[3]))
+    weights, ids = make_routing(batch, "random", seed=22)
+    x = make_x(batch, hidden=hidden, seed=23)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    assert rel(run(x, experts, weights, ids, upcast="pairs"), ref) > 0.5
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, wide_scales=True)
+    assert torch.isfinite(out).all() and rel(out, ref) < 2e-2

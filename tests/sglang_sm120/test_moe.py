@@ -205,6 +205,7 @@ def test_end_to_end_through_fused_moe_matches_reference(seam, batch):
     layer.quant_method.process_weights_after_loading(layer)
     report = layer.quant_method.repack_report
     assert report["bytes_before"] == report["bytes_after"] and report["same_storage"]
+    assert not layer.quant_method.wide_scales  # bytes 119..127: the pairs forms stay available
     assert torch.equal(layer.w13_weight.data[:, 1::2], experts[0][:, INTER:])  # interleaved in place
 
     g = torch.Generator().manual_seed(7)
@@ -218,6 +219,40 @@ def test_end_to_end_through_fused_moe_matches_reference(seam, batch):
     ref = moe_mxfp4.reference_moe_mxfp4(x, *experts, weights, ids)
     assert out.shape == (batch, HIDDEN) and out.dtype == torch.bfloat16
     assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_scales_outside_the_pairs_range_log_and_keep_the_forward_exact(seam, caplog, monkeypatch):
+    """E8M0 bytes the pairs decode cannot take exactly (here 200 and 10): one warning at load naming the layer and the
+    range, and every forward of the layer asks the kernels for the forms exact at any byte."""
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+    from sglang.srt.runtime_context import get_parallel
+
+    seam({"SGLANG_SM120_FORCE": "1"})
+    layer = build_layer()
+    w13, s13, w2, s2 = random_experts(seed=3)
+    s13, s2 = s13.view(torch.uint8).clone(), s2.view(torch.uint8).clone()
+    s13[0, :, 0] = 200
+    s2[1, 0, :] = 10
+    experts = (w13, s13.view(torch.float8_e8m0fnu), w2, s2.view(torch.float8_e8m0fnu))
+    load_checkpoint(layer, experts)
+    with caplog.at_level(logging.WARNING, logger=sm120_moe.logger.name):
+        layer.quant_method.process_weights_after_loading(layer)
+    assert layer.quant_method.wide_scales
+    assert [r for r in caplog.records if "span 10..200, outside 34..160" in r.getMessage()]
+    seen = []
+    forward = moe_mxfp4.moe_mxfp4_forward
+    monkeypatch.setattr(moe_mxfp4, "moe_mxfp4_forward", lambda *a, **kw: seen.append(kw) or forward(*a, **kw))
+    g = torch.Generator().manual_seed(9)
+    x = (torch.randn(2, HIDDEN, generator=g) * 3).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(NUM_EXPERTS, generator=g)[:TOP_K] for _ in range(2)]).to(torch.int32)
+    ids[0, 0], ids[1, 0] = 0, 1  # the experts with the wide bytes
+    weights = torch.rand(2, TOP_K, generator=g) * 1.5
+    topk = StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=torch.zeros(2, NUM_EXPERTS))
+    with get_parallel().override(tp_group=SimpleNamespace(world_size=1)):
+        out = layer.forward(x, topk)
+    assert seen and all(kw["wide_scales"] for kw in seen)
+    ref = moe_mxfp4.reference_moe_mxfp4(x, *experts, weights, ids)
+    assert torch.isfinite(out).all() and ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
 
 
 def test_seam_metadata():
