@@ -330,7 +330,9 @@ def _slot_work(slot, num_active_ptr, active_experts_ptr, expert_start_ptr, sorte
     expert = tl.where(active & (expert >= 0) & (expert < NUM_EXPERTS), expert, 0).to(tl.int64)
     row_begin = tl.load(expert_start_ptr + expert, cache_modifier=mod)
     row_end = tl.load(expert_start_ptr + expert + 1, cache_modifier=mod)
-    first_row = tl.load(sorted_rows_ptr + row_begin, mask=row_begin < row_end, other=0, cache_modifier=mod)
+    # an inactive slot's expert_start entries may be stale (_route_small writes only the active experts')
+    first_row = tl.load(sorted_rows_ptr + row_begin, mask=active & (row_begin < row_end), other=0,
+                        cache_modifier=mod)
     return active, expert, row_begin, row_end, first_row
 
 
@@ -354,6 +356,30 @@ def _route_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, act
     slot = tl.cumsum(active.to(tl.int32), 0) - 1
     tl.store(active_experts_ptr + slot, bins, mask=active)
     tl.store(num_active_ptr, tl.sum(active.to(tl.int32), 0))
+
+
+@triton.jit
+def _route_small(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr, num_active_ptr,
+                 NUM_EXPERTS: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """:func:`_route_kernel` for a few rows (round 29, :data:`ROUTE_SMALL_MAX_ROWS`) by pairwise comparisons instead
+    of a histogram and two scans over E + 1 bins: the same sorted rows, active experts and count, but
+    ``expert_start`` written only at each active expert e (its start and e + 1, its end) -- enough for the per-slot
+    GEMV launches, which read nothing else of it (an inactive slot's program returns before using its rows)."""
+    rows = tl.arange(0, BLOCK_ROWS)
+    ids = tl.load(topk_ids_ptr + rows, mask=rows < num_rows, other=NUM_EXPERTS).to(tl.int32)
+    ids = tl.where((ids >= 0) & (ids < NUM_EXPERTS), ids, NUM_EXPERTS)
+    keys = tl.sort(ids * BLOCK_ROWS + rows)
+    tl.store(sorted_rows_ptr + rows, keys % BLOCK_ROWS, mask=rows < num_rows)
+    mine, other = ids[:, None], ids[None, :]
+    smaller = tl.sum((other < mine).to(tl.int32), 1)  # rows before this id's expert in the sorted order
+    same = tl.sum((other == mine).to(tl.int32), 1)
+    earlier_same = tl.sum(((other == mine) & (rows[None, :] < rows[:, None])).to(tl.int32), 1)
+    lead = (earlier_same == 0) & (ids < NUM_EXPERTS)  # one row per active expert
+    slot = tl.sum(((other < mine) & lead[None, :]).to(tl.int32), 1)  # active experts with a smaller id
+    tl.store(expert_start_ptr + ids, smaller, mask=lead)
+    tl.store(expert_start_ptr + ids + 1, smaller + same, mask=lead)
+    tl.store(active_experts_ptr + slot, ids, mask=lead)
+    tl.store(num_active_ptr, tl.sum(lead.to(tl.int32), 0))
 
 
 @triton.jit
@@ -971,7 +997,8 @@ def _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, w_row, inter, BLOCK_N: tl.cons
 def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                         num_active_ptr, x_ptr, x16_ptr, x_unscale_ptr, hidden, NUM_EXPERTS: tl.constexpr,
                         BLOCK_ROWS: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_H: tl.constexpr,
-                        ROUTE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False):
+                        ROUTE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
+                        SMALL_ROUTE: tl.constexpr = False):
     """Launch 1 of the fp16 TMA GEMV: program 0 routes (``_route_kernel``; not with ROUTE False, when the torch
     sort of :func:`route` did), program ``1 + b`` writes row b of the bf16 activations ``x [B, H]`` times 2**S_b
     as fp16 in the pair order (exact) and ``2**-S_b`` to ``x_unscale [B]``: S_b = 141 - (the float32 exponent
@@ -982,8 +1009,12 @@ def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
     if ROUTE and pid == 0:
-        _route_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
-                      num_active_ptr, NUM_EXPERTS, BLOCK_ROWS, NUM_BINS)
+        if SMALL_ROUTE:
+            _route_small(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                         num_active_ptr, NUM_EXPERTS, BLOCK_ROWS)
+        else:
+            _route_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
+                          num_active_ptr, NUM_EXPERTS, BLOCK_ROWS, NUM_BINS)
     else:
         row = (pid - (1 if ROUTE else 0)).to(tl.int64)
         k = tl.arange(0, BLOCK_H)
@@ -1952,6 +1983,8 @@ def default_gemm_upcast(num_rows: int, inter: int) -> str:
 
 
 DECODE_MAX_ROWS = 2048  # routed rows (B * top_k) up to which the decode (16-row) tiles are used
+# Up to this many routed rows the fp16 GEMV's routing runs by pairwise comparisons (_route_small); to be timed
+ROUTE_SMALL_MAX_ROWS = 16
 TOPK_SUM_BLOCK = 1024
 ROUTE_TRITON_MAX_ROWS = 2048  # one routing program sorts up to this many rows; torch sorts more
 
@@ -2719,7 +2752,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             ids, num_rows, sorted_rows, expert_start, active_experts, num_active, x, x_in, x_unscale, hidden,
             NUM_EXPERTS=num_experts, BLOCK_ROWS=triton.next_power_of_2(max(num_rows, 16)),
             NUM_BINS=triton.next_power_of_2(num_experts + 1), BLOCK_H=triton.next_power_of_2(hidden),
-            ROUTE=route_kernel, num_warps=4, **pdl_args)
+            ROUTE=route_kernel, SMALL_ROUTE=num_rows <= ROUTE_SMALL_MAX_ROWS, num_warps=4, **pdl_args)
 
     route_x = route_x_f32 if x_f32 else (route_x_f16 if f16 else None)
     if route_x:
@@ -3332,19 +3365,22 @@ def aot_configs() -> list[AotConfig]:
         note="CUDA-core GEMV decode, operands by TMA, persistent grid (the down launch at T=4 B<=8)"))
     # the fp16 pair decode of the TMA GEMV (GemvConfig.f16): its routing + x preparation launch (at B <= 16 and at the
     # largest B of GEMV_TMA_F16_WHERE: BLOCK_ROWS 128 / 256), HFMA2 on the weights
-    for block_rows, pdl in ((triton.next_power_of_2(16 * TOP_K), False), (triton.next_power_of_2(F16_MAX_BATCH * TOP_K), False),
-                            (triton.next_power_of_2(16 * TOP_K), True)):
+    for block_rows, pdl, small in ((triton.next_power_of_2(16 * TOP_K), False, False),
+                                   (triton.next_power_of_2(F16_MAX_BATCH * TOP_K), False, False),
+                                   (triton.next_power_of_2(16 * TOP_K), True, False),
+                                   (ROUTE_SMALL_MAX_ROWS, True, True)):  # B <= 2: the pairwise routing
         configs.append(AotConfig(
-            name="moe_mxfp4_route_x_f16" + ("" if block_rows == 128 else f"_r{block_rows}") + ("_pdl" if pdl else ""),
+            name="moe_mxfp4_route_x_f16" + ("" if block_rows == 128 else f"_r{block_rows}") + ("_pdl" if pdl else "")
+            + ("_small" if small else ""),
             kernel=_route_x_f16_kernel,
             signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32",
                        "active_experts_ptr": "*i32", "num_active_ptr": "*i32", "x_ptr": "*bf16", "x16_ptr": "*fp16",
                        "x_unscale_ptr": "*fp32", "hidden": "i32", "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr",
                        "NUM_BINS": "constexpr", "BLOCK_H": "constexpr", "ROUTE": "constexpr", "PDL": "constexpr",
-                       "PDL_LATE": "constexpr"},
+                       "PDL_LATE": "constexpr", "SMALL_ROUTE": "constexpr"},
             constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": block_rows,
                         "NUM_BINS": triton.next_power_of_2(NUM_EXPERTS + 1), "BLOCK_H": HIDDEN_SIZE, "ROUTE": True,
-                        "PDL": pdl, "PDL_LATE": False},
+                        "PDL": pdl, "PDL_LATE": False, "SMALL_ROUTE": small},
             num_warps=4, div16=("hidden",), expect_opcodes=PDL_OPCODES if pdl else (),
             note="routing + x as scaled fp16 pairs (the fp16 TMA GEMV's first launch)" + (", PDL" if pdl else "")))
     f16_forms = {("gate_up", GEMV_TMA_F16_AOT[0]), ("down", GEMV_TMA_F16_AOT[1]), ("down", GEMV_TMA_F16_PERSISTENT_DOWN_AOT)}

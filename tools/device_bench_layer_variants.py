@@ -94,7 +94,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
             "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
-            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0")
+            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -244,7 +244,8 @@ def moe_tiles_where(variant: str):
     and D down rows per program, rings of R stages, the down launch's L2 prefetch before its PDL wait (the rest of the
     shipped tiles kept), as a replacement of
     :data:`moe_mxfp4.GEMV_TMA_F16_WHERE`; ``moe_et`` / ``moe_et0`` (variants run 29): every entry with / without
-    ``GemvConfig.early_tables``; None for other variants."""
+    ``GemvConfig.early_tables``; None for other variants (``moe_sr0``, run 31: the routing launch's counting sort at
+    B <= 2 instead of round 29's pairwise routing, ``moe_mxfp4.ROUTE_SMALL_MAX_ROWS`` 0, is set in ``applied``)."""
     if variant in ("moe_et", "moe_et0"):
         return {key: tuple(dataclasses.replace(c, early_tables=variant == "moe_et") for c in tiles)
                 for key, tiles in moe_mxfp4.GEMV_TMA_F16_WHERE.items()}
@@ -315,6 +316,9 @@ def applied(variant: str, tp: int):
         bf16_gemv.MEASURED_BLOCK_N[width][1] = block_n
         if 1 in bf16_gemv.SHARING_BLOCK_N.get(width, {}):  # the tile beside the query projections too
             bf16_gemv.SHARING_BLOCK_N[width][1] = block_n
+    route_small = moe_mxfp4.ROUTE_SMALL_MAX_ROWS
+    if variant == "moe_sr0":  # run 31: the routing's counting sort at every row count (before round 29's pairwise)
+        moe_mxfp4.ROUTE_SMALL_MAX_ROWS = 0
     plan_table, ix_pdl = ix.PLAN_TABLE, ix.USE_PDL
     ix.USE_PDL = ix_pdl and variant != "ix_nopdl"
     if variant.startswith("ix_rank_r"):
@@ -326,8 +330,9 @@ def applied(variant: str, tp: int):
     try:
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
-               or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths))
+               or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths) or variant == "moe_sr0")
     finally:
+        moe_mxfp4.ROUTE_SMALL_MAX_ROWS = route_small
         for width, saved in comp_saved.items():
             bf16_gemv.MEASURED_BLOCK_N[width] = saved
         for width, saved in sharing_saved.items():

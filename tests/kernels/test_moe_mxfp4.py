@@ -1711,3 +1711,37 @@ def test_wide_scales_forward_is_exact_where_the_pairs_decode_is_not():
     with poisoned_scratch():
         out = run(x, experts, weights, ids, wide_scales=True)
     assert torch.isfinite(out).all() and rel(out, ref) < 2e-2
+
+
+@pytest.mark.parametrize("ids", [[[3, 200, 17, 5, 99, 0]], [[3, 3, 17, 300, -1, 17]], [[-1] * 6],
+                                 [[255, 254, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]], [[7] * 6, [7] * 6], []])
+def test_small_routing_matches_the_counting_sort_where_the_gemv_reads_it(ids):
+    """Round 29: up to ROUTE_SMALL_MAX_ROWS routed rows the fp16 GEMV's routing compares rows pairwise; its sorted
+    rows, active experts and count equal the counting sort's, and expert_start at every active expert e and e + 1 (the
+    only entries the per-slot launches read); the entries it does not write keep their poison."""
+    ids = torch.tensor(ids, dtype=torch.int32).view(-1, TOP_K)
+    rows = ids.numel()
+    assert rows <= moe.ROUTE_SMALL_MAX_ROWS
+    poison = -7
+
+    def tables(small):
+        out = [torch.full((max(rows, 1),), poison, dtype=torch.int32), torch.full((NUM_EXPERTS + 1,), poison, dtype=torch.int32),
+               torch.full((NUM_EXPERTS,), poison, dtype=torch.int32), torch.full((1,), poison, dtype=torch.int32)]
+        x = torch.zeros(max(len(ids), 1), TMA_HIDDEN, dtype=torch.bfloat16)
+        moe._route_x_f16_kernel[(1,)](
+            ids.to(DEVICE), rows, *[t.to(DEVICE) for t in out], x.to(DEVICE), x.to(torch.float16).to(DEVICE),
+            torch.zeros(x.shape[0], device=DEVICE), TMA_HIDDEN, NUM_EXPERTS=NUM_EXPERTS, BLOCK_ROWS=16,
+            NUM_BINS=triton.next_power_of_2(NUM_EXPERTS + 1), BLOCK_H=TMA_HIDDEN, ROUTE=True, SMALL_ROUTE=small)
+        return out
+
+    sorted_rows, start, active, count = tables(True)
+    ref_rows, ref_start, ref_active, ref_count = tables(False)
+    n = int(ref_count)
+    assert int(count) == n and torch.equal(active[:n], ref_active[:n])
+    assert torch.equal(sorted_rows[:rows], ref_rows[:rows])
+    for e in active[:n].tolist():
+        assert start[e] == ref_start[e] and start[e + 1] == ref_start[e + 1]
+    untouched = torch.ones(NUM_EXPERTS + 1, dtype=torch.bool)
+    for e in active[:n].tolist():
+        untouched[e] = untouched[e + 1] = False
+    assert (start[untouched] == poison).all() and (active[n:] == poison).all()
