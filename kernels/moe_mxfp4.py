@@ -1983,7 +1983,10 @@ def default_gemm_upcast(num_rows: int, inter: int) -> str:
 
 
 DECODE_MAX_ROWS = 2048  # routed rows (B * top_k) up to which the decode (16-row) tiles are used
-# Up to this many routed rows the fp16 GEMV's routing runs by pairwise comparisons (_route_small); to be timed
+# Up to this many routed rows (B <= 2) the fp16 GEMV's routing runs by pairwise comparisons (_route_small) instead of a
+# histogram and two scans over E + 1 bins. H200 variants run 31 (benchmarks/bench-variants-h200-run31.md, the layer on
+# SGLang's streams, 50 rounds, against the counting sort): T=4 B = 1 / 2 1.014-1.019x / 1.008-1.019x, T=1 B=1 SWA /
+# C4 / C128 1.006 / 1.002 / 0.994x, B=2 1.006-1.008x. Larger batches are not measured and keep the counting sort.
 ROUTE_SMALL_MAX_ROWS = 16
 TOPK_SUM_BLOCK = 1024
 ROUTE_TRITON_MAX_ROWS = 2048  # one routing program sorts up to this many rows; torch sorts more
