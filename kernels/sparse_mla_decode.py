@@ -206,27 +206,40 @@ def _tile_source(u, main_live, idx_row, x_row, n_live, x_live, HAS_EXTRA: tl.con
 
 
 @triton.jit
-def _load_slots(u, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N: tl.constexpr, HAS_EXTRA: tl.constexpr):
-    """Token slots of live tile ``u`` (-1 past the row's candidates or past ``u_end``)."""
+def _slot_places(u, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N: tl.constexpr, HAS_EXTRA: tl.constexpr):
+    """Where live tile ``u``'s slots are read from (pointers) and which of them count (within the row's candidates
+    and before ``u_end``)."""
     is_main, row_ptr, start, live = _tile_source(u, main_live, idx_row, x_row, n_live, x_live, HAS_EXTRA)
     offs = start * BLOCK_N + tl.arange(0, BLOCK_N)
-    return tl.load(row_ptr + offs, mask=(offs < live) & (u < u_end), other=-1)
+    return row_ptr + offs, (offs < live) & (u < u_end)
 
 
 @triton.jit
-def _mask_slots(u, u_end, main_live, n_live, x_live, slots, BLOCK_N: tl.constexpr, HAS_EXTRA: tl.constexpr):
+def _load_slots(u, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N: tl.constexpr, HAS_EXTRA: tl.constexpr):
+    """Token slots of live tile ``u`` (-1 past the row's candidates or past ``u_end``)."""
+    ptrs, ok = _slot_places(u, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+    return tl.load(ptrs, mask=ok, other=-1)
+
+
+@triton.jit
+def _mask_slots(u, u_end, main_live, idx_row, x_row, n_live, x_live, slots, BLOCK_N: tl.constexpr,
+                HAS_EXTRA: tl.constexpr):
     """``slots`` of live tile ``u``, read with the bounds of a full row, set to -1 where :func:`_load_slots` would
-    mask them (past the row's candidates or past ``u_end``). Valid only where the tile reads the same cache and
-    candidates as in a full row (the same ``main_live``)."""
-    if HAS_EXTRA:
-        is_main = u < main_live
-        start = tl.where(is_main, u, u - main_live)
-        live = tl.where(is_main, n_live, x_live)
-    else:
-        start = u
-        live = n_live
-    offs = start * BLOCK_N + tl.arange(0, BLOCK_N)
-    return tl.where((offs < live) & (u < u_end), slots, -1)
+    mask them. Valid only where the tile reads the same cache and candidates as in a full row (the same
+    ``main_live``)."""
+    _, ok = _slot_places(u, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
+    return tl.where(ok, slots, -1)
+
+
+@triton.jit
+def _load_q(q_row, head_ok, CHUNK: tl.constexpr):
+    """The query rows of a head block as four CHUNK-wide column chunks (bf16)."""
+    cols = tl.arange(0, CHUNK)
+    q0 = tl.load(q_row + cols[None, :], mask=head_ok[:, None], other=0.0)
+    q1 = tl.load(q_row + CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+    q2 = tl.load(q_row + 2 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+    q3 = tl.load(q_row + 3 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+    return q0, q1, q2, q3
 
 
 @triton.jit
@@ -438,7 +451,6 @@ def sparse_mla_decode_kernel(
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < num_heads
     q_row = q_ptr + b * q_stride_b + sq * q_stride_s + heads[:, None] * q_stride_h
-    cols = tl.arange(0, CHUNK)
     idx_row = idx_ptr + b * idx_stride_b + sq * idx_stride_s
     x_row = idx_row
     full_main = tl.cdiv(topk, BLOCK_N)
@@ -452,10 +464,7 @@ def sparse_mla_decode_kernel(
         # query, the sink, and the first tile's slots read as if the row's lengths were its top-k sizes (a full row,
         # the steady decode state); then the lengths. The first KV gather so waits for one round trip (lengths and
         # slots at once) instead of two in a row.
-        q0 = tl.load(q_row + cols[None, :], mask=head_ok[:, None], other=0.0)
-        q1 = tl.load(q_row + CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
-        q2 = tl.load(q_row + 2 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
-        q3 = tl.load(q_row + 3 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+        q0, q1, q2, q3 = _load_q(q_row, head_ok, CHUNK)
         sink = _load_sink(sink_ptr, heads, head_ok, HAS_SINK and not SPLIT_K)
         slots = _load_slots(u_lo, tl.minimum(u_lo + tiles_per_split, full_tiles), full_main, idx_row, x_row, topk,
                             x_topk, BLOCK_N, HAS_EXTRA)
@@ -476,7 +485,7 @@ def sparse_mla_decode_kernel(
         slots = _load_slots(u_lo, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
     elif HAS_LEN or HAS_X_LEN:
         if main_live == full_main:  # tile u_lo reads the cache and candidates it was read from: mask past the lengths
-            slots = _mask_slots(u_lo, u_end, main_live, n_live, x_live, slots, BLOCK_N, HAS_EXTRA)
+            slots = _mask_slots(u_lo, u_end, main_live, idx_row, x_row, n_live, x_live, slots, BLOCK_N, HAS_EXTRA)
         else:  # a main list shorter than its top-k moves the extra cache's tiles: read them again
             slots = _load_slots(u_lo, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
 
@@ -487,10 +496,7 @@ def sparse_mla_decode_kernel(
             DATA_BYTES, SCALE_BYTES, HAS_EXTRA)
         slots = _load_slots(u_lo + 1, u_end, main_live, idx_row, x_row, n_live, x_live, BLOCK_N, HAS_EXTRA)
     if not EARLY_LOADS:
-        q0 = tl.load(q_row + cols[None, :], mask=head_ok[:, None], other=0.0)
-        q1 = tl.load(q_row + CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
-        q2 = tl.load(q_row + 2 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
-        q3 = tl.load(q_row + 3 * CHUNK + cols[None, :], mask=head_ok[:, None], other=0.0)
+        q0, q1, q2, q3 = _load_q(q_row, head_ok, CHUNK)
     m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc0 = tl.zeros((BLOCK_H, CHUNK), tl.float32)
