@@ -68,8 +68,8 @@ pairs default) multiplies the pair words by the E8M0 factor in packed bf16 inste
 MMA (sm_120a: 5.3 instead of 6.4 instructions per value, 16-byte weight loads; sm_90a: wgmma); exact for
 E8M0 bytes 34..160 (inf above 160; below 34, i.e. scales under 2**-93, the factor leaves the normal bf16
 range and the products lose bits -- both far outside checkpoint scales; the seam checks each layer's bytes at load
-and passes ``wide_scales`` to keep such a layer off these forms, :data:`PAIRS_EXACT_SCALE_BYTES`). On the H200 it is 1.2-1.9x
-faster than the previous defaults from B = 16 to 256 at T = 1 and 4 and from B = 1 to 64 at T = 2 and 8,
+and passes ``wide_scales`` to keep such a layer off these forms, :data:`PAIRS_EXACT_SCALE_BYTES`). On the H200 it
+is 1.2-1.9x faster than the previous defaults from B = 16 to 256 at T = 1 and 4 and from B = 1 to 64 at T = 2 and 8,
 1.04-1.29x at B = 9..15 (T = 1 and 4) and 1-2 % at B = 8 (T = 1), and the default there
 (:data:`PAIRS_DEFAULT_WHERE`; ``benchmarks/moe_mxfp4-h200-run3.md``, ``run4a/b.md``, ``run5.md``, ``run5b.md``).
 Round 7 (``run5.md``): the E8M0 scales as cp.async-pipelined int32 words, with the factor on the pair words
@@ -1094,23 +1094,17 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
             if active:
                 _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, expert * hidden + tl.program_id(1) * BLOCK_N, inter,
                                         BLOCK_N)
-        pdl_wait(PDL)
-        pdl_launch_dependents(PDL and not PDL_LATE)
-        if not active:
-            return
     elif L2_PREFETCH:
         if slot < tl.load(num_active_ptr, cache_modifier=".cg"):
             expert = tl.load(active_experts_ptr + slot, cache_modifier=".cg").to(tl.int64)
             _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, expert * hidden + tl.program_id(1) * BLOCK_N, inter,
                                     BLOCK_N)
-        pdl_wait(PDL)
-        pdl_launch_dependents(PDL and not PDL_LATE)
-        if slot >= tl.load(num_active_ptr):
+    pdl_wait(PDL)
+    pdl_launch_dependents(PDL and not PDL_LATE)
+    if EARLY_TABLES:
+        if not active:
             return
-        expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     else:
-        pdl_wait(PDL)
-        pdl_launch_dependents(PDL and not PDL_LATE)
         if slot >= tl.load(num_active_ptr):
             return
         expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
@@ -2037,8 +2031,8 @@ class GemvConfig:
     dependents right after that wait (``pdl_late``, both alike: after its last store instead); ``pdl_l2`` (the down
     config, with ``pdl``): each down program asks L2 for its weight block before its wait (its expert is known:
     the routing launch completed before any gate/up program passed its wait, and those trigger only after it);
-    ``early_tables`` (with ``f16``, both configs alike, round 29): the per-slot gate/up and down launches read the active
-    count and the slot's expert in one round trip (the down launch its whole routing before its PDL wait, as
+    ``early_tables`` (with ``f16``, both configs alike, round 29): the per-slot gate/up and down launches read the
+    active count and the slot's expert in one round trip (the down launch its whole routing before its PDL wait, as
     ``pdl_l2``), and the top-k sum loads each token's rows with its ids."""
     block_n: int
     block_k: int
