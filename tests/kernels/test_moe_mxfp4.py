@@ -715,10 +715,17 @@ def test_f16_act_shift_keeps_the_clamped_swiglu_below_2_to_15(limit, shift):
         assert bound * 2.0 ** shift <= 2.0 ** 15 < bound * 2.0 ** (shift + 1)
 
 
-@pytest.mark.parametrize("bad", ["no_tma", "mixed", "persistent_gate_up"])
-def test_gemv_tma_f16_arguments(bad):
+def _gemv_tiles_refused(gu, dn, match):
+    """The GEMV forward on tiles ``gu`` / ``dn`` (GemvConfig keyword dicts) raises a ValueError matching ``match``."""
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
     weights, ids = make_routing(1, "random")
+    with pytest.raises(ValueError, match=match):
+        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
+            configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
+
+
+@pytest.mark.parametrize("bad", ["no_tma", "mixed", "persistent_gate_up"])
+def test_gemv_tma_f16_arguments(bad):
     gu = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2, f16=True)
     dn = dict(gu)
     if bad == "no_tma":
@@ -727,9 +734,7 @@ def test_gemv_tma_f16_arguments(bad):
         dn["f16"] = False
     else:
         gu["persistent_programs_per_sm"] = 2
-    with pytest.raises(ValueError, match="f16"):
-        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
-            configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
+    _gemv_tiles_refused(gu, dn, "f16")
 
 # programmatic dependent launch of the fp16 TMA GEMV forward (GemvConfig.pdl, run 17)
 def _f16_tiles(persistent_down, **pdl):
@@ -786,10 +791,7 @@ def test_gemv_tma_f16_early_tables(monkeypatch, batch, pattern, persistent_down,
 
 
 def test_gemv_early_tables_reach_their_launches(monkeypatch):
-    launches = []
-    for name in F16_KERNELS:
-        monkeypatch.setattr(moe, name, _LaunchRecorder(name, launches))
-    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    launches = _record_f16_launches(monkeypatch)
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
     weights, ids = make_routing(2, "random")
     for early in (True, False):
@@ -802,8 +804,6 @@ def test_gemv_early_tables_reach_their_launches(monkeypatch):
 
 @pytest.mark.parametrize("bad", ["gate_up_only", "down_only", "no_f16"])
 def test_gemv_early_tables_arguments(bad):
-    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
-    weights, ids = make_routing(1, "random")
     gu = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2, f16=True, early_tables=True)
     dn = dict(gu)
     if bad == "gate_up_only":
@@ -812,9 +812,7 @@ def test_gemv_early_tables_arguments(bad):
         gu["early_tables"] = False
     else:
         gu["f16"] = dn["f16"] = False
-    with pytest.raises(ValueError, match="early_tables"):
-        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
-            configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
+    _gemv_tiles_refused(gu, dn, "early_tables")
 
 
 class _LaunchRecorder:
@@ -831,16 +829,22 @@ F16_KERNELS = ("_route_x_f16_kernel", "_gate_up_gemv_tma_f16_kernel", "_down_gem
                "_down_gemv_tma_persistent_f16_kernel", "_topk_sum_kernel")
 
 
+def _record_f16_launches(monkeypatch) -> list:
+    """The fp16 GEMV forward's kernels replaced by recorders (5 programs per "SM"): the (name, kwargs) launched."""
+    launches = []
+    for name in F16_KERNELS:
+        monkeypatch.setattr(moe, name, _LaunchRecorder(name, launches))
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    return launches
+
+
 @pytest.mark.parametrize("supported", [False, True])
 @pytest.mark.parametrize("persistent_down,late,l2", [(0, False, False), (0, False, True), (1, True, True)])
 def test_gemv_pdl_reaches_every_launch(monkeypatch, supported, persistent_down, late, l2):
     """Where the device has griddepcontrol, all four launches of a PDL config carry the launch attribute and the
     kernels' PDL / PDL_LATE constexprs (the down launch its L2_PREFETCH); elsewhere, and without pdl, none does."""
-    launches = []
-    for name in F16_KERNELS:
-        monkeypatch.setattr(moe, name, _LaunchRecorder(name, launches))
+    launches = _record_f16_launches(monkeypatch)
     monkeypatch.setattr(moe, "pdl_supported", lambda device: supported)
-    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
     weights, ids = make_routing(2, "random")
     x = make_x(2, hidden=TMA_HIDDEN)
@@ -860,8 +864,6 @@ def test_gemv_pdl_reaches_every_launch(monkeypatch, supported, persistent_down, 
 @pytest.mark.parametrize("bad", ["no_f16", "gate_up_only", "late_down_only", "l2_on_gate_up", "l2_without_pdl",
                                  "late_without_pdl"])
 def test_gemv_pdl_arguments(bad):
-    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
-    weights, ids = make_routing(1, "random")
     gu = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2, f16=True, pdl=True)
     dn = dict(gu)
     if bad == "no_f16":
@@ -878,9 +880,7 @@ def test_gemv_pdl_arguments(bad):
     else:
         gu["pdl"] = dn["pdl"] = False
         gu["pdl_late"] = dn["pdl_late"] = True
-    with pytest.raises(ValueError, match="pdl"):
-        run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, upcast="gemv",
-            configs=(moe.GemvConfig(**gu), moe.GemvConfig(**dn)))
+    _gemv_tiles_refused(gu, dn, "pdl")
 
 
 def test_gemv_pdl_default_follows_the_h200_numbers():
@@ -1677,7 +1677,8 @@ def test_scale_byte_range_and_the_pairs_exact_range():
     assert moe.scale_byte_range(inside.view(torch.float8_e8m0fnu), torch.tensor([120], dtype=torch.uint8)) == (lo, hi)
     assert moe.pairs_exact_for((lo, hi))
     assert not moe.pairs_exact_for((lo - 1, hi)) and not moe.pairs_exact_for((lo, hi + 1))
-    assert moe.scale_byte_range(torch.tensor([255, 0], dtype=torch.uint8), torch.empty(0, dtype=torch.uint8)) == (0, 255)
+    extremes = torch.tensor([255, 0], dtype=torch.uint8)
+    assert moe.scale_byte_range(extremes, torch.empty(0, dtype=torch.uint8)) == (0, 255)
 
 
 @pytest.mark.parametrize("inter", [MOE_INTERMEDIATE_SIZE // tp for tp in SUPPORTED_TP])
@@ -1725,8 +1726,7 @@ def test_small_routing_matches_the_counting_sort_where_the_gemv_reads_it(ids):
     poison = -7
 
     def tables(small):
-        out = [torch.full((max(rows, 1),), poison, dtype=torch.int32), torch.full((NUM_EXPERTS + 1,), poison, dtype=torch.int32),
-               torch.full((NUM_EXPERTS,), poison, dtype=torch.int32), torch.full((1,), poison, dtype=torch.int32)]
+        out = [torch.full((size,), poison, dtype=torch.int32) for size in (max(rows, 1), NUM_EXPERTS + 1, NUM_EXPERTS, 1)]
         x = torch.zeros(max(len(ids), 1), TMA_HIDDEN, dtype=torch.bfloat16)
         moe._route_x_f16_kernel[(1,)](
             ids.to(DEVICE), rows, *[t.to(DEVICE) for t in out], x.to(DEVICE), x.to(torch.float16).to(DEVICE),
