@@ -13,7 +13,7 @@ dequantised copy). One forward (:func:`moe_mxfp4_prefill_forward`) is
    2**32 in the pair order, at the rows' *sorted positions* (so the down launch reads contiguous rows);
 3. ``_prefill_down_kernel``: grid (block of BLOCK_N hidden columns, slot), the down projection of the sorted
    SwiGLU rows times each row's routing weight into fp32 ``y [B*top_k, H]`` at the routed row;
-4. ``moe_mxfp4._topk_sum_kernel``: each token's top-k rows summed into the bf16 output.
+4. ``moe_mxfp4.launch_topk_sum``: each token's top-k rows summed into the bf16 output.
 
 Weight upcast: the decode's exact register upcast on int32 weight words (:func:`moe_mxfp4._pairs_tile_scaled`:
 nibble pairs placed as bf16 bits, the E8M0 factor multiplied onto the pair words by ``mul.rn.bf16x2``) as the A
@@ -46,14 +46,13 @@ from .harness.interpreter import interpreter_enabled
 from .moe_mxfp4 import (
     DECODE_MAX_ROWS,
     PAIRS_ACT_SCALE,
-    TOPK_SUM_BLOCK,
     _pairs_pointers,
     _pairs_position,
     _pairs_tile_scaled,
     _slot_expert_rows,
     _swiglu,
-    _topk_sum_kernel,
     _validate,
+    launch_topk_sum,
     route,
     scale_bytes,
 )
@@ -271,8 +270,7 @@ def moe_mxfp4_prefill_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: tor
         act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
         num_active, y, hidden, inter, BLOCK_M=dn.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, EMULATE=emulate,
         num_warps=dn.num_warps, num_stages=dn.num_stages)
-    _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
-        y, ids, out, hidden, 0, NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_H=TOPK_SUM_BLOCK, SPLITS=1, num_warps=4)
+    launch_topk_sum(y, ids, out, num_experts)
     return out
 
 

@@ -52,6 +52,11 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   every batch (shipped: on at one query row only; run 28's ``attn_e{E}c{C}`` also set the combine's
   ``COMBINE_ONE_TRIP``, a form removed after it: commit 87b73a8 has it).
 
+- ``moe_pf`` / ``moe_pf_w`` / ``moe_pf_qb`` (variants run 32): the routed experts' last launch (the top-k sum) asks
+  L2 for the next layer's first weights (``moe_mxfp4_forward(l2_prefetch=)``), here the same layer's wqkv_a weight
+  and block scales, which the graph's second layer call reads: after its sums (``moe_pf``, L2_PREFETCH_AT 2), before
+  its PDL wait (``moe_pf_w``), or wqkv_a's weight and the first MOE_PF_WQ_B_BYTES of wq_b's (``moe_pf_qb``).
+
 Each variant's layer graph is captured once; the graphs are then replayed in interleaved rounds (every variant
 once per round, an L2 flush before each replay) and each variant's figure is the median over all its replays, so
 that clock and thermal drift during the run falls on every variant alike.
@@ -94,7 +99,8 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
             "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
-            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0")
+            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "moe_pf", "moe_pf_w",
+            "moe_pf_qb")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -345,6 +351,30 @@ def applied(variant: str, tp: int):
             setattr(sparse_mla_decode, name, value)
 
 
+MOE_PF_WQ_B_BYTES = 8 << 20
+
+
+@contextlib.contextmanager
+def moe_prefetch(variant: str, weights):
+    """The ``moe_pf*`` variants: the routed experts' forward with ``l2_prefetch`` (see the module docstring)."""
+    if not variant.startswith("moe_pf"):
+        yield False
+        return
+    forward, where = moe_mxfp4.moe_mxfp4_forward, moe_mxfp4.L2_PREFETCH_AT
+    qkv_w, qkv_s = weights.dense["wqkv_a"]
+    if variant == "moe_pf_qb":
+        wq_b = weights.dense["wq_b"][0]
+        ranges = (qkv_w, wq_b[:max(1, MOE_PF_WQ_B_BYTES // (wq_b.shape[1] * wq_b.element_size()))])
+    else:
+        ranges = (qkv_w, qkv_s)
+    moe_mxfp4.moe_mxfp4_forward = lambda *a, **kw: forward(*a, l2_prefetch=ranges, **kw)
+    moe_mxfp4.L2_PREFETCH_AT = 1 if variant == "moe_pf_w" else 2
+    try:
+        yield True
+    finally:
+        moe_mxfp4.moe_mxfp4_forward, moe_mxfp4.L2_PREFETCH_AT = forward, where
+
+
 def make_side_streams() -> dict:
     """The two sets of SGLang's side streams the variants use, made once (torch hands streams out round-robin from a
     pool of 32 per priority: streams made per variant would come round to the capturing stream, and a layer with a
@@ -368,6 +398,8 @@ def main() -> int:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--rounds", type=int, default=40, help="interleaved rounds (one replay of each variant per round)")
     p.add_argument("--trace", nargs="*", default=[], help="variants to trace (kernel timeline of one replay)")
+    p.add_argument("--trace-calls", type=int, default=1, help="layer calls in a traced graph (the timed graph has "
+                   f"{LAYER_CALLS})")
     p.add_argument("--baseline-attention", default=None,
                    help="a copy of kernels/sparse_mla_decode.py whose kernels the attn_base variant launches")
     args = p.parse_args()
@@ -377,7 +409,7 @@ def main() -> int:
     if args.smoke:
         for kind, state_w, caches, x in reduced_layers(args.kind):
             for variant in args.variants:
-                with applied(variant, 1):
+                with applied(variant, 1), moe_prefetch(variant, state_w.w):
                     stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, {})
                     L.run_layer(stages)
                     if variant in DROPPED_STAGES:
@@ -409,7 +441,8 @@ def main() -> int:
                 ref_out = None
                 graphs, keep = {}, []
                 for variant in args.variants:
-                    with applied(variant, tp) as applies:
+                    with applied(variant, tp) as applies, moe_prefetch(variant, state_w.w) as prefetches:
+                        applies = applies or prefetches
                         side = stream_sets["prio" if "prio" in variant else "default"]
                         st: dict = {}
                         stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, st)
@@ -428,7 +461,7 @@ def main() -> int:
                         point = {"kind": kind, "T": tp, "B": b, "variant": variant, "applies": applies,
                                  "same_output_as_shipped": same}
                         if variant in args.trace:
-                            traced_graph = capture_graph(run, warmup=1)
+                            traced_graph = capture_graph(run, calls=args.trace_calls, warmup=1)
                             point["trace"] = summarise(kernels_of_one_replay(traced_graph, flush))
                             del traced_graph
                         keep.append((stages, side, st))  # the graphs read these buffers
@@ -450,7 +483,8 @@ def main() -> int:
     traced = [pt for pt in results["points"] if "trace" in pt]
     for pt in traced:
         tr = pt["trace"]
-        lines += ["", f"## {pt['kind']} T={pt['T']} B={pt['B']} {pt['variant']}: span {tr['span_us']} µs, "
+        lines += ["", f"## {pt['kind']} T={pt['T']} B={pt['B']} {pt['variant']} ({args.trace_calls} layer call(s) "
+                  f"traced): span {tr['span_us']} µs, "
                   f"busy {tr['busy_us']} µs", "", "| start µs | µs | stream | kernel |", "|---|---|---|---|"]
         lines += [f"| {k['start_us']} | {k['dur_us']} | {k['stream']} | `{k['name']}` |" for k in tr["kernels"]]
     with open(os.path.join(args.out, args.name + ".json"), "w") as f:
