@@ -159,7 +159,7 @@ from .dsv4 import (
 )
 from .harness.aot import TENSOR_CORE_OPCODES, AotConfig
 from .harness.interpreter import has_capability, interpreter_enabled
-from .pdl import PDL_OPCODES, capability_major, pdl_launch_dependents, pdl_supported, pdl_wait
+from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude codes 0..7; bit 3 is the sign
 E4M3_MAX = 448.0
@@ -1802,17 +1802,12 @@ def _to_bf16_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _topk_sum_kernel(y_ptr, topk_ids_ptr, out_ptr, hidden, split_stride, pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes,
-                     pf_chunk, NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
-                     SPLITS: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                     EARLY_TABLES: tl.constexpr = False, PREFETCH_AT: tl.constexpr = 0):
+def _topk_sum_kernel(y_ptr, topk_ids_ptr, out_ptr, hidden, split_stride, NUM_EXPERTS: tl.constexpr,
+                     TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr = False,
+                     PDL_LATE: tl.constexpr = False, EARLY_TABLES: tl.constexpr = False):
     """out[token] = sum over its top-k rows (and SPLITS K splits ``split_stride`` floats apart) of y. EARLY_TABLES:
     every row loaded with the ids (the rows of invalid ids, never written, dropped by a select rather than a mask),
-    one round trip instead of two in a row. PREFETCH_AT (:data:`L2_PREFETCH_AT`): where the programs ask L2 for the
-    two byte ranges ``pf<i>_ptr`` / ``pf<i>_bytes`` (weights a later launch reads; :func:`_l2_prefetch_ranges`), 0
-    nowhere."""
-    if PREFETCH_AT == PREFETCH_BEFORE_WAIT:
-        _l2_prefetch_ranges(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf_chunk)
+    one round trip instead of two in a row."""
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
     token = tl.program_id(0).to(tl.int64)
@@ -1831,83 +1826,16 @@ def _topk_sum_kernel(y_ptr, topk_ids_ptr, out_ptr, hidden, split_stride, pf0_ptr
                                mask=valid & (h < hidden), other=0.0)
     tl.store(out_ptr + token * hidden + h, acc.to(tl.bfloat16), mask=h < hidden)
     pdl_launch_dependents(PDL and PDL_LATE)
-    if PREFETCH_AT == PREFETCH_AFTER_SUM:
-        _l2_prefetch_ranges(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf_chunk)
-
-
-PREFETCH_BEFORE_WAIT = tl.constexpr(1)
-PREFETCH_AFTER_SUM = tl.constexpr(2)
-PREFETCH_THREADS = 128  # the top-k sum's 4 warps: one bulk request per thread at most
-PREFETCH_THREADS_C = tl.constexpr(PREFETCH_THREADS)
-L2_BULK_PREFETCH_OPCODES = ("UBLKPF.L2",)  # SASS of cp.async.bulk.prefetch.L2 (sm_90a, sm_120a)
-
-
-@triton.jit
-def _l2_prefetch_ranges(pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf_chunk):
-    """Each thread of the grid asks L2 for at most one ``pf_chunk``-byte piece (a multiple of 16) of the ranges
-    [pf0_ptr, +pf0_bytes) and then [pf1_ptr, +pf1_bytes) (16-byte aligned; a tail under 16 bytes is left out) with
-    one ``cp.async.bulk.prefetch.L2``: no registers, nothing waited for. The host sizes ``pf_chunk`` so that the
-    grid's threads cover both ranges."""
-    pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-    req = (pid * PREFETCH_THREADS_C + tl.arange(0, PREFETCH_THREADS_C)).to(tl.int64)
-    n0 = tl.cdiv(pf0_bytes, pf_chunk)
-    in0 = req < n0
-    offset = tl.where(in0, req, req - n0) * pf_chunk
-    size = tl.minimum(tl.where(in0, pf0_bytes, pf1_bytes) - offset, pf_chunk) // 16 * 16
-    size = tl.maximum(size, 0).to(tl.int32)
-    ptr = tl.where(in0, pf0_ptr + offset, pf1_ptr + offset)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred pf_live; setp.gt.s32 pf_live, $2, 0; "
-        "@pf_live cp.async.bulk.prefetch.L2.global [$1], $2; } // dummy $0",
-        "=r,l,r", [ptr, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-# Where the top-k sum asks L2 for the ``l2_prefetch`` ranges of :func:`moe_mxfp4_forward`: after its sums and
-# stores (PREFETCH_AFTER_SUM), so the requests overlap only the launches that follow it, or before its PDL wait
-# (PREFETCH_BEFORE_WAIT), beside the down launch's last wave.
-L2_PREFETCH_AT = 2
-
-
-def l2_prefetch_args(tensors, out: torch.Tensor) -> dict:
-    """The prefetch arguments of the top-k sum into ``out`` for up to two tensors whose bytes a later launch reads
-    (the next layer's first weights): one bulk request per thread of its grid at most, each a multiple of 16 bytes.
-    Off (PREFETCH_AT 0) without tensors, in the interpreter, or below cc 9.0 (no ``cp.async.bulk``)."""
-    device, programs = out.device, _topk_sum_programs(out)
-    tensors = tuple(tensors or ())
-    if len(tensors) > 2:
-        raise ValueError(f"l2_prefetch takes at most two tensors, got {len(tensors)}")
-    for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor) or t.device != device or not t.is_contiguous() or t.data_ptr() % 16:
-            got = (f"{t.dtype} {tuple(t.shape)} on {t.device}, contiguous={t.is_contiguous()}, address % 16 = "
-                   f"{t.data_ptr() % 16}") if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"l2_prefetch[{i}] must be a contiguous tensor on {device} at a 16-byte aligned "
-                             f"address, got {got}")
-    ranges = [t.view(-1).view(torch.uint8) for t in tensors if t.numel()]
-    live = bool(ranges) and not interpreter_enabled() and capability_major(device) >= 9
-    unused = out.view(-1).view(torch.uint8)  # a pointer argument of the right type, never read (no allocation)
-    ranges = (ranges + [unused, unused])[:2]
-    nbytes = [r.numel() if live else 0 for r in ranges]
-    requests = programs * PREFETCH_THREADS - 2  # each range's last piece may be short
-    chunk = max(16, -(-sum(nbytes) // max(requests, 1)) // 16 * 16 + 16) if live else 16
-    return dict(args=(ranges[0], nbytes[0], ranges[1], nbytes[1], chunk),
-                PREFETCH_AT=L2_PREFETCH_AT if live else 0)
-
-
-def _topk_sum_programs(out: torch.Tensor) -> int:
-    return out.shape[0] * triton.cdiv(out.shape[1], TOPK_SUM_BLOCK)
 
 
 def launch_topk_sum(y, ids, out, num_experts: int, split_stride: int = 0, splits: int = 1, pdl_args=None,
-                    early_tables: bool = False, prefetch=None) -> None:
+                    early_tables: bool = False) -> None:
     """The last launch of every decode forward: each token's top-k rows of ``y`` (``splits`` K splits
-    ``split_stride`` floats apart) summed into the bf16 ``out``; ``prefetch``: :func:`l2_prefetch_args`."""
+    ``split_stride`` floats apart) summed into the bf16 ``out``."""
     batch, hidden = out.shape
-    grid = (batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))
-    if prefetch is None:
-        prefetch = l2_prefetch_args((), out)
-    _topk_sum_kernel[grid](y, ids, out, hidden, split_stride, *prefetch["args"], NUM_EXPERTS=num_experts,
-                           TOP_K=ids.shape[1], BLOCK_H=TOPK_SUM_BLOCK, SPLITS=splits, EARLY_TABLES=early_tables,
-                           PREFETCH_AT=prefetch["PREFETCH_AT"], num_warps=4, **(pdl_args or {}))
+    _topk_sum_kernel[(batch, triton.cdiv(hidden, TOPK_SUM_BLOCK))](
+        y, ids, out, hidden, split_stride, NUM_EXPERTS=num_experts, TOP_K=ids.shape[1], BLOCK_H=TOPK_SUM_BLOCK,
+        SPLITS=splits, EARLY_TABLES=early_tables, num_warps=4, **(pdl_args or {}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2395,8 +2323,7 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
                       act_mxfp8: bool = False,
                       configs: tuple[GemmConfig, GemmConfig] | None = None,
                       dot_scaled: bool | None = None, upcast: str | None = None,
-                      split_k: str | tuple[int, int] | None = None, wide_scales: bool = False,
-                      l2_prefetch: tuple = ()) -> torch.Tensor:
+                      split_k: str | tuple[int, int] | None = None, wide_scales: bool = False) -> torch.Tensor:
     """Routed-expert MoE on repacked MXFP4 weights (see :func:`repack_w13_`): bf16 ``[B, H]``.
 
     ``topk_weights`` already carry any routed scaling; ids outside ``[0, E)`` contribute nothing.
@@ -2446,7 +2373,7 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
             raise ValueError(f"upcast='pairs' takes bf16 activations and no split_k, got act_mxfp8={act_mxfp8}, "
                              f"split_k={split_k!r}")
         for name, launch in pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
-                                           swiglu_limit, configs, l2_prefetch=l2_prefetch):
+                                           swiglu_limit, configs):
             launch()
         return out
     if upcast == GEMV:
@@ -2454,7 +2381,7 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
             raise ValueError(f"upcast='gemv' takes bf16 activations and no split_k, got act_mxfp8={act_mxfp8}, "
                              f"split_k={split_k!r}")
         return _gemv_forward(x, w13, w13_scale, w2, w2_scale, weights_=topk_weights, ids_=topk_ids, out=out,
-                             swiglu_limit=swiglu_limit, configs=configs, l2_prefetch=l2_prefetch)
+                             swiglu_limit=swiglu_limit, configs=configs)
     dot_scaled = upcast == "dot_scaled"
     split_nibbles = _split_nibbles(upcast)
     device = x.device
@@ -2506,7 +2433,7 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
         _to_bf16_kernel[(triton.cdiv(y.numel(), TOPK_SUM_BLOCK),)](y, out, y.numel(), BLOCK=TOPK_SUM_BLOCK,
                                                                     num_warps=4)
     else:
-        launch_topk_sum(y, ids, out, num_experts, prefetch=l2_prefetch_args(l2_prefetch, out))
+        launch_topk_sum(y, ids, out, num_experts)
     return out
 
 
@@ -2614,10 +2541,9 @@ TICKETS_PER_EXPERT = MOE_INTERMEDIATE_SIZE // 16  # n blocks of gate/up at the s
 LAUNCHES_PER_FORWARD = 4
 
 
-def _gemv_forward(x, w13, w13_scale, w2, w2_scale, weights_, ids_, out, swiglu_limit, configs, l2_prefetch=()):
+def _gemv_forward(x, w13, w13_scale, w2, w2_scale, weights_, ids_, out, swiglu_limit, configs):
     """The four launches with the CUDA-core GEMV in place of the two GEMMs (routing and top-k sum as ever)."""
-    for _, launch in gemv_launches(x, w13, w13_scale, w2, w2_scale, weights_, ids_, out, swiglu_limit, configs,
-                                   l2_prefetch=l2_prefetch):
+    for _, launch in gemv_launches(x, w13, w13_scale, w2, w2_scale, weights_, ids_, out, swiglu_limit, configs):
         launch()
     return out
 
@@ -2686,7 +2612,7 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
 
 
 def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
-                  configs=None, l2_prefetch=()) -> list:
+                  configs=None) -> list:
     """The GEMV forward as its four launches ``[(name, fn)]`` (:data:`GEMV_LAUNCH_NAMES`) over buffers
     allocated here: run in order they are :func:`moe_mxfp4_forward` with ``upcast="gemv"`` into ``out``;
     the device tool also times each alone (per-launch breakdown). Inputs as validated by the forward."""
@@ -2814,10 +2740,8 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
             BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, TWO_ROWS=dn_cfg.two_rows, SPLIT_K=dn_cfg.split_k,
             PREFETCH=dn_cfg.prefetch, X_F32=x_f32, **dn_cfg.launch_options())
 
-    prefetch = l2_prefetch_args(l2_prefetch, out)
-
     def topk_sum():
-        launch_topk_sum(y, ids, out, num_experts, num_rows * hidden, dn_cfg.split_k, pdl_args, early_tables, prefetch)
+        launch_topk_sum(y, ids, out, num_experts, num_rows * hidden, dn_cfg.split_k, pdl_args, early_tables)
 
     def route_x_f32():  # routing (unless the torch sort did it) and x -> float32 word-pair order, one launch
         _route_x_f32_kernel[(int(route_kernel) + triton.cdiv(x.numel(), GEMV_X_BLOCK),)](
@@ -3033,7 +2957,7 @@ def pair_words_mul_usable(device: torch.device) -> bool:
 
 
 def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
-                   configs=None, l2_prefetch=()) -> list:
+                   configs=None) -> list:
     """The pairs forward as its four launches ``[(name, fn)]`` (:data:`GEMV_LAUNCH_NAMES`): routing + x in
     the pair order, gate/up, down, top-k sum, over buffers sized by the shapes only (graph-capturable).
     Inputs as validated by :func:`moe_mxfp4_forward`; up to ``PAIRS_MAX_ROWS`` routed rows."""
@@ -3136,10 +3060,8 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
             MUL_PAIRS=dn_cfg.mul_pairs, SCALE_BF16=dn_cfg.scale_bf16_constexpr(), num_warps=dn_cfg.num_warps,
             num_stages=dn_cfg.num_stages)
 
-    prefetch = l2_prefetch_args(l2_prefetch, out)
-
     def topk_sum():
-        launch_topk_sum(y, ids, out, num_experts, prefetch=prefetch)
+        launch_topk_sum(y, ids, out, num_experts)
 
     return list(zip(GEMV_LAUNCH_NAMES, (route_step, gate_up, down, topk_sum)))
 
@@ -3572,30 +3494,23 @@ def aot_configs() -> list[AotConfig]:
                    "expert_start_ptr": "*i32", "active_experts_ptr": "*i32", "num_active_ptr": "*i32",
                    "NUM_EXPERTS": "constexpr", "BLOCK_ROWS": "constexpr", "NUM_BINS": "constexpr"},
         constexprs={"NUM_EXPERTS": NUM_EXPERTS, "BLOCK_ROWS": 2048, "NUM_BINS": 512}, num_warps=4))
-    for splits, name, div16, note, pdl, early, prefetch_at in (
-            (1, "moe_mxfp4_topk_sum", ("hidden",), "", False, False, 0),
+    for splits, name, div16, note, pdl, early in (
+            (1, "moe_mxfp4_topk_sum", ("hidden",), "", False, False),
             (1, "moe_mxfp4_topk_sum_pdl", ("hidden",), "top-k sum of the fp16 TMA GEMV with PDL (GEMV_PDL_WHERE)",
-             True, False, 0),
+             True, False),
             (1, "moe_mxfp4_topk_sum_pdl_et", ("hidden",),
-             "top-k sum of the fp16 TMA GEMV with PDL and early_tables (EARLY_TABLES_AT)", True, True, 0),
-            (1, "moe_mxfp4_topk_sum_pdl_et_pf", ("hidden",),
-             "the same, asking L2 for the next layer's first weights (l2_prefetch, L2_PREFETCH_AT)", True, True,
-             L2_PREFETCH_AT),
-            (1, "moe_mxfp4_topk_sum_pf", ("hidden",), "the pairs decode's top-k sum with l2_prefetch", False, False,
-             L2_PREFETCH_AT),
+             "top-k sum of the fp16 TMA GEMV with PDL and early_tables (EARLY_TABLES_AT)", True, True),
             (2, "moe_mxfp4_topk_sum_splits2", ("hidden", "split_stride"), "top-k sum of a GEMV down with 2 K splits",
-             False, False, 0)):
+             False, False)):
         configs.append(AotConfig(
             name=name, kernel=_topk_sum_kernel,
             signature={"y_ptr": "*fp32", "topk_ids_ptr": "*i32", "out_ptr": "*bf16", "hidden": "i32",
-                       "split_stride": "i32", "pf0_ptr": "*u8", "pf0_bytes": "i32", "pf1_ptr": "*u8",
-                       "pf1_bytes": "i32", "pf_chunk": "i32", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr",
+                       "split_stride": "i32", "NUM_EXPERTS": "constexpr", "TOP_K": "constexpr",
                        "BLOCK_H": "constexpr", "SPLITS": "constexpr", "PDL": "constexpr", "PDL_LATE": "constexpr",
-                       "EARLY_TABLES": "constexpr", "PREFETCH_AT": "constexpr"},
+                       "EARLY_TABLES": "constexpr"},
             constexprs={"NUM_EXPERTS": NUM_EXPERTS, "TOP_K": TOP_K, "BLOCK_H": TOPK_SUM_BLOCK, "SPLITS": splits,
-                        "PDL": pdl, "PDL_LATE": False, "EARLY_TABLES": early, "PREFETCH_AT": prefetch_at},
-            num_warps=4, div16=div16 + (("pf_chunk",) if prefetch_at else ()), note=note,
-            expect_opcodes=(PDL_OPCODES if pdl else ()) + (L2_BULK_PREFETCH_OPCODES if prefetch_at else ())))
+                        "PDL": pdl, "PDL_LATE": False, "EARLY_TABLES": early},
+            num_warps=4, div16=div16, note=note, expect_opcodes=PDL_OPCODES if pdl else ()))
     return configs
 
 

@@ -52,10 +52,10 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   every batch (shipped: on at one query row only; run 28's ``attn_e{E}c{C}`` also set the combine's
   ``COMBINE_ONE_TRIP``, a form removed after it: commit 87b73a8 has it).
 
-- ``moe_pf`` / ``moe_pf_w`` / ``moe_pf_qb`` (variants run 32): the routed experts' last launch (the top-k sum) asks
-  L2 for the next layer's first weights (``moe_mxfp4_forward(l2_prefetch=)``), here the same layer's wqkv_a weight
-  and block scales, which the graph's second layer call reads: after its sums (``moe_pf``, L2_PREFETCH_AT 2), before
-  its PDL wait (``moe_pf_w``), or wqkv_a's weight and the first MOE_PF_WQ_B_BYTES of wq_b's (``moe_pf_qb``).
+- (variants run 32's ``moe_pf*``, the routed experts' top-k sum asking L2 for the next layer's first weights, went
+  with ``moe_mxfp4_forward(l2_prefetch=)``: commit 7d01e52 has both);
+- ``--trace-calls 2`` traces a graph of two layer calls, as the timed graph holds: the second call shows the layer
+  behind another layer rather than behind the graph's start.
 
 Each variant's layer graph is captured once; the graphs are then replayed in interleaved rounds (every variant
 once per round, an L2 flush before each replay) and each variant's figure is the median over all its replays, so
@@ -99,8 +99,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
             "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
-            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "moe_pf", "moe_pf_w",
-            "moe_pf_qb")
+            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -351,30 +350,6 @@ def applied(variant: str, tp: int):
             setattr(sparse_mla_decode, name, value)
 
 
-MOE_PF_WQ_B_BYTES = 8 << 20
-
-
-@contextlib.contextmanager
-def moe_prefetch(variant: str, weights):
-    """The ``moe_pf*`` variants: the routed experts' forward with ``l2_prefetch`` (see the module docstring)."""
-    if not variant.startswith("moe_pf"):
-        yield False
-        return
-    forward, where = moe_mxfp4.moe_mxfp4_forward, moe_mxfp4.L2_PREFETCH_AT
-    qkv_w, qkv_s = weights.dense["wqkv_a"]
-    if variant == "moe_pf_qb":
-        wq_b = weights.dense["wq_b"][0]
-        ranges = (qkv_w, wq_b[:max(1, MOE_PF_WQ_B_BYTES // (wq_b.shape[1] * wq_b.element_size()))])
-    else:
-        ranges = (qkv_w, qkv_s)
-    moe_mxfp4.moe_mxfp4_forward = lambda *a, **kw: forward(*a, l2_prefetch=ranges, **kw)
-    moe_mxfp4.L2_PREFETCH_AT = 1 if variant == "moe_pf_w" else 2
-    try:
-        yield True
-    finally:
-        moe_mxfp4.moe_mxfp4_forward, moe_mxfp4.L2_PREFETCH_AT = forward, where
-
-
 def make_side_streams() -> dict:
     """The two sets of SGLang's side streams the variants use, made once (torch hands streams out round-robin from a
     pool of 32 per priority: streams made per variant would come round to the capturing stream, and a layer with a
@@ -409,7 +384,7 @@ def main() -> int:
     if args.smoke:
         for kind, state_w, caches, x in reduced_layers(args.kind):
             for variant in args.variants:
-                with applied(variant, 1), moe_prefetch(variant, state_w.w):
+                with applied(variant, 1):
                     stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, {})
                     L.run_layer(stages)
                     if variant in DROPPED_STAGES:
@@ -441,8 +416,7 @@ def main() -> int:
                 ref_out = None
                 graphs, keep = {}, []
                 for variant in args.variants:
-                    with applied(variant, tp) as applies, moe_prefetch(variant, state_w.w) as prefetches:
-                        applies = applies or prefetches
+                    with applied(variant, tp) as applies:
                         side = stream_sets["prio" if "prio" in variant else "default"]
                         st: dict = {}
                         stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, st)
