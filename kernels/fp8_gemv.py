@@ -480,14 +480,38 @@ def _row_partial(w, s_cols, x_base, row, M, stride_xm, pos_ptr, freqs_ptr, strid
     X_BROADCAST, ``k`` / ``k_mask`` / ``s_cols`` come as [BLOCK_N, WIDTH] broadcasts (column offset 0), so
     the activation is loaded straight into the weight tile's register layout (no shared-memory layout
     conversion per row; the compiler loads each distinct address once per thread)."""
+    x = _row_activation(x_base, row, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k, k_mask, k_first, INV_ROPE,
+                        HEAD, ROPE, WIDTH)
+    return _row_dot(w, x, s_cols, X_BROADCAST)
+
+
+@triton.jit
+def _chunk_columns(k, k_mask, s_cols, rn, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, X_BROADCAST: tl.constexpr):
+    """The activation's columns, their mask and the chunk's scales as :func:`_row_partial` takes them: with
+    X_BROADCAST column offset 0 everywhere (the same addresses for every column, in the weight's layout)."""
+    if X_BROADCAST:
+        return (k[None, :] + (rn * 0)[:, None], k_mask[None, :],
+                tl.broadcast_to(s_cols[None, :], (BLOCK_N, WIDTH)))  # one conversion per chunk
+    return k, k_mask, s_cols
+
+
+@triton.jit
+def _row_activation(x_base, row, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k, k_mask, k_first,
+                    INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr, WIDTH: tl.constexpr):
+    """The bf16 activation of row ``row`` (zeros past M) over ``k`` for :func:`_row_partial`."""
     valid = row < M
     freq_row = freqs_ptr
     if INV_ROPE:
         if (k_first % HEAD) + WIDTH > HEAD - ROPE:
             pos = tl.load(pos_ptr + row, mask=valid, other=0)
             freq_row = freqs_ptr + pos.to(tl.int64) * stride_freq
-    x = _load_activation(x_base + row * stride_xm, freq_row, k, k_mask & valid, k_first, INV_ROPE, HEAD, ROPE,
-                         WIDTH)
+    return _load_activation(x_base + row * stride_xm, freq_row, k, k_mask & valid, k_first, INV_ROPE, HEAD, ROPE,
+                            WIDTH)
+
+
+@triton.jit
+def _row_dot(w, x, s_cols, X_BROADCAST: tl.constexpr):
+    """sum_k w[n, k] * (x[k] * scale(k)) in fp32 for :func:`_row_partial`."""
     xs = x.to(tl.float32) * s_cols
     if X_BROADCAST:  # k, s_cols already [BLOCK_N, WIDTH] in the weight tile's layout
         part = tl.sum(w * xs, axis=1)
@@ -521,7 +545,7 @@ def _block_fp8_gemv_rows_kernel(
     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr,
     PDL: tl.constexpr = False, L2_PREFETCH_BLOCKS: tl.constexpr = 0,
     PDL_LATE_TRIGGER: tl.constexpr = False, W_TMA: tl.constexpr = 0,
-    ONE_CHUNK: tl.constexpr = False,
+    ONE_CHUNK: tl.constexpr = False, X_FIRST: tl.constexpr = False,
 ):
     """One program: rows [pid_m*ROWS, +ROWS) x cols [pid_n*BLOCK_N, +BLOCK_N) of group pid_g over K blocks
     [pid_k*k_blocks_per_split, +k_blocks_per_split), BLOCK_K*K_UNROLL columns per iteration.
@@ -533,9 +557,14 @@ def _block_fp8_gemv_rows_kernel(
     tile are adjacent program ids, so when M > ROWS the re-read of a weight tile comes from L2.
 
     ONE_CHUNK (with PREFETCH; the launch guarantees a split of exactly K_UNROLL blocks): the loop runs once, on the
-    chunk whose weight and scales were loaded before the PDL wait (GemvConfig.one_chunk), and loads no next chunk."""
+    chunk whose weight and scales were loaded before the PDL wait (GemvConfig.one_chunk), and loads no next chunk.
+    X_FIRST (ONE_CHUNK, one row): the chunk in straight-line code with the activation's load issued before the weight
+    is converted, so that its round trip overlaps the weight's (in the loop Triton hoists the conversion, which waits
+    for the weight, above the activation's load, and the two round trips ran one after the other: sm_90a SASS)."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     tl.static_assert(PREFETCH or not ONE_CHUNK)
+    tl.static_assert(ONE_CHUNK or not X_FIRST)
+    tl.static_assert(ROWS == 1 or not X_FIRST)
     tl.static_assert(ROWS == 1 or ROWS == 2 or ROWS == 4 or ROWS == 8)
     BLOCK_KI: tl.constexpr = BLOCK_K * K_UNROLL
     pid = tl.program_id(0)
@@ -576,7 +605,13 @@ def _block_fp8_gemv_rows_kernel(
         if ONE_CHUNK:  # the split's only chunk: its scales are constants too, loaded before the wait
             s_first = tl.load(s_row + k_next // BLOCK_K, mask=k_next < k_stop, other=0.0)
     _pdl_wait(PDL)  # after the first weight chunk's load is issued (PREFETCH): it is in flight while waiting
-    for kb in tl.range(kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
+    if X_FIRST:  # the one chunk in straight-line code (in the loop below Triton hoists the conversion above the loads)
+        k = kb_begin * BLOCK_K + rk
+        k_x, kx_mask, s_cols = _chunk_columns(k, k < k_stop, s_first, rn, BLOCK_N, BLOCK_KI, X_BROADCAST)
+        x0 = _row_activation(x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x, kx_mask,
+                             kb_begin * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_KI)
+        acc0 += _row_dot(w_next.to(tl.float32), x0, s_cols, X_BROADCAST)
+    for kb in tl.range(kb_end if X_FIRST else kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
         k = kb * BLOCK_K + rk
         k_mask = k < k_stop
         if PREFETCH:
@@ -594,14 +629,7 @@ def _block_fp8_gemv_rows_kernel(
             s_cols = s_first
         else:
             s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
-        if X_BROADCAST:
-            # column offset 0 everywhere: the same addresses for every column, in the weight's layout
-            k_x = k[None, :] + (rn * 0)[:, None]
-            kx_mask = k_mask[None, :]
-            s_cols = tl.broadcast_to(s_cols[None, :], (BLOCK_N, BLOCK_KI))  # one conversion per chunk
-        else:
-            k_x = k
-            kx_mask = k_mask
+        k_x, kx_mask, s_cols = _chunk_columns(k, k_mask, s_cols, rn, BLOCK_N, BLOCK_KI, X_BROADCAST)
         k_first = kb * BLOCK_K
         acc0 += _row_partial(w, s_cols, x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x, kx_mask,
                              k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
@@ -1510,6 +1538,16 @@ ONE_CHUNK_MAX_WEIGHT_BYTES = 8 << 20
 ONE_CHUNK_MAX_ROWS = 2
 ONE_CHUNK_TILES = ((4096, 8, 8), (2048, 8, 4), (1024, 16, 4), (0, 32, 4))  # (from K, block_n, num_warps)
 USE_ONE_CHUNK = True  # False: default_config as before runs 18 / 18b
+# One-row one-chunk programs issue their activation load before converting the weight chunk they loaded before the
+# PDL wait (the rows kernel's X_FIRST): in the loop form Triton hoisted the conversion, which waits for the weight,
+# above the activation's load, so the two round trips ran one after the other (sm_90a SASS of wqkv_a's 1-row
+# program). Two rows keep the loop form (X_FIRST spilled 20 B on sm_120a there). False: the order before.
+ONE_CHUNK_X_FIRST = True
+
+
+def one_chunk_x_first(cfg: GemvConfig) -> bool:
+    """Whether the one-chunk program ``cfg`` launches with X_FIRST (ONE_CHUNK_X_FIRST, one row)."""
+    return ONE_CHUNK_X_FIRST and cfg.one_chunk and cfg.block_m == 1
 
 
 # wqkv_a ([Q_LORA_RANK + KV_LORA_RANK, HIDDEN_SIZE], the same at every T) at 1 row: 4 columns per program on 8 warps,
@@ -1816,6 +1854,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     if cfg.max_registers:
         launch_args["maxnreg"] = cfg.max_registers
     if cfg.rows_form:
+        one_chunk = cfg.one_chunk and per_split == cfg.k_unroll
         _block_fp8_gemv_rows_kernel[grid](
             x3, w3, s3, y3, partial, counters, pos, fr, w_desc,
             m, n, k,
@@ -1827,8 +1866,9 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             per_split, split,
             ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, EVICT_FIRST=cfg.evict_first, X_BROADCAST=cfg.x_broadcast,
-            INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim, ONE_CHUNK=cfg.one_chunk and per_split == cfg.k_unroll,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args,
+            INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim, ONE_CHUNK=one_chunk,
+            X_FIRST=one_chunk and one_chunk_x_first(cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **launch_args,
         )
         return
     if cfg.fp8_mma:
@@ -2155,7 +2195,7 @@ _AOT_ROWS_SIGNATURE = {  # the rows kernel has no persistent form (no num_groups
     **{key: v for key, v in _AOT_SIGNATURE.items() if v != "constexpr" and key != "num_groups"},
     **{key: "constexpr" for key in ("ROWS", "BLOCK_N", "BLOCK_K", "K_UNROLL", "IS_SPLIT", "PREFETCH", "EVICT_FIRST",
                                     "X_BROADCAST", "INV_ROPE", "HEAD", "ROPE", "PDL", "L2_PREFETCH_BLOCKS",
-                                    "PDL_LATE_TRIGGER", "W_TMA", "ONE_CHUNK")},
+                                    "PDL_LATE_TRIGGER", "W_TMA", "ONE_CHUNK", "X_FIRST")},
 }
 
 _AOT_FP8MMA_SIGNATURE = {
@@ -2200,7 +2240,8 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
         return AotConfig(
             name=name, kernel=_block_fp8_gemv_rows_kernel, signature=_AOT_ROWS_SIGNATURE,
             constexprs={"ROWS": cfg.block_m, "PREFETCH": cfg.prefetch, "EVICT_FIRST": cfg.evict_first,
-                        "X_BROADCAST": cfg.x_broadcast, "ONE_CHUNK": cfg.one_chunk, **common},
+                        "X_BROADCAST": cfg.x_broadcast, "ONE_CHUNK": cfg.one_chunk,
+                        "X_FIRST": cfg.one_chunk and one_chunk_x_first(cfg), **common},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),

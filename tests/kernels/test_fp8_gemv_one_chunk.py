@@ -43,6 +43,39 @@ def test_one_chunk_forms_match_reference(cfg, n, k, m):
         assert rel_err(y, ref) < OUTPUT_TOL
 
 
+class _RowsLaunches:
+    """Stands in for the rows kernel's ``[grid]`` and records each launch's X_FIRST, then runs the real launch."""
+
+    def __init__(self, kernel):
+        self.kernel, self.x_first = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.x_first.append(kw["X_FIRST"])
+            return self.kernel[grid](*args, **kw)
+        return launch
+
+
+@pytest.mark.parametrize("cfg,n,k", CASES, ids=lambda v: v.name if isinstance(v, g.GemvConfig) else str(v))
+@pytest.mark.parametrize("m", [1, 3])
+def test_activation_first_same_bits(monkeypatch, cfg, n, k, m):
+    """ONE_CHUNK_X_FIRST: one-row one-chunk launches (and only they) load the activation before converting the
+    weight; the sums are the same operations, so the output is the same bit for bit with the order before."""
+    gen = torch.Generator().manual_seed(3 * m + n + k + cfg.split_k)
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    launches = _RowsLaunches(g._block_fp8_gemv_rows_kernel)
+    monkeypatch.setattr(g, "_block_fp8_gemv_rows_kernel", launches)
+    outs = {}
+    for x_first in (True, False):
+        monkeypatch.setattr(g, "ONE_CHUNK_X_FIRST", x_first)
+        outs[x_first] = g.block_fp8_linear(x, w, s, out=poisoned((m, n)), config=cfg)
+    one_chunk_launch = cfg.split_k * cfg.k_unroll >= (k + g.FP8_BLOCK - 1) // g.FP8_BLOCK  # each split one chunk
+    assert launches.x_first == [cfg.block_m == 1 and one_chunk_launch, False]
+    assert torch.equal(outs[True], outs[False])
+    assert rel_err(outs[True], g.reference_block_fp8_linear(x, w, s)) < OUTPUT_TOL
+
+
 @pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("cfg", [one_chunk(1, 16, 4), one_chunk(2, 8, 4, warps=8)], ids=lambda c: c.name)
 def test_wo_a_one_chunk(cfg, rope):
