@@ -558,14 +558,13 @@ def _block_fp8_gemv_rows_kernel(
 
     ONE_CHUNK (with PREFETCH; the launch guarantees a split of exactly K_UNROLL blocks): the loop runs once, on the
     chunk whose weight and scales were loaded before the PDL wait (GemvConfig.one_chunk), and loads no next chunk.
-    X_FIRST (one row): each chunk's activation (and scale) loads are issued before its weight is converted, so that
-    their round trip overlaps the weight's; before, the conversion, which waits for the weight, came first and the
-    activation's round trip followed it (sm_90a SASS). ONE_CHUNK: the chunk in straight-line code (in the loop
-    Triton hoists the conversion of the loop-invariant chunk above the activation's load)."""
+    X_FIRST (ONE_CHUNK, one row): the chunk in straight-line code with the activation's load issued before the weight
+    is converted, so that its round trip overlaps the weight's (in the loop Triton hoists the conversion, which waits
+    for the weight, above the activation's load, and the two round trips ran one after the other: sm_90a SASS)."""
     tl.static_assert(BLOCK_K % BLOCK_N == 0)
     tl.static_assert(PREFETCH or not ONE_CHUNK)
+    tl.static_assert(ONE_CHUNK or not X_FIRST)
     tl.static_assert(ROWS == 1 or not X_FIRST)
-    X_AHEAD: tl.constexpr = X_FIRST and not ONE_CHUNK  # in the loop: this chunk's loads ahead of its conversion
     tl.static_assert(ROWS == 1 or ROWS == 2 or ROWS == 4 or ROWS == 8)
     BLOCK_KI: tl.constexpr = BLOCK_K * K_UNROLL
     pid = tl.program_id(0)
@@ -606,14 +605,13 @@ def _block_fp8_gemv_rows_kernel(
         if ONE_CHUNK:  # the split's only chunk: its scales are constants too, loaded before the wait
             s_first = tl.load(s_row + k_next // BLOCK_K, mask=k_next < k_stop, other=0.0)
     _pdl_wait(PDL)  # after the first weight chunk's load is issued (PREFETCH): it is in flight while waiting
-    if X_FIRST and ONE_CHUNK:  # the one chunk in straight-line code (in the loop Triton hoists the conversion above
-        # the activation's load: the chunk's weight is loop-invariant there)
+    if X_FIRST:  # the one chunk in straight-line code (in the loop below Triton hoists the conversion above the loads)
         k = kb_begin * BLOCK_K + rk
         k_x, kx_mask, s_cols = _chunk_columns(k, k < k_stop, s_first, rn, BLOCK_N, BLOCK_KI, X_BROADCAST)
         x0 = _row_activation(x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x, kx_mask,
                              kb_begin * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_KI)
         acc0 += _row_dot(w_next.to(tl.float32), x0, s_cols, X_BROADCAST)
-    for kb in tl.range(kb_end if X_FIRST and ONE_CHUNK else kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
+    for kb in tl.range(kb_end if X_FIRST else kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
         k = kb * BLOCK_K + rk
         k_mask = k < k_stop
         if PREFETCH:
@@ -626,22 +624,15 @@ def _block_fp8_gemv_rows_kernel(
         else:
             w_raw = _load_weight(w_desc, w_rows + k[None, :], n_mask[:, None] & k_mask[None, :], pid_g,
                                  pid_n * BLOCK_N, kb * BLOCK_K, EVICT_FIRST, W_TMA, BLOCK_N, BLOCK_KI)
-        if X_AHEAD:  # the chunk's scales and activation loads before the conversion, which waits for the weight
-            s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
-            k_x, kx_mask, s_cols = _chunk_columns(k, k_mask, s_cols, rn, BLOCK_N, BLOCK_KI, X_BROADCAST)
-            x0 = _row_activation(x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x, kx_mask,
-                                 kb * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_KI)
-            acc0 += _row_dot(w_raw.to(tl.float32), x0, s_cols, X_BROADCAST)
+        w = w_raw.to(tl.float32)
+        if ONE_CHUNK:
+            s_cols = s_first
         else:
-            w = w_raw.to(tl.float32)
-            if ONE_CHUNK:
-                s_cols = s_first
-            else:
-                s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
-            k_x, kx_mask, s_cols = _chunk_columns(k, k_mask, s_cols, rn, BLOCK_N, BLOCK_KI, X_BROADCAST)
-            acc0 += _row_partial(w, s_cols, x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
-                                 kx_mask, kb * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
+            s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
+        k_x, kx_mask, s_cols = _chunk_columns(k, k_mask, s_cols, rn, BLOCK_N, BLOCK_KI, X_BROADCAST)
         k_first = kb * BLOCK_K
+        acc0 += _row_partial(w, s_cols, x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x, kx_mask,
+                             k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 1:
             acc1 += _row_partial(w, s_cols, x_base, row0 + 1, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
                                  kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
@@ -1547,18 +1538,16 @@ ONE_CHUNK_MAX_WEIGHT_BYTES = 8 << 20
 ONE_CHUNK_MAX_ROWS = 2
 ONE_CHUNK_TILES = ((4096, 8, 8), (2048, 8, 4), (1024, 16, 4), (0, 32, 4))  # (from K, block_n, num_warps)
 USE_ONE_CHUNK = True  # False: default_config as before runs 18 / 18b
-# One-row rows programs issue each chunk's activation loads before converting its weight (the rows kernel's
-# X_FIRST): the conversion waits for the weight, and the activation's round trip used to follow it (sm_90a SASS of
-# wqkv_a's 1-row one-chunk program, where Triton hoisted the loop-invariant chunk's conversion above the load). Two
-# rows keep the order (X_FIRST spilled 20 B on sm_120a at [N, 256]). ONE_CHUNK_X_FIRST: the one-chunk programs (H200
-# layer variants run 33: T=1 B=1 layers up to 1.016x, T=4 B=1 1.057-1.070x); ROWS_X_FIRST: the prefetching loop.
+# One-row one-chunk programs issue their activation load before converting the weight chunk they loaded before the
+# PDL wait (the rows kernel's X_FIRST): in the loop form Triton hoisted the conversion, which waits for the weight,
+# above the activation's load, so the two round trips ran one after the other (sm_90a SASS of wqkv_a's 1-row
+# program). Two rows keep the loop form (X_FIRST spilled 20 B on sm_120a there). False: the order before.
 ONE_CHUNK_X_FIRST = True
-ROWS_X_FIRST = True
 
 
-def rows_x_first(cfg: GemvConfig) -> bool:
-    """Whether the rows program ``cfg`` launches with X_FIRST (one row; ONE_CHUNK_X_FIRST / ROWS_X_FIRST)."""
-    return cfg.rows_form and cfg.block_m == 1 and (ONE_CHUNK_X_FIRST if cfg.one_chunk else ROWS_X_FIRST)
+def one_chunk_x_first(cfg: GemvConfig) -> bool:
+    """Whether the one-chunk program ``cfg`` launches with X_FIRST (ONE_CHUNK_X_FIRST, one row)."""
+    return ONE_CHUNK_X_FIRST and cfg.one_chunk and cfg.block_m == 1
 
 
 # wqkv_a ([Q_LORA_RANK + KV_LORA_RANK, HIDDEN_SIZE], the same at every T) at 1 row: 4 columns per program on 8 warps,
@@ -1878,7 +1867,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
             ROWS=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK, K_UNROLL=cfg.k_unroll,
             IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, EVICT_FIRST=cfg.evict_first, X_BROADCAST=cfg.x_broadcast,
             INV_ROPE=inv_rope, HEAD=head_dim, ROPE=rope_dim, ONE_CHUNK=one_chunk,
-            X_FIRST=rows_x_first(cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            X_FIRST=one_chunk and one_chunk_x_first(cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             **launch_args,
         )
         return
@@ -2252,7 +2241,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
             name=name, kernel=_block_fp8_gemv_rows_kernel, signature=_AOT_ROWS_SIGNATURE,
             constexprs={"ROWS": cfg.block_m, "PREFETCH": cfg.prefetch, "EVICT_FIRST": cfg.evict_first,
                         "X_BROADCAST": cfg.x_broadcast, "ONE_CHUNK": cfg.one_chunk,
-                        "X_FIRST": rows_x_first(cfg), **common},
+                        "X_FIRST": cfg.one_chunk and one_chunk_x_first(cfg), **common},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),

@@ -56,8 +56,6 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   with ``moe_mxfp4_forward(l2_prefetch=)``: commit 7d01e52 has both);
 - ``oc_x0`` (variants run 33): the one-row one-chunk FP8 GEMVs (wqkv_a at every T, the small weights at T >= 2)
   with their activation loaded after the weight's conversion, the order before ``fp8_gemv.ONE_CHUNK_X_FIRST``;
-  ``rows_x0`` (run 34): the same for the one-row rows GEMVs of the prefetching loop (the indexer's wq_b at T=1),
-  the order before ``fp8_gemv.ROWS_X_FIRST``;
 - ``--trace-calls 2`` traces a graph of two layer calls, as the timed graph holds: the second call shows the layer
   behind another layer rather than behind the graph's start.
 
@@ -103,8 +101,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
             "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
-            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
-            "rows_x0")
+            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -326,9 +323,8 @@ def applied(variant: str, tp: int):
         bf16_gemv.MEASURED_BLOCK_N[width][1] = block_n
         if 1 in bf16_gemv.SHARING_BLOCK_N.get(width, {}):  # the tile beside the query projections too
             bf16_gemv.SHARING_BLOCK_N[width][1] = block_n
-    x_first = fp8_gemv.ONE_CHUNK_X_FIRST, fp8_gemv.ROWS_X_FIRST
-    fp8_gemv.ONE_CHUNK_X_FIRST = x_first[0] and variant != "oc_x0"
-    fp8_gemv.ROWS_X_FIRST = x_first[1] and variant != "rows_x0"
+    x_first = fp8_gemv.ONE_CHUNK_X_FIRST
+    fp8_gemv.ONE_CHUNK_X_FIRST = x_first and variant != "oc_x0"
     route_small = moe_mxfp4.ROUTE_SMALL_MAX_ROWS
     if variant == "moe_sr0":  # run 31: the routing's counting sort at every row count (before round 29's pairwise)
         moe_mxfp4.ROUTE_SMALL_MAX_ROWS = 0
@@ -344,9 +340,9 @@ def applied(variant: str, tp: int):
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
                or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths)
-               or variant in ("moe_sr0", "oc_x0", "rows_x0"))
+               or variant in ("moe_sr0", "oc_x0"))
     finally:
-        fp8_gemv.ONE_CHUNK_X_FIRST, fp8_gemv.ROWS_X_FIRST = x_first
+        fp8_gemv.ONE_CHUNK_X_FIRST = x_first
         moe_mxfp4.ROUTE_SMALL_MAX_ROWS = route_small
         for width, saved in comp_saved.items():
             bf16_gemv.MEASURED_BLOCK_N[width] = saved
