@@ -101,7 +101,8 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
             "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
-            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0")
+            "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
+            "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -161,12 +162,17 @@ def shared_gate_up_override(variant: str, tp: int):
 
 
 def indexer_wq_b_override(variant: str, tp: int):
-    """The indexer's wq_b at 1 row on the variant's tile (None: no change; T=1 only)."""
-    if not variant.startswith("iwqb_") or tp != 1:
+    """The indexer's wq_b at 1 row on the variant's tile (None: no change; T=1 only, except ``iwqb_oc*``: its shape
+    [8192, 1024] in one chunk at every T, which at T=4 is the main wq_b's; ``iwqb_oc_n{N}w{W}``: on N columns and W
+    warps)."""
+    if not variant.startswith("iwqb_") or (tp != 1 and not variant.startswith("iwqb_oc")):
         return None
-    n, k = dsv4.dense_linear_shapes(tp)["indexer_wq_b"]
-    if variant == "iwqb_oc":
+    n, k = dsv4.dense_linear_shapes(1)["indexer_wq_b"]
+    if variant.startswith("iwqb_oc"):
         tile = dict(k_unroll=k // fp8_gemv.FP8_BLOCK, one_chunk=True, evict_first=False)
+        if variant != "iwqb_oc":
+            block_n, warps = (int(v) for v in variant[len("iwqb_oc_n"):].split("w"))
+            tile.update(block_n=block_n, num_warps=warps)
     else:
         tile = dict(block_n=int(variant[len("iwqb_n"):]))
     return one_row_override((n, k), lambda cfg, *_: dataclasses.replace(cfg, **tile))
