@@ -46,7 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .dsv4 import FP8_BLOCK, HEAD_DIM, HIDDEN_SIZE, KV_LORA_RANK, Q_LORA_RANK, ROPE_DIM
+from .dsv4 import (FP8_BLOCK, HEAD_DIM, HIDDEN_SIZE, INDEX_HEAD_DIM, INDEX_N_HEADS, KV_LORA_RANK, Q_LORA_RANK,
+                   ROPE_DIM)
 from .harness.aot import AotConfig
 from .harness.interpreter import has_capability, interpreter_enabled
 from .pdl import PDL_MIN_CAPABILITY, PDL_OPCODES, capability_major
@@ -1556,35 +1557,42 @@ def one_chunk_x_first(cfg: GemvConfig) -> bool:
 # on 4 warps 0.997-1.010x, 16 columns on 8 warps or 8 on 4 warps slower (0.974-0.996x). Other one-chunk shapes keep
 # ONE_CHUNK_TILES (unmeasured in the layer).
 ONE_CHUNK_ONE_ROW_TILES = {(Q_LORA_RANK + KV_LORA_RANK, HIDDEN_SIZE): (4, 8)}
+# With X_FIRST (ONE_CHUNK_X_FIRST) the one-chunk form also takes [8192, 1024] at 1 row (the indexer's wq_b at T=1,
+# the main wq_b at T=4), where the two-chunk rows form was faster before (run 18b), on 8 columns and 4 warps. H200
+# layer variants run 35 (benchmarks/bench-variants-h200-summary.md), against the two-chunk form: C4 T=1 B=1 1.031x;
+# T=4 B=1 SWA / C4 / C128 1.016 / 1.017 / 1.014x (16 columns on 4 warps: 1.032x at T=1, 1.006-1.008x at T=4).
+ONE_CHUNK_X_FIRST_ONE_ROW_TILES = {(INDEX_N_HEADS * INDEX_HEAD_DIM, Q_LORA_RANK): (8, 4)}
 
 
-def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig) -> GemvConfig | None:
-    """The one-chunk rows form where runs 18 / 18b measured it faster (see ONE_CHUNK_* above), else None; ``form``:
-    launch_form's pick for the same call."""
+def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig, x_first: bool) -> GemvConfig | None:
+    """The one-chunk rows form where runs 18 / 18b (and, with ``x_first``, variants run 35) measured it faster (see
+    ONE_CHUNK_* above), else None; ``form``: launch_form's pick for the same call."""
     k_blocks = _cdiv(k, FP8_BLOCK)
-    if (m > ONE_CHUNK_MAX_ROWS or groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES
-            or k_blocks & (k_blocks - 1) or (m == 1 and form.rows_form and form.k_unroll < k_blocks)):
+    x_first_tile = ONE_CHUNK_X_FIRST_ONE_ROW_TILES.get((n, k)) if x_first and m == 1 and groups == 1 else None
+    if (m > ONE_CHUNK_MAX_ROWS or groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES or k_blocks & (k_blocks - 1)
+            or (m == 1 and form.rows_form and form.k_unroll < k_blocks and x_first_tile is None)):
         return None
     block_n, warps = next((bn, w) for min_k, bn, w in ONE_CHUNK_TILES if k >= min_k)
     if m == 1 and groups == 1:
-        block_n, warps = ONE_CHUNK_ONE_ROW_TILES.get((n, k), (block_n, warps))
+        block_n, warps = x_first_tile or ONE_CHUNK_ONE_ROW_TILES.get((n, k), (block_n, warps))
     return GemvConfig(m, block_n, 1, False, num_warps=warps, k_unroll=k_blocks, rows_form=True, prefetch=True,
                       one_chunk=True, pdl=True)
 
 
 class Rules(NamedTuple):
-    """The module's rule switches (USE_PDL, USE_TMA, USE_ONE_CHUNK, USE_W_BEFORE_WAIT, USE_WO_A_ROPE_PAIRS) as one
-    value: part of the config cache's key, so that setting a switch (the seam's PDL setting, the device tools' forms
-    before a run) takes effect on the next call."""
+    """The module's rule switches (USE_PDL, USE_TMA, USE_ONE_CHUNK, USE_W_BEFORE_WAIT, USE_WO_A_ROPE_PAIRS,
+    ONE_CHUNK_X_FIRST) as one value: part of the config cache's key, so that setting a switch (the seam's PDL setting,
+    the device tools' forms before a run) takes effect on the next call."""
     pdl: bool
     tma: bool
     one_chunk: bool
     w_before_wait: bool
     wo_a_rope_pairs: bool
+    x_first: bool
 
 
 def rules() -> Rules:
-    return Rules(USE_PDL, USE_TMA, USE_ONE_CHUNK, USE_W_BEFORE_WAIT, USE_WO_A_ROPE_PAIRS)
+    return Rules(USE_PDL, USE_TMA, USE_ONE_CHUNK, USE_W_BEFORE_WAIT, USE_WO_A_ROPE_PAIRS, ONE_CHUNK_X_FIRST)
 
 
 # Configs cached per (shape, SM count, rules): default_config / wo_a_config are pure functions of those, and eager
@@ -1611,7 +1619,7 @@ def _default_config(m: int, n: int, k: int, groups: int, sms: int, rule: Rules, 
     form = _launch_form(m, n, k, groups, sms)
     if not rule.pdl:
         return form
-    one_chunk = _one_chunk_config(m, n, k, groups, form) if one_chunk_rule else None
+    one_chunk = _one_chunk_config(m, n, k, groups, form, rule.x_first) if one_chunk_rule else None
     if one_chunk is not None:
         return one_chunk
     cfg = _with_pdl(form, m, groups * n * k)
@@ -2158,10 +2166,10 @@ _ONE_CHUNK_FORMS = tuple(
     for m in (1, 2)
     for k, block_n, warps, ropes in ((4096, 8, 8, (False, True)), (2048, 8, 4, (False,)), (1024, 16, 4, (False,)),
                                      (512, 32, 4, (False,)), (256, 32, 4, (False,)))
-    for rope in ropes) + tuple(  # wqkv_a at 1 row (ONE_CHUNK_ONE_ROW_TILES)
+    for rope in ropes) + tuple(  # wqkv_a and [8192, 1024] at 1 row (ONE_CHUNK_ONE_ROW_TILES, ..._X_FIRST_...)
     (GemvConfig(1, block_n, 1, False, num_warps=warps, k_unroll=k // FP8_BLOCK, rows_form=True, prefetch=True,
                 one_chunk=True, pdl=True), False)
-    for (_n, k), (block_n, warps) in ONE_CHUNK_ONE_ROW_TILES.items())
+    for (_n, k), (block_n, warps) in (*ONE_CHUNK_ONE_ROW_TILES.items(), *ONE_CHUNK_X_FIRST_ONE_ROW_TILES.items()))
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
 # run 19 / 20 / 21: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a /
 # wo_b at T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded, rotated from its

@@ -15,7 +15,7 @@ from sglang_sm120.kernels import fp8_gemv as g
 
 from .test_fp8_gemv import fresh_caches  # noqa: F401 (fixture)
 
-SWITCHES = ("USE_PDL", "USE_TMA", "USE_ONE_CHUNK", "USE_W_BEFORE_WAIT", "USE_WO_A_ROPE_PAIRS")
+SWITCHES = ("USE_PDL", "USE_TMA", "USE_ONE_CHUNK", "USE_W_BEFORE_WAIT", "USE_WO_A_ROPE_PAIRS", "ONE_CHUNK_X_FIRST")
 SM_COUNTS = (132, 170, 188)  # H200, RTX 5090, RTX PRO 6000
 ROWS = (*range(1, 17), g.WO_A_MAX_KERNEL_ROWS)
 LINEAR_SHAPES = sorted({shape for tp in dsv4.SUPPORTED_TP for name, shape in dsv4.dense_linear_shapes(tp).items()

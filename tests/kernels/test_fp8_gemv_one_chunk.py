@@ -24,6 +24,7 @@ def one_chunk(block_m, block_n, k_blocks, split=1, warps=4, pdl=True):
 # one chunk per split (split 2 / 3 of 8 blocks: the last split of 3 is short, so its chunk is masked); the chunk too
 # short for the split (k_unroll < the split's blocks: the prefetching loop runs, one_chunk does not apply)
 CASES = [(one_chunk(1, 8, 8, warps=8), 160, 1024), (one_chunk(1, 4, 8, warps=8), 150, 1024),  # 4 columns: wqkv_a
+         (one_chunk(1, 8, 8), 136, 1024),  # 8 columns on 4 warps: [8192, 1024] with X_FIRST
          (one_chunk(1, 16, 2), 200, 200), (one_chunk(2, 16, 4), 96, 512),
          (one_chunk(1, 32, 4, split=2), 160, 1024), (one_chunk(2, 16, 4, split=2, pdl=False), 160, 1024),
          (one_chunk(1, 16, 4, split=3), 72, 1024), (one_chunk(1, 16, 2, split=2), 160, 1024)]
@@ -84,8 +85,8 @@ def test_wo_a_one_chunk(cfg, rope):
 
 def test_one_chunk_rule(monkeypatch):
     """Runs 18 / 18b: weights of at most 8 MiB at 1..2 rows take the one-chunk form (tile by K), except [8192, 1024]
-    at 1 row (the two-chunk one-shot rows form stays) and wo_a with the fused RoPE at 8 MiB (T=4); USE_ONE_CHUNK =
-    False restores the forms before."""
+    at 1 row without X_FIRST (the two-chunk one-shot rows form stays) and wo_a with the fused RoPE at 8 MiB (T=4);
+    USE_ONE_CHUNK = False restores the forms before."""
     expected = {(1536, 4096): (8, 8), (4096, 2048): (8, 4), (4096, 1024): (16, 4), (512, 4096): (8, 8),
                 (2048, 4096): (8, 8), (4096, 512): (32, 4), (4096, 256): (32, 4)}
     for (n, k), (block_n, warps) in expected.items():
@@ -95,8 +96,13 @@ def test_one_chunk_rule(monkeypatch):
             cfg = g.default_config(m, n, k)
             assert cfg == one_chunk(m, tile[0], k // 128, warps=tile[1]), (n, k, m)
     assert g.default_config(2, 8192, 1024) == one_chunk(2, 16, 8)
+    # [8192, 1024] at 1 row: one chunk on 8 columns / 4 warps with X_FIRST (variants run 35), two chunks without it
+    assert g.default_config(1, 8192, 1024) == one_chunk(1, 8, 8)
+    monkeypatch.setattr(g, "ONE_CHUNK_X_FIRST", False)
     two_chunks = g.default_config(1, 8192, 1024)
     assert two_chunks.rows_form and two_chunks.k_unroll == 4 and not two_chunks.one_chunk
+    assert g.default_config(2, 8192, 1024) == one_chunk(2, 16, 8)
+    monkeypatch.setattr(g, "ONE_CHUNK_X_FIRST", True)
     for m in (1, 2):
         assert g.default_config(m, 1024, 4096, groups=2).one_chunk  # wo_a T=4: 8 MiB over its groups
         assert not g.wo_a_config(m, 1024, 4096, 2, fused_rope=True).one_chunk  # ... but not with the fused RoPE
