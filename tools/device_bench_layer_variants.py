@@ -102,7 +102,8 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "moe_gu32_dn16", "moe_gu32_dn32_r2", "moe_gu32_dn32_r4", "moe_gu32_dn32_l2", "comp_n8", "comp_n16",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
             "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
-            "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8")
+            "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
+            "oc_wqb_n16w4")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -198,6 +199,20 @@ def wq_b_override(variant: str, tp: int):
             return original(m, *index_shape, groups, sms)
         raise ValueError(variant)
     return one_row_override(shape, change)
+
+
+def one_chunk_override(variant: str, tp: int):
+    """``oc_{sgu,wqb}_n{N}w{W}`` (variants run 37): the shared expert's gate/up ([4096, 4096] at T=1) or the main wq_b
+    ([32768, 1024] at T=1) at 1 row on the one-chunk rows form with its activation first (N columns, W warps; the
+    one-chunk rule stops at 8 MiB, measured without that order in run 18); None: no change (T=1 only)."""
+    if not variant.startswith(("oc_sgu_", "oc_wqb_")) or tp != 1:
+        return None
+    name = "shared_gate_up" if variant.startswith("oc_sgu_") else "wq_b"
+    n, k = dsv4.dense_linear_shapes(tp)[name]
+    block_n, warps = (int(v) for v in variant.split("_n")[1].split("w"))
+    tile = fp8_gemv.GemvConfig(1, block_n, 1, False, num_warps=warps, k_unroll=k // fp8_gemv.FP8_BLOCK,
+                               rows_form=True, prefetch=True, one_chunk=True, pdl=True)
+    return one_row_override((n, k), lambda *_: tile)
 
 
 BASELINE_ATTENTION_MODULE = "sglang_sm120.kernels._baseline_sparse_mla_decode"
@@ -309,7 +324,8 @@ def drop_stages(stages: list, names: tuple) -> list:
 @contextlib.contextmanager
 def applied(variant: str, tp: int):
     override = (wq_b_override(variant, tp) or wqkv_a_override(variant, tp) or indexer_wq_b_override(variant, tp)
-                or shared_down_override(variant, tp) or shared_gate_up_override(variant, tp))
+                or shared_down_override(variant, tp) or shared_gate_up_override(variant, tp)
+                or one_chunk_override(variant, tp))
     original, attention_pdl, sharing = fp8_gemv.default_config, sparse_mla_decode.USE_PDL, fp8_gemv.sharing_config
     if override is not None:
         fp8_gemv.default_config = override
