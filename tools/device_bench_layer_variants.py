@@ -95,7 +95,7 @@ from sglang_sm120.kernels import bf16_gemv, dsv4, fp8_gemv, moe_mxfp4, sparse_ml
 from sglang_sm120.kernels import indexer as ix  # noqa: E402
 
 VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0", "attn_no_pdl", "no_share", "wqkva_n4w4",
-            "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "iwqb_n8", "iwqb_n32", "iwqb_oc", "sd_n16", "sd_n32",
+            "wqkva_n4w8", "wqkva_n16w8", "wqkva_n8w4", "wqkva_n8w8", "iwqb_n8", "iwqb_n32", "iwqb_oc", "sd_n16", "sd_n32",
             "sd_nopdl", "drop_route", "drop_qquant", "drop_route_qquant", "attn_s1", "attn_s2", "attn_s5", "attn_s10",
             "attn_bf16p", "ix_rank_r4", "ix_rank_r8", "ix_rank_r16", "ix_rank_r32", "ix_rank_r16w4", "ix_nopdl",
             "moe_gu16_dn32", "moe_gu32_dn32", "moe_gu16_dn64", "moe_gu64_dn64", "moe_gu32_dn128", "moe_gu32_dn64",
