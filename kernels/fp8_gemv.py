@@ -1541,8 +1541,11 @@ ONE_CHUNK_TILES = ((4096, 8, 8), (2048, 8, 4), (1024, 16, 4), (0, 32, 4))  # (fr
 USE_ONE_CHUNK = True  # False: default_config as before runs 18 / 18b
 # One-row one-chunk programs issue their activation load before converting the weight chunk they loaded before the
 # PDL wait (the rows kernel's X_FIRST): in the loop form Triton hoisted the conversion, which waits for the weight,
-# above the activation's load, so the two round trips ran one after the other (sm_90a SASS of wqkv_a's 1-row
-# program). Two rows keep the loop form (X_FIRST spilled 20 B on sm_120a there). False: the order before.
+# above the activation's load, so the two round trips ran one after the other (sm_90a / sm_120a SASS of wqkv_a's
+# 1-row program). H200 layer variants run 33 (benchmarks/bench-variants-h200-summary.md): T=1 B=1 SWA / C4 / C128
+# 1.016 / 1.000 / 1.016x, T=4 B=1 1.057-1.070x; wqkv_a in the layer 4.35-5.06 instead of 5.89-6.43 us. Two rows keep
+# the loop form (X_FIRST spilled 20 B on sm_120a there). Also a rule switch (ONE_CHUNK_X_FIRST_ONE_ROW_TILES below);
+# False: the forms and the order before.
 ONE_CHUNK_X_FIRST = True
 
 
