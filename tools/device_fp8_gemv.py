@@ -1109,6 +1109,10 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                     sweep_log.append({"linear": name, "T": tp, "M": m, "label": label, "config": cfg.name,
                                       "launch": effective_launch(cfg, k, g).name,
                                       "us": round(us, 3), "pct_copy": pct(nbytes, us), "rel_err": float(f"{err:.3g}")})
+                    if run18b_sweep and cfg.one_chunk and cfg.block_m == 1:  # round 30: the order before X_FIRST
+                        with module_flag(g, "ONE_CHUNK_X_FIRST", False):
+                            sweep_log[-1]["x_first_off_us"] = round(
+                                timed([(lambda w=w, s=s, c=cfg: run(w, s, c)) for w, s in weights]), 3)
                     if pdl_sweep and ((tp == 1 and m in PDL_MIXED_ROWS and label.startswith(("old_default", "pdl")))
                                       or (pdl2_sweep and m in PDL2_MIXED_ROWS)):
                         sweep_log[-1]["mixed_us"] = round(timed([(lambda w=w, s=s, c=cfg: (run(w, s, c), plain_op()))
