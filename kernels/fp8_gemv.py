@@ -1567,6 +1567,13 @@ ONE_CHUNK_ONE_ROW_TILES = {(Q_LORA_RANK + KV_LORA_RANK, HIDDEN_SIZE): (4, 8)}
 ONE_CHUNK_X_FIRST_ONE_ROW_TILES = {(INDEX_N_HEADS * INDEX_HEAD_DIM, Q_LORA_RANK): (8, 4)}
 
 
+def one_chunk_form(block_m: int, block_n: int, num_warps: int, k_blocks: int) -> GemvConfig:
+    """The one-chunk rows form (GemvConfig.one_chunk, with PDL) on ``block_m`` rows x ``block_n`` columns, a whole
+    K of ``k_blocks`` blocks per program (no K split)."""
+    return GemvConfig(block_m, block_n, 1, False, num_warps=num_warps, k_unroll=k_blocks, rows_form=True,
+                      prefetch=True, one_chunk=True, pdl=True)
+
+
 def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig, x_first: bool) -> GemvConfig | None:
     """The one-chunk rows form where runs 18 / 18b (and, with ``x_first``, variants run 35) measured it faster (see
     ONE_CHUNK_* above), else None; ``form``: launch_form's pick for the same call."""
@@ -1578,8 +1585,7 @@ def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig, x_f
     block_n, warps = next((bn, w) for min_k, bn, w in ONE_CHUNK_TILES if k >= min_k)
     if m == 1 and groups == 1:
         block_n, warps = x_first_tile or ONE_CHUNK_ONE_ROW_TILES.get((n, k), (block_n, warps))
-    return GemvConfig(m, block_n, 1, False, num_warps=warps, k_unroll=k_blocks, rows_form=True, prefetch=True,
-                      one_chunk=True, pdl=True)
+    return one_chunk_form(m, block_n, warps, k_blocks)
 
 
 class Rules(NamedTuple):
@@ -2164,14 +2170,12 @@ _WO_A_FORMS = (  # runs 15 / 15b: wo_a_config's one-shot FP8 tile at T=1, 2..4 r
 # runs 18 / 18b: the one-chunk rows forms _one_chunk_config picks for the DSv4 shapes of <= 8 MiB at 1 / 2 rows
 # (K 4096 / 2048 / 1024 / 512 / 256), the fused inverse RoPE on wo_a at T=8 (K 4096)
 _ONE_CHUNK_FORMS = tuple(
-    (GemvConfig(m, block_n, 1, False, num_warps=warps, k_unroll=k // FP8_BLOCK, rows_form=True, prefetch=True,
-                one_chunk=True, pdl=True), rope)
+    (one_chunk_form(m, block_n, warps, k // FP8_BLOCK), rope)
     for m in (1, 2)
     for k, block_n, warps, ropes in ((4096, 8, 8, (False, True)), (2048, 8, 4, (False,)), (1024, 16, 4, (False,)),
                                      (512, 32, 4, (False,)), (256, 32, 4, (False,)))
     for rope in ropes) + tuple(  # wqkv_a and [8192, 1024] at 1 row (ONE_CHUNK_ONE_ROW_TILES, ..._X_FIRST_...)
-    (GemvConfig(1, block_n, 1, False, num_warps=warps, k_unroll=k // FP8_BLOCK, rows_form=True, prefetch=True,
-                one_chunk=True, pdl=True), False)
+    (one_chunk_form(1, block_n, warps, k // FP8_BLOCK), False)
     for (_n, k), (block_n, warps) in (*ONE_CHUNK_ONE_ROW_TILES.items(), *ONE_CHUNK_X_FIRST_ONE_ROW_TILES.items()))
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
 # run 19 / 20 / 21: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a /
@@ -2252,7 +2256,7 @@ def _aot_config_of_form(cfg: GemvConfig, rope: bool) -> AotConfig:
             name=name, kernel=_block_fp8_gemv_rows_kernel, signature=_AOT_ROWS_SIGNATURE,
             constexprs={"ROWS": cfg.block_m, "PREFETCH": cfg.prefetch, "EVICT_FIRST": cfg.evict_first,
                         "X_BROADCAST": cfg.x_broadcast, "ONE_CHUNK": cfg.one_chunk,
-                        "X_FIRST": cfg.one_chunk and one_chunk_x_first(cfg), **common},
+                        "X_FIRST": one_chunk_x_first(cfg), **common},
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             div16=("N", "K", "stride_xm", "stride_xg", "stride_wg", "stride_wn", "stride_ym", "stride_yg",
                    "stride_freq"),

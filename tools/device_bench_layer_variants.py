@@ -210,8 +210,7 @@ def one_chunk_override(variant: str, tp: int):
     name = "shared_gate_up" if variant.startswith("oc_sgu_") else "wq_b"
     n, k = dsv4.dense_linear_shapes(tp)[name]
     block_n, warps = (int(v) for v in variant.split("_n")[1].split("w"))
-    tile = fp8_gemv.GemvConfig(1, block_n, 1, False, num_warps=warps, k_unroll=k // fp8_gemv.FP8_BLOCK,
-                               rows_form=True, prefetch=True, one_chunk=True, pdl=True)
+    tile = fp8_gemv.one_chunk_form(1, block_n, warps, k // fp8_gemv.FP8_BLOCK)
     return one_row_override((n, k), lambda *_: tile)
 
 

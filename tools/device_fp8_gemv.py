@@ -572,9 +572,7 @@ def run18_candidates(m: int, n: int, k: int, groups: int, g):
     if k_blocks & (k_blocks - 1) == 0 and rows <= 2:  # a chunk of the whole K: a power-of-two width
         for block_n, warps in ((8, 8), (16, 8), (8, 4), (16, 4)):
             if block_n * k // (32 * warps) <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
-                out.append((f"wk_n{block_n}_w{warps}",
-                            g.GemvConfig(rows, block_n, 1, False, num_warps=warps, k_unroll=k_blocks, rows_form=True,
-                                         prefetch=True, one_chunk=True, pdl=True)))
+                out.append((f"wk_n{block_n}_w{warps}", g.one_chunk_form(rows, block_n, warps, k_blocks)))
         for block_n in (16, 32):
             tiles = groups * math.ceil(n / block_n) * math.ceil(m / rows)
             split = g.choose_split(tiles, k_blocks, g.PROGRAMS_PER_SM * g.sm_count())
@@ -617,9 +615,7 @@ def run18b_candidates(m: int, n: int, k: int, groups: int, g):
             if (block_n == 4 and k < 2048) or (block_n == 32 and k > 1024):
                 continue
             if block_n * k_blocks * g.FP8_BLOCK // (32 * warps) <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
-                out.append((f"wk_n{block_n}_w{warps}",
-                            g.GemvConfig(m, block_n, 1, False, num_warps=warps, k_unroll=k_blocks, rows_form=True,
-                                         prefetch=True, one_chunk=True, pdl=True)))
+                out.append((f"wk_n{block_n}_w{warps}", g.one_chunk_form(m, block_n, warps, k_blocks)))
     if POINT_IS_WO_A[0]:
         with module_flag(g, "USE_ONE_CHUNK", False):
             old_seam = g.wo_a_config(m, n, k, groups, fused_rope=True)
