@@ -46,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .dsv4 import (FP8_BLOCK, HEAD_DIM, HIDDEN_SIZE, INDEX_HEAD_DIM, INDEX_N_HEADS, KV_LORA_RANK, Q_LORA_RANK,
-                   ROPE_DIM)
+from .dsv4 import (FP8_BLOCK, HEAD_DIM, HIDDEN_SIZE, INDEX_HEAD_DIM, INDEX_N_HEADS, KV_LORA_RANK, NUM_HEADS,
+                   Q_LORA_RANK, ROPE_DIM)
 from .harness.aot import AotConfig
 from .harness.interpreter import has_capability, interpreter_enabled
 from .pdl import PDL_MIN_CAPABILITY, PDL_OPCODES, capability_major
@@ -1564,7 +1564,12 @@ ONE_CHUNK_ONE_ROW_TILES = {(Q_LORA_RANK + KV_LORA_RANK, HIDDEN_SIZE): (4, 8)}
 # the main wq_b at T=4), where the two-chunk rows form was faster before (run 18b), on 8 columns and 4 warps. H200
 # layer variants run 35 (benchmarks/bench-variants-h200-summary.md), against the two-chunk form: C4 T=1 B=1 1.031x;
 # T=4 B=1 SWA / C4 / C128 1.016 / 1.017 / 1.014x (16 columns on 4 warps: 1.032x at T=1, 1.006-1.008x at T=4).
-ONE_CHUNK_X_FIRST_ONE_ROW_TILES = {(INDEX_N_HEADS * INDEX_HEAD_DIM, Q_LORA_RANK): (8, 4)}
+# The main wq_b at T=1 ([32768, 1024], 33.5 MB, over ONE_CHUNK_MAX_WEIGHT_BYTES) on 16 columns and 4 warps: layer
+# variants run 37 against the persistent FMA form by TMA, SWA / C128 T=1 B=1 1.014 / 1.016x; in the C4 layer, where
+# the call shares the SMs with the indexer's streams, 0.983x, so there (block_fp8_linear(share_sms=True),
+# sharing_default_config) the persistent form stays.
+ONE_CHUNK_X_FIRST_ONE_ROW_TILES = {(INDEX_N_HEADS * INDEX_HEAD_DIM, Q_LORA_RANK): (8, 4),
+                                   (NUM_HEADS * HEAD_DIM, Q_LORA_RANK): (16, 4)}
 
 
 def one_chunk_form(block_m: int, block_n: int, num_warps: int, k_blocks: int) -> GemvConfig:
@@ -1574,12 +1579,17 @@ def one_chunk_form(block_m: int, block_n: int, num_warps: int, k_blocks: int) ->
                       prefetch=True, one_chunk=True, pdl=True)
 
 
-def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig, x_first: bool) -> GemvConfig | None:
-    """The one-chunk rows form where runs 18 / 18b (and, with ``x_first``, variants run 35) measured it faster (see
-    ONE_CHUNK_* above), else None; ``form``: launch_form's pick for the same call."""
+def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig, x_first: bool,
+                      beside_other_streams: bool = False) -> GemvConfig | None:
+    """The one-chunk rows form where runs 18 / 18b (and, with ``x_first``, variants runs 35 / 37) measured it faster
+    (see ONE_CHUNK_* above), else None; ``form``: launch_form's pick for the same call. ``beside_other_streams``: the
+    call shares the SMs with other streams' work, where weights over ONE_CHUNK_MAX_WEIGHT_BYTES keep their form."""
     k_blocks = _cdiv(k, FP8_BLOCK)
     x_first_tile = ONE_CHUNK_X_FIRST_ONE_ROW_TILES.get((n, k)) if x_first and m == 1 and groups == 1 else None
-    if (m > ONE_CHUNK_MAX_ROWS or groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES or k_blocks & (k_blocks - 1)
+    large = groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES
+    if large and (x_first_tile is None or beside_other_streams):
+        return None
+    if (m > ONE_CHUNK_MAX_ROWS or k_blocks & (k_blocks - 1)
             or (m == 1 and form.rows_form and form.k_unroll < k_blocks and x_first_tile is None)):
         return None
     block_n, warps = next((bn, w) for min_k, bn, w in ONE_CHUNK_TILES if k >= min_k)
@@ -1616,19 +1626,33 @@ def default_config(m: int, n: int, k: int, groups: int = 1, sms: int | None = No
     return _cached_default_config(m, n, k, groups, sm_count() if sms is None else sms, rules())
 
 
-def pick_default_config(m: int, n: int, k: int, groups: int, sms: int, rule: Rules) -> GemvConfig:
-    """default_config without the cache."""
-    return _default_config(m, n, k, groups, sms, rule, rule.one_chunk)
+def pick_default_config(m: int, n: int, k: int, groups: int, sms: int, rule: Rules,
+                        beside_other_streams: bool = False) -> GemvConfig:
+    """default_config (``beside_other_streams``: sharing_default_config's rule, before sharing_config) without the
+    cache."""
+    return _default_config(m, n, k, groups, sms, rule, rule.one_chunk, beside_other_streams)
 
 
 _cached_default_config = functools.lru_cache(maxsize=CONFIG_CACHE_SIZE)(pick_default_config)
 
 
-def _default_config(m: int, n: int, k: int, groups: int, sms: int, rule: Rules, one_chunk_rule: bool) -> GemvConfig:
+def sharing_default_config(m: int, n: int, k: int, groups: int = 1, sms: int | None = None) -> GemvConfig:
+    """The launch configuration for a call that shares the SMs with other streams' work (block_fp8_linear(share_sms=
+    True)): default_config's, except that a weight over ONE_CHUNK_MAX_WEIGHT_BYTES keeps the rule's form before the
+    one-chunk tiles (the main wq_b at T=1: the persistent form, variants run 37), then sharing_config."""
+    cfg = default_config(m, n, k, groups, sms)
+    if cfg.one_chunk and groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES:
+        cfg = _cached_default_config(m, n, k, groups, sm_count() if sms is None else sms, rules(), True)
+    return sharing_config(cfg)
+
+
+def _default_config(m: int, n: int, k: int, groups: int, sms: int, rule: Rules, one_chunk_rule: bool,
+                    beside_other_streams: bool = False) -> GemvConfig:
     form = _launch_form(m, n, k, groups, sms)
     if not rule.pdl:
         return form
-    one_chunk = _one_chunk_config(m, n, k, groups, form, rule.x_first) if one_chunk_rule else None
+    one_chunk = (_one_chunk_config(m, n, k, groups, form, rule.x_first, beside_other_streams) if one_chunk_rule
+                 else None)
     if one_chunk is not None:
         return one_chunk
     cfg = _with_pdl(form, m, groups * n * k)
@@ -1974,9 +1998,10 @@ def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
         return out
     if k == 0:
         return out.zero_()
-    cfg = config or default_config(m, n, k)
-    if share_sms:
-        cfg = sharing_config(cfg)
+    if config is not None:
+        cfg = sharing_config(config) if share_sms else config
+    else:
+        cfg = sharing_default_config(m, n, k) if share_sms else default_config(m, n, k)
     y2 = out.view(m, n)
     _launch(x2.unsqueeze(1), weight.unsqueeze(0), weight_scale.unsqueeze(0), y2.unsqueeze(1), m, n, k, 1, cfg)
     return out
@@ -2169,14 +2194,15 @@ _WO_A_FORMS = (  # runs 15 / 15b: wo_a_config's one-shot FP8 tile at T=1, 2..4 r
 )
 # runs 18 / 18b: the one-chunk rows forms _one_chunk_config picks for the DSv4 shapes of <= 8 MiB at 1 / 2 rows
 # (K 4096 / 2048 / 1024 / 512 / 256), the fused inverse RoPE on wo_a at T=8 (K 4096)
-_ONE_CHUNK_FORMS = tuple(
-    (one_chunk_form(m, block_n, warps, k // FP8_BLOCK), rope)
-    for m in (1, 2)
-    for k, block_n, warps, ropes in ((4096, 8, 8, (False, True)), (2048, 8, 4, (False,)), (1024, 16, 4, (False,)),
-                                     (512, 32, 4, (False,)), (256, 32, 4, (False,)))
-    for rope in ropes) + tuple(  # wqkv_a and [8192, 1024] at 1 row (ONE_CHUNK_ONE_ROW_TILES, ..._X_FIRST_...)
-    (one_chunk_form(1, block_n, warps, k // FP8_BLOCK), False)
-    for (_n, k), (block_n, warps) in (*ONE_CHUNK_ONE_ROW_TILES.items(), *ONE_CHUNK_X_FIRST_ONE_ROW_TILES.items()))
+_ONE_CHUNK_FORMS = tuple(dict.fromkeys((  # (the main wq_b's one-row tile is also K 1024's: listed once)
+    *((one_chunk_form(m, block_n, warps, k // FP8_BLOCK), rope)
+      for m in (1, 2)
+      for k, block_n, warps, ropes in ((4096, 8, 8, (False, True)), (2048, 8, 4, (False,)), (1024, 16, 4, (False,)),
+                                       (512, 32, 4, (False,)), (256, 32, 4, (False,)))
+      for rope in ropes),
+    # wqkv_a, [8192, 1024] and the main wq_b at 1 row (ONE_CHUNK_ONE_ROW_TILES, ONE_CHUNK_X_FIRST_ONE_ROW_TILES)
+    *((one_chunk_form(1, block_n, warps, k // FP8_BLOCK), False)
+      for (_n, k), (block_n, warps) in (*ONE_CHUNK_ONE_ROW_TILES.items(), *ONE_CHUNK_X_FIRST_ONE_ROW_TILES.items())))))
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
 # run 19 / 20 / 21: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a /
 # wo_b at T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded, rotated from its

@@ -103,21 +103,27 @@ def test_persistent_config_validation_name_and_aot():
 
 def test_default_config_persistent_where_measured_faster(monkeypatch):
     """H200 runs 13 / 13b (benchmarks/fp8_gemv-h200-run13-summary.md): 1 row of wq_b at T=1 ([32768, 1024], 32 MiB,
-    no K split) on 64-column TMA tiles, 2 programs per SM; nowhere else."""
-    cfg = g.default_config(1, 32768, 1024)
-    assert cfg.persistent_programs_per_sm == 2 and cfg.w_tma and cfg.block_n == 64 and cfg.split_k == 1
-    assert cfg.pdl and cfg.pdl_l2_blocks == g.PDL_FMA_L2_BLOCKS and not cfg.use_dot
+    no K split) on 64-column TMA tiles, 2 programs per SM, where the call shares the SMs with other streams (the rule
+    beside_other_streams; alone the one-chunk tile of variants run 37 replaces it) or ONE_CHUNK_X_FIRST is off;
+    nowhere else."""
+    for cfg in (g.pick_default_config(1, 32768, 1024, 1, 132, g.rules(), beside_other_streams=True),
+                g.pick_default_config(1, 32768, 1024, 1, 132, g.rules()._replace(x_first=False))):
+        assert cfg.persistent_programs_per_sm == 2 and cfg.w_tma and cfg.block_n == 64 and cfg.split_k == 1
+        assert cfg.pdl and cfg.pdl_l2_blocks == g.PDL_FMA_L2_BLOCKS and not cfg.use_dot
+    alone = g.default_config(1, 32768, 1024)
+    assert alone == g.one_chunk_form(1, 16, 4, 1024 // g.FP8_BLOCK) and g.one_chunk_x_first(alone)
     for m, n, k, groups in ((1, 1024, 4096, 8), (1, 4096, 8192, 1), (1, 16384, 1024, 1), (1, 4096, 4096, 1),
-                            (2, 32768, 1024, 1), (8, 32768, 1024, 1), (2, 1024, 4096, 8), (16, 32768, 1024, 1)):
+                            (1, 32768, 1024, 1), (2, 32768, 1024, 1), (8, 32768, 1024, 1), (2, 1024, 4096, 8),
+                            (16, 32768, 1024, 1)):
         assert not g.default_config(m, n, k, groups).persistent_programs_per_sm, (m, n, k, groups)
     monkeypatch.setattr(g, "USE_TMA", False)
-    assert not g.default_config(1, 32768, 1024).persistent_programs_per_sm
+    assert not g.pick_default_config(1, 32768, 1024, 1, 132, g.rules(), True).persistent_programs_per_sm
 
 
 def test_sharing_config_and_share_sms(two_sms):
     """block_fp8_linear(share_sms=True) (the main wq_b beside SGLang's indexer streams): the persistent form on
     SHARED_PERSISTENT_PROGRAMS_PER_SM programs per SM, every other form unchanged; the same outputs bit for bit."""
-    shipped = g.default_config(1, 32768, 1024)
+    shipped = g.pick_default_config(1, 32768, 1024, 1, 132, g.rules(), beside_other_streams=True)
     shared = g.sharing_config(shipped)
     assert shared.persistent_programs_per_sm == g.SHARED_PERSISTENT_PROGRAMS_PER_SM < shipped.persistent_programs_per_sm
     assert dataclasses.replace(shared, persistent_programs_per_sm=shipped.persistent_programs_per_sm) == shipped
@@ -125,6 +131,7 @@ def test_sharing_config_and_share_sms(two_sms):
     for m, n, k, groups in ((1, 4096, 8192, 1), (8, 32768, 1024, 1), (1, 1536, 4096, 1), (2, 1024, 4096, 8)):
         cfg = g.default_config(m, n, k, groups)
         assert g.sharing_config(cfg) is cfg, (m, n, k, groups)
+        assert g.sharing_default_config(m, n, k, groups) == cfg, (m, n, k, groups)
     gen = torch.Generator().manual_seed(7)
     w, s = random_weight(N, K, gen=gen)
     x = torch.randn(1, K, generator=gen).to(torch.bfloat16)
@@ -141,3 +148,50 @@ def test_sharing_config_and_share_sms(two_sms):
     finally:
         g._launch = original
     assert launched[0].persistent_programs_per_sm == g.SHARED_PERSISTENT_PROGRAMS_PER_SM
+
+
+# the main wq_b's geometry at reduced size: K of 8 blocks (one chunk), N ragged against the 16-column tile
+LARGE_ONE_CHUNK_N, LARGE_ONE_CHUNK_K = 328, 1024
+
+
+@pytest.fixture
+def large_one_chunk_tile(two_sms, monkeypatch):
+    """[LARGE_ONE_CHUNK_N, LARGE_ONE_CHUNK_K] made a weight over ONE_CHUNK_MAX_WEIGHT_BYTES with a one-row X_FIRST
+    one-chunk tile, as the main wq_b at T=1, and large enough for the persistent form by TMA (the rule beside)."""
+    n, k = LARGE_ONE_CHUNK_N, LARGE_ONE_CHUNK_K
+    monkeypatch.setattr(g, "ONE_CHUNK_MAX_WEIGHT_BYTES", n * k - 1)
+    monkeypatch.setattr(g, "PERSISTENT_FMA_MIN_WEIGHT_BYTES", n * k)
+    monkeypatch.setattr(g, "ONE_CHUNK_X_FIRST_ONE_ROW_TILES", {**g.ONE_CHUNK_X_FIRST_ONE_ROW_TILES, (n, k): (16, 4)})
+    g.clear_caches()
+    yield n, k
+    g.clear_caches()
+
+
+def test_large_one_chunk_alone_persistent_beside(large_one_chunk_tile):
+    """A weight over ONE_CHUNK_MAX_WEIGHT_BYTES with a one-row X_FIRST tile (the main wq_b at T=1, variants run 37):
+    alone the one-chunk form, beside other streams (block_fp8_linear(share_sms=True) without a config) the persistent
+    form on SHARED_PERSISTENT_PROGRAMS_PER_SM programs per SM; 2 rows and grouped weights as before; both launches
+    give the reference's answer into a poisoned output."""
+    n, k = large_one_chunk_tile
+    alone = g.default_config(1, n, k)
+    assert alone.one_chunk and alone.block_n == 16 and g.one_chunk_x_first(alone)
+    beside = g.sharing_default_config(1, n, k)
+    assert not beside.one_chunk and beside.persistent_programs_per_sm == g.SHARED_PERSISTENT_PROGRAMS_PER_SM
+    assert beside == g.sharing_config(g.pick_default_config(1, n, k, 1, GRID_SMS, g.rules(), True))
+    for m, groups in ((2, 1), (1, 2)):  # no one-chunk tile: sharing_config of default_config's form
+        cfg = g.default_config(m, n, k, groups)
+        assert not cfg.one_chunk and g.sharing_default_config(m, n, k, groups) == g.sharing_config(cfg), (m, groups)
+    gen = torch.Generator().manual_seed(11)
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+    ref = g.reference_block_fp8_linear(x, w, s)
+    launched = []
+    original = g._launch
+    try:
+        g._launch = lambda *args: launched.append(args[-1]) or original(*args)
+        y_alone = g.block_fp8_linear(x, w, s, out=poisoned((1, n)))
+        y_beside = g.block_fp8_linear(x, w, s, out=poisoned((1, n)), share_sms=True)
+    finally:
+        g._launch = original
+    assert launched == [alone, beside]
+    assert rel_err(y_alone, ref) < OUTPUT_TOL and rel_err(y_beside, ref) < OUTPUT_TOL

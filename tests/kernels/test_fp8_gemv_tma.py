@@ -138,8 +138,9 @@ def test_default_config_tma_where_measured_faster(monkeypatch):
         assert cfg.pdl and cfg.pdl_l2_blocks == g.PDL_FMA_L2_BLOCKS and cfg.num_stages == 3
     for n, k, groups in ((4096, 4096, 1), (4096, 2048, 1), (1536, 4096, 1), (1024, 4096, 4)):
         assert not g.default_config(1, n, k, groups).w_tma  # the 16 MiB and smaller weights
-    # wq_b T=1 (K = 1024): by TMA only in the persistent form of runs 13 / 13b (test_fp8_gemv_persistent.py)
-    assert g.default_config(1, 32768, 1024).persistent_programs_per_sm
+    # wq_b T=1 (K = 1024): by TMA only in the persistent form of runs 13 / 13b beside other streams (alone: the
+    # one-chunk rows form, test_fp8_gemv_persistent.py)
+    assert g.sharing_default_config(1, 32768, 1024).w_tma and not g.default_config(1, 32768, 1024).w_tma
     for m in (2, 4, 8, 16):
         assert not g.default_config(m, 1024, 4096, 8).w_tma and not g.default_config(m, 4096, 8192).w_tma
     monkeypatch.setattr(g, "USE_TMA", False)
