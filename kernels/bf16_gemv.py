@@ -48,6 +48,13 @@ PROGRAMS_PER_SM = 6
 DEFAULT_SM_COUNT = 132
 OUT_DTYPES = (torch.float32, torch.bfloat16)
 USE_PDL = True
+# One-row calls whose whole K fits one step of the one-row budget (ONE_ROW_PRODUCT_ELEMENTS_PER_THREAD, K up to
+# W_BEFORE_WAIT_MAX_K) load their weight rows before the PDL wait, as SGLang's tiny_gemm_bf16 does for the router gate
+# (sglang/kernels/jit/csrc/gemm/tiny_gemm.cuh: the weight tile into registers before PDLWaitPrimary): the weight is a
+# constant of the model, so its DRAM round trip overlaps the previous kernel's tail and only the activation's load
+# follows the wait. False: every call waits before its first load (the form before).
+USE_W_BEFORE_WAIT = True
+W_BEFORE_WAIT_MAX_K = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,17 +65,25 @@ class Bf16GemvConfig:
     num_warps: int = NUM_WARPS
     num_stages: int = 2
     pdl: bool = False
+    # one row, the whole K in one step (block_k >= K): the weight rows loaded before the PDL wait (USE_W_BEFORE_WAIT;
+    # without PDL the same one-step program, which the interpreter runs)
+    w_before_wait: bool = False
+
+    def __post_init__(self):
+        if self.w_before_wait and self.block_m != 1:
+            raise ValueError(f"w_before_wait needs block_m 1; got {self}")
 
     @property
     def name(self) -> str:
         return (f"bf16gemv_m{self.block_m}_n{self.block_n}_k{self.block_k}_w{self.num_warps}_st{self.num_stages}"
-                + ("_pdl" if self.pdl else ""))
+                + ("_pdl" if self.pdl else "") + ("_wbw" if self.w_before_wait else ""))
 
 
 @triton.jit
 def _bf16_gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, scale,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr, PDL: tl.constexpr):
+                      HAS_SCALE: tl.constexpr, OUT_BF16: tl.constexpr, PDL: tl.constexpr,
+                      W_BEFORE_WAIT: tl.constexpr = False):
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
@@ -77,23 +92,33 @@ def _bf16_gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride
     m_mask = rm < M
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm + rk[None, :]
-    # the activations may be the previous kernel's output: wait before the first load (PDL)
-    pdl_wait(PDL)
-    # elementwise partial sums across the K loop, reduced over K once at the end: a reduction per step would
-    # cost cross-thread shuffles and a barrier every step (H200 run 1: 5x slower at 8 rows)
-    if BLOCK_M == 1:  # a 2-D product: the 3-D form's broadcast costs one-row calls spills on sm_120a
-        part2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    else:
-        part3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = (k0 + rk) < K
+    if W_BEFORE_WAIT:  # one row, K in one step (the launch checks block_k >= K): straight-line, weight first
+        tl.static_assert(BLOCK_M == 1)
+        k_mask = rk < K
         # the weight is read once per call: keep it from evicting the activations and the next layer's data
-        w = tl.load(w_rows + k0, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
-        x = tl.load(x_rows + k0, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        if BLOCK_M == 1:
-            part2 += w.to(tl.float32) * x.to(tl.float32)
+        w = tl.load(w_rows, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
+        pdl_wait(PDL)  # the activations may be the previous kernel's output
+        x = tl.load(x_rows, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        part2 = w.to(tl.float32) * x.to(tl.float32)
+    else:
+        # the activations may be the previous kernel's output: wait before the first load (PDL)
+        pdl_wait(PDL)
+        # elementwise partial sums across the K loop, reduced over K once at the end: a reduction per step would
+        # cost cross-thread shuffles and a barrier every step (H200 run 1: 5x slower at 8 rows)
+        if BLOCK_M == 1:  # a 2-D product: the 3-D form's broadcast costs one-row calls spills on sm_120a
+            part2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
         else:
-            part3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+            part3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = (k0 + rk) < K
+            # the weight is read once per call: keep it from evicting the activations and the next layer's data
+            w = tl.load(w_rows + k0, mask=n_mask[:, None] & k_mask[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            x = tl.load(x_rows + k0, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            if BLOCK_M == 1:
+                part2 += w.to(tl.float32) * x.to(tl.float32)
+            else:
+                part3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     pdl_launch_dependents(PDL)
     if BLOCK_M == 1:
         acc = tl.sum(part2, axis=1)[None, :]
@@ -157,12 +182,18 @@ SHARING_BLOCK_N = {2048: {1: 32}}
 
 def tile(block_m: int, block_n: int, k: int, pdl: bool = False) -> Bf16GemvConfig:
     """``block_m`` x ``block_n`` with the longest K step that keeps the per-thread product within budget and
-    gives every thread at least one 16-byte weight load per step."""
+    gives every thread at least one 16-byte weight load per step; with PDL, one row whose whole K fits that budget
+    (up to W_BEFORE_WAIT_MAX_K) in one step, its weight loaded before the wait (USE_W_BEFORE_WAIT)."""
     num_warps = ONE_ROW_WIDE_WARPS if block_m == 1 and block_n >= ONE_ROW_WIDE_MIN_BLOCK_N else NUM_WARPS
     threads = 32 * num_warps
     budget = (ONE_ROW_PRODUCT_ELEMENTS_PER_THREAD if block_m == 1 else PRODUCT_ELEMENTS_PER_THREAD) * threads
     min_block_k = LOAD_ELEMENTS * threads // block_n
-    block_k = max(min_block_k, min(MAX_BLOCK_K, triton.next_power_of_2(k), budget // (block_m * block_n)))
+    whole_k = triton.next_power_of_2(k)
+    if (USE_W_BEFORE_WAIT and pdl and block_m == 1 and whole_k <= W_BEFORE_WAIT_MAX_K
+            and block_n * whole_k <= budget):
+        return Bf16GemvConfig(1, block_n, max(min_block_k, whole_k), num_warps=num_warps, pdl=True,
+                              w_before_wait=True)
+    block_k = max(min_block_k, min(MAX_BLOCK_K, whole_k, budget // (block_m * block_n)))
     return Bf16GemvConfig(block_m, block_n, block_k, num_warps=num_warps, pdl=pdl)
 
 
@@ -221,12 +252,14 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype = 
     cfg = config or default_config(m, n, k, sm_count(x.device), pdl=_launch_with_pdl(x.device), share_sms=share_sms)
     if cfg.block_m < m:
         raise ValueError(f"config {cfg.name} holds {cfg.block_m} rows, x has {m}")
+    if cfg.w_before_wait and cfg.block_k < k:
+        raise ValueError(f"config {cfg.name} loads its weight in one step of {cfg.block_k}; K is {k}")
     extra = {"launch_pdl": True} if cfg.pdl else {}
     _bf16_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), 1.0 if scale is None else float(scale),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, HAS_SCALE=scale is not None,
-        OUT_BF16=out_dtype == torch.bfloat16, PDL=cfg.pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **extra)
+        OUT_BF16=out_dtype == torch.bfloat16, PDL=cfg.pdl, W_BEFORE_WAIT=cfg.w_before_wait, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **extra)
     return y
 
 
@@ -260,7 +293,7 @@ def aot_configs():
     signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
                  "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32", "scale": "fp32",
                  "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "HAS_SCALE": "constexpr",
-                 "OUT_BF16": "constexpr", "PDL": "constexpr"}
+                 "OUT_BF16": "constexpr", "PDL": "constexpr", "W_BEFORE_WAIT": "constexpr"}
     out = []
     for cfg in shipped_configs():
         for out_bf16 in (False, True):  # compressors (fp32) and weights_proj (bf16)
@@ -268,7 +301,8 @@ def aot_configs():
                 name=cfg.name + ("_obf16" if out_bf16 else "_of32"), kernel=_bf16_gemv_kernel,
                 signature={**signature, "y_ptr": "*bf16" if out_bf16 else "*fp32"},
                 constexprs={"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                            "HAS_SCALE": False, "OUT_BF16": out_bf16, "PDL": cfg.pdl},
+                            "HAS_SCALE": False, "OUT_BF16": out_bf16, "PDL": cfg.pdl,
+                            "W_BEFORE_WAIT": cfg.w_before_wait},
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, div16=("N", "K", "stride_xm", "stride_wn",
                                                                           "stride_ym"),
                 # CUDA cores only (FFMA, or FMUL + FADD where ptxas keeps them apart); the weight streamed in

@@ -183,3 +183,52 @@ def test_aot_configs_cover_the_shipped_tiles():
         assert {cfg.name + "_of32", cfg.name + "_obf16"} <= names
     for aot in g.aot_configs():
         assert "LDG.E.EF.128" in aot.expect_opcodes and "HMMA" in aot.forbid_opcodes
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("out_dtype", g.OUT_DTYPES)
+def test_weight_before_wait_one_step(n, k, out_dtype):
+    """The one-row one-step form (w_before_wait: the weight rows loaded before the PDL wait, as SGLang's
+    tiny_gemm_bf16 does) against the reference into a NaN-poisoned output, and against the looping tile; a K
+    longer than its step is refused by name."""
+    gen = torch.Generator().manual_seed(n * 31 + k)
+    x, w = randn(1, k, gen=gen, scale=2.0), randn(n, k, gen=gen, scale=0.05)
+    block_k = max(g.LOAD_ELEMENTS * 32 * g.NUM_WARPS, 1 << (k - 1).bit_length())
+    one_step = g.Bf16GemvConfig(1, 1, block_k, w_before_wait=True)
+    out = torch.full((1, n), float("nan"), dtype=out_dtype, device=DEVICE)
+    got = g.bf16_linear(x, w, out_dtype=out_dtype, out=out, config=one_step)
+    assert got is out and torch.isfinite(got).all()
+    # bf16 out: one rounding, which the interpreter's float32 -> bf16 conversion does by truncation (up to one ulp)
+    tol = F32_TOL if out_dtype == torch.float32 else 2 * BF16_TOL
+    assert rel_err(got, g.reference_bf16_linear(x, w)) < tol
+    looped = g.bf16_linear(x, w, out_dtype=out_dtype, config=g.Bf16GemvConfig(1, 1, g.LOAD_ELEMENTS * 32 * 4))
+    assert rel_err(got, looped) < tol
+    short_step = (1 << (k - 1).bit_length()) // 2  # the power of two below K
+    with pytest.raises(ValueError, match=f"one step of {short_step}; K is {k}"):
+        g.bf16_linear(x, w, config=g.Bf16GemvConfig(1, 1, short_step, w_before_wait=True))
+    with pytest.raises(ValueError, match="w_before_wait needs block_m 1"):
+        g.Bf16GemvConfig(2, 1, block_k, w_before_wait=True)
+
+
+@pytest.mark.parametrize("sms", sorted({*SM12X_SM_COUNTS.values(), g.DEFAULT_SM_COUNT}))
+def test_weight_before_wait_rule(sms, monkeypatch):
+    """With PDL, a one-row call whose whole K fits the one-row product budget in one step (up to
+    W_BEFORE_WAIT_MAX_K) takes w_before_wait: the router gate, weights_proj and the indexer / C128 compressors at
+    K 4096; the C4 compressor's 4-row tile (over the budget), more rows, no PDL, K past the limit and the switch off
+    do not."""
+    from sglang_sm120.kernels.dsv4 import ROUTER_GATE_SHAPE
+
+    for n, k in (*BF16_LINEAR_SHAPES.values(), ROUTER_GATE_SHAPE):
+        for rows in range(1, g.MAX_ROWS + 1):
+            cfg = g.default_config(rows, n, k, sms, pdl=True)
+            threads = 32 * cfg.num_warps
+            fits = cfg.block_m == 1 and cfg.block_n * k <= g.ONE_ROW_PRODUCT_ELEMENTS_PER_THREAD * threads
+            assert cfg.w_before_wait == fits, (n, k, rows)
+            if fits:
+                assert cfg.block_k >= k and cfg.pdl
+            assert not g.default_config(rows, n, k, sms).w_before_wait  # no PDL
+    assert g.default_config(1, 256, 4096, sms, pdl=True).w_before_wait  # the router gate
+    assert not g.default_config(1, 2048, 4096, sms, pdl=True).w_before_wait  # 4 rows x 4096 over the budget
+    assert not g.default_config(1, 64, 2 * g.W_BEFORE_WAIT_MAX_K, sms, pdl=True).w_before_wait
+    monkeypatch.setattr(g, "USE_W_BEFORE_WAIT", False)
+    assert not g.default_config(1, 256, 4096, sms, pdl=True).w_before_wait
