@@ -56,6 +56,11 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   with ``moe_mxfp4_forward(l2_prefetch=)``: commit 7d01e52 has both);
 - ``oc_x0`` (variants run 33): the one-row one-chunk FP8 GEMVs (wqkv_a at every T, the small weights at T >= 2)
   with their activation loaded after the weight's conversion, the order before ``fp8_gemv.ONE_CHUNK_X_FIRST``;
+- ``wqb_pers`` (variants run 39): the main wq_b at T=1, 1 row, on the persistent FMA form by TMA (2 programs per SM)
+  it ran on before the one-chunk tile of ``fp8_gemv.ONE_CHUNK_X_FIRST_ONE_ROW_TILES`` (the C4 layer's call beside the
+  indexer keeps its sharing form either way); ``bf16_wbw0``: the one-row bf16 GEMVs (the router gate, weights_proj,
+  the compressors where one K step holds them) waiting before their weight load, as before
+  ``bf16_gemv.USE_W_BEFORE_WAIT``;
 - ``--trace-calls 2`` traces a graph of two layer calls, as the timed graph holds: the second call shows the layer
   behind another layer rather than behind the graph's start.
 
@@ -103,7 +108,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
             "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
-            "oc_wqb_n16w4")
+            "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -199,6 +204,16 @@ def wq_b_override(variant: str, tp: int):
             return original(m, *index_shape, groups, sms)
         raise ValueError(variant)
     return one_row_override(shape, change)
+
+
+def persistent_wq_b_override(variant: str, tp: int):
+    """``wqb_pers``: the main wq_b at T=1, 1 row, on the rule's form beside other streams before sharing_config
+    (the persistent FMA form on 2 programs per SM, shipped before variants run 39); None: no change."""
+    if variant != "wqb_pers" or tp != 1:
+        return None
+    n, k = main_wq_b_shape(tp)
+    return one_row_override((n, k), lambda cfg, m, groups, sms: fp8_gemv.pick_default_config(
+        m, n, k, groups, fp8_gemv.sm_count() if sms is None else sms, fp8_gemv.rules(), beside_other_streams=True))
 
 
 def one_chunk_override(variant: str, tp: int):
@@ -324,7 +339,7 @@ def drop_stages(stages: list, names: tuple) -> list:
 def applied(variant: str, tp: int):
     override = (wq_b_override(variant, tp) or wqkv_a_override(variant, tp) or indexer_wq_b_override(variant, tp)
                 or shared_down_override(variant, tp) or shared_gate_up_override(variant, tp)
-                or one_chunk_override(variant, tp))
+                or one_chunk_override(variant, tp) or persistent_wq_b_override(variant, tp))
     original, attention_pdl, sharing = fp8_gemv.default_config, sparse_mla_decode.USE_PDL, fp8_gemv.sharing_config
     if override is not None:
         fp8_gemv.default_config = override
@@ -346,6 +361,8 @@ def applied(variant: str, tp: int):
             bf16_gemv.SHARING_BLOCK_N[width][1] = block_n
     x_first = fp8_gemv.ONE_CHUNK_X_FIRST
     fp8_gemv.ONE_CHUNK_X_FIRST = x_first and variant != "oc_x0"
+    bf16_w_first = bf16_gemv.USE_W_BEFORE_WAIT
+    bf16_gemv.USE_W_BEFORE_WAIT = bf16_w_first and variant != "bf16_wbw0"
     route_small = moe_mxfp4.ROUTE_SMALL_MAX_ROWS
     if variant == "moe_sr0":  # run 31: the routing's counting sort at every row count (before round 29's pairwise)
         moe_mxfp4.ROUTE_SMALL_MAX_ROWS = 0
@@ -361,9 +378,10 @@ def applied(variant: str, tp: int):
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
                or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths)
-               or variant in ("moe_sr0", "oc_x0"))
+               or variant in ("moe_sr0", "oc_x0", "bf16_wbw0"))
     finally:
         fp8_gemv.ONE_CHUNK_X_FIRST = x_first
+        bf16_gemv.USE_W_BEFORE_WAIT = bf16_w_first
         moe_mxfp4.ROUTE_SMALL_MAX_ROWS = route_small
         for width, saved in comp_saved.items():
             bf16_gemv.MEASURED_BLOCK_N[width] = saved
