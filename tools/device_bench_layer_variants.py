@@ -60,7 +60,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   it ran on before the one-chunk tile of ``fp8_gemv.ONE_CHUNK_X_FIRST_ONE_ROW_TILES`` (the C4 layer's call beside the
   indexer keeps its sharing form either way); ``bf16_wbw0``: the one-row bf16 GEMVs (the router gate, weights_proj,
   the compressors where one K step holds them) waiting before their weight load, as before
-  ``bf16_gemv.USE_W_BEFORE_WAIT``;
+  ``bf16_gemv.USE_W_BEFORE_WAIT``; ``bf16_gate_wait`` / ``bf16_gate_only``: only the router gate waiting before its
+  weight load / only the router gate loading it before the wait (variants run 40);
 - ``--trace-calls 2`` traces a graph of two layer calls, as the timed graph holds: the second call shows the layer
   behind another layer rather than behind the graph's start.
 
@@ -108,7 +109,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
             "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
-            "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0")
+            "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -214,6 +215,39 @@ def persistent_wq_b_override(variant: str, tp: int):
     n, k = main_wq_b_shape(tp)
     return one_row_override((n, k), lambda cfg, m, groups, sms: fp8_gemv.pick_default_config(
         m, n, k, groups, fp8_gemv.sm_count() if sms is None else sms, fp8_gemv.rules(), beside_other_streams=True))
+
+
+@contextlib.contextmanager
+def bf16_w_before_wait_where(variant: str):
+    """``bf16_gate_wait`` / ``bf16_gate_only``: bf16_gemv.default_config with w_before_wait taken off the router
+    gate's one-row config / off every other width's (no change for other variants)."""
+    if variant not in ("bf16_gate_wait", "bf16_gate_only"):
+        yield
+        return
+    original = bf16_gemv.default_config
+    gate_n = dsv4.ROUTER_GATE_SHAPE[0]
+
+    def config(m, n, k, *args, **kwargs):
+        cfg = original(m, n, k, *args, **kwargs)
+        keep = (n == gate_n) == (variant == "bf16_gate_only")
+        if cfg.w_before_wait and not keep:
+            return _waiting(original, m, n, k, *args, **kwargs)
+        return cfg
+    bf16_gemv.default_config = config
+    try:
+        yield
+    finally:
+        bf16_gemv.default_config = original
+
+
+def _waiting(original, *args, **kwargs):
+    """``original``'s config with bf16_gemv.USE_W_BEFORE_WAIT off (the looping tile before)."""
+    saved = bf16_gemv.USE_W_BEFORE_WAIT
+    bf16_gemv.USE_W_BEFORE_WAIT = False
+    try:
+        return original(*args, **kwargs)
+    finally:
+        bf16_gemv.USE_W_BEFORE_WAIT = saved
 
 
 def one_chunk_override(variant: str, tp: int):
@@ -366,6 +400,8 @@ def applied(variant: str, tp: int):
     route_small = moe_mxfp4.ROUTE_SMALL_MAX_ROWS
     if variant == "moe_sr0":  # run 31: the routing's counting sort at every row count (before round 29's pairwise)
         moe_mxfp4.ROUTE_SMALL_MAX_ROWS = 0
+    bf16_where = bf16_w_before_wait_where(variant)
+    bf16_where.__enter__()
     plan_table, ix_pdl = ix.PLAN_TABLE, ix.USE_PDL
     ix.USE_PDL = ix_pdl and variant != "ix_nopdl"
     if variant.startswith("ix_rank_r"):
@@ -378,8 +414,9 @@ def applied(variant: str, tp: int):
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
                or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths)
-               or variant in ("moe_sr0", "oc_x0", "bf16_wbw0"))
+               or variant in ("moe_sr0", "oc_x0", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only"))
     finally:
+        bf16_where.__exit__(None, None, None)
         fp8_gemv.ONE_CHUNK_X_FIRST = x_first
         bf16_gemv.USE_W_BEFORE_WAIT = bf16_w_first
         moe_mxfp4.ROUTE_SMALL_MAX_ROWS = route_small
