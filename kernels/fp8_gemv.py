@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from .dsv4 import (FP8_BLOCK, HEAD_DIM, HIDDEN_SIZE, INDEX_HEAD_DIM, INDEX_N_HEADS, KV_LORA_RANK, NUM_HEADS,
-                   Q_LORA_RANK, ROPE_DIM)
+                   Q_LORA_RANK, ROPE_DIM, SHARED_EXPERT_INTERMEDIATE)
 from .harness.aot import AotConfig
 from .harness.interpreter import has_capability, interpreter_enabled
 from .pdl import PDL_MIN_CAPABILITY, PDL_OPCODES, capability_major
@@ -1572,6 +1572,15 @@ ONE_CHUNK_X_FIRST_ONE_ROW_TILES = {(INDEX_N_HEADS * INDEX_HEAD_DIM, Q_LORA_RANK)
                                    (NUM_HEADS * HEAD_DIM, Q_LORA_RANK): (16, 4)}
 
 
+# One-row calls launched without PDL: the shared expert's down projection at T=4 ([4096, 512], a shape no other DSv4
+# linear has at any T), which SGLang's decode runs on the shared expert's stream beside the router's chain. With the
+# router gate's weight loaded before its PDL wait (bf16_gemv.USE_W_BEFORE_WAIT) that chain got shorter and the routed
+# experts' gate/up launch came to overlap this GEMV's programs, which then took 14.9 instead of 9.4 us (trace of H200
+# variants run 40). Without PDL its programs take no SM slot before the SwiGLU has finished: T=4 B=1 SWA / C4 / C128
+# 1.031 / 1.042 / 1.049x (run 40, against the same layers with PDL; T=1, where the shape is not this one, level).
+ONE_ROW_WITHOUT_PDL = frozenset({(HIDDEN_SIZE, SHARED_EXPERT_INTERMEDIATE // 4)})
+
+
 def one_chunk_form(block_m: int, block_n: int, num_warps: int, k_blocks: int) -> GemvConfig:
     """The one-chunk rows form (GemvConfig.one_chunk, with PDL) on ``block_m`` rows x ``block_n`` columns, a whole
     K of ``k_blocks`` blocks per program (no K split)."""
@@ -1654,7 +1663,7 @@ def _default_config(m: int, n: int, k: int, groups: int, sms: int, rule: Rules, 
     one_chunk = (_one_chunk_config(m, n, k, groups, form, rule.x_first, beside_other_streams) if one_chunk_rule
                  else None)
     if one_chunk is not None:
-        return one_chunk
+        return _launch_pdl(one_chunk, m, n, k, groups)
     cfg = _with_pdl(form, m, groups * n * k)
     if (rule.tma and m == 1 and not cfg.use_dot and not cfg.rows_form and k >= TMA_FMA_MIN_K
             and groups * n * k >= TMA_FMA_MIN_WEIGHT_BYTES):
@@ -1665,6 +1674,13 @@ def _default_config(m: int, n: int, k: int, groups: int, sms: int, rule: Rules, 
                                   persistent_programs_per_sm=PERSISTENT_FMA_PROGRAMS_PER_SM)
     elif rule.w_before_wait and _one_shot_split(cfg, k):
         cfg = dataclasses.replace(cfg, w_before_wait=ONE_SHOT_W_BEFORE_WAIT, **WO_A_ONE_SHOT)
+    return cfg
+
+
+def _launch_pdl(cfg: GemvConfig, m: int, n: int, k: int, groups: int) -> GemvConfig:
+    """``cfg`` launched without PDL where ONE_ROW_WITHOUT_PDL lists the one-row shape."""
+    if m == 1 and groups == 1 and (n, k) in ONE_ROW_WITHOUT_PDL and cfg.pdl:
+        return dataclasses.replace(cfg, pdl=False, pdl_l2_blocks=0, pdl_late=False)
     return cfg
 
 
@@ -2202,7 +2218,10 @@ _ONE_CHUNK_FORMS = tuple(dict.fromkeys((  # (the main wq_b's one-row tile is als
       for rope in ropes),
     # wqkv_a, [8192, 1024] and the main wq_b at 1 row (ONE_CHUNK_ONE_ROW_TILES, ONE_CHUNK_X_FIRST_ONE_ROW_TILES)
     *((one_chunk_form(1, block_n, warps, k // FP8_BLOCK), False)
-      for (_n, k), (block_n, warps) in (*ONE_CHUNK_ONE_ROW_TILES.items(), *ONE_CHUNK_X_FIRST_ONE_ROW_TILES.items())))))
+      for (_n, k), (block_n, warps) in (*ONE_CHUNK_ONE_ROW_TILES.items(), *ONE_CHUNK_X_FIRST_ONE_ROW_TILES.items())),
+    # the shared expert's down at T=4 without PDL (ONE_ROW_WITHOUT_PDL)
+    *((_launch_pdl(pick_default_config(1, n, k, 1, DEFAULT_SM_COUNT, rules()), 1, n, k, 1), False)
+      for n, k in sorted(ONE_ROW_WITHOUT_PDL)))))
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
 # run 19 / 20 / 21: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a /
 # wo_b at T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded, rotated from its

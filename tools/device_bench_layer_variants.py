@@ -21,8 +21,9 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   warps (run 8, against 8 columns on 8 warps, 192 programs on 132 SMs; 4 on 8 warps shipped since);
 - ``iwqb_n8`` / ``iwqb_n32`` / ``iwqb_oc``: the indexer's wq_b ([8192, 1024], T=1 only: at T >= 4 the main wq_b has its
   shape) at 1 row on 8 or 32 columns per program (shipped: 16, 512 programs, its K in two chunks), or in one chunk;
-- ``sd_n16`` / ``sd_n32`` / ``sd_nopdl``: the shared expert's down projection at 1 row on 16 or 32 columns per program
-  (shipped: 8, 512 programs) or without PDL, so that fewer of its programs hold SM slots beside the routed gate/up;
+- ``sd_n16`` / ``sd_n32`` / ``sd_nopdl`` / ``sd_pdl``: the shared expert's down projection at 1 row on 16 or 32
+  columns per program (shipped: 8, 512 programs) or without / with PDL (``sd_pdl``: at T=4 as before
+  ``fp8_gemv.ONE_ROW_WITHOUT_PDL``), so that fewer of its programs hold SM slots beside the routed gate/up;
 - ``drop_route`` / ``drop_qquant`` / ``drop_route_qquant``: upper bounds, not forms the plugin could ship as they
   are: the layer without the router's top-k launch and / or the indexer's query quantisation launch (their outputs
   kept from the warm-up call), i.e. the most that fusing them into the next launch could save;
@@ -109,7 +110,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
             "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
-            "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only")
+            "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -147,11 +148,12 @@ def wqkv_a_override(variant: str, tp: int):
 def shared_down_override(variant: str, tp: int):
     """The shared expert's down projection ([4096, 2048 / T]) at 1 row on fewer, wider programs (``sd_n{N}``: N columns
     per program; shipped at T=1: 8, 512 programs) or launched without PDL (``sd_nopdl``: its programs take no SM slot
-    before the SwiGLU has finished). At B=1 it runs beside the routed experts' gate/up, which is on the critical path;
+    before the SwiGLU has finished) or with it (``sd_pdl``: at T=4 as before fp8_gemv.ONE_ROW_WITHOUT_PDL). At B=1 it runs beside the routed experts' gate/up, which is on the critical path;
     None: no change."""
     if not variant.startswith("sd_"):
         return None
-    tile = dict(pdl=False) if variant == "sd_nopdl" else dict(block_n=int(variant[len("sd_n"):]))
+    tile = ({"sd_nopdl": dict(pdl=False), "sd_pdl": dict(pdl=True)}.get(variant)
+            or dict(block_n=int(variant[len("sd_n"):])))
     return one_row_override(dsv4.dense_linear_shapes(tp)["shared_down"], lambda cfg, *_: dataclasses.replace(cfg, **tile))
 
 

@@ -94,7 +94,8 @@ def test_one_chunk_rule(monkeypatch):
             # wqkv_a at 1 row: ONE_CHUNK_ONE_ROW_TILES (layer variants run 8)
             tile = (4, 8) if m == 1 and (n, k) == (1536, 4096) else (block_n, warps)
             cfg = g.default_config(m, n, k)
-            assert cfg == one_chunk(m, tile[0], k // 128, warps=tile[1]), (n, k, m)
+            pdl = not (m == 1 and (n, k) in g.ONE_ROW_WITHOUT_PDL)  # the shared expert's down at T=4, 1 row
+            assert cfg == one_chunk(m, tile[0], k // 128, warps=tile[1], pdl=pdl), (n, k, m)
     assert g.default_config(2, 8192, 1024) == one_chunk(2, 16, 8)
     # [8192, 1024] at 1 row: one chunk on 8 columns / 4 warps with X_FIRST (variants run 35), two chunks without it
     assert g.default_config(1, 8192, 1024) == one_chunk(1, 8, 8)
@@ -116,6 +117,31 @@ def test_one_chunk_rule(monkeypatch):
     monkeypatch.setattr(g, "USE_ONE_CHUNK", False)
     assert not g.default_config(1, 1536, 4096).one_chunk
     assert seam_t4 == [g.wo_a_config(m, 1024, 4096, 2, fused_rope=True) for m in (1, 2)]  # as before the rule
+
+
+def test_one_row_without_pdl(monkeypatch):
+    """ONE_ROW_WITHOUT_PDL (variants run 40): the shared expert's down at T=4 ([4096, 512]) at 1 row launches its
+    one-chunk form without PDL; 2 rows, grouped calls and every other DSv4 shape keep PDL; the form computes the
+    reference and is in the AOT registry; without the one-chunk rule the form before stays as it was."""
+    from sglang_sm120.kernels import dsv4
+
+    n, k = dsv4.dense_linear_shapes(4)["shared_down"]
+    assert g.ONE_ROW_WITHOUT_PDL == {(n, k)}
+    cfg = g.default_config(1, n, k)
+    assert cfg == one_chunk(1, 32, k // 128, pdl=False) and cfg in {c for c, _ in g.SHIPPED_FORMS}
+    assert g.default_config(2, n, k).pdl and g.default_config(1, n, k, groups=2).pdl
+    for tp in dsv4.SUPPORTED_TP:
+        for name, (rows, cols) in dsv4.dense_linear_shapes(tp).items():
+            if name != "wo_a" and (rows, cols) != (n, k):
+                assert g.default_config(1, rows, cols).pdl, (tp, name)
+    gen = torch.Generator().manual_seed(40)
+    small_n, small_k = 96, 512  # the same form at a reduced N
+    w, s = random_weight(small_n, small_k, gen=gen)
+    x = torch.randn(1, small_k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    y = g.block_fp8_linear(x, w, s, out=poisoned((1, small_n)), config=cfg)
+    assert rel_err(y, g.reference_block_fp8_linear(x, w, s)) < OUTPUT_TOL
+    monkeypatch.setattr(g, "USE_ONE_CHUNK", False)
+    assert g.default_config(1, n, k).pdl
 
 
 def test_one_chunk_aot_forms_registered():
