@@ -110,6 +110,12 @@ RUN18B_NAME = "fp8_gemv-h200-run18b"
 # 8-warp variants; wo_a first (the issue's <= 12 us target)
 RUN19_NAME = "fp8_gemv-h200-run19"
 RUN19_POINTS = {("wo_a", 1): (2, 8, 4, 1), ("wo_b", 1): (8, 2, 1), ("wq_b", 1): (8, 1)}
+# --run42-sweep (run 42): the 33.5 MB weights at T=1, 1 row (wo_a plain and with the fused RoPE as the seam runs it,
+# wo_b, wq_b): the one-chunk rows form with its activation first (X_FIRST) split over K, each split one chunk of B
+# blocks on N columns and W warps, beside the shipped forms (wq_b's is that form without a split since round 31)
+RUN42_NAME = "fp8_gemv-h200-run42"
+RUN42_POINTS = {("wo_a", 1): (1,), ("wo_b", 1): (1,), ("wq_b", 1): (1,)}
+RUN42_TILES = ((16, 8, 4), (8, 16, 4), (16, 16, 8), (32, 8, 8), (8, 8, 4), (16, 4, 4), (32, 4, 4), (8, 32, 8))
 RUN18B_POINTS = {("wqkv_a", 1): (1, 2), ("shared_down", 1): (1, 2), ("indexer_wq_b", 1): (1, 2),
                  ("shared_gate_up", 8): (1, 2), ("wo_b", 8): (1, 2), ("wo_a", 8): (1, 2), ("wo_a", 4): (1, 2),
                  ("shared_gate_up", 4): (1, 2), ("shared_gate_up", 2): (1, 2), ("shared_down", 4): (1, 2),
@@ -655,6 +661,27 @@ def run19_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def run42_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run42-sweep (run 42): old_default = default_config as shipped (wo_a: wo_a_config's plain form), seam_default
+    (wo_a) = wo_a_config with the fused RoPE (every wo_a variant is timed with the RoPE too); ocs_nN_bB_wW = the
+    one-chunk rows form (activation first at one row) on N columns and W warps, K split into chunks of B blocks (one
+    per split; the split-K partials summed by the last arriver)."""
+    if POINT_IS_WO_A[0]:
+        shape = _wo_a_full_shape(m, n, k, groups)
+        out = [("old_default", g.wo_a_config(*shape, fused_rope=False)),
+               ("seam_default", g.wo_a_config(*shape, fused_rope=True))]
+    else:
+        out = [("old_default", g.default_config(m, n, k, groups))]
+    k_blocks = math.ceil(k / g.FP8_BLOCK)
+    for block_n, blocks, warps in RUN42_TILES:
+        if blocks > k_blocks or k_blocks % blocks:
+            continue
+        cfg = g.GemvConfig(m, block_n, k_blocks // blocks, False, num_warps=warps, k_unroll=blocks, rows_form=True,
+                           prefetch=True, one_chunk=True, pdl=True)
+        out.append((f"ocs_n{block_n}_b{blocks}_w{warps}", cfg))
+    return distinct_configs(out)
+
+
 def pdl_floor(torch, timed, smoke: bool) -> dict:
     """us per call of a CUDA-graph chain of trivial Triton kernels (each program: PDL trigger, wait, one store), with
     and without PDL, at 1 / 132 / 528 programs of 4 warps: the launch + dependency floor of any kernel in the chain."""
@@ -863,7 +890,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
          tma_sweep: bool = False, tma2_sweep: bool = False, run12_sweep: bool = False,
          run13_sweep: bool = False, run15_sweep: bool = False, run15b_sweep: bool = False,
          run17_sweep: bool = False, run17b_sweep: bool = False, run18_sweep: bool = False,
-         run18b_sweep: bool = False, run19_sweep: bool = False) -> None:
+         run18b_sweep: bool = False, run19_sweep: bool = False, run42_sweep: bool = False) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -873,7 +900,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "150" if run19_sweep else "55" if chain_final else "175" if run18_sweep else "170" if run17_sweep or run17b_sweep else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "150" if run19_sweep or run42_sweep else "55" if chain_final else "175" if run18_sweep else "170" if run17_sweep or run17b_sweep else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
@@ -921,6 +948,9 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     if run19_sweep:
         rows, tps, run_name, pick = (2, 8, 4, 1), (1,), RUN19_NAME, run19_candidates
         points13, run13_sweep, run18_sweep = RUN19_POINTS, True, True  # run 18's: no baselines, every variant's RoPE
+    if run42_sweep:  # run 19's arrangement on run 42's points and tiles
+        rows, tps, run_name, pick = (1,), (1,), RUN42_NAME, run42_candidates
+        points13, run13_sweep, run18_sweep, run19_sweep = RUN42_POINTS, True, True, True
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -1205,7 +1235,13 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "q8j_n64_tma = the 64-column FP8 tile on 4 warps by TMA; fma2_* = the 1-row default's "
                          "64-column FMA tile by TMA with 2 rows; rowsR_* = the rows form, R rows per program, on that "
                          "tile. wo_a rope_us: every variant with the fused inverse RoPE.")
-    if run19_sweep:
+    if run42_sweep:
+        res.notes.append("run 42 variants (see run42_candidates): old_default = default_config as shipped (wo_a: "
+                         "wo_a_config's plain form); seam_default = wo_a_config with the fused RoPE; ocs_nN_bB_wW = "
+                         "the one-chunk rows form (activation first) on N columns and W warps, K split into one chunk "
+                         "of B blocks per split. wo_a rope_us: every variant with the fused inverse RoPE. No bf16 / "
+                         "upstream baselines.")
+    elif run19_sweep:
         res.notes.append("run 19 variants (see run19_candidates): old_default = default_config as shipped (wo_a: "
                          "wo_a_config's plain form); seam_default = wo_a_config with the fused RoPE; os = the one-shot "
                          "FP8 program (4 warps, the split's K blocks in one iteration, 8 partials per sum step; wo_a "
@@ -1403,6 +1439,9 @@ if __name__ == "__main__":
     parser.add_argument("--run19-sweep", action="store_true",
                         help="run 19: the 33.5 MB weights at T=1 (wo_a M 1/2/4/8 with the fused RoPE, wo_b, wq_b): the "
                              "one-shot FP8 program with its weight loaded before the PDL wait")
+    parser.add_argument("--run42-sweep", action="store_true",
+                        help="run 42: the 33.5 MB weights at T=1, 1 row (wo_a with the fused RoPE, wo_b, wq_b): the "
+                             "one-chunk rows form with its activation first, split over K")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -1419,4 +1458,4 @@ if __name__ == "__main__":
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
              args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep, args.run13_sweep,
              args.run15_sweep, args.run15b_sweep, args.run17_sweep, args.run17b_sweep, args.run18_sweep,
-             args.run18b_sweep, args.run19_sweep)
+             args.run18b_sweep, args.run19_sweep, args.run42_sweep)
