@@ -62,7 +62,9 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   indexer keeps its sharing form either way); ``bf16_wbw0``: the one-row bf16 GEMVs (the router gate, weights_proj,
   the compressors where one K step holds them) waiting before their weight load, as before
   ``bf16_gemv.USE_W_BEFORE_WAIT``; ``bf16_gate_wait`` / ``bf16_gate_only``: only the router gate waiting before its
-  weight load / only the router gate loading it before the wait (variants run 40);
+  weight load / only the router gate loading it before the wait (variants run 40); ``bf16_wbw_all``: the calls beside
+  other streams (the compressors on SGLang's side streams) with the weight before the wait too, as in commit 54aca5a
+  (variants run 43);
 - ``--trace-calls 2`` traces a graph of two layer calls, as the timed graph holds: the second call shows the layer
   behind another layer rather than behind the graph's start.
 
@@ -110,7 +112,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
             "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
-            "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl")
+            "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl", "bf16_wbw_all")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -222,14 +224,18 @@ def persistent_wq_b_override(variant: str, tp: int):
 @contextlib.contextmanager
 def bf16_w_before_wait_where(variant: str):
     """``bf16_gate_wait`` / ``bf16_gate_only``: bf16_gemv.default_config with w_before_wait taken off the router
-    gate's one-row config / off every other width's (no change for other variants)."""
-    if variant not in ("bf16_gate_wait", "bf16_gate_only"):
+    gate's one-row config / off every other width's; ``bf16_wbw_all``: put on every one-row call the budget allows
+    (no change for other variants)."""
+    if variant not in ("bf16_gate_wait", "bf16_gate_only", "bf16_wbw_all"):
         yield
         return
     original = bf16_gemv.default_config
     gate_n = dsv4.ROUTER_GATE_SHAPE[0]
 
     def config(m, n, k, *args, **kwargs):
+        if variant == "bf16_wbw_all":
+            cfg = original(m, n, k, *args, **kwargs)
+            return bf16_gemv.tile(cfg.block_m, cfg.block_n, k, cfg.pdl)
         cfg = original(m, n, k, *args, **kwargs)
         keep = (n == gate_n) == (variant == "bf16_gate_only")
         if cfg.w_before_wait and not keep:
@@ -416,7 +422,7 @@ def applied(variant: str, tp: int):
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
                or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths)
-               or variant in ("moe_sr0", "oc_x0", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only"))
+               or variant in ("moe_sr0", "oc_x0", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "bf16_wbw_all"))
     finally:
         bf16_where.__exit__(None, None, None)
         fp8_gemv.ONE_CHUNK_X_FIRST = x_first

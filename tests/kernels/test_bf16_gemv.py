@@ -152,7 +152,8 @@ def test_tile_rule_elsewhere_keeps_programs_per_sm(n, sms):
 @pytest.mark.parametrize("sms", sorted({*SM12X_SM_COUNTS.values(), g.DEFAULT_SM_COUNT}))
 def test_sharing_tile_where_listed(sms):
     """share_sms: the wider tile of SHARING_BLOCK_N where it lists the width and row block (the C4 compressor at one
-    row), the call-alone tile everywhere else; both in the AOT registry."""
+    row), the call-alone tile everywhere else (at one row without the weight before the wait); both in the AOT
+    registry."""
     names = {c.name for c in g.shipped_configs()}
     assert g.SHARING_BLOCK_N, "nothing to share"
     for name, (n, k) in BF16_LINEAR_SHAPES.items():
@@ -161,7 +162,9 @@ def test_sharing_tile_where_listed(sms):
             shared = g.default_config(rows, n, k, sms, pdl=True, share_sms=True)
             listed = g.SHARING_BLOCK_N.get(n, {}).get(alone.block_m)
             assert shared.block_n == (listed if listed is not None else alone.block_n), (name, rows)
-            assert shared == alone or listed is not None
+            # beside other streams a one-row call keeps the looping tile (no weight before the wait)
+            looping = g.tile(alone.block_m, alone.block_n, k, True, w_before_wait=False)
+            assert shared == alone or listed is not None or (alone.w_before_wait and shared == looping)
             assert {alone.name, shared.name} <= names
 
 
@@ -212,10 +215,10 @@ def test_weight_before_wait_one_step(n, k, out_dtype):
 
 @pytest.mark.parametrize("sms", sorted({*SM12X_SM_COUNTS.values(), g.DEFAULT_SM_COUNT}))
 def test_weight_before_wait_rule(sms, monkeypatch):
-    """With PDL, a one-row call whose whole K fits the one-row product budget in one step (up to
-    W_BEFORE_WAIT_MAX_K) takes w_before_wait: the router gate, weights_proj and the indexer / C128 compressors at
-    K 4096; the C4 compressor's 4-row tile (over the budget), more rows, no PDL, K past the limit and the switch off
-    do not."""
+    """With PDL, a one-row call not beside other streams whose whole K fits the one-row product budget in one step
+    (up to W_BEFORE_WAIT_MAX_K) takes w_before_wait: the router gate, weights_proj and the indexer / C128
+    compressors alone at K 4096; the C4 compressor's 4-row tile (over the budget), calls beside other streams
+    (share_sms: the looping tile as before), more rows, no PDL, K past the limit and the switch off do not."""
     from sglang_sm120.kernels.dsv4 import ROUTER_GATE_SHAPE
 
     for n, k in (*BF16_LINEAR_SHAPES.values(), ROUTER_GATE_SHAPE):
@@ -227,6 +230,8 @@ def test_weight_before_wait_rule(sms, monkeypatch):
             if fits:
                 assert cfg.block_k >= k and cfg.pdl
             assert not g.default_config(rows, n, k, sms).w_before_wait  # no PDL
+            beside = g.default_config(rows, n, k, sms, pdl=True, share_sms=True)
+            assert not beside.w_before_wait and beside.block_k <= g.MAX_BLOCK_K, (n, k, rows)
     assert g.default_config(1, 256, 4096, sms, pdl=True).w_before_wait  # the router gate
     assert not g.default_config(1, 2048, 4096, sms, pdl=True).w_before_wait  # 4 rows x 4096 over the budget
     assert not g.default_config(1, 64, 2 * g.W_BEFORE_WAIT_MAX_K, sms, pdl=True).w_before_wait
