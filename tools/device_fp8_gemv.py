@@ -663,7 +663,8 @@ def run19_candidates(m: int, n: int, k: int, groups: int, g):
 
 def run42_candidates(m: int, n: int, k: int, groups: int, g):
     """--run42-sweep (run 42): old_default = default_config as shipped (wo_a: wo_a_config's plain form), seam_default
-    (wo_a) = wo_a_config with the fused RoPE (every wo_a variant is timed with the RoPE too); ocs_nN_bB_wW = the
+    (wo_a) = wo_a_config with the fused RoPE (every wo_a variant is timed with the RoPE too); beside_rule (not wo_a) =
+    default_config's rule for a call beside other streams (wq_b: the persistent form); ocs_nN_bB_wW = the
     one-chunk rows form (activation first at one row) on N columns and W warps, K split into chunks of B blocks (one
     per split; the split-K partials summed by the last arriver)."""
     if POINT_IS_WO_A[0]:
@@ -672,6 +673,10 @@ def run42_candidates(m: int, n: int, k: int, groups: int, g):
                ("seam_default", g.wo_a_config(*shape, fused_rope=True))]
     else:
         out = [("old_default", g.default_config(m, n, k, groups))]
+        # the rule's form before the one-chunk tiles where a weight is over ONE_CHUNK_MAX_WEIGHT_BYTES (wq_b at T=1:
+        # the persistent FMA form by TMA, shipped alone before round 31, beside the indexer's streams since)
+        out.append(("beside_rule", g.pick_default_config(m, n, k, groups, g.sm_count(), g.rules(),
+                                                         beside_other_streams=True)))
     k_blocks = math.ceil(k / g.FP8_BLOCK)
     for block_n, blocks, warps in RUN42_TILES:
         if blocks > k_blocks or k_blocks % blocks:
