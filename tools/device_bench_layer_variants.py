@@ -64,7 +64,7 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   ``bf16_gemv.USE_W_BEFORE_WAIT``; ``bf16_gate_wait`` / ``bf16_gate_only``: only the router gate waiting before its
   weight load / only the router gate loading it before the wait (variants run 40); ``bf16_wbw_all``: the calls beside
   other streams (the compressors on SGLang's side streams) with the weight before the wait too, as in commit 54aca5a
-  (variants run 43);
+  (variants run 43); ``bf16_wbw0_sd_pdl``: ``bf16_wbw0`` and ``sd_pdl`` together (the forms before round 31 at T=4);
 - ``--trace-calls 2`` traces a graph of two layer calls, as the timed graph holds: the second call shows the layer
   behind another layer rather than behind the graph's start.
 
@@ -112,7 +112,8 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "comp_n32", "comp_n64", "comp_n4", "icomp_n4", "icomp_n8", "comp_n16_icomp_n8", "sgu_n64", "sgu_s2",
             "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
-            "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl", "bf16_wbw_all")
+            "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl", "bf16_wbw_all",
+            "bf16_wbw0_sd_pdl")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -152,6 +153,8 @@ def shared_down_override(variant: str, tp: int):
     per program; shipped at T=1: 8, 512 programs) or launched without PDL (``sd_nopdl``: its programs take no SM slot
     before the SwiGLU has finished) or with it (``sd_pdl``: at T=4 as before fp8_gemv.ONE_ROW_WITHOUT_PDL). At B=1 it runs beside the routed experts' gate/up, which is on the critical path;
     None: no change."""
+    if variant == "bf16_wbw0_sd_pdl":  # with bf16_wbw0's switch (set in applied): both forms before round 31
+        variant = "sd_pdl"
     if not variant.startswith("sd_"):
         return None
     tile = ({"sd_nopdl": dict(pdl=False), "sd_pdl": dict(pdl=True)}.get(variant)
@@ -404,7 +407,7 @@ def applied(variant: str, tp: int):
     x_first = fp8_gemv.ONE_CHUNK_X_FIRST
     fp8_gemv.ONE_CHUNK_X_FIRST = x_first and variant != "oc_x0"
     bf16_w_first = bf16_gemv.USE_W_BEFORE_WAIT
-    bf16_gemv.USE_W_BEFORE_WAIT = bf16_w_first and variant != "bf16_wbw0"
+    bf16_gemv.USE_W_BEFORE_WAIT = bf16_w_first and variant not in ("bf16_wbw0", "bf16_wbw0_sd_pdl")
     route_small = moe_mxfp4.ROUTE_SMALL_MAX_ROWS
     if variant == "moe_sr0":  # run 31: the routing's counting sort at every row count (before round 29's pairwise)
         moe_mxfp4.ROUTE_SMALL_MAX_ROWS = 0
