@@ -1565,19 +1565,21 @@ ONE_CHUNK_ONE_ROW_TILES = {(Q_LORA_RANK + KV_LORA_RANK, HIDDEN_SIZE): (4, 8)}
 # layer variants run 35 (benchmarks/bench-variants-h200-summary.md), against the two-chunk form: C4 T=1 B=1 1.031x;
 # T=4 B=1 SWA / C4 / C128 1.016 / 1.017 / 1.014x (16 columns on 4 warps: 1.032x at T=1, 1.006-1.008x at T=4).
 # The main wq_b at T=1 ([32768, 1024], 33.5 MB, over ONE_CHUNK_MAX_WEIGHT_BYTES) on 16 columns and 4 warps: layer
-# variants run 37 against the persistent FMA form by TMA, SWA / C128 T=1 B=1 1.014 / 1.016x; in the C4 layer, where
-# the call shares the SMs with the indexer's streams, 0.983x, so there (block_fp8_linear(share_sms=True),
-# sharing_default_config) the persistent form stays.
+# variants run 37 against the persistent FMA form by TMA, SWA / C128 T=1 B=1 1.014 / 1.016x (runs 39 / 41 / 43 with it
+# shipped: 1.010-1.014x); in the C4 layer, where the call shares the SMs with the indexer's streams, 0.983x, so there
+# (block_fp8_linear(share_sms=True), sharing_default_config) the persistent form stays. Alone, in a chain of the same
+# GEMV, the persistent form is the faster one (run 42b: 10.86 against 11.71 us).
 ONE_CHUNK_X_FIRST_ONE_ROW_TILES = {(INDEX_N_HEADS * INDEX_HEAD_DIM, Q_LORA_RANK): (8, 4),
                                    (NUM_HEADS * HEAD_DIM, Q_LORA_RANK): (16, 4)}
 
 
 # One-row calls launched without PDL: the shared expert's down projection at T=4 ([4096, 512], a shape no other DSv4
 # linear has at any T), which SGLang's decode runs on the shared expert's stream beside the router's chain. With the
-# router gate's weight loaded before its PDL wait (bf16_gemv.USE_W_BEFORE_WAIT) that chain got shorter and the routed
-# experts' gate/up launch came to overlap this GEMV's programs, which then took 14.9 instead of 9.4 us (trace of H200
-# variants run 40). Without PDL its programs take no SM slot before the SwiGLU has finished: T=4 B=1 SWA / C4 / C128
-# 1.031 / 1.042 / 1.049x (run 40, against the same layers with PDL; T=1, where the shape is not this one, level).
+# router gate's weight loaded before its PDL wait (bf16_gemv.USE_W_BEFORE_WAIT) that chain got shorter, the routed
+# experts' gate/up came to run beside this GEMV (14.9 instead of 9.4 us in run 40's trace) and the T=4 B=1 layers lost
+# 1.5-2.9 %. Launched without PDL (its programs take no SM slot before the SwiGLU has finished), the T=4 B=1 layers
+# were 1.031-1.049x (H200 variants run 40), 1.05-1.08x (run 41) and 1.035-1.041x (run 43) faster than with it; why is
+# not established (in run 43's trace the routed gate/up still took 14.7 us beside it). T=1, another shape: level.
 ONE_ROW_WITHOUT_PDL = frozenset({(HIDDEN_SIZE, SHARED_EXPERT_INTERMEDIATE // 4)})
 
 
