@@ -49,6 +49,8 @@ def variants(g, m, n, k, sms, pdl):
         out["w4"] = dataclasses.replace(base, num_warps=g.NUM_WARPS)
     if pdl:
         out["nopdl"] = dataclasses.replace(base, pdl=False)
+    if base.w_before_wait:  # round 31's one-step form: the looping tile it replaced (the weight after the wait)
+        out["loop"] = g.tile(base.block_m, base.block_n, k, pdl, w_before_wait=False)
     shared = g.default_config(m, n, k, sms, pdl=pdl, share_sms=True)
     if shared != base:  # the SM-sharing tile (SHARING_BLOCK_N), timed alone here (it ships for the layer)
         out["share"] = shared
@@ -60,13 +62,18 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--name", default="bf16_gemv-h200-run1")
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter: N <= 64, K = 256, nothing timed")
+    parser.add_argument("--rows", type=int, nargs="+", default=None,
+                        help="row counts to run (default: 1 2 4 8, and 16 for upstream only)")
+    parser.add_argument("--router-gate", action="store_true",
+                        help="also the router gate [256, 4096] (fp32 out; the bench's stand-in in both paths; "
+                             "SGLang's own tiny_gemm_bf16 does not run here, torch.mm stands in for the upstream row)")
     args = parser.parse_args()
     t_start = time.time()
 
     import torch
 
     from sglang_sm120.kernels import bf16_gemv as g
-    from sglang_sm120.kernels.dsv4 import BF16_LINEAR_SHAPES
+    from sglang_sm120.kernels.dsv4 import BF16_LINEAR_SHAPES, ROUTER_GATE_SHAPE
     from sglang_sm120.kernels.harness.devicebench import (BenchResult, copy_bandwidth_gbs, relative_error,
                                                           time_rotating_calls)
     from sglang_sm120.kernels.pdl import pdl_supported
@@ -83,14 +90,16 @@ def main() -> int:
                          "timing": "one CUDA graph calling rotated weight copies (>= 256 MiB in all), after an L2 "
                                    "flush; us per call"})
     gen = torch.Generator().manual_seed(0)
-    for name, (n, k) in BF16_LINEAR_SHAPES.items():
+    shapes = dict(BF16_LINEAR_SHAPES, **({"router_gate": ROUTER_GATE_SHAPE} if args.router_gate else {}))
+    row_counts = tuple(args.rows) if args.rows else (*ROWS, *UPSTREAM_ONLY_ROWS)
+    for name, (n, k) in shapes.items():
         if dry:
             n, k = min(n, 64), 256
         out_dtype = torch.bfloat16 if name == "weights_proj" else torch.float32
         copies = 1 if dry else max(2, -(-ROTATE_BYTES // (n * k * 2)))
         weights = [(0.02 * torch.randn(n, k, generator=gen)).to(torch.bfloat16).to(device) for _ in range(copies)]
         mb = n * k * 2 / 1e6
-        for m in (*ROWS, *UPSTREAM_ONLY_ROWS):
+        for m in row_counts:
             x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(device)
             ref = g.reference_bf16_linear(x, weights[0])
 
