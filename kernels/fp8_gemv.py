@@ -2221,9 +2221,8 @@ _ONE_CHUNK_FORMS = tuple(dict.fromkeys((  # (the main wq_b's one-row tile is als
     # wqkv_a, [8192, 1024] and the main wq_b at 1 row (ONE_CHUNK_ONE_ROW_TILES, ONE_CHUNK_X_FIRST_ONE_ROW_TILES)
     *((one_chunk_form(1, block_n, warps, k // FP8_BLOCK), False)
       for (_n, k), (block_n, warps) in (*ONE_CHUNK_ONE_ROW_TILES.items(), *ONE_CHUNK_X_FIRST_ONE_ROW_TILES.items())),
-    # the shared expert's down at T=4 without PDL (ONE_ROW_WITHOUT_PDL)
-    *((_launch_pdl(pick_default_config(1, n, k, 1, DEFAULT_SM_COUNT, rules()), 1, n, k, 1), False)
-      for n, k in sorted(ONE_ROW_WITHOUT_PDL)))))
+    # the shared expert's down at T=4 without PDL (ONE_ROW_WITHOUT_PDL: the rule applies it)
+    *((pick_default_config(1, n, k, 1, DEFAULT_SM_COUNT, rules()), False) for n, k in sorted(ONE_ROW_WITHOUT_PDL)))))
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
 # run 19 / 20 / 21: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a /
 # wo_b at T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded, rotated from its
