@@ -986,36 +986,6 @@ def _bulk_prefetch_l2(ptr, nbytes):
 
 
 @triton.jit
-def _bulk_prefetch_l2_if(ptr, nbytes, pred):
-    """:func:`_bulk_prefetch_l2` where the int32 ``pred`` is not zero (one predicated instruction: no branch in a
-    pipelined loop)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred pf_first, pf_on; .reg .b32 pf_tid; mov.u32 pf_tid, %tid.x; setp.eq.u32 pf_first, pf_tid, 0; "
-        "setp.ne.s32 pf_on, $3, 0; and.pred pf_first, pf_first, pf_on; "
-        "@pf_first cp.async.bulk.prefetch.L2.global [$1], $2; } // dummy $0",
-        "=r,l,r,r", [ptr, nbytes, pred], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_down_rows_l2_if(w2_ptr, w2_scale_ptr, w_row, rows, inter, pred):
-    """L2 prefetch of ``rows`` whole rows of the experts' w2 [E*H, I/2] bytes from row ``w_row`` and their E8M0
-    bytes [E*H, I/32], where ``pred`` is not zero."""
-    _bulk_prefetch_l2_if(w2_ptr + w_row * (inter // 2), rows * (inter // 2), pred)
-    _bulk_prefetch_l2_if(w2_scale_ptr + w_row * (inter // 32), rows * (inter // 32), pred)
-
-
-@triton.jit
-def _prefetch_lines_l2(ptr, nbytes, LINES: tl.constexpr):
-    """Every thread asks L2 for some of the 128-byte lines of ``nbytes`` from ``ptr`` (``prefetch.global.L2``, the
-    load path: nothing queued on the TMA unit), LINES lines per pass; offsets past the end re-request the last byte's
-    line."""
-    for off in range(0, nbytes, LINES * 128):
-        offs = tl.minimum(off + tl.arange(0, LINES) * 128, nbytes - 1)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptr + offs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
 def _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, w_row, inter, BLOCK_N: tl.constexpr):
     """L2 prefetch of the down weight block of BLOCK_N rows from row ``w_row`` of the experts' w2 [E*H, I/2] bytes
     and their E8M0 bytes [E*H, I/32] (both blocks contiguous: whole rows)."""
@@ -1061,21 +1031,16 @@ def _route_x_f16_kernel(topk_ids_ptr, num_rows, sorted_rows_ptr, expert_start_pt
 @triton.jit
 def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr, sorted_rows_ptr, expert_start_ptr,
                                  active_experts_ptr, num_active_ptr, act_ptr, hidden, inter, swiglu_limit, act_scale,
-                                 w2_ptr, w2_scale_ptr, down_rows, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 BLOCK_K: tl.constexpr, RING: tl.constexpr, EMULATE: tl.constexpr,
-                                 PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-                                 EARLY_TABLES: tl.constexpr = False, NUM_EXPERTS: tl.constexpr = 256,
-                                 DOWN_L2: tl.constexpr = 0):
+                                 TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 RING: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr = False,
+                                 PDL_LATE: tl.constexpr = False, EARLY_TABLES: tl.constexpr = False,
+                                 NUM_EXPERTS: tl.constexpr = 256):
     """:func:`_gate_up_gemv_tma_kernel` on the fp16 pair decode: ``x_desc`` over the prepared fp16 pair words
     [B, H/2] (:func:`_route_x_f16_kernel`), each row's sums times its ``x_unscale``; the SwiGLU rows stored by
     :func:`_f16_act_store` (fp16 [B*top_k, I] in the pair order, times ``act_scale``). PDL: the trigger comes
     after the wait in every program, so once the down launch starts, the routing launch has completed (the down
     launch reads its routing before its own wait). EARLY_TABLES (:attr:`GemvConfig.early_tables`): the slot's
-    routing read by :func:`_slot_work` (the active count and the slot's expert in one round trip). DOWN_L2
-    (:attr:`GemvConfig.down_l2`, not under the interpreter): the program asks L2 for ``down_rows`` rows of its expert's
-    down weights (``w2_ptr`` / ``w2_scale_ptr``; the column block's share, so the grid covers the expert's whole w2),
-    during its first routed row's pass: 1 all before the first K step, 2 one slice per K step, 3 all at the middle
-    K step, 4 all before the first K step by per-thread line prefetches; so the down launch reads them from L2."""
+    routing read by :func:`_slot_work` (the active count and the slot's expert in one round trip)."""
     slot = tl.program_id(0)
     pdl_wait(PDL)
     pdl_launch_dependents(PDL and not PDL_LATE)
@@ -1090,14 +1055,6 @@ def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr
         expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_row = (expert * (2 * inter) + tl.program_id(1) * (2 * BLOCK_N)).to(tl.int32)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    down_l2: tl.constexpr = DOWN_L2 if not EMULATE else 0
-    down_row = expert.to(tl.int64) * hidden + tl.program_id(1) * down_rows
-    if down_l2 == 1:
-        _prefetch_down_rows_l2_if(w2_ptr, w2_scale_ptr, down_row, down_rows, inter, 1)
-    elif down_l2 == 4:
-        _prefetch_lines_l2(w2_ptr + down_row * (inter // 2), down_rows * (inter // 2), 256)
-        _prefetch_lines_l2(w2_scale_ptr + down_row * (inter // 32), down_rows * (inter // 32), 256)
-    slice_rows = down_rows // (hidden // BLOCK_K)
     for m in range(row_begin, row_end):
         if EARLY_TABLES:  # this row loaded before the loop, the next one now
             next_row = tl.load(sorted_rows_ptr + m + 1, mask=m + 1 < row_end, other=0)
@@ -1106,12 +1063,6 @@ def _gate_up_gemv_tma_f16_kernel(x_desc, w13_desc, w13_scale_desc, x_unscale_ptr
         acc = tl.zeros([2 * BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
         x_row = (row // TOP_K).to(tl.int32)
         for k0 in tl.range(0, hidden, BLOCK_K, num_stages=RING):
-            if down_l2 == 2:
-                _prefetch_down_rows_l2_if(w2_ptr, w2_scale_ptr, down_row + (k0 // BLOCK_K) * slice_rows, slice_rows,
-                                          inter, (m == row_begin).to(tl.int32))
-            elif down_l2 == 3:
-                _prefetch_down_rows_l2_if(w2_ptr, w2_scale_ptr, down_row, down_rows, inter,
-                                          ((m == row_begin) & (k0 == (hidden // BLOCK_K // 2) * BLOCK_K)).to(tl.int32))
             acc += _gemv_tma_f16_step(w13_desc, w13_scale_desc, x_desc, w_row, x_row, k0, 2 * BLOCK_N, BLOCK_K,
                                       EMULATE)
         out = tl.sum(acc, 1) * tl.load(x_unscale_ptr + row // TOP_K)
@@ -2092,9 +2043,7 @@ class GemvConfig:
     the routing launch completed before any gate/up program passed its wait, and those trigger only after it);
     ``early_tables`` (with ``f16``, both configs alike, round 29): the per-slot gate/up and down launches read the
     active count and the slot's expert in one round trip (the down launch its whole routing before its PDL wait, as
-    ``pdl_l2``), and the top-k sum loads each token's rows with its ids. ``down_l2`` (the gate/up config, with ``f16``;
-    :data:`DOWN_L2_MODES`): each gate/up program asks L2 for its share of its expert's down weights while it streams
-    its own (``"start"``: before its first K step, ``"spread"``: a slice per K step, ``"mid"``: at the middle step)."""
+    ``pdl_l2``), and the top-k sum loads each token's rows with its ids."""
     block_n: int
     block_k: int
     num_warps: int
@@ -2110,7 +2059,6 @@ class GemvConfig:
     pdl_late: bool = False
     pdl_l2: bool = False
     early_tables: bool = False
-    down_l2: str = ""
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
@@ -2118,7 +2066,6 @@ class GemvConfig:
         tag += "h" if self.f16 else ""
         tag += ("pdl" + ("late" if self.pdl_late else "") + ("l2" if self.pdl_l2 else "")) if self.pdl else ""
         tag += "et" if self.early_tables else ""
-        tag += f"dl2{self.down_l2}" if self.down_l2 else ""
         if self.persistent_programs_per_sm:
             tag += f"pers{self.persistent_programs_per_sm}"
         tag += "x2" if self.two_rows else ""
@@ -2162,8 +2109,6 @@ GEMV_X_F32_WHERE = GEMV_SMALL_TILES_WHERE
 GEMV_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K), (MOE_INTERMEDIATE_SIZE // 2, 16 * TOP_K),
                   (MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K))
 GEMV_TMA_RING = 3
-# GemvConfig.down_l2 -> the gate/up f16 kernel's DOWN_L2 (when its programs ask L2 for the down weights)
-DOWN_L2_MODES = {"": 0, "start": 1, "spread": 2, "mid": 3, "lines": 4}
 # Round 11 (benchmarks/moe_mxfp4-h200-run11-summary.md, H200 runs 11 / 11b, every point reference-checked): the TMA
 # GEMV as a persistent grid (min(work items, SMs x P) programs looping over (routed row, column block) items, item and
 # K loops flattened into one ring). Both launches persistent: slower at T=1 (0.74-0.96x) and T=2 (0.94-0.98x); at
@@ -2666,21 +2611,6 @@ def _gemv_tma_down_launch(act, w2_desc, w2_s_desc, weights, ids, sorted_rows, ex
     return slot_down
 
 
-def _down_l2_rows(gu_cfg, dn_cfg, hidden, inter, gu_k, configs) -> int:
-    """Down weight rows each gate/up program asks L2 for under ``gu_cfg.down_l2`` (0 without it): the grid's
-    I / block_n column blocks of an expert share its H rows evenly, in whole slices of one per K step."""
-    if not gu_cfg.down_l2:
-        return 0
-    blocks = inter // gu_cfg.block_n
-    rows = hidden // blocks if hidden % blocks == 0 else 0
-    if (gu_cfg.down_l2 not in DOWN_L2_MODES or dn_cfg.down_l2 or not gu_cfg.f16 or gu_cfg.split_k > 1
-            or gu_cfg.persistent_programs_per_sm or not rows or rows % (hidden // gu_k)):
-        raise ValueError(f"GEMV down_l2 needs one of {sorted(m for m in DOWN_L2_MODES if m)} on an f16 gate/up config "
-                         f"(not persistent, no K split; the down config without it) whose I / block_n column blocks "
-                         f"split H into whole slices of one per K step; got {configs!r} at H={hidden}, I={inter}")
-    return rows
-
-
 def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, swiglu_limit=SWIGLU_LIMIT,
                   configs=None) -> list:
     """The GEMV forward as its four launches ``[(name, fn)]`` (:data:`GEMV_LAUNCH_NAMES`) over buffers
@@ -2724,7 +2654,6 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                          f"down config only (with pdl); got {configs!r}")
     if gu_cfg.early_tables != dn_cfg.early_tables or (gu_cfg.early_tables and not gu_cfg.f16):
         raise ValueError(f"GEMV early_tables needs f16 and both configs alike; got {configs!r}")
-    down_l2_rows = _down_l2_rows(gu_cfg, dn_cfg, hidden, inter, gu_k, configs)
     device = x.device
     # the instructions need griddepcontrol (cc >= 9, not the interpreter); the bf16 decode (no clamp) launches without
     pdl = gu_cfg.pdl and f16 and pdl_supported(device)
@@ -2785,10 +2714,9 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         if f16:
             _gate_up_gemv_tma_f16_kernel[gu_grid](
                 x_desc, w13_desc, w13_s_desc, x_unscale, sorted_rows, expert_start, active_experts, num_active, act,
-                hidden, inter, float(swiglu_limit), 2.0 ** act_shift, w2, scale_bytes(w2_scale), down_l2_rows,
-                TOP_K=top_k, BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(),
-                EARLY_TABLES=early_tables, NUM_EXPERTS=num_experts, DOWN_L2=DOWN_L2_MODES[gu_cfg.down_l2],
-                **pdl_args, **gu_cfg.launch_options())
+                hidden, inter, float(swiglu_limit), 2.0 ** act_shift, TOP_K=top_k, BLOCK_N=gu_cfg.block_n,
+                BLOCK_K=gu_k, RING=tma_ring, EMULATE=interpreter_enabled(), EARLY_TABLES=early_tables,
+                NUM_EXPERTS=num_experts, **pdl_args, **gu_cfg.launch_options())
             return
         if tma_ring:
             _gate_up_gemv_tma_kernel[gu_grid](
@@ -3254,9 +3182,8 @@ def _gemv_tma_f16_sig(kind, rows, block_k, persistent=False):
         head = {k: sig[k] for k in ("x_desc", "w13_desc", "w13_scale_desc")}
         rest = {k: v for k, v in sig.items() if k not in head and k not in ("TOP_K", "BLOCK_N", "BLOCK_K", "RING")}
         return {**head, "x_unscale_ptr": "*fp32", **rest, "act_ptr": "*fp16", "act_scale": "fp32",
-                "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "down_rows": "i32", "TOP_K": "constexpr", "BLOCK_N": "constexpr",
-                "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "EARLY_TABLES": "constexpr",
-                "NUM_EXPERTS": "constexpr", "DOWN_L2": "constexpr"}
+                "TOP_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "RING": "constexpr",
+                "EMULATE": "constexpr", **pdl, "EARLY_TABLES": "constexpr", "NUM_EXPERTS": "constexpr"}
     rest = {k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}
     return {**rest, "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr",
             "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr",
@@ -3470,7 +3397,6 @@ def aot_configs() -> list[AotConfig]:
             constexprs.update(EARLY_TABLES=cfg.early_tables, NUM_EXPERTS=NUM_EXPERTS)
         if kind == "gate_up":
             constexprs["TOP_K"] = TOP_K
-            constexprs["DOWN_L2"] = DOWN_L2_MODES[cfg.down_l2]
         else:
             constexprs["L2_PREFETCH"] = cfg.pdl_l2
         configs.append(AotConfig(

@@ -57,9 +57,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   with ``moe_mxfp4_forward(l2_prefetch=)``: commit 7d01e52 has both);
 - ``oc_x0`` (variants run 33): the one-row one-chunk FP8 GEMVs (wqkv_a at every T, the small weights at T >= 2)
   with their activation loaded after the weight's conversion, the order before ``fp8_gemv.ONE_CHUNK_X_FIRST``;
-- ``moe_dl2_{start,spread,mid}`` (round 32): the routed experts' fp16 GEMV with ``GemvConfig.down_l2`` on every
-  gate/up config: each gate/up program asks L2 for its share of its expert's down weights before its first K step,
-  a slice per K step, or at the middle step, so that the down launch reads them from L2;
+- (variants runs 46 / 47's ``moe_dl2_*``, the gate/up programs asking L2 for the down weights, went with
+  ``GemvConfig.down_l2``: commit fafadec has both);
 - ``wqb_pers`` (variants run 39): the main wq_b at T=1, 1 row, on the persistent FMA form by TMA (2 programs per SM)
   it ran on before the one-chunk tile of ``fp8_gemv.ONE_CHUNK_X_FIRST_ONE_ROW_TILES`` (the C4 layer's call beside the
   indexer keeps its sharing form either way); ``bf16_wbw0``: the one-row bf16 GEMVs (the router gate, weights_proj,
@@ -116,7 +115,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
             "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl", "bf16_wbw_all",
-            "bf16_wbw0_sd_pdl", "moe_dl2_start", "moe_dl2_spread", "moe_dl2_mid", "moe_dl2_lines")
+            "bf16_wbw0_sd_pdl")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -338,10 +337,6 @@ def moe_tiles_where(variant: str):
     B <= 2 instead of round 29's pairwise routing, ``moe_mxfp4.ROUTE_SMALL_MAX_ROWS`` 0, is set in ``applied``)."""
     if variant in ("moe_et", "moe_et0"):
         return {key: tuple(dataclasses.replace(c, early_tables=variant == "moe_et") for c in tiles)
-                for key, tiles in moe_mxfp4.GEMV_TMA_F16_WHERE.items()}
-    if variant.startswith("moe_dl2_"):  # round 32: every gate/up program asks L2 for its share of the down weights
-        mode = variant[len("moe_dl2_"):]
-        return {key: (dataclasses.replace(tiles[0], down_l2=mode), tiles[1])
                 for key, tiles in moe_mxfp4.GEMV_TMA_F16_WHERE.items()}
     match = re.fullmatch(r"moe_gu(\d+)_dn(\d+)(?:_r(\d+))?(_l2)?", variant)
     if not match:

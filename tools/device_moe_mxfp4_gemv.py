@@ -45,8 +45,8 @@ default forward as shipped after run 17 (``moe_mxfp4_forward`` without tiles) be
 tiles without PDL) at every B where ``GEMV_PDL_WHERE`` ships PDL, the B between run 17's measured ones included (run
 17b itself timed T=1 B = 1..4, T=2 B = 1..8, T=4 B = 1..16; T=4 B = 15 was taken out after it).
 
-Round 32 (``--bytes --down-l2 start,spread,mid``): the shipped tiles beside the same tiles with each gate/up program
-asking L2 for its share of its expert's down weights (``GemvConfig.down_l2``).
+Runs 30 / 30b (``--bytes --down-l2 MODES``, round 32): the gate/up programs asking L2 for their expert's down weights
+(``GemvConfig.down_l2``), 0.85-0.97x; the option and the flag went with it (commit fafadec has both).
 
 Run 29 (``--bytes --early-tables-flip``): the shipped tiles beside the same tiles with ``GemvConfig.early_tables`` the
 other way (on at T=1 B=1 since round 29, off elsewhere).
@@ -482,7 +482,7 @@ def tiles_spec(spec: str) -> tuple[int, int, int, bool]:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0), bool(match.group(4))
 
 
-def bytes_variants(rows, inter, down_per_sm=(), tiles_n=(), flip_early_tables=False, down_l2=()):
+def bytes_variants(rows, inter, down_per_sm=(), tiles_n=(), flip_early_tables=False):
     """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles (run 26 timed them beside the round-16 pair form, commit
     0dfc461's ``GemvConfig(f16_bytes=False)``, since removed: the byte-built pairs are the only fp16 decode now; run 22
     timed 4-stage rings at B = 1..8, 0.97-0.98x at T=1 B=1). Run 26c (``--down-per-sm``): the down launch as a
@@ -496,9 +496,6 @@ def bytes_variants(rows, inter, down_per_sm=(), tiles_n=(), flip_early_tables=Fa
     if flip_early_tables:  # run 29 (--early-tables-flip): the same tiles with GemvConfig.early_tables the other way
         flipped = tuple(dataclasses.replace(c, early_tables=not c.early_tables) for c in tiles)
         out.append((label(flipped), {"upcast": moe.GEMV, "configs": flipped}))
-    for mode in down_l2:  # round 32 (--down-l2): the gate/up programs ask L2 for the down weights
-        cfgs = (dataclasses.replace(tiles[0], down_l2=mode), tiles[1])
-        out.append((label(cfgs), {"upcast": moe.GEMV, "configs": cfgs}))
     gate_up, down = tiles
     for gu_n, dn_n, ring, l2 in tiles_n:  # run 28: other columns / rows per program per launch, the rest as shipped
         ring = ring or gate_up.tma_ring
@@ -548,9 +545,7 @@ def pdl_comparison(args) -> None:
                            "moe_mxfp4-h200-run17b" if args.shipped else "moe_mxfp4-h200-run17"),
         title=("sm120 MoE decode, run 26: the shipped fp16 TMA GEMV forward (pairs built by bytes)"
                + (", persistent down launches" if args.down_per_sm else "")
-               + (", other tiles per launch (run 28)" if args.tiles else "")
-               + (", gate/up programs asking L2 for the down weights (round 32)" if args.down_l2 else "") + ", H200"
-               if args.bytes else
+               + (", other tiles per launch (run 28)" if args.tiles else "") + ", H200" if args.bytes else
                "sm120 MoE decode, run 17b: the shipped PDL defaults of the fp16 TMA GEMV forward vs the previous ones, H200"
                if args.shipped else
                "sm120 MoE decode, run 17: programmatic dependent launch on the fp16 TMA GEMV forward, H200"),
@@ -576,8 +571,7 @@ def pdl_comparison(args) -> None:
             rows = batch * TOP_K
             if args.bytes and not moe.gemv_f16_default(rows, inter):
                 continue
-            variants, tiles = (bytes_variants(rows, inter, down_per_sm, tiles_n, args.early_tables_flip,
-                                              tuple(m for m in args.down_l2.split(",") if m)) if args.bytes else
+            variants, tiles = (bytes_variants(rows, inter, down_per_sm, tiles_n, args.early_tables_flip) if args.bytes else
                                pdl_shipped_variants(rows, inter) if args.shipped else pdl_variants(rows, inter))
 
             def forward(layer, kw, out=None):
@@ -887,8 +881,6 @@ def main() -> None:
     parser.add_argument("--tiles", default="", help="with --bytes (run 28): comma-separated GU/DN[rR][l2]: the gate/up "
                         "launch's columns and the down launch's rows per program, both launches' ring depth R, the "
                         "down launch's L2 prefetch (e.g. 32/32,16/64r4,32/32l2), each timed beside the shipped tiles")
-    parser.add_argument("--down-l2", default="", help="with --bytes (round 32): comma-separated GemvConfig.down_l2 "
-                        "modes (start, spread, mid) timed beside the shipped tiles")
     parser.add_argument("--early-tables-flip", action="store_true",
                         help="with --bytes (run 29): each shipped tile pair also with GemvConfig.early_tables flipped")
     parser.add_argument("--shipped", action="store_true",
