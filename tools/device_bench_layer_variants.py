@@ -58,9 +58,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
 - ``oc_x0`` (variants run 33): the one-row one-chunk FP8 GEMVs (wqkv_a at every T, the small weights at T >= 2)
   with their activation loaded after the weight's conversion, the order before ``fp8_gemv.ONE_CHUNK_X_FIRST``;
 - (variants runs 46 / 47's ``moe_dl2_*``, the gate/up programs asking L2 for the down weights, went with
-  ``GemvConfig.down_l2``: commit fafadec has both);
-- ``l2woa{F}[e]`` (round 32): a launch on the shared expert's side stream asking L2 for the first F % of every row
-  of wo_a's weight, forked after wq_b (``e``: after wqkv_a), while the attention reads little memory;
+  ``GemvConfig.down_l2``: commit fafadec has both; run 48's ``l2woa*``, a side-stream launch asking L2 for wo_a's
+  weight during the attention, went with ``kernels/l2_prefetch.py``: commit 614d8ed has both);
 - ``wqb_pers`` (variants run 39): the main wq_b at T=1, 1 row, on the persistent FMA form by TMA (2 programs per SM)
   it ran on before the one-chunk tile of ``fp8_gemv.ONE_CHUNK_X_FIRST_ONE_ROW_TILES`` (the C4 layer's call beside the
   indexer keeps its sharing form either way); ``bf16_wbw0``: the one-row bf16 GEMVs (the router gate, weights_proj,
@@ -117,7 +116,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
             "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl", "bf16_wbw_all",
-            "bf16_wbw0_sd_pdl", "l2woa25", "l2woa50", "l2woa100", "l2woa50e", "l2woa100e")
+            "bf16_wbw0_sd_pdl")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -368,29 +367,6 @@ def compressor_block_n(variant: str) -> dict:
     return widths
 
 
-def l2_prefetch_stage(stages: list, variant: str, layer_state) -> list:
-    """The ``l2woa{F}[e]`` variants (round 32): a launch on the shared expert's side stream (idle until the MoE) that
-    asks L2 for the first F % of every row of wo_a's FP8 weight (``kernels/l2_prefetch.py``), forked after wq_b
-    (``e``: after wqkv_a), so that it runs while the attention reads little memory; ``stages`` as they are for other
-    variants."""
-    from sglang_sm120.kernels import l2_prefetch
-
-    match = re.fullmatch(r"l2woa(\d+)(e?)", variant)
-    if not match:
-        return stages
-    weight = layer_state.w.wo_a[0]
-    prefix = weight.shape[-1] * int(match.group(1)) // 100 // l2_prefetch.PREFETCH_ALIGN * l2_prefetch.PREFETCH_ALIGN
-    after = "wqkv_a" if match.group(2) else "wq_b"
-    out = []
-    for stage in stages:
-        out.append(stage)
-        if stage.name == after:
-            out.append(L.Stage("wo_a_l2_prefetch", "wo_a", lambda: l2_prefetch.prefetch_rows_l2(weight, prefix), 0,
-                               stream=L.STREAM_SHARED_EXPERT, waits=(after,)))
-    L.check_schedule(out)
-    return out
-
-
 def drop_stages(stages: list, names: tuple) -> list:
     """``stages`` without ``names``; a stage that waited for a dropped one waits for what the dropped one came after
     on its stream (or for what it waited for, if it was its stream's first)."""
@@ -505,8 +481,7 @@ def main() -> int:
         for kind, state_w, caches, x in reduced_layers(args.kind):
             for variant in args.variants:
                 with applied(variant, 1):
-                    stages = l2_prefetch_stage(L.build_stages(L.PLUGIN, kind, state_w, caches, x, {}), variant,
-                                               state_w)
+                    stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, {})
                     L.run_layer(stages)
                     if variant in DROPPED_STAGES:
                         L.run_layer(drop_stages(stages, DROPPED_STAGES[variant]))
@@ -541,9 +516,6 @@ def main() -> int:
                         side = stream_sets["prio" if "prio" in variant else "default"]
                         st: dict = {}
                         stages = L.build_stages(L.PLUGIN, kind, state_w, caches, x, st)
-                        if variant.startswith("l2woa"):
-                            stages = l2_prefetch_stage(stages, variant, state_w)
-                            applies = True
                         L.run_layer(stages, side)
                         if variant in DROPPED_STAGES:
                             kept = drop_stages(stages, DROPPED_STAGES[variant])
