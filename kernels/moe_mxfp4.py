@@ -949,8 +949,16 @@ def _gemv_tma_f16_step(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS: tl.conste
     """:func:`_gemv_tma_step` on the fp16 pair decode (:func:`_f16_word_dot`): ``x_desc`` over the activation's
     fp16 pair words in the :func:`_f16_position` order; [ROWS, BLOCK_K/32] scaled per-group partial dots (times
     the activation row's power of two)."""
-    q = tl.reshape(w_desc.load([w_row, k0 // 8]), [ROWS, BLOCK_K // 32, 4])
+    q = w_desc.load([w_row, k0 // 8])
     s = s_desc.load([w_row, k0 // 32])
+    return _gemv_tma_f16_dots(q, s, x_desc, x_row, k0, ROWS, BLOCK_K, EMULATE)
+
+
+@triton.jit
+def _gemv_tma_f16_dots(q, s, x_desc, x_row, k0, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
+    """The arithmetic of :func:`_gemv_tma_f16_step` on a K step's weight words ``q`` [ROWS, BLOCK_K/8] and E8M0
+    bytes ``s`` [ROWS, BLOCK_K/32] already loaded (the activation words loaded here)."""
+    q = tl.reshape(q, [ROWS, BLOCK_K // 32, 4])
     # the 4 fp16 pair words of each weight word: [1, G, 4 words, 4 pairs] -> pair j as [1, G, 4]
     xw = tl.reshape(x_desc.load([x_row, k0 // 2]), [1, BLOCK_K // 32, 4, 2, 2])
     x_even, x_odd = tl.split(xw)  # pairs 0, 2 / 1, 3
@@ -1079,17 +1087,30 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
                               w2_scale_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RING: tl.constexpr,
                               EMULATE: tl.constexpr, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
                               L2_PREFETCH: tl.constexpr = False, EARLY_TABLES: tl.constexpr = False,
-                              NUM_EXPERTS: tl.constexpr = 256):
+                              NUM_EXPERTS: tl.constexpr = 256, W0_EARLY: tl.constexpr = False,
+                              W0_PLAIN: tl.constexpr = False):
     """:func:`_down_gemv_tma_kernel` on the fp16 pair decode: ``act_desc`` over the fp16 SwiGLU pair words
     [B*top_k, I/2] of :func:`_f16_act_store`, the sums times ``act_unscale`` (1 / its ``act_scale``).
     L2_PREFETCH (with PDL): before the wait, the program asks L2 for its weight block (``w2_ptr`` / ``w2_scale_ptr``:
     the same bytes as the descriptors), whose expert the routing launch (complete by then) names. EARLY_TABLES
     (:attr:`GemvConfig.early_tables`): the slot's routing (:func:`_slot_work`) read before the wait for the same
-    reason, so that after it the program's first loads are its weights and SwiGLU row."""
+    reason, so that after it the program's first loads are its weights and SwiGLU row. W0_EARLY (with EARLY_TABLES,
+    :attr:`GemvConfig.w0_early`): the first K step's weight words and E8M0 bytes loaded before the wait too (the
+    weights do not depend on the launches before), used by the slot's first routed row."""
     slot = tl.program_id(0)
     if EARLY_TABLES:
         active, expert, row_begin, row_end, row = _slot_work(slot, num_active_ptr, active_experts_ptr,
                                                              expert_start_ptr, sorted_rows_ptr, NUM_EXPERTS, True)
+        if W0_EARLY:
+            w0_rows = (expert * hidden + tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+            if W0_PLAIN:  # per-thread loads into registers: no shared-memory buffer beside the ring's
+                q0 = tl.load(w2_ptr.to(tl.pointer_type(tl.int32)) + w0_rows[:, None] * (inter // 8)
+                             + tl.arange(0, BLOCK_K // 8)[None, :])
+                s0 = tl.load(w2_scale_ptr + w0_rows[:, None] * (inter // 32) + tl.arange(0, BLOCK_K // 32)[None, :])
+            else:
+                w0_row = (expert * hidden + tl.program_id(1) * BLOCK_N).to(tl.int32)
+                q0 = w2_desc.load([w0_row, 0])
+                s0 = w2_scale_desc.load([w0_row, 0])
         if L2_PREFETCH:
             if active:
                 _prefetch_down_block_l2(w2_ptr, w2_scale_ptr, expert * hidden + tl.program_id(1) * BLOCK_N, inter,
@@ -1116,7 +1137,12 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
         else:
             row = tl.load(sorted_rows_ptr + m)
         acc = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
-        for k0 in tl.range(0, inter, BLOCK_K, num_stages=RING):
+        k_start = 0
+        if W0_EARLY and EARLY_TABLES:
+            if m == row_begin:
+                acc += _gemv_tma_f16_dots(q0, s0, act_desc, row.to(tl.int32), 0, BLOCK_N, BLOCK_K, EMULATE)
+                k_start = BLOCK_K
+        for k0 in tl.range(k_start, inter, BLOCK_K, num_stages=RING):
             acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row.to(tl.int32), k0, BLOCK_N,
                                       BLOCK_K, EMULATE)
         tl.store(y_ptr + row.to(tl.int64) * hidden + n,
@@ -2043,7 +2069,9 @@ class GemvConfig:
     the routing launch completed before any gate/up program passed its wait, and those trigger only after it);
     ``early_tables`` (with ``f16``, both configs alike, round 29): the per-slot gate/up and down launches read the
     active count and the slot's expert in one round trip (the down launch its whole routing before its PDL wait, as
-    ``pdl_l2``), and the top-k sum loads each token's rows with its ids."""
+    ``pdl_l2``), and the top-k sum loads each token's rows with its ids. ``w0_early`` (the down config, with
+    ``early_tables``, not persistent; :data:`W0_EARLY_FORMS`): each down program loads its first K step's weight words
+    and E8M0 bytes before its PDL wait, by TMA (``"tma"``) or by per-thread loads (``"plain"``)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -2059,6 +2087,8 @@ class GemvConfig:
     pdl_late: bool = False
     pdl_l2: bool = False
     early_tables: bool = False
+    w0_early: str = ""
+    max_registers: int = 0
 
     def label(self) -> str:
         tag = f"n{self.block_n}k{self.block_k}w{self.num_warps}" + ("f" if self.x_f32 else "")
@@ -2066,6 +2096,8 @@ class GemvConfig:
         tag += "h" if self.f16 else ""
         tag += ("pdl" + ("late" if self.pdl_late else "") + ("l2" if self.pdl_l2 else "")) if self.pdl else ""
         tag += "et" if self.early_tables else ""
+        tag += f"w0{self.w0_early[0]}" if self.w0_early else ""
+        tag += f"r{self.max_registers}" if self.max_registers else ""
         if self.persistent_programs_per_sm:
             tag += f"pers{self.persistent_programs_per_sm}"
         tag += "x2" if self.two_rows else ""
@@ -2074,7 +2106,8 @@ class GemvConfig:
         return tag + (f"st{self.num_stages}" if self.num_stages is not None else "")
 
     def launch_options(self) -> dict:
-        return {"num_warps": self.num_warps} | ({} if self.num_stages is None else {"num_stages": self.num_stages})
+        return ({"num_warps": self.num_warps} | ({} if self.num_stages is None else {"num_stages": self.num_stages})
+                | ({"maxnreg": self.max_registers} if self.max_registers else {}))
 
 
 # Round 2 (benchmarks/moe_mxfp4-h200-gemv2.md): at I = 512 (T=4), B = 1 the smaller tiles -- gate/up 4
@@ -2109,6 +2142,7 @@ GEMV_X_F32_WHERE = GEMV_SMALL_TILES_WHERE
 GEMV_TMA_WHERE = ((MOE_INTERMEDIATE_SIZE, 16 * TOP_K), (MOE_INTERMEDIATE_SIZE // 2, 16 * TOP_K),
                   (MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K))
 GEMV_TMA_RING = 3
+W0_EARLY_FORMS = ("tma", "plain")  # GemvConfig.w0_early: how the down launch's first K step is loaded early
 # Round 11 (benchmarks/moe_mxfp4-h200-run11-summary.md, H200 runs 11 / 11b, every point reference-checked): the TMA
 # GEMV as a persistent grid (min(work items, SMs x P) programs looping over (routed row, column block) items, item and
 # K loops flattened into one ring). Both launches persistent: slower at T=1 (0.74-0.96x) and T=2 (0.94-0.98x); at
@@ -2200,9 +2234,33 @@ def _with_early_tables(tiles, inter, batch):
     return tuple(dataclasses.replace(c, early_tables=True) for c in tiles)
 
 
+# (per-rank I, B) where the down launch loads its first K step before its PDL wait (GemvConfig.w0_early, round 32), by
+# TMA, with a 2-stage ring after it. The down programs at T=1 B=1 start under the gate/up launch's tail (PDL) and, with
+# early_tables, know their expert before the wait; the weights depend on nothing earlier. H200 (one run each, every
+# forward reference-checked, PDL chains bit-identical): the forward alone (chains of 12) 33.69 -> 31.25 us with the
+# 3-stage ring (moe_mxfp4-h200-run31.md), 33.74 -> 31.31 with the 2-stage one (run31b); the layer on SGLang's streams
+# (variants runs 49 / 50, 40 / 60 rounds) SWA / C4 / C128 1.029 / 1.015 / 1.023x and 1.021 / 1.023 / 1.029x with 3
+# stages, 1.020 / 1.018 / 1.022x with 2. The 2-stage ring ships: level with 3 on the H200 within the runs' spread, and
+# on sm_120a it takes 78 registers and 20504 B of shared memory where the form before took 88 / 21536 and the early
+# form with 3 stages 80 / 30240 (its buffer beside the ring), so it keeps the down launch's programs per SM on sm_120.
+# Most of the H200's gain is occupancy: the form before compiles to 95 registers there (sm_90a, Triton 3.6: 5 programs
+# per SM, 1.16 waves), the shipped one to 79 (6 per SM, one wave); the form before capped at 80 registers was level
+# with it in the layer (run 51), 1.5 % slower alone. Per-thread loads for the early step ("plain": 94 registers) lost
+# (0.92-0.99x alone). Elsewhere not taken: T=1
+# B = 2 / 4 / 8 0.92-1.02x alone (with early_tables, which those B do not ship), T=2 B = 1 / 2 / 4 / 8 0.93-1.007x.
+W0_EARLY_AT = {(MOE_INTERMEDIATE_SIZE, 1): 2}  # (per-rank I, B) -> the down launch's ring depth after the early step
+
+
+def _with_w0_early(tiles, inter, batch):
+    ring = W0_EARLY_AT.get((inter, batch))
+    if ring is None:
+        return tiles
+    return tiles[0], dataclasses.replace(tiles[1], w0_early="tma", tma_ring=ring)
+
+
 # (per-rank I, routed rows) -> (gate/up, down)
-GEMV_TMA_F16_WHERE = {(inter, batch * TOP_K): _with_early_tables(_with_pdl(_F16_4X_AT.get((inter, batch), tiles), inter,
-                                                                           batch), inter, batch)
+GEMV_TMA_F16_WHERE = {(inter, batch * TOP_K): _with_w0_early(_with_early_tables(
+    _with_pdl(_F16_4X_AT.get((inter, batch), tiles), inter, batch), inter, batch), inter, batch)
                       for inter, tiles in _F16_2X_AT.items() for batch in range(1, F16_MAX_BATCH + 1)}
 
 
@@ -2635,9 +2693,10 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
         raise ValueError(f"GEMV configs must agree on x_f32 (one activation layout per forward), got {configs!r}")
     x_f32 = gu_cfg.x_f32
     tma_ring = gu_cfg.tma_ring
-    if tma_ring and (dn_cfg.tma_ring != tma_ring or x_f32 or gu_k < 512 or dn_k < 512
+    if tma_ring and (dn_cfg.tma_ring < 1 or x_f32 or gu_k < 512 or dn_k < 512
                      or any(c.two_rows or c.prefetch or c.split_k > 1 for c in (gu_cfg, dn_cfg))):
-        raise ValueError(f"GEMV tma_ring needs both configs alike, block_k >= 512 (K >= 512), one row per pass, "
+        raise ValueError(f"GEMV tma_ring needs both configs with a ring (each its own depth), block_k >= 512 "
+                         f"(K >= 512), one row per pass, "
                          f"no K split, no prefetch, no x_f32; got {configs!r} at H={hidden}, I={inter}")
     gu_persistent, dn_persistent = gu_cfg.persistent_programs_per_sm, dn_cfg.persistent_programs_per_sm
     if (gu_persistent or dn_persistent) and (not tma_ring or min(gu_persistent, dn_persistent) < 0):
@@ -2654,6 +2713,10 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                          f"down config only (with pdl); got {configs!r}")
     if gu_cfg.early_tables != dn_cfg.early_tables or (gu_cfg.early_tables and not gu_cfg.f16):
         raise ValueError(f"GEMV early_tables needs f16 and both configs alike; got {configs!r}")
+    if gu_cfg.w0_early or (dn_cfg.w0_early and (not dn_cfg.early_tables or dn_cfg.persistent_programs_per_sm
+                                                or dn_cfg.w0_early not in W0_EARLY_FORMS)):
+        raise ValueError(f"GEMV w0_early ({'/'.join(W0_EARLY_FORMS)}) is for the down config, with early_tables, not "
+                         f"persistent; got {configs!r}")
     device = x.device
     # the instructions need griddepcontrol (cc >= 9, not the interpreter); the bf16 decode (no clamp) launches without
     pdl = gu_cfg.pdl and f16 and pdl_supported(device)
@@ -2699,7 +2762,9 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
                                          w2_bytes=w2, w2_scale_bytes=scale_bytes(w2_scale),
                                          pdl_args=dict(pdl_args, L2_PREFETCH=pdl and dn_cfg.pdl_l2,
                                                        **({} if dn_cfg.persistent_programs_per_sm
-                                                          else {"EARLY_TABLES": early_tables})))
+                                                          else {"EARLY_TABLES": early_tables,
+                                                                "W0_EARLY": early_tables and bool(dn_cfg.w0_early),
+                                                                "W0_PLAIN": dn_cfg.w0_early == "plain"})))
 
     # persistent grid: the program count from shapes and the device only, so a captured graph replays it
     gu_persistent_grid = (min(num_rows * (inter // gu_cfg.block_n), _sm_count(device) * gu_persistent),)
@@ -3187,7 +3252,7 @@ def _gemv_tma_f16_sig(kind, rows, block_k, persistent=False):
     rest = {k: v for k, v in sig.items() if k not in ("BLOCK_N", "BLOCK_K", "RING")}
     return {**rest, "act_unscale": "fp32", "w2_ptr": "*i8", "w2_scale_ptr": "*u8", "BLOCK_N": "constexpr",
             "BLOCK_K": "constexpr", "RING": "constexpr", "EMULATE": "constexpr", **pdl, "L2_PREFETCH": "constexpr",
-            "EARLY_TABLES": "constexpr", "NUM_EXPERTS": "constexpr"}
+            "EARLY_TABLES": "constexpr", "NUM_EXPERTS": "constexpr", "W0_EARLY": "constexpr", "W0_PLAIN": "constexpr"}
 
 
 def _gate_up_pairs_sig():
@@ -3399,6 +3464,8 @@ def aot_configs() -> list[AotConfig]:
             constexprs["TOP_K"] = TOP_K
         else:
             constexprs["L2_PREFETCH"] = cfg.pdl_l2
+            if not persistent:
+                constexprs.update(W0_EARLY=bool(cfg.w0_early), W0_PLAIN=cfg.w0_early == "plain")
         configs.append(AotConfig(
             name=f"moe_mxfp4_{kind}_gemvtma_{cfg.label()}", kernel=kernel,
             signature=_gemv_tma_f16_sig(kind, rows, cfg.block_k, persistent), constexprs=constexprs,

@@ -60,6 +60,12 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
 - (variants runs 46 / 47's ``moe_dl2_*``, the gate/up programs asking L2 for the down weights, went with
   ``GemvConfig.down_l2``: commit fafadec has both; run 48's ``l2woa*``, a side-stream launch asking L2 for wo_a's
   weight during the attention, went with ``kernels/l2_prefetch.py``: commit 614d8ed has both);
+- ``moe_w0_off`` / ``moe_w0_r3`` / ``moe_w0_plain`` (round 32): at T=1 B=1 the routed experts' down launch as before
+  round 32 (no early step, 3-stage ring), with its first K step loaded before its PDL wait by TMA and a 3-stage ring
+  after it, or by per-thread loads (shipped: by TMA, 2 stages; runs 49 / 50 named those variants ``moe_w0`` /
+  ``moe_w0_r2`` / ``moe_w0_plain`` and timed them against the form before as ``shipped``); ``moe_w0_off_r80`` /
+  ``moe_w0_off_s2``: the form before capped at 80 registers (``GemvConfig.max_registers``: 6 programs per SM on the
+  H200, as the early forms) / on a 2-stage ring;
 - ``wqb_pers`` (variants run 39): the main wq_b at T=1, 1 row, on the persistent FMA form by TMA (2 programs per SM)
   it ran on before the one-chunk tile of ``fp8_gemv.ONE_CHUNK_X_FIRST_ONE_ROW_TILES`` (the C4 layer's call beside the
   indexer keeps its sharing form either way); ``bf16_wbw0``: the one-row bf16 GEMVs (the router gate, weights_proj,
@@ -116,7 +122,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
             "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl", "bf16_wbw_all",
-            "bf16_wbw0_sd_pdl")
+            "bf16_wbw0_sd_pdl", "moe_w0_off", "moe_w0_off_r80", "moe_w0_off_s2", "moe_w0_r3", "moe_w0_plain")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -339,6 +345,17 @@ def moe_tiles_where(variant: str):
     if variant in ("moe_et", "moe_et0"):
         return {key: tuple(dataclasses.replace(c, early_tables=variant == "moe_et") for c in tiles)
                 for key, tiles in moe_mxfp4.GEMV_TMA_F16_WHERE.items()}
+    if variant.startswith("moe_w0_"):  # round 32: the down's first K step before its wait
+        forms = {"moe_w0_off": ("", moe_mxfp4.GEMV_TMA_RING, 0), "moe_w0_off_r80": ("", moe_mxfp4.GEMV_TMA_RING, 80),
+                 "moe_w0_off_s2": ("", 2, 0), "moe_w0_r3": ("tma", 3, 0),
+                 "moe_w0_plain": ("plain", moe_mxfp4.GEMV_TMA_RING, 0)}
+        form, ring, regs = forms[variant]
+        where = {}
+        for key, (gate_up, down) in moe_mxfp4.GEMV_TMA_F16_WHERE.items():
+            if key == (dsv4.MOE_INTERMEDIATE_SIZE, dsv4.TOP_K):
+                down = dataclasses.replace(down, w0_early=form, tma_ring=ring, max_registers=regs)
+            where[key] = (gate_up, down)
+        return where
     match = re.fullmatch(r"moe_gu(\d+)_dn(\d+)(?:_r(\d+))?(_l2)?", variant)
     if not match:
         return None

@@ -48,6 +48,10 @@ tiles without PDL) at every B where ``GEMV_PDL_WHERE`` ships PDL, the B between 
 Runs 30 / 30b (``--bytes --down-l2 MODES``, round 32): the gate/up programs asking L2 for their expert's down weights
 (``GemvConfig.down_l2``), 0.85-0.97x; the option and the flag went with it (commit fafadec has both).
 
+Round 32 (``--bytes --w0-early``, runs 31 / 31b): the shipped tiles beside the same tiles with ``early_tables`` and
+the down launch's first K step (weight words, E8M0 bytes) loaded before its PDL wait or not (``GemvConfig.w0_early``:
+by TMA with a 3- or 2-stage ring after it, or by per-thread loads); shipped at T=1 B=1 by TMA with 2 stages.
+
 Run 29 (``--bytes --early-tables-flip``): the shipped tiles beside the same tiles with ``GemvConfig.early_tables`` the
 other way (on at T=1 B=1 since round 29, off elsewhere).
 
@@ -482,7 +486,7 @@ def tiles_spec(spec: str) -> tuple[int, int, int, bool]:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0), bool(match.group(4))
 
 
-def bytes_variants(rows, inter, down_per_sm=(), tiles_n=(), flip_early_tables=False):
+def bytes_variants(rows, inter, down_per_sm=(), tiles_n=(), flip_early_tables=False, w0_early=False):
     """Run 26 (--bytes): the shipped fp16 TMA GEMV tiles (run 26 timed them beside the round-16 pair form, commit
     0dfc461's ``GemvConfig(f16_bytes=False)``, since removed: the byte-built pairs are the only fp16 decode now; run 22
     timed 4-stage rings at B = 1..8, 0.97-0.98x at T=1 B=1). Run 26c (``--down-per-sm``): the down launch as a
@@ -496,6 +500,14 @@ def bytes_variants(rows, inter, down_per_sm=(), tiles_n=(), flip_early_tables=Fa
     if flip_early_tables:  # run 29 (--early-tables-flip): the same tiles with GemvConfig.early_tables the other way
         flipped = tuple(dataclasses.replace(c, early_tables=not c.early_tables) for c in tiles)
         out.append((label(flipped), {"upcast": moe.GEMV, "configs": flipped}))
+    if w0_early and not tiles[1].persistent_programs_per_sm:  # round 32 (--w0-early): the down's first K step early
+        for form, ring, regs in (("", moe.GEMV_TMA_RING, 0), ("", moe.GEMV_TMA_RING, 80), ("", 2, 0), ("tma", 3, 0),
+                                 ("tma", 2, 0), ("plain", moe.GEMV_TMA_RING, 0)):
+            cfgs = (dataclasses.replace(tiles[0], early_tables=True),
+                    dataclasses.replace(tiles[1], early_tables=True, w0_early=form, tma_ring=ring,
+                                        max_registers=regs))
+            if cfgs != tiles:
+                out.append((label(cfgs), {"upcast": moe.GEMV, "configs": cfgs}))
     gate_up, down = tiles
     for gu_n, dn_n, ring, l2 in tiles_n:  # run 28: other columns / rows per program per launch, the rest as shipped
         ring = ring or gate_up.tma_ring
@@ -545,7 +557,9 @@ def pdl_comparison(args) -> None:
                            "moe_mxfp4-h200-run17b" if args.shipped else "moe_mxfp4-h200-run17"),
         title=("sm120 MoE decode, run 26: the shipped fp16 TMA GEMV forward (pairs built by bytes)"
                + (", persistent down launches" if args.down_per_sm else "")
-               + (", other tiles per launch (run 28)" if args.tiles else "") + ", H200" if args.bytes else
+               + (", other tiles per launch (run 28)" if args.tiles else "")
+               + (", the down launch's first K step before its PDL wait or not (round 32)" if args.w0_early else "")
+               + ", H200" if args.bytes else
                "sm120 MoE decode, run 17b: the shipped PDL defaults of the fp16 TMA GEMV forward vs the previous ones, H200"
                if args.shipped else
                "sm120 MoE decode, run 17: programmatic dependent launch on the fp16 TMA GEMV forward, H200"),
@@ -571,7 +585,8 @@ def pdl_comparison(args) -> None:
             rows = batch * TOP_K
             if args.bytes and not moe.gemv_f16_default(rows, inter):
                 continue
-            variants, tiles = (bytes_variants(rows, inter, down_per_sm, tiles_n, args.early_tables_flip) if args.bytes else
+            variants, tiles = (bytes_variants(rows, inter, down_per_sm, tiles_n, args.early_tables_flip, args.w0_early)
+                               if args.bytes else
                                pdl_shipped_variants(rows, inter) if args.shipped else pdl_variants(rows, inter))
 
             def forward(layer, kw, out=None):
@@ -881,6 +896,9 @@ def main() -> None:
     parser.add_argument("--tiles", default="", help="with --bytes (run 28): comma-separated GU/DN[rR][l2]: the gate/up "
                         "launch's columns and the down launch's rows per program, both launches' ring depth R, the "
                         "down launch's L2 prefetch (e.g. 32/32,16/64r4,32/32l2), each timed beside the shipped tiles")
+    parser.add_argument("--w0-early", action="store_true", help="with --bytes (round 32): beside the shipped tiles, "
+                        "the same with early_tables and the down launch's first K step loaded before its PDL wait or "
+                        "not, by TMA (3 / 2 ring stages) or per-thread loads")
     parser.add_argument("--early-tables-flip", action="store_true",
                         help="with --bytes (run 29): each shipped tile pair also with GemvConfig.early_tables flipped")
     parser.add_argument("--shipped", action="store_true",

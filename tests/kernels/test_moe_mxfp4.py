@@ -658,7 +658,8 @@ def test_gemv_f16_default_follows_the_h200_numbers():
     the operands allow TMA: on twice the rows per program (gate/up 16 columns, down 32 rows), on 4x rows (32 / 64)
     at T=2 B=2 and T=4 B=16, at T=1 B=1 the 4x gate/up tile with the 2x down tile (run 28c), the down launch
     persistent (P = 8) at T=4; not at B > 32 (B = 64 slower), not at T = 8 (K = 256 < 512), not between multiples of
-    top_k; early_tables at T=1 B=1 and T=2 B=2 (round 29); every shipped tile in the AOT registry with HFMA2."""
+    top_k; early_tables at T=1 B=1 and T=2 B=2 (round 29); at T=1 B=1 the down launch's first K step before its wait
+    with a 2-stage ring (round 32); every shipped tile in the AOT registry with HFMA2."""
     f16 = dict(tma_ring=3, f16=True)
     rows2 = (moe.GemvConfig(16, 512, 4, **f16), moe.GemvConfig(32, 512, 4, **f16))
     rows4 = (moe.GemvConfig(32, 512, 4, **f16), moe.GemvConfig(64, 512, 4, **f16))
@@ -680,6 +681,8 @@ def test_gemv_f16_default_follows_the_h200_numbers():
                 dn = dataclasses.replace(dn, pdl=True, pdl_l2=PDL_DEFAULT_AT[inter][1])
             if (inter, batch) in ((2048, 1), (1024, 2)):  # round 29
                 gu, dn = (dataclasses.replace(c, early_tables=True) for c in (gu, dn))
+            if (inter, batch) == (2048, 1):  # round 32: the down's first K step before its wait, a 2-stage ring
+                dn = dataclasses.replace(dn, w0_early="tma", tma_ring=2)
             assert moe.gemv_configs(rows, inter) == (gu, dn)
             assert moe.default_upcast(rows, inter) == ("pairs" if inter != 1024 and batch >= 16 else "gemv")  # run 20b
             assert not moe.gemv_configs(rows, inter, tma=False)[0].f16
@@ -788,6 +791,71 @@ def test_gemv_tma_f16_early_tables(monkeypatch, batch, pattern, persistent_down,
     with poisoned_scratch():
         assert torch.equal(out, run(x, experts, weights, ids, configs=tiles))
     assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
+
+
+@pytest.mark.parametrize("batch,pattern,inter,pdl,form", [
+    (1, "random", TMA_HIDDEN, True, "tma"), (1, "random", 2 * TMA_HIDDEN, True, "tma"),
+    (1, "random", 2 * TMA_HIDDEN, True, "plain"), (3, "duplicate", 2 * TMA_HIDDEN, True, "tma"),
+    (3, "duplicate", 2 * TMA_HIDDEN, True, "plain"), (2, "invalid", 2 * TMA_HIDDEN, False, "tma"),
+    (0, "random", TMA_HIDDEN, True, "tma")])
+def test_gemv_tma_f16_w0_early(monkeypatch, batch, pattern, inter, pdl, form):
+    """GemvConfig.w0_early loads the down launch's first K step before its wait and uses it for the slot's first
+    routed row (later rows of the slot load it again), by TMA or per-thread loads: the same bits as early_tables alone,
+    scratch NaN-poisoned and a stale slot's expert far out of range, one K step (the whole K early) and two, duplicate
+    and invalid ids."""
+    monkeypatch.setattr(moe, "CPU_SM_COUNT", 5)
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=batch + 60)
+    weights, ids = make_routing(batch, pattern, seed=batch + 61)
+    x = make_x(batch, hidden=TMA_HIDDEN, seed=batch + 62, scale=4.0)
+    early = tuple(dataclasses.replace(c, early_tables=True) for c in _f16_tiles(0, pdl=pdl))
+    w0 = (early[0], dataclasses.replace(early[1], w0_early=form))
+    assert f"w0{form[0]}" in w0[1].label()
+    with poisoned_scratch(int_value=2**30):
+        out = run(x, experts, weights, ids, configs=w0)
+    if not batch:
+        assert out.numel() == 0
+        return
+    with poisoned_scratch():
+        assert torch.equal(out, run(x, experts, weights, ids, configs=early))
+    assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
+
+
+@pytest.mark.parametrize("bad", ["gate_up", "no_early_tables", "persistent", "unknown_form"])
+def test_gemv_w0_early_arguments(bad):
+    gu = dict(block_n=64, block_k=512, num_warps=4, tma_ring=2, f16=True, early_tables=True)
+    dn = dict(gu, w0_early="tma")
+    if bad == "gate_up":
+        gu["w0_early"] = "tma"
+    elif bad == "unknown_form":
+        dn["w0_early"] = "ldg"
+    elif bad == "no_early_tables":
+        gu["early_tables"] = dn["early_tables"] = False
+    else:
+        dn["persistent_programs_per_sm"] = 2
+    _gemv_tiles_refused(gu, dn, "w0_early")
+
+
+def test_gemv_w0_early_reaches_the_down_launch(monkeypatch):
+    launches = _record_f16_launches(monkeypatch)
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(2, "random")
+    for form in ("tma", "plain", ""):
+        launches.clear()
+        gu, dn = (dataclasses.replace(c, early_tables=True) for c in _f16_tiles(0, pdl=True))
+        run(make_x(2, hidden=TMA_HIDDEN), experts, weights, ids, configs=(gu, dataclasses.replace(dn, w0_early=form)))
+        assert [(kw["W0_EARLY"], kw["W0_PLAIN"]) for name, kw in launches if name == "_down_gemv_tma_f16_kernel"] == [
+            (bool(form), form == "plain")]
+
+
+def test_gemv_max_registers_reaches_its_launch(monkeypatch):
+    """GemvConfig.max_registers (a control in the round-32 runs): the launch's maxnreg, that launch only."""
+    launches = _record_f16_launches(monkeypatch)
+    experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
+    weights, ids = make_routing(1, "random")
+    gu, dn = _f16_tiles(0)
+    run(make_x(1, hidden=TMA_HIDDEN), experts, weights, ids, configs=(gu, dataclasses.replace(dn, max_registers=80)))
+    assert [kw.get("maxnreg") for _, kw in launches] == [None, None, 80, None]
+    assert dataclasses.replace(dn, max_registers=80).label().endswith("r80")
 
 
 def test_gemv_early_tables_reach_their_launches(monkeypatch):

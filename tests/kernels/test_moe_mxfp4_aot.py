@@ -36,7 +36,7 @@ F16 = {c.name: c for c in moe.aot_configs() if "_gemvtma_" in c.name and c.const
 @pytest.fixture(scope="module")
 def f16_reports():
     """The fp16 pair decode's TMA GEMV configs compiled once per arch, interpreter off."""
-    return {(r.config, r.arch): (r, p) for r, p in run_isolated(["moe_mxfp4"], archs=[120, 121], only=["tma3h"])}
+    return {(r.config, r.arch): (r, p) for r, p in run_isolated(["moe_mxfp4"], archs=[120, 121], only=sorted(F16))}
 
 
 @pytest.mark.parametrize("arch", [120, 121])
