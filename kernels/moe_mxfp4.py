@@ -2246,8 +2246,8 @@ def _with_early_tables(tiles, inter, batch):
 # Most of the H200's gain is occupancy: the form before compiles to 95 registers there (sm_90a, Triton 3.6: 5 programs
 # per SM, 1.16 waves), the shipped one to 79 (6 per SM, one wave); the form before capped at 80 registers was level
 # with it in the layer (run 51), 1.5 % slower alone. Per-thread loads for the early step ("plain": 94 registers) lost
-# (0.92-0.99x alone). Elsewhere not taken: T=1
-# B = 2 / 4 / 8 0.92-1.02x alone (with early_tables, which those B do not ship), T=2 B = 1 / 2 / 4 / 8 0.93-1.007x.
+# (0.92-0.99x alone). Elsewhere not taken: T=1 B = 2 / 4 / 8 0.92-1.02x alone (with early_tables, which those B do not
+# ship), T=2 B = 1 / 2 / 4 / 8 0.93-1.007x.
 W0_EARLY_AT = {(MOE_INTERMEDIATE_SIZE, 1): 2}  # (per-rank I, B) -> the down launch's ring depth after the early step
 
 
