@@ -949,6 +949,19 @@ def _gemv_tma_f16_step(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS: tl.conste
     """:func:`_gemv_tma_step` on the fp16 pair decode (:func:`_f16_word_dot`): ``x_desc`` over the activation's
     fp16 pair words in the :func:`_f16_position` order; [ROWS, BLOCK_K/32] scaled per-group partial dots (times
     the activation row's power of two)."""
+    q = tl.reshape(w_desc.load([w_row, k0 // 8]), [ROWS, BLOCK_K // 32, 4])
+    s = s_desc.load([w_row, k0 // 32])
+    return _gemv_tma_f16_words_dots(q, s, x_desc, x_row, k0, BLOCK_K, EMULATE)
+
+
+@triton.jit
+def _gemv_tma_f16_step_w0(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+                          EMULATE: tl.constexpr):
+    """:func:`_gemv_tma_f16_step` with the weight words reshaped after the scale load: the K loop of the down launch
+    with the early first step (``W0_EARLY``), in the order it was timed in (H200 runs 31 / 49-51 and benches 45 /
+    46). The order changes the SASS and register count of every launch that takes it (sm_90a, the device's Triton
+    3.6: the T=1 B=2..32 down tile 80 -> 91 registers, 5 instead of 6 programs per SM), so the other launches keep
+    the order of :func:`_gemv_tma_f16_step`."""
     q = w_desc.load([w_row, k0 // 8])
     s = s_desc.load([w_row, k0 // 32])
     return _gemv_tma_f16_dots(q, s, x_desc, x_row, k0, ROWS, BLOCK_K, EMULATE)
@@ -958,7 +971,12 @@ def _gemv_tma_f16_step(w_desc, s_desc, x_desc, w_row, x_row, k0, ROWS: tl.conste
 def _gemv_tma_f16_dots(q, s, x_desc, x_row, k0, ROWS: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
     """The arithmetic of :func:`_gemv_tma_f16_step` on a K step's weight words ``q`` [ROWS, BLOCK_K/8] and E8M0
     bytes ``s`` [ROWS, BLOCK_K/32] already loaded (the activation words loaded here)."""
-    q = tl.reshape(q, [ROWS, BLOCK_K // 32, 4])
+    return _gemv_tma_f16_words_dots(tl.reshape(q, [ROWS, BLOCK_K // 32, 4]), s, x_desc, x_row, k0, BLOCK_K, EMULATE)
+
+
+@triton.jit
+def _gemv_tma_f16_words_dots(q, s, x_desc, x_row, k0, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
+    """:func:`_gemv_tma_f16_dots` on the weight words already as [ROWS, BLOCK_K/32, 4]."""
     # the 4 fp16 pair words of each weight word: [1, G, 4 words, 4 pairs] -> pair j as [1, G, 4]
     xw = tl.reshape(x_desc.load([x_row, k0 // 2]), [1, BLOCK_K // 32, 4, 2, 2])
     x_even, x_odd = tl.split(xw)  # pairs 0, 2 / 1, 3
@@ -1143,8 +1161,12 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
                 acc += _gemv_tma_f16_dots(q0, s0, act_desc, row.to(tl.int32), 0, BLOCK_N, BLOCK_K, EMULATE)
                 k_start = BLOCK_K
         for k0 in tl.range(k_start, inter, BLOCK_K, num_stages=RING):
-            acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row.to(tl.int32), k0, BLOCK_N,
-                                      BLOCK_K, EMULATE)
+            if W0_EARLY and EARLY_TABLES:
+                acc += _gemv_tma_f16_step_w0(w2_desc, w2_scale_desc, act_desc, w_row, row.to(tl.int32), k0, BLOCK_N,
+                                             BLOCK_K, EMULATE)
+            else:
+                acc += _gemv_tma_f16_step(w2_desc, w2_scale_desc, act_desc, w_row, row.to(tl.int32), k0, BLOCK_N,
+                                          BLOCK_K, EMULATE)
         tl.store(y_ptr + row.to(tl.int64) * hidden + n,
                  tl.sum(acc, 1) * (act_unscale * tl.load(topk_weights_ptr + row).to(tl.float32)))
         if EARLY_TABLES:
