@@ -1120,8 +1120,8 @@ def _down_gemv_tma_f16_kernel(act_desc, w2_desc, w2_scale_desc, topk_weights_ptr
         active, expert, row_begin, row_end, row = _slot_work(slot, num_active_ptr, active_experts_ptr,
                                                              expert_start_ptr, sorted_rows_ptr, NUM_EXPERTS, True)
         if W0_EARLY:
-            w0_rows = (expert * hidden + tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
             if W0_PLAIN:  # per-thread loads into registers: no shared-memory buffer beside the ring's
+                w0_rows = (expert * hidden + tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
                 q0 = tl.load(w2_ptr.to(tl.pointer_type(tl.int32)) + w0_rows[:, None] * (inter // 8)
                              + tl.arange(0, BLOCK_K // 8)[None, :])
                 s0 = tl.load(w2_scale_ptr + w0_rows[:, None] * (inter // 32) + tl.arange(0, BLOCK_K // 32)[None, :])
