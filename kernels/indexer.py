@@ -857,7 +857,9 @@ def _bound_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, ou
                           mask=inside & (digit1 == thr1), sem="relaxed")
         tl.debug_barrier()  # this program's counts, performed at L2, before it reads them back
         hist2 = tl.load(ws_row + WS_H2 + bins2, cache_modifier=".cg")
-        thr2, n_above2 = _threshold_bin(hist2, n_tie1, K - n_above1, 1 << B2)
+        # From the row (overflow) the threshold bin also holds the logits below the bound that share its first
+        # digit, which the candidates' count n_tie1 leaves out: the second digit's total is what was counted.
+        thr2, n_above2 = _threshold_bin(hist2, tl.sum(hist2, axis=0), K - n_above1, 1 << B2)
         n_tie2 = tl.sum(tl.where(bins2 == thr2, hist2, 0), axis=0)
         _hist_finish_blocks(scores_row, cand_val_row, cand_pos_row, ws_row, out_row, raw_row, pt_row, n_src,
                             from_row, thr1, thr2, n_above1, n_above2, n_tie2, K, PAGE, HAS_RAW, B1, B2, B3,

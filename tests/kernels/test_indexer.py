@@ -844,6 +844,29 @@ def _page_max_select_cases():
     assert (workspace == 0).all()
 
 
+@pytest.mark.parametrize("below", [1500, 7500])
+def test_page_max_overflow_with_logits_below_the_bound_in_its_bin(below):
+    """More than HIST_CAP candidates (the row is rescanned) and many logits just below the bound that share
+    the K-th score's first digit (1.51 under 1.55: same sign, exponent and top two mantissa bits). The rescan
+    counts those too; with 7500 of them the second digit's threshold was once taken from the candidates' count
+    alone and the finish wrote thousands of slots past the row's k (caught here by a guard after the row)."""
+    gen = torch.Generator().manual_seed(91)
+    width = 4500 + below
+    scores = torch.full((1, width), 1.51)
+    scores[0, torch.randperm(width, generator=gen)[:4500]] = 1.55
+    lens = torch.tensor([width], dtype=torch.int32)
+    pt_width = -(-width // INDEX_PAGE_SIZE)
+    table = torch.randperm(2 * pt_width, generator=gen)[:pt_width].int()[None]
+    workspace = ix.hist_workspace(1, "cpu")
+    workspace[0, ix.WS_THR1.value] = int(torch.tensor([1.55]).view(torch.int32))  # the bound: the K-th score itself
+    guarded_out, guarded_raw = (torch.full((1, 16 * INDEX_TOPK), 12345, dtype=torch.int32) for _ in range(2))
+    out, raw = guarded_out[:, :INDEX_TOPK], guarded_raw[:, :INDEX_TOPK]
+    ix.hist_select(scores, lens, table, out, raw, workspace, page_max=True)
+    assert (guarded_out[:, INDEX_TOPK:] == 12345).all() and (guarded_raw[:, INDEX_TOPK:] == 12345).all()
+    assert_histogram_selection(raw, out, scores, lens, table)
+    assert (workspace == 0).all()
+
+
 @pytest.mark.parametrize("k", [512, 64])
 def test_histogram_one_copy_plan_and_threshold(k):
     """The count into one histogram copy (SelectForm copies=1, the B 3-4 / 9-16 x 8193-16384 buckets): the
