@@ -552,10 +552,13 @@ def pdl_comparison(args) -> None:
     run = timer(args.smoke)
     t_start = time.time()
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
+    name = args.name or ("moe_mxfp4-h200-run26" if args.bytes else
+                         "moe_mxfp4-h200-run17b" if args.shipped else "moe_mxfp4-h200-run17")
+    run_label = re.search(r"run\w+$", name)  # the title names this file's run, not the run that added the mode
     result = BenchResult(
-        name=args.name or ("moe_mxfp4-h200-run26" if args.bytes else
-                           "moe_mxfp4-h200-run17b" if args.shipped else "moe_mxfp4-h200-run17"),
-        title=("sm120 MoE decode, run 26: the shipped fp16 TMA GEMV forward (pairs built by bytes)"
+        name=name,
+        title=(f"sm120 MoE decode, {run_label.group(0).replace('run', 'run ') if run_label else name}: "
+               "the shipped fp16 TMA GEMV forward (pairs built by bytes)"
                + (", persistent down launches" if args.down_per_sm else "")
                + (", other tiles per launch (run 28)" if args.tiles else "")
                + (", the down launch's first K step before its PDL wait or not (round 32)" if args.w0_early else "")
