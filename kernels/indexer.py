@@ -137,6 +137,10 @@ PAGE_MAX_KEYS = 2048  # group maxima per row at most (the last logits program's 
 # last rows' select (and the bound) is exposed. H200 run 14: B=32 x 256K 101.8 -> 98.3 us (shipped for B 17-32 x
 # 32769-65536 positions); at B=16 x 256K 58.9 -> 59.2, B=64 x 256K 182.8 -> 180.3 (1.4 %, not shipped); the same
 # launch at 1024 programs (one wave, run 13) or 4096 was level or slower.
+# The page-max select's finish in registers (SelectForm finish="registers"): key digits per tl.histogram round
+# (8: 256 bins, 4 rounds; tl.histogram's per-thread work grows with the bins a lane owns, so 2048-bin rounds cost
+# far more, as they did in the logits kernel in run 6)
+REG_FINISH_DIGIT_BITS = 8
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
 HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores row)
 # The select after the first digit (H200 run 7, benchmarks/indexer-h200-run7-summary.md): split
@@ -149,6 +153,7 @@ HIST_SPLIT_MAX_CHUNK = 2048
 # slower above). 4096-entry programs were level at B=16-64 x 256K and slower below.
 HIST_SPLIT_SMALL_MAX_PROGRAMS = 128
 HIST_FINAL_BLOCK = 1024
+assert HIST_FINAL_BLOCK <= HIST_CAP  # the finish in registers loads a whole block of the candidate list
 # Launch options by shape, from H200 runs 9 / 9b (benchmarks/indexer-h200-run9-summary.md); module-level so
 # that tools/device_indexer.py can time other settings beside them in one run. Run 9b, us, the shipped
 # rules against each with one part undone (PDL off; block reduce instead of early exit; not lean):
@@ -709,7 +714,8 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
                         HAS_RAW: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr,
                         WS_H2: tl.constexpr, WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
                         PDL: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False, PAGE_MAX: tl.constexpr = False,
-                        SPIN: tl.constexpr = False):
+                        SPIN: tl.constexpr = False, REG_FINISH: tl.constexpr = False,
+                        REG_DIGIT_BITS: tl.constexpr = 8, REG_LEAN: tl.constexpr = False):
     """Grid (B, groups): the histogram select after the first digit, in one launch. The split
     programs of a long row (:func:`_hist_split_part`) count their arrivals; the last to arrive
     finishes the row (:func:`_hist_finish_row`), so no launch of one program per row follows (H200
@@ -723,7 +729,9 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
     the row's last logits program, so a row's select runs while later rows' logits are still computed. With
     PDL this launch's programs start only once every logits program has started (and passed its own wait), so
     the logits programs a spinning program waits for are all resident: no deadlock. The finishing program
-    zeroes the flag with the rest of the row's counters."""
+    zeroes the flag with the rest of the row's counters. REG_FINISH (page-max form): a candidate list of at most
+    BLOCK entries is finished in registers (:func:`_bound_finish_row_in_registers`); REG_LEAN with it: the split
+    programs do not count the candidates' first digit (only a longer list's finish needs it, and counts it)."""
     if SPIN:
         b = tl.program_id(1)
         g = tl.program_id(0)
@@ -745,7 +753,7 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
     if (length > K) & (g * CHUNK < length):
         if PAGE_MAX:
             _bound_split_part(vals, thr1, ws_ptr, cand_val_ptr, cand_pos_ptr, b64, g, length, stride_wsb, stride_cb,
-                              CHUNK, CAP, B1)
+                              CHUNK, CAP, B1, not (REG_FINISH and REG_LEAN))
         else:
             _hist_split_part(vals, thr1, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, g, length,
                              stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb, CHUNK, PAGE, CAP, HAS_RAW,
@@ -753,7 +761,12 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
         tl.debug_barrier()  # all of this program's stores and counts performed before its arrival
         arrived = tl.atomic_add(ws_ptr + b64 * stride_wsb + WS_SPLIT_DONE, 1, sem="acq_rel")
         if arrived == tl.cdiv(length, CHUNK) - 1:
-            if PAGE_MAX:
+            if PAGE_MAX and REG_FINISH:
+                _bound_finish_row_in_registers(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr,
+                                               b64, length, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb,
+                                               stride_rawb, K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN,
+                                               BLOCK, REG_DIGIT_BITS, REG_LEAN, ONE_BLOCK)
+            elif PAGE_MAX:
                 _bound_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64,
                                   length, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
                                   K, PAGE, CAP, HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK, ONE_BLOCK)
@@ -768,11 +781,12 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
 
 @triton.jit
 def _bound_split_part(vals, bound, ws_ptr, cand_val_ptr, cand_pos_ptr, b64, g, length, stride_wsb, stride_cb,
-                      CHUNK: tl.constexpr, CAP: tl.constexpr, B1: tl.constexpr):
+                      CHUNK: tl.constexpr, CAP: tl.constexpr, B1: tl.constexpr, COUNT_H1: tl.constexpr = True):
     """One split program's share of a row longer than K, page-max form: every entry at or above the
     row's bound (at most the K-th largest logit) claims a slot in the row's candidate list (first CAP
     kept) with an atomic of its own and is counted into the candidates' first-digit histogram. Nothing
-    goes out yet: which candidates are in the top K is known only once all are counted."""
+    goes out yet: which candidates are in the top K is known only once all are counted. Not COUNT_H1 (the lean
+    finish in registers): no first-digit count; a finish that needs it counts it itself."""
     ws_row = ws_ptr + b64 * stride_wsb
     idx = g * CHUNK + tl.arange(0, CHUNK)
     cand = (idx < length) & (_signed_key(vals) >= bound)
@@ -781,8 +795,73 @@ def _bound_split_part(vals, bound, ws_ptr, cand_val_ptr, cand_pos_ptr, b64, g, l
     keep = cand & (slot < CAP)
     tl.store(cand_val_ptr + b64 * stride_cb + slot, vals, mask=keep)
     tl.store(cand_pos_ptr + b64 * stride_cb + slot, idx, mask=keep)
-    tl.atomic_add(ws_row + WS_CAND_H1 + _key_bits(_order_key(vals), 0, B1), tl.full((CHUNK,), 1, tl.int32),
-                  mask=cand, sem="relaxed")
+    if COUNT_H1:
+        tl.atomic_add(ws_row + WS_CAND_H1 + _key_bits(_order_key(vals), 0, B1), tl.full((CHUNK,), 1, tl.int32),
+                      mask=cand, sem="relaxed")
+
+
+@triton.jit
+def _top_in_registers(key_u, live, need, DIGIT_BITS: tl.constexpr):
+    """A mask of the ``need`` largest of ``key_u[live]`` (unsigned-order keys; 1 <= need <= their count),
+    equal keys at the ``need``-th taken in block order: 32 // DIGIT_BITS rounds, each a histogram of the live
+    keys' next digit in registers (``tl.histogram``), its threshold bin, the keys above it taken and those in it
+    kept live. No workspace, atomics or memory round trip."""
+    NBINS: tl.constexpr = 1 << DIGIT_BITS
+    bins = tl.arange(0, NBINS)
+    take = tl.zeros(key_u.shape, tl.int1)
+    n_live = tl.sum(live.to(tl.int32), axis=0)
+    for r in tl.static_range(32 // DIGIT_BITS):
+        digit = _key_bits(key_u, r * DIGIT_BITS, DIGIT_BITS)
+        hist = tl.histogram(digit, NBINS, mask=live)
+        thr, n_above = _threshold_bin(hist, n_live, need, NBINS)
+        take = take | (live & (digit > thr))
+        live = live & (digit == thr)
+        n_live = tl.sum(tl.where(bins == thr, hist, 0), axis=0)
+        need = need - n_above
+    equal_rank = tl.cumsum(live.to(tl.int32), axis=0) - 1
+    return take | (live & (equal_rank < need))
+
+
+@triton.jit
+def _bound_finish_row_in_registers(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64,
+                                   length, stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb,
+                                   K: tl.constexpr, PAGE: tl.constexpr, CAP: tl.constexpr, HAS_RAW: tl.constexpr,
+                                   B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, WS_H2: tl.constexpr,
+                                   WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
+                                   DIGIT_BITS: tl.constexpr, LEAN: tl.constexpr, ONE_BLOCK: tl.constexpr = False):
+    """:func:`_bound_finish_row` with a candidate list of at most BLOCK entries held in one register block and
+    its top K found there (:func:`_top_in_registers`, 8-bit digits) instead of through the workspace's digit
+    histograms: the list is loaded beside its count (entries past the count are masked off after), so the
+    finish costs the list's round trip, the page-table gather and the stores. A longer list (or an overflowed
+    one) takes :func:`_bound_finish_row`, whose first-digit histogram the split programs count (LEAN: this
+    program counts it first, from the list or, overflowed, from the row's logits at or above the bound)."""
+    ws_row = ws_ptr + b64 * stride_wsb
+    idx = tl.arange(0, BLOCK)
+    n_cand = tl.load(ws_row + WS_TIE, cache_modifier=".cg")
+    vals = tl.load(cand_val_ptr + b64 * stride_cb + idx, cache_modifier=".cg")  # BLOCK <= CAP: in the list
+    pos = tl.load(cand_pos_ptr + b64 * stride_cb + idx, cache_modifier=".cg")
+    if n_cand <= BLOCK:
+        take = _top_in_registers(_order_key(vals), idx < n_cand, K, DIGIT_BITS)
+        _store_slots(out_ptr + b64 * stride_outb, raw_ptr + b64 * stride_rawb, pt_ptr + b64 * stride_ptb, pos,
+                     tl.cumsum(take.to(tl.int32), axis=0) - 1, take, PAGE, HAS_RAW)
+        _clean_row_workspace(ws_row, WS_CLEAN)
+    else:
+        if LEAN:
+            bound = tl.load(ws_row + WS_THR1)
+            from_row = n_cand > CAP
+            n_src = tl.where(from_row, length, n_cand)
+            for start in range(0, n_src, BLOCK):
+                src = start + idx
+                inside = src < n_src
+                src_vals, _src_pos = _hist_source(scores_ptr + b64 * stride_sb, cand_val_ptr + b64 * stride_cb,
+                                                  cand_pos_ptr + b64 * stride_cb, src, inside, from_row)
+                tl.atomic_add(ws_row + WS_CAND_H1 + _key_bits(_order_key(src_vals), 0, B1),
+                              tl.full((BLOCK,), 1, tl.int32), mask=inside & (_signed_key(src_vals) >= bound),
+                              sem="relaxed")
+            tl.debug_barrier()  # the counts performed before _bound_finish_row reads them back
+        _bound_finish_row(scores_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand_pos_ptr, out_ptr, raw_ptr, b64, length,
+                          stride_sb, stride_ptb, stride_wsb, stride_cb, stride_outb, stride_rawb, K, PAGE, CAP,
+                          HAS_RAW, B1, B2, B3, WS_H2, WS_H3, WS_CLEAN, BLOCK, ONE_BLOCK)
 
 
 @triton.jit
@@ -1307,16 +1386,20 @@ def _hist_select_consts(k, has_raw, chunk, one_block=False, page_max=False, spin
                 ONE_BLOCK=one_block, PAGE_MAX=page_max, SPIN=spin, **_hist_digit_consts())
 
 
-def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False, overlap=False):
+def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False, overlap=False, reg_finish=False,
+                reg_lean=False):
     """Top-``out.shape[1]`` of each scores row from the first-digit histogram already counted in
     ``workspace`` (by the logits kernel or :func:`_score_hist_kernel`): one launch whose split
     programs send each row's entries above the K-th key's bin out, and whose last program per row
     finishes it. Long rows list their selection in no fixed order (slots are claimed with atomics);
     the set is exact, ties at the K-th score going to entries in list order. ``overlap`` (page-max form,
     right after :func:`paged_mqa_logits` with ``overlap=True``): grid (groups, B), launched with PDL where
-    supported, each program waiting for its row's ready flag instead of the whole logits launch."""
+    supported, each program waiting for its row's ready flag instead of the whole logits launch. ``reg_finish``
+    (page-max form): a row's candidate list of at most HIST_FINAL_BLOCK entries is finished in registers;
+    ``reg_lean`` with it: the split programs skip the first-digit count."""
     batch, width = scores.shape
     overlap = page_max and overlap
+    reg_finish = page_max and reg_finish
     chunk = hist_split_chunk(batch, width)
     cand_val = torch.empty(batch, HIST_CAP, dtype=torch.float32, device=scores.device)
     cand_pos = torch.empty(batch, HIST_CAP, dtype=torch.int32, device=scores.device)
@@ -1332,7 +1415,7 @@ def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False
         scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
         raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk,
                                                  page_max or hist_one_block(programs), page_max, overlap),
-        PDL=pdl, num_warps=warps, num_stages=1, launch_pdl=pdl)
+        REG_FINISH=reg_finish, REG_DIGIT_BITS=REG_FINISH_DIGIT_BITS, REG_LEAN=reg_finish and reg_lean, PDL=pdl, num_warps=warps, num_stages=1, launch_pdl=pdl)
     return out
 
 
@@ -1433,6 +1516,7 @@ def topk_transform_paged(scores, lens, page_table, out, page_size=INDEX_PAGE_SIZ
 SELECT_WARPS_MULS = (1, 2)
 SELECT_METHODS = ("search", "histogram", "rank")
 HIST_THRESHOLDS = ("count", "page_max")
+HIST_FINISHES = ("histograms", "registers", "registers_lean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1462,6 +1546,11 @@ class SelectForm:
     overlap_programs: int = 0
     # "rank" (:func:`rank_select`): positions each program ranks; its warps are 4 * warps_mul
     rank_rows: int = 8
+    # "page_max": how the finishing program selects from the row's candidate list. "histograms": by three digit
+    # histograms in the workspace (L2 atomics, a round trip each); "registers": a list of at most HIST_FINAL_BLOCK
+    # entries in one register block by tl.histogram rounds (:func:`_top_in_registers`); "registers_lean": the
+    # same, and the split programs do not count the candidates' first digit (a longer list's finish counts it)
+    finish: str = "histograms"
 
     def __post_init__(self):
         if self.method not in SELECT_METHODS:
@@ -1480,6 +1569,10 @@ class SelectForm:
             raise ValueError(f"max_chunk must be one of {SELECT_CHUNKS} and >= {2 * MAX_TOPK}, got {self.max_chunk!r}")
         if self.warps_mul not in SELECT_WARPS_MULS:
             raise ValueError(f"warps_mul must be one of {SELECT_WARPS_MULS}, got {self.warps_mul!r}")
+        if self.finish not in HIST_FINISHES or (self.finish != "histograms" and self.threshold != "page_max"):
+            raise ValueError(f"finish must be one of {HIST_FINISHES} (the registers forms only with threshold "
+                             f"'page_max'), "
+                             f"got {self.finish!r}")
         if self.rank_rows not in RANK_ROWS:
             raise ValueError(f"rank_rows must be one of {RANK_ROWS}, got {self.rank_rows!r}")
 
@@ -1797,7 +1890,8 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
         logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot,
                                   hist_workspace=workspace, hist_k=out.shape[1], page_max=page_max,
                                   hist_copies=plan.select.copies, overlap_programs=programs)
-        return hist_select(logits, lens, page_table, out, raw, workspace, page_max=page_max, overlap=programs > 0)
+        return hist_select(logits, lens, page_table, out, raw, workspace, page_max=page_max, overlap=programs > 0,
+                           reg_finish=plan.select.finish != "histograms", reg_lean=plan.select.finish == "registers_lean")
     logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
     return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw, select=plan.select)
 
@@ -1898,15 +1992,19 @@ def aot_configs() -> list[AotConfig]:
             forms = {(hist_one_block(n), hist_select_warps(n, chunk))
                      for n in (1, HIST_SELECT_8_WARPS_MAX_PROGRAMS + 1, HIST_ONE_BLOCK_MAX_PROGRAMS + 1)}
             for one_block, warps in sorted(forms):
-                for page_max, spin in ((False, False), (True, False), (True, True)):
+                for page_max, spin, reg, lean in ((False, False, False, False), (True, False, False, False),
+                                                  (True, True, False, False), (True, False, True, False),
+                                                  (True, True, True, False), (True, False, True, True),
+                                                  (True, True, True, True)):
                     if page_max and not one_block:
                         continue  # the page-max form always finishes from one register block when it can
-                    c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, one_block, page_max, spin), PDL=pdl)
+                    c = dict(_hist_select_consts(INDEX_TOPK, False, chunk, one_block, page_max, spin), PDL=pdl,
+                             REG_FINISH=reg, REG_DIGIT_BITS=REG_FINISH_DIGIT_BITS, REG_LEAN=lean)
                     # SPIN (the overlap form) waits on its row's flag instead of griddepcontrol.wait (ACQBULK)
                     ops = tuple(op for op in pdl_ops if op != "ACQBULK") if spin else pdl_ops
                     configs.append(AotConfig(
-                        f"indexer_hist_select{'_page_max' if page_max else ''}{'_spin' if spin else ''}_c{chunk}"
-                        f"{'_one_block' if one_block else ''}_w{warps}{suffix}",
+                        f"indexer_hist_select{'_page_max' if page_max else ''}{'_spin' if spin else ''}"
+                        f"{'_reg' if reg else ''}{'_lean' if lean else ''}_c{chunk}{'_one_block' if one_block else ''}_w{warps}{suffix}",
                         _hist_select_kernel, _sig(_HIST_SIG, c), c, num_warps=warps, num_stages=1,
                         div16=("stride_sb", "stride_wsb", "stride_cb"), expect_opcodes=ops,
                         forbid_opcodes=("ACQBULK",) if spin else ()))

@@ -55,6 +55,13 @@ FORM_CATALOG = {
     # run 14: the page-max overlap form (row-major logits grid of 2048 programs, the select waiting per row)
     "hist_pmax_ov2048": ix.SelectForm(method="histogram", threshold="page_max",
                                     overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
+    # round 33: the page-max finish in registers (tl.histogram rounds) instead of the workspace's digit histograms
+    "hist_pmax_reg": ix.SelectForm(method="histogram", threshold="page_max", finish="registers"),
+    "hist_pmax_ov2048_reg": ix.SelectForm(method="histogram", threshold="page_max", finish="registers",
+                                        overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
+    "hist_pmax_lean": ix.SelectForm(method="histogram", threshold="page_max", finish="registers_lean"),
+    "hist_pmax_ov2048_lean": ix.SelectForm(method="histogram", threshold="page_max", finish="registers_lean",
+                                         overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
 }  # run 5a also timed a double-warp radix-4 search: no faster than the defaults; removed from the kernel
 # runs 18 / 19 (round 27): the rank select (every pair of positions of a row compared; no search rounds), by positions
 # per program and warps (_w4: 4 warps, else 8). Run 19 also timed a form listing the selection in position order (a

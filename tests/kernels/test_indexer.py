@@ -745,18 +745,20 @@ def test_sm120_uses_full_rate_block_scaled_fp8_mma():
 PAGE_MAX = ix.SelectForm(method="histogram", threshold="page_max")
 
 
+@pytest.mark.parametrize("finish", ix.HIST_FINISHES)
 @pytest.mark.parametrize("k", [512, 64])  # 64: rows of at least k pages, a real bound
 @pytest.mark.parametrize("one_block", [True, False])
 @pytest.mark.parametrize("lens,max_seq_len", [
     ([2500, 1999, 0, 300, 2560], 2560),  # fewer pages than K: the bound is the lowest key (list overflows)
     ([4100, 4160, 513, 64, 512], 4160),
 ])
-def test_page_max_plan_matches_reference_and_search(lens, max_seq_len, one_block, monkeypatch, k):
+def test_page_max_plan_matches_reference_and_search(lens, max_seq_len, one_block, monkeypatch, k, finish):
     """The full indexer call with the page-max threshold: the logits kernel stores page maxima instead of
     counting, the select keeps the logits at or above the bound and finishes from their digit histograms
-    (one register block or blocks). Twice with other inputs: the workspace is left zeroed."""
+    (one register block or blocks; or, finish "registers", in registers up to a block). Twice with other
+    inputs: the workspace is left zeroed."""
     monkeypatch.setattr(ix, "HIST_ONE_BLOCK_MAX_PROGRAMS", 1 << 20 if one_block else 0)
-    plan = ix.Plan("two_kernel", select=PAGE_MAX)
+    plan = ix.Plan("two_kernel", select=dataclasses.replace(PAGE_MAX, finish=finish))
     for seed in (max_seq_len + 5, max_seq_len + 6):
         q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=seed)
         ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
@@ -812,16 +814,24 @@ def test_logits_page_max_bound(k):
     assert (workspace[:, ix.WS_H1:] == 0).all()
 
 
+def finish_kwargs(finish):
+    """hist_select's keywords for a SelectForm ``finish``."""
+    return dict(reg_finish=finish != "histograms", reg_lean=finish == "registers_lean")
+
+
+@pytest.mark.parametrize("finish", ix.HIST_FINISHES)
 @pytest.mark.parametrize("one_block", [True, False])
-def test_page_max_select_with_ties_clusters_and_overflow(one_block, monkeypatch):
+def test_page_max_select_with_ties_clusters_and_overflow(one_block, monkeypatch, finish):
     """The page-max select from a given bound (any key at or below the K-th largest score): ~700
     candidates (one block), 2900 with 2500 equal scores at the K-th (several blocks), 1500 sharing one
-    first digit, every score equal (more than HIST_CAP candidates: the row is rescanned), the lowest bound."""
+    first digit, every score equal (more than HIST_CAP candidates: the row is rescanned), the lowest bound.
+    With the finish in registers only the first row's list fits it; the others take the histogram finish
+    (which, lean, counts the first digit itself)."""
     monkeypatch.setattr(ix, "HIST_ONE_BLOCK_MAX_PROGRAMS", 1 << 20 if one_block else 0)
-    _page_max_select_cases()
+    _page_max_select_cases(finish)
 
 
-def _page_max_select_cases():
+def _page_max_select_cases(finish="histograms"):
     gen = torch.Generator().manual_seed(77)
     width = 6000
     scores = torch.randn(5, width, generator=gen)
@@ -839,13 +849,50 @@ def _page_max_select_cases():
         workspace[b, 3] = int(torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)) if n else -2**31
     out = torch.full((5, INDEX_TOPK), 12345, dtype=torch.int32)
     raw = torch.full_like(out, 12345)
-    ix.hist_select(scores, lens, table, out, raw, workspace, page_max=True)
+    ix.hist_select(scores, lens, table, out, raw, workspace, page_max=True, **finish_kwargs(finish))
     assert_histogram_selection(raw, out, scores, lens, table)
     assert (workspace == 0).all()
 
 
+@pytest.mark.parametrize("lean", [False, True])
+@pytest.mark.parametrize("k", [512, 64])
+def test_page_max_finish_in_registers_extreme_keys(k, lean):
+    """The finish in registers (candidate lists of at most HIST_FINAL_BLOCK entries) on keys that stress its
+    digit rounds: random scores; 600 equal scores at the K-th; 1000 scores one ulp apart; +inf, +0.0 and -0.0
+    (equal keys) above a bound at zero; a row of K + 1 positions (every position a candidate); every list as
+    many candidates as the bound lets through, into outputs with a guard after each row."""
+    gen = torch.Generator().manual_seed(93 + k)
+    width, batch = 3000, 5
+    scores = torch.randn(batch, width, generator=gen)
+    scores[1] = torch.rand(width, generator=gen) + 1.0
+    scores[1, torch.randperm(width, generator=gen)[:600]] = 2.0
+    one_ulp_apart = (torch.tensor(1.0).view(torch.int32) + torch.arange(1000, dtype=torch.int32)).view(torch.float32)
+    scores[2] = torch.rand(width, generator=gen) * 0.5
+    scores[2, torch.randperm(width, generator=gen)[:1000]] = one_ulp_apart[torch.randperm(1000, generator=gen)]
+    scores[3] = -1.0
+    zeros = torch.randperm(width, generator=gen)[:800]
+    scores[3, zeros] = torch.where(torch.rand(800, generator=gen) < 0.5, 0.0, -0.0)
+    scores[3, zeros[:5]] = float("inf")
+    lens = torch.tensor([width, width - 7, width, 2999, k + 1], dtype=torch.int32)
+    bounds = [scores[0].sort(descending=True).values[699], 2.0, 1.0, 0.0, None]
+    pt_width = -(-width // INDEX_PAGE_SIZE)
+    table = torch.stack([torch.randperm(2 * pt_width, generator=gen)[:pt_width] for _ in range(batch)]).int()
+    workspace = ix.hist_workspace(batch, "cpu")
+    for b, bound in enumerate(bounds):
+        bits = torch.tensor([float(bound)]).view(torch.int32) if bound is not None else None
+        workspace[b, ix.WS_THR1.value] = int(torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)) if bound is not None \
+            else -2**31
+    guarded_out, guarded_raw = (torch.full((batch, 2 * k), 12345, dtype=torch.int32) for _ in range(2))
+    out, raw = guarded_out[:, :k], guarded_raw[:, :k]
+    ix.hist_select(scores, lens, table, out, raw, workspace, page_max=True, reg_finish=True, reg_lean=lean)
+    assert (guarded_out[:, k:] == 12345).all() and (guarded_raw[:, k:] == 12345).all()
+    assert_histogram_selection(raw, out, scores, lens, table, k=k)
+    assert (workspace == 0).all()
+
+
+@pytest.mark.parametrize("finish", ix.HIST_FINISHES)
 @pytest.mark.parametrize("below", [1500, 7500])
-def test_page_max_overflow_with_logits_below_the_bound_in_its_bin(below):
+def test_page_max_overflow_with_logits_below_the_bound_in_its_bin(below, finish):
     """More than HIST_CAP candidates (the row is rescanned) and many logits just below the bound that share
     the K-th score's first digit (1.51 under 1.55: same sign, exponent and top two mantissa bits). The rescan
     counts those too; with 7500 of them the second digit's threshold was once taken from the candidates' count
@@ -861,7 +908,7 @@ def test_page_max_overflow_with_logits_below_the_bound_in_its_bin(below):
     workspace[0, ix.WS_THR1.value] = int(torch.tensor([1.55]).view(torch.int32))  # the bound: the K-th score itself
     guarded_out, guarded_raw = (torch.full((1, 16 * INDEX_TOPK), 12345, dtype=torch.int32) for _ in range(2))
     out, raw = guarded_out[:, :INDEX_TOPK], guarded_raw[:, :INDEX_TOPK]
-    ix.hist_select(scores, lens, table, out, raw, workspace, page_max=True)
+    ix.hist_select(scores, lens, table, out, raw, workspace, page_max=True, **finish_kwargs(finish))
     assert (guarded_out[:, INDEX_TOPK:] == 12345).all() and (guarded_raw[:, INDEX_TOPK:] == 12345).all()
     assert_histogram_selection(raw, out, scores, lens, table)
     assert (workspace == 0).all()
