@@ -2044,6 +2044,16 @@ TOPK_SUM_BLOCK = 1024
 ROUTE_TRITON_MAX_ROWS = 2048  # one routing program sorts up to this many rows; torch sorts more
 
 
+def _check_gemm_tiles(gu_cfg, dn_cfg, hidden: int, inter: int) -> None:
+    """The tl.dot path's tiles must divide their launch's N and K: its grids take N // block_n programs and its K
+    loops step by block_k with unmasked offsets (a tile over N would leave outputs unwritten, one over K read past
+    the rows)."""
+    for name, cfg, n, k in (("gate/up", gu_cfg, inter, hidden), ("down", dn_cfg, hidden, inter)):
+        if not isinstance(cfg, GemmConfig) or n % cfg.block_n or k % cfg.block_k:
+            raise ValueError(f"configs: the {name} tile {cfg!r} must be a GemmConfig whose block_n divides N={n} and "
+                             f"block_k divides K={k} (H={hidden}, I={inter})")
+
+
 def gate_up_config(num_rows: int, inter: int, act_mxfp8: bool = False) -> GemmConfig:
     if act_mxfp8:
         return GemmConfig(64, min(64, inter), 128, 8, 3)
@@ -2174,6 +2184,10 @@ W0_EARLY_FORMS = ("tma", "plain")  # GemvConfig.w0_early: how the down launch's 
 # (per-rank I, most routed rows, programs per SM):
 GEMV_TMA_PERSISTENT_DOWN_WHERE = ((MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K, 8),)
 GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
+# The TMA-fed decode forms (GEMV and pairs) step K by 512 on both launches (a row's E8M0 bytes of a step are the 16
+# bytes a TMA box needs), so they need H >= 512 and I >= 512 (DSv4: H = 4096; I = 2048 / T, the TMA tables list
+# I >= 512 only); below, the default dispatch takes the forms without TMA
+TMA_DECODE_MIN_K = 512
 # Round 16 (benchmarks/moe_mxfp4-h200-run16-summary.md, H200 run 16, every point reference-checked, rel_err 1.80-1.90e-3
 # against the bf16 decode's 1.77-1.86e-3): the fp16 pair decode (GemvConfig.f16) beside the defaults, kept where the
 # whole forward was >= 2 % faster. On twice the rows per program (gate/up 16 columns, down 32 rows; the fp16 decode
@@ -2303,12 +2317,15 @@ def f16_act_shift(swiglu_limit: float) -> int | None:
     return min(shift, 100) if shift >= 0 else None
 
 
-def gemv_tma_usable(*tensors: torch.Tensor) -> bool:
-    """Whether the TMA GEMV can run on these operands: a GPU with TMA (or the CPU interpreter) and
-    16-byte aligned base addresses (a TMA descriptor's requirement; the row strides of DSv4's shapes are)."""
-    if any(t.data_ptr() % 16 for t in tensors):
+def gemv_tma_usable(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                    w2_scale: torch.Tensor) -> bool:
+    """Whether the TMA-fed decode forms can run on these operands: a GPU with TMA (or the CPU interpreter),
+    16-byte aligned base addresses (a TMA descriptor's requirement; the row strides of DSv4's shapes are) and both
+    launches' K (H for gate/up, I for down) at least :data:`TMA_DECODE_MIN_K`."""
+    tensors = (x, w13, w13_scale, w2, w2_scale)
+    if any(t.data_ptr() % 16 for t in tensors) or min(x.shape[-1], 2 * w2.shape[-1]) < TMA_DECODE_MIN_K:
         return False
-    return has_capability(tensors[0].device, GEMV_TMA_MIN_CAPABILITY)
+    return has_capability(x.device, GEMV_TMA_MIN_CAPABILITY)
 
 
 def gemv_configs(num_rows: int, inter: int, tma: bool = True, f16: bool = True) -> tuple[GemvConfig, GemvConfig]:
@@ -2425,11 +2442,12 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     top_k = topk_ids.shape[1]
     if out is None:
         out = torch.empty_like(x)
-    elif out.shape != x.shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous bf16 {tuple(x.shape)}, got {out.dtype} {tuple(out.shape)}")
+    elif out.shape != x.shape or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.device != x.device:
+        raise ValueError(f"out must be contiguous bf16 {tuple(x.shape)} on {x.device}, got {out.dtype} "
+                         f"{tuple(out.shape)} on {out.device}")
     num_rows = batch * top_k
     if num_rows == 0:
-        return out
+        return out.zero_()  # top_k = 0: no expert, the sum over none (B = 0: nothing to write)
     if upcast is None:
         tma = gemv_tma_usable(x, w13, w13_scale, w2, w2_scale) and pair_words_mul_usable(x.device)
         upcast = (default_upcast(num_rows, inter, tma, pairs=not wide_scales) if dot_scaled is None
@@ -2481,6 +2499,7 @@ def moe_mxfp4_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
         act_scale = act
     gu_cfg = configs[0] if configs else gate_up_config(num_rows, inter, act_mxfp8)
     dn_cfg = configs[1] if configs else down_config(num_rows, inter, act_mxfp8)
+    _check_gemm_tiles(gu_cfg, dn_cfg, hidden, inter)
     gu_split, dn_split = _resolve_split_k(split_k, num_rows, hidden, inter, act_mxfp8, gu_cfg, dn_cfg, device)
     if gu_split * dn_split > 1:
         upcast = split_k_upcast(upcast)

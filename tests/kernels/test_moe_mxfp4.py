@@ -296,6 +296,44 @@ def test_validation_names_the_argument():
         moe.repack_w13_(w13[:, :3], s13)
 
 
+def test_bad_tiles_and_out_device_are_refused():
+    """The tl.dot path's tiles must divide N and K (a tile over N left outputs unwritten, one over K read past the
+    rows), and ``out`` must be on x's device."""
+    inter = 32
+    w13, s13, w2, s2 = make_experts(inter)
+    weights, ids = make_routing(3, "random")
+    x = make_x(3)
+    good = moe.GemmConfig(16, 16, 64, 4, 2)
+    for bad in ((moe.GemmConfig(16, 64, 128, 4, 3), good), (moe.GemmConfig(16, 16, 512, 4, 3), good),
+                (good, moe.GemmConfig(16, 64, 128, 4, 3)), (good, moe.GemmConfig(16, 512, 32, 4, 3))):
+        with pytest.raises(ValueError, match="configs: the (gate/up|down) tile"):
+            moe.moe_mxfp4_forward(x, w13, s13, w2, s2, weights, ids, configs=bad, upcast="regs")
+    with pytest.raises(ValueError, match="out must"):
+        moe.moe_mxfp4_forward(x, w13, s13, w2, s2, weights, ids,
+                              out=torch.empty(3, HIDDEN, dtype=torch.bfloat16, device="meta"))
+
+
+def test_top_k_zero_gives_zeros():
+    """No expert per token (top_k = 0): the sum over none, written (the output was once left as it was)."""
+    w13, s13, w2, s2 = make_experts(32)
+    x = make_x(3)
+    out = torch.full_like(x, float("nan"))
+    empty_ids, empty_weights = torch.empty(3, 0, dtype=torch.int32), torch.empty(3, 0)
+    assert moe.moe_mxfp4_forward(x, w13, s13, w2, s2, empty_weights, empty_ids, out=out) is out
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(moe.moe_mxfp4_forward(x, w13, s13, w2, s2, empty_weights, empty_ids), torch.zeros_like(x))
+
+
+def test_default_below_the_tma_k_step_takes_the_forms_without_tma():
+    """H = 256 at a per-rank I the TMA tables list (512): the TMA forms step K by 512, so the default must not pick
+    them (it once raised from inside the GEMV launcher); it runs a form without TMA and matches the reference."""
+    assert not moe.gemv_tma_usable(make_x(1), *make_experts(512))
+    experts = make_experts(512)
+    weights, ids = make_routing(1, "random")
+    x = make_x(1)
+    assert rel(run(x, experts, weights, ids), moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
+
+
 def test_touched_expert_bytes_counts_distinct_valid_experts():
     ids = torch.tensor([[0, 1, 1], [1, -1, 2]])
     per_expert = 2 * 64 * 256 // 2 + 2 * 64 * 256 // 32 + 256 * 64 // 2 + 256 * 64 // 32
