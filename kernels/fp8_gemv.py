@@ -387,7 +387,10 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
                 x = _load_activation(x_rows, freq_rows, k[None, :], m_mask[:, None] & k_mask[None, :],
                                      kb * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_KI)
             if K_UNROLL == 1:
-                scale = tl.load(s_row + kb)
+                if PERSISTENT:  # the last split's surplus blocks lie past the row: their scale must not be read
+                    scale = tl.load(s_row + kb, mask=kb < kb_end, other=0.0)
+                else:
+                    scale = tl.load(s_row + kb)
                 if SWAP_AB:
                     acc_t += tl.dot(w.to(tl.bfloat16), tl.trans(x)) * scale
                 else:

@@ -195,3 +195,21 @@ def test_large_one_chunk_alone_persistent_beside(large_one_chunk_tile):
         g._launch = original
     assert launched == [alone, beside]
     assert rel_err(y_alone, ref) < OUTPUT_TOL and rel_err(y_beside, ref) < OUTPUT_TOL
+
+
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_persistent_dot_form_reads_no_scale_past_the_row(two_sms, swap_ab):
+    """The bf16 tensor-core tile on a persistent grid runs a fixed number of K blocks per split; the last split's
+    surplus block lies past the scale row. Its scale must not be read: with the scales a view whose next floats are
+    inf, a read gave 0 * inf = NaN in the last rows' columns (other rows read the next row's first scale)."""
+    gen = torch.Generator().manual_seed(57 + swap_ab)
+    n, k = 256, 5 * g.FP8_BLOCK  # 5 K blocks in splits of 3 + 2: one surplus block
+    w, s = random_weight(n, k, gen=gen)
+    padded = torch.full((s.numel() + 8,), float("inf"))
+    padded[:s.numel()] = s.reshape(-1)
+    s_view = padded[:s.numel()].view(s.shape)
+    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+    cfg = persistent(g.GemvConfig(16, 32, 2, True, swap_ab=swap_ab), 1)
+    y = g.block_fp8_linear(x, w, s_view, out=poisoned((3, n)), config=cfg)
+    assert torch.isfinite(y).all()
+    assert rel_err(y, g.reference_block_fp8_linear(x, w, s)) < OUTPUT_TOL
