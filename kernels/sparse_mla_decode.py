@@ -644,6 +644,8 @@ def _check_lengths(name: str, lengths, batch: int, device) -> None:
         _fail(name, f"None or [{batch}] int32", _describe(lengths))
     if lengths.device != device:
         _fail(name, f"a tensor on {device} (q's device)", _describe(lengths))
+    if batch > 1 and lengths.stride(0) != 1:  # the kernel reads lengths[b] at b
+        _fail(name, "unit stride", f"stride {lengths.stride(0)}")
 
 
 def _new_buffer(shape, dtype, device) -> torch.Tensor:
@@ -747,6 +749,8 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
         if not isinstance(attn_sink, torch.Tensor) or tuple(attn_sink.shape) != (num_heads,) \
                 or attn_sink.dtype != torch.float32 or attn_sink.device != device:
             _fail("attn_sink", f"None or [{num_heads}] float32 on {device}", _describe(attn_sink))
+        if num_heads > 1 and attn_sink.stride(0) != 1:  # the kernel reads sink[h] at h
+            _fail("attn_sink", "unit stride", f"stride {attn_sink.stride(0)}")
     has_extra = extra_k_cache is not None
     if has_extra != (extra_indices is not None):
         _fail("extra_indices", "a tensor exactly when extra_k_cache is given", _describe(extra_indices))

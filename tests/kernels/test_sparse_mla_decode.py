@@ -229,6 +229,10 @@ def _bad(args, **changes):
     (lambda a: _bad(a, extra_indices=None), "extra_indices"),
     (lambda a: _bad(a, extra_indices=a["extra_indices"][:1]), "extra_indices"),
     (lambda a: _bad(a, extra_topk_length=a["extra_topk_length"].float()), "extra_topk_length"),
+    # strided 1-D views: the kernel reads element b (h) at offset b (h)
+    (lambda a: _bad(a, topk_length=a["topk_length"].repeat_interleave(2)[::2]), "topk_length"),
+    (lambda a: _bad(a, extra_topk_length=a["extra_topk_length"].repeat_interleave(2)[::2]), "extra_topk_length"),
+    (lambda a: _bad(a, attn_sink=a["attn_sink"].repeat_interleave(2)[::2]), "attn_sink"),
 ])
 def test_bad_input_raises_value_error_naming_the_argument(change, name):
     args = _case(29, 2, 1, 16, SWA_PAGE_SIZE, 16, C4_PAGE_SIZE, 16)
