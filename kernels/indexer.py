@@ -1415,7 +1415,8 @@ def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False
         scores.stride(0), page_table.stride(0), workspace.stride(0), cand_val.stride(0), out.stride(0),
         raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk,
                                                  page_max or hist_one_block(programs), page_max, overlap),
-        REG_FINISH=reg_finish, REG_DIGIT_BITS=REG_FINISH_DIGIT_BITS, REG_LEAN=reg_finish and reg_lean, PDL=pdl, num_warps=warps, num_stages=1, launch_pdl=pdl)
+        REG_FINISH=reg_finish, REG_DIGIT_BITS=REG_FINISH_DIGIT_BITS, REG_LEAN=reg_finish and reg_lean, PDL=pdl,
+        num_warps=warps, num_stages=1, launch_pdl=pdl)
     return out
 
 
@@ -1571,8 +1572,7 @@ class SelectForm:
             raise ValueError(f"warps_mul must be one of {SELECT_WARPS_MULS}, got {self.warps_mul!r}")
         if self.finish not in HIST_FINISHES or (self.finish != "histograms" and self.threshold != "page_max"):
             raise ValueError(f"finish must be one of {HIST_FINISHES} (the registers forms only with threshold "
-                             f"'page_max'), "
-                             f"got {self.finish!r}")
+                             f"'page_max'), got {self.finish!r}")
         if self.rank_rows not in RANK_ROWS:
             raise ValueError(f"rank_rows must be one of {RANK_ROWS}, got {self.rank_rows!r}")
 
@@ -1890,8 +1890,9 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
         logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot,
                                   hist_workspace=workspace, hist_k=out.shape[1], page_max=page_max,
                                   hist_copies=plan.select.copies, overlap_programs=programs)
+        finish = plan.select.finish
         return hist_select(logits, lens, page_table, out, raw, workspace, page_max=page_max, overlap=programs > 0,
-                           reg_finish=plan.select.finish != "histograms", reg_lean=plan.select.finish == "registers_lean")
+                           reg_finish=finish != "histograms", reg_lean=finish == "registers_lean")
     logits = paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, scaled_dot=scaled_dot)
     return topk_transform_paged(logits, lens, page_table, out, INDEX_PAGE_SIZE, raw, select=plan.select)
 
@@ -2004,7 +2005,8 @@ def aot_configs() -> list[AotConfig]:
                     ops = tuple(op for op in pdl_ops if op != "ACQBULK") if spin else pdl_ops
                     configs.append(AotConfig(
                         f"indexer_hist_select{'_page_max' if page_max else ''}{'_spin' if spin else ''}"
-                        f"{'_reg' if reg else ''}{'_lean' if lean else ''}_c{chunk}{'_one_block' if one_block else ''}_w{warps}{suffix}",
+                        f"{'_reg' if reg else ''}{'_lean' if lean else ''}_c{chunk}"
+                        f"{'_one_block' if one_block else ''}_w{warps}{suffix}",
                         _hist_select_kernel, _sig(_HIST_SIG, c), c, num_warps=warps, num_stages=1,
                         div16=("stride_sb", "stride_wsb", "stride_cb"), expect_opcodes=ops,
                         forbid_opcodes=("ACQBULK",) if spin else ()))

@@ -747,17 +747,14 @@ PAGE_MAX = ix.SelectForm(method="histogram", threshold="page_max")
 
 @pytest.mark.parametrize("finish", ix.HIST_FINISHES)
 @pytest.mark.parametrize("k", [512, 64])  # 64: rows of at least k pages, a real bound
-@pytest.mark.parametrize("one_block", [True, False])
 @pytest.mark.parametrize("lens,max_seq_len", [
     ([2500, 1999, 0, 300, 2560], 2560),  # fewer pages than K: the bound is the lowest key (list overflows)
     ([4100, 4160, 513, 64, 512], 4160),
 ])
-def test_page_max_plan_matches_reference_and_search(lens, max_seq_len, one_block, monkeypatch, k, finish):
+def test_page_max_plan_matches_reference_and_search(lens, max_seq_len, k, finish):
     """The full indexer call with the page-max threshold: the logits kernel stores page maxima instead of
     counting, the select keeps the logits at or above the bound and finishes from their digit histograms
-    (one register block or blocks; or, finish "registers", in registers up to a block). Twice with other
-    inputs: the workspace is left zeroed."""
-    monkeypatch.setattr(ix, "HIST_ONE_BLOCK_MAX_PROGRAMS", 1 << 20 if one_block else 0)
+    (or, finish "registers", in registers up to a block). Twice with other inputs: the workspace is left zeroed."""
     plan = ix.Plan("two_kernel", select=dataclasses.replace(PAGE_MAX, finish=finish))
     for seed in (max_seq_len + 5, max_seq_len + 6):
         q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=seed)
@@ -820,14 +817,13 @@ def finish_kwargs(finish):
 
 
 @pytest.mark.parametrize("finish", ix.HIST_FINISHES)
-@pytest.mark.parametrize("one_block", [True, False])
-def test_page_max_select_with_ties_clusters_and_overflow(one_block, monkeypatch, finish):
+def test_page_max_select_with_ties_clusters_and_overflow(finish):
     """The page-max select from a given bound (any key at or below the K-th largest score): ~700
     candidates (one block), 2900 with 2500 equal scores at the K-th (several blocks), 1500 sharing one
     first digit, every score equal (more than HIST_CAP candidates: the row is rescanned), the lowest bound.
-    With the finish in registers only the first row's list fits it; the others take the histogram finish
-    (which, lean, counts the first digit itself)."""
-    monkeypatch.setattr(ix, "HIST_ONE_BLOCK_MAX_PROGRAMS", 1 << 20 if one_block else 0)
+    The page-max finish takes one register block when the list fits HIST_FINAL_BLOCK, else blocks, whatever
+    HIST_ONE_BLOCK_MAX_PROGRAMS says (hist_select passes ONE_BLOCK for it). With the finish in registers only the
+    first row's list fits it; the others take the histogram finish (which, lean, counts the first digit itself)."""
     _page_max_select_cases(finish)
 
 
