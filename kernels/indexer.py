@@ -141,6 +141,10 @@ PAGE_MAX_KEYS = 2048  # group maxima per row at most (the last logits program's 
 # (8: 256 bins, 4 rounds; tl.histogram's per-thread work grows with the bins a lane owns, so 2048-bin rounds cost
 # far more, as they did in the logits kernel in run 6)
 REG_FINISH_DIGIT_BITS = 8
+# Its select launches are capped at the histogram finish's registers on sm_90a under Triton 3.6 (the H200's; 128 at
+# 4 warps, 80 at 8), so that the split programs, which share the kernel with the finish, keep their programs per SM
+# (uncapped there: 161-168 / 99-103). The caps do not bind on sm_120a / sm_121a under Triton 3.8 (77-120).
+REG_FINISH_MAX_REGISTERS = {4: 128, 8: 80}
 HIST_CAP = 4096  # threshold-bin candidates kept per row; more (heavy ties) rescans the row
 HIST_CHUNKS = (1024, 2048, 4096)  # entries per counting program (a given scores row)
 # The select after the first digit (H200 run 7, benchmarks/indexer-h200-run7-summary.md): split
@@ -1416,7 +1420,8 @@ def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False
         raw_arg.stride(0), **_hist_select_consts(out.shape[1], raw is not None, chunk,
                                                  page_max or hist_one_block(programs), page_max, overlap),
         REG_FINISH=reg_finish, REG_DIGIT_BITS=REG_FINISH_DIGIT_BITS, REG_LEAN=reg_finish and reg_lean, PDL=pdl,
-        num_warps=warps, num_stages=1, launch_pdl=pdl)
+        num_warps=warps, num_stages=1, launch_pdl=pdl,
+        **({"maxnreg": REG_FINISH_MAX_REGISTERS[warps]} if reg_finish else {}))
     return out
 
 
@@ -2009,7 +2014,8 @@ def aot_configs() -> list[AotConfig]:
                         f"{'_one_block' if one_block else ''}_w{warps}{suffix}",
                         _hist_select_kernel, _sig(_HIST_SIG, c), c, num_warps=warps, num_stages=1,
                         div16=("stride_sb", "stride_wsb", "stride_cb"), expect_opcodes=ops,
-                        forbid_opcodes=("ACQBULK",) if spin else ()))
+                        forbid_opcodes=("ACQBULK",) if spin else (),
+                        max_registers=REG_FINISH_MAX_REGISTERS[warps] if reg else 0))
         for chunk in SELECT_CHUNKS:
             # with PDL: only the double-warp search's programs (launch_pdl), up to 4096 entries
             muls = [2] if pdl else SELECT_WARPS_MULS
