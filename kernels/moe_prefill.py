@@ -251,7 +251,7 @@ def moe_mxfp4_prefill_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: tor
     dn = _check_config("config[1] (down)", config[1], hidden, inter)
     num_rows = batch * top_k
     if num_rows == 0:
-        return out
+        return out.zero_()  # top_k = 0: no expert, the sum over none (B = 0: nothing to write)
     device = x.device
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()

@@ -117,6 +117,16 @@ def test_all_invalid_gives_zeros(monkeypatch):
     assert torch.equal(out.float(), torch.zeros_like(ref))
 
 
+def test_top_k_zero_gives_zeros():
+    """No expert per token: the sum over none, written (the output was once left as it was)."""
+    _ckpt, layer = make_layer(32)
+    x, _weights, _ids = make_routing(3, "random")
+    out = torch.full_like(x, float("nan"))
+    mp.moe_mxfp4_prefill_forward(x, *layer, torch.empty(3, 0, device=DEVICE),
+                                 torch.empty(3, 0, dtype=torch.int32, device=DEVICE), out=out, config=SMALL)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
 @pytest.mark.parametrize("batch", [0, 1])
 def test_tiny_batches(batch, monkeypatch):
     ckpt, layer = make_layer(32)
