@@ -26,10 +26,19 @@ def install_hooks(hooks: Sequence[tuple[str, Callable, str]]) -> None:
     (``"REPLACE"``, ``"AROUND"``, ``"BEFORE"``, ``"AFTER"``)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    def registered(target, hook) -> bool:
+        return any(entry[1] is hook for entry in HookRegistry._hooks.get(target, ()))
+
     for target, _hook, _kind in hooks:
         resolve(target)  # fail before registering anything if a target moved
+    # A target another apply_hooks() already patched without our hook cannot take it any more (apply_hooks skips
+    # patched targets): refuse before registering anything, so the seam is marked failed instead of active
+    taken = [t for t, h, _k in hooks if t in HookRegistry._patched and not registered(t, h)]
+    if taken:
+        raise RuntimeError(f"{taken} already patched by an earlier HookRegistry.apply_hooks() without sglang-sm120's "
+                           f"hook (another plugin?); what is there stays")
     for target, hook, kind in hooks:
-        if target not in HookRegistry._patched:
+        if not registered(target, hook):  # install again: ours is registered (and patched) already
             HookRegistry.register(target, hook, HookType[kind])
     HookRegistry.apply_hooks()
     unpatched = [t for t, _h, _k in hooks if t not in HookRegistry._patched]

@@ -1,5 +1,7 @@
 """The seam registry's activation rules, kill switch and failure handling (no SGLang needed)."""
 
+import sys
+
 import pytest
 
 from sglang_sm120.seams import (SEAM_NAMES, Seam, SeamRegistry, SeamState, activation, disabled_names, forced)
@@ -80,3 +82,72 @@ def test_install_runs_once_and_status_logs_once(caplog):
 def test_unknown_seam_name_rejected():
     with pytest.raises(ValueError, match="unknown seam"):
         SeamRegistry().add(_seam("flashmla"))
+
+
+def test_unknown_disable_names_warned_once_per_value(caplog):
+    from sglang_sm120 import seams
+
+    seams._warned_disable_values.clear()
+    env = {"SGLANG_SM120_DISABLE": "moe,flashmla"}
+    with caplog.at_level("WARNING", logger="sglang_sm120"):
+        for _ in range(6):  # asked once per seam
+            assert seams.disabled_names(env) == {"moe"}
+    assert caplog.text.count("unknown seams") == 1
+
+
+def test_reason_key_blanks_numbers():
+    from sglang_sm120.seams import reason_key
+
+    assert reason_key("max_seq_len must be <= 262144, got 262145") == reason_key("max_seq_len must be <= 262144, got 9")
+    assert reason_key("s_q=2 (only 1 is covered)") != reason_key("clean_logits=True")
+
+
+def test_run_or_fall_back_logs_each_kind_of_error_once(caplog):
+    from sglang_sm120.seams import OnceLog, run_or_fall_back
+
+    log = OnceLog("test")
+
+    def raising(size):
+        def ours():
+            raise RuntimeError(f"out of resources: shared memory {size} > 101376")
+        return ours
+
+    with caplog.at_level("INFO", logger="sglang_sm120"):
+        assert run_or_fall_back(log, "k", lambda: "ours", lambda: "upstream") == "ours"
+        assert [run_or_fall_back(log, "k", raising(n), lambda: "upstream") for n in (120000, 130000)] == \
+            ["upstream", "upstream"]
+        assert run_or_fall_back(log, "k", lambda: [][1], lambda: "upstream") == "upstream"
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]  # RuntimeError once, IndexError once
+
+
+def test_install_hooks_refuses_a_target_patched_without_ours_and_is_idempotent(monkeypatch):
+    """A target another HookRegistry.apply_hooks() already patched cannot take our hook any more: install_hooks
+    raises (the seam is marked failed) and registers nothing; our own earlier install is left as it is."""
+    import collections
+    import types
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_sm120.hooks import install_hooks
+
+    monkeypatch.setattr(HookRegistry, "_hooks", collections.defaultdict(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    module = types.ModuleType("sm120_hook_target")
+    module.fn = lambda x: x + 1
+    module.other = lambda x: x * 2
+    monkeypatch.setitem(sys.modules, "sm120_hook_target", module)
+
+    def ours(original, x):
+        return original(x) + 100
+
+    def theirs(original, x):
+        return original(x) - 1
+
+    HookRegistry.register("sm120_hook_target.fn", theirs, HookType.AROUND)
+    HookRegistry.apply_hooks()
+    with pytest.raises(RuntimeError, match="already patched"):
+        install_hooks([("sm120_hook_target.other", ours, "AROUND"), ("sm120_hook_target.fn", ours, "AROUND")])
+    assert "sm120_hook_target.other" not in HookRegistry._hooks and module.fn(1) == 1
+    install_hooks([("sm120_hook_target.other", ours, "AROUND")])
+    install_hooks([("sm120_hook_target.other", ours, "AROUND")])  # again: no second wrapper
+    assert module.other(1) == 102 and len(HookRegistry._hooks["sm120_hook_target.other"]) == 1
