@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 
-from .seams import Seam
+from .seams import REGISTRY, OnceLog, Seam, kernels_runnable, reason_key
 
 logger = logging.getLogger("sglang_sm120")
 
@@ -36,7 +36,7 @@ TARGET = f"{MODULE}.flash_mla_with_kvcache_sm120"
 PROBE_TARGET = f"{MODULE}.flashinfer_dsv4_decode_supports_num_heads"
 
 _upstream: dict = {}  # the originals, captured before the hooks replace them
-_logged_reasons: set[str] = set()
+_log_once = OnceLog("attention")
 
 
 def uncovered_reason(kwargs: dict) -> str | None:
@@ -44,9 +44,13 @@ def uncovered_reason(kwargs: dict) -> str | None:
     the formats; anything subtler is caught as the kernel's ValueError."""
     from .kernels.dsv4 import HEAD_DIM, KV_TOKEN_BYTES, SPARSE_MLA_MAX_HEADS
 
+    if not REGISTRY.is_active("attention"):  # e.g. marked failed after a partial install
+        return "seam not active"
     q = kwargs.get("q")
     if q is None or q.dim() != 4 or q.shape[-1] != HEAD_DIM:
         return f"q is not [B, s_q, H, {HEAD_DIM}]"
+    if not kernels_runnable(q):
+        return f"{q.device} tensors without a GPU or the Triton interpreter"
     if not 1 <= q.shape[2] <= SPARSE_MLA_MAX_HEADS:
         return f"{q.shape[2]} heads (ours takes 1..{SPARSE_MLA_MAX_HEADS})"
     for name in ("k_cache", "extra_k_cache"):
@@ -58,12 +62,9 @@ def uncovered_reason(kwargs: dict) -> str | None:
     return None
 
 
-def _fallback(reason: str, kwargs: dict):
-    key = reason.split(":")[0]
-    if key not in _logged_reasons:
-        _logged_reasons.add(key)
-        logger.info("sglang-sm120 attention: upstream's flash_mla_with_kvcache_sm120 runs this call (%s); "
-                    "logged once per reason", reason)
+def _fallback(reason: str, kwargs: dict, level: int = logging.INFO):
+    _log_once(f"fallback:{reason_key(reason)}", "upstream's flash_mla_with_kvcache_sm120 runs this call (%s); "
+              "logged once per kind of reason", reason, level=level)
     return _upstream["decode"](**kwargs)
 
 
@@ -82,6 +83,8 @@ def flash_mla_with_kvcache_sm120(**kwargs):
             kwargs.get("extra_indices_in_kvcache"), kwargs.get("extra_topk_length"))
     except ValueError as exc:  # a layout the kernel refuses before launching anything
         return _fallback(str(exc), kwargs)
+    except Exception as exc:  # a Triton compile or launch error (e.g. OutOfResources): keep the server running
+        return _fallback(f"our kernel raised {type(exc).__name__}: {exc}", kwargs, level=logging.WARNING)
 
 
 def supports_num_heads(num_heads: int, num_tokens: int) -> bool:

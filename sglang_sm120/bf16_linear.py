@@ -36,7 +36,7 @@ import contextvars
 import torch
 
 from .hooks import install_hooks
-from .seams import REGISTRY, OnceLog, Seam, kernels_runnable
+from .seams import REGISTRY, OnceLog, Seam, kernels_runnable, run_or_fall_back
 
 COMPRESSOR_GATE = "sglang.srt.layers.attention.dsv4.compressor.Compressor._compute_wkv_gate"
 INDEXER_WEIGHTS = "sglang.srt.layers.attention.dsv4.indexer.C4Indexer.compute_weights"
@@ -89,7 +89,10 @@ def compute_wkv_gate_hook(original, self, x, *args, **kwargs):
             and _upstream_gemm_is_cublas() and not _uses_aiter():
         _log_once("compressor", "compressor wkv_gate at 1..%d rows runs the Triton bf16 GEMV (fp32 out); more "
                   "rows stay on linear_bf16_fp32", COMPRESSOR_MAX_ROWS)
-        return _kernels().bf16_linear(x, weight, out_dtype=torch.float32, share_sms=_beside_query_projections.get())
+        share = _beside_query_projections.get()
+        return run_or_fall_back(_log_once, "the bf16 GEMV (compressor)",
+                                lambda: _kernels().bf16_linear(x, weight, out_dtype=torch.float32, share_sms=share),
+                                lambda: original(self, x))
     return original(self, x, *args, **kwargs)
 
 
@@ -124,7 +127,9 @@ def compute_weights_hook(original, self, x, skip_scale=False):
         _log_once("weights_proj", "indexer weights_proj at 1..%d rows runs the Triton bf16 GEMV; more rows stay "
                   "on its ReplicatedLinear", WEIGHTS_PROJ_MAX_ROWS)
         scale = None if skip_scale else float(self.weight_scale)
-        return _kernels().bf16_linear(x, weight, out_dtype=torch.bfloat16, scale=scale)
+        return run_or_fall_back(_log_once, "the bf16 GEMV (weights_proj)",
+                                lambda: _kernels().bf16_linear(x, weight, out_dtype=torch.bfloat16, scale=scale),
+                                lambda: original(self, x, skip_scale=skip_scale))
     return original(self, x, skip_scale=skip_scale)
 
 

@@ -47,7 +47,7 @@ import weakref
 import torch
 
 from .hooks import install_hooks
-from .seams import REGISTRY, OnceLog, Seam, kernels_runnable
+from .seams import REGISTRY, OnceLog, Seam, kernels_runnable, run_or_fall_back
 
 DSV4 = "sglang.srt.models.deepseek_v4"
 WO_A_ENABLED = f"{DSV4}.wo_a_fp8_gemm_enabled"
@@ -315,8 +315,14 @@ class SmallRowFp8Linear:
         if self.covers(input, weight, block_size, weight_scale, input_scale, bias, extra):
             # the indexer's side streams run beside it only in captured decode (SGLang's enable_multi_stream)
             share = self.share_sms and torch.cuda.is_current_stream_capturing()
-            y = _kernels().block_fp8_linear(input, weight, weight_scale, share_sms=share)
-            return y if bias is None else y.add_(bias)
+
+            def ours():
+                y = _kernels().block_fp8_linear(input, weight, weight_scale, share_sms=share)
+                return y if bias is None else y.add_(bias)
+
+            return run_or_fall_back(_log_once, "the block-FP8 GEMV", ours, lambda: self.upstream(
+                input=input, weight=weight, block_size=block_size, weight_scale=weight_scale,
+                input_scale=input_scale, bias=bias, **extra))
         return self.upstream(input=input, weight=weight, block_size=block_size, weight_scale=weight_scale,
                              input_scale=input_scale, bias=bias, **extra)
 

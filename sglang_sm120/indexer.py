@@ -33,7 +33,7 @@ import os
 import torch
 
 from .hooks import install_hooks, resolve
-from .seams import REGISTRY, OnceLog, Seam, kernels_runnable
+from .seams import REGISTRY, OnceLog, Seam, kernels_runnable, reason_key, run_or_fall_back
 
 logger = logging.getLogger("sglang_sm120")
 
@@ -56,6 +56,7 @@ class _Deferred:
     placeholder: torch.Tensor
     args: tuple
     plan: object  # kernels.indexer.Plan the top-k call runs
+    upstream_logits: object  # () -> SGLang's logits for these inputs (its function, as the call came in)
 
 
 _pending: _Deferred | None = None
@@ -103,6 +104,9 @@ def topk_uncovered(scores, seq_lens, page_tables, out, page_size, raw) -> str | 
 
 def _path_override() -> str:
     value = os.environ.get(ENV_PATH, "auto").strip().lower()
+    if value not in ("auto", "fused", "two_kernel"):
+        _log_once(f"bad-env:{value}", "%s=%r is not auto, fused or two_kernel; using auto", ENV_PATH, value,
+                  level=logging.WARNING)
     return value if value in ("fused", "two_kernel") else "auto"
 
 
@@ -124,9 +128,14 @@ def logits_hook(original, q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep
     global _pending
     why = logits_uncovered(q_fp8, kvcache_fp8, weight, seq_lens, page_table, max_seq_len, clean_logits)
     if why is not None:
-        _log_once(f"logits:{why}", "SGLang's logits function kept for this call: %s", why)
+        _log_once(f"logits:{reason_key(why)}", "SGLang's logits function kept for this call: %s", why)
         return original(q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep_gemm_metadata, max_seq_len,
                         clean_logits)
+    upstream_args = (q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep_gemm_metadata, max_seq_len, clean_logits)
+
+    def upstream_logits():
+        return original(*upstream_args)
+
     if seq_lens.dim() == 2:
         seq_lens = seq_lens[:, 0]
     max_seq_len = int(max_seq_len)
@@ -136,7 +145,7 @@ def logits_hook(original, q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep
         # Zero bytes: the scores are produced by the top-k call that follows (fused: as candidates
         # only; histogram select: the logits kernel with its histogram, then the select).
         placeholder = torch.full((1, 1), float("-inf"), device=q_fp8.device).expand(q_fp8.shape[0], max_seq_len)
-        _pending = _Deferred(placeholder, args, plan)
+        _pending = _Deferred(placeholder, args, plan, upstream_logits)
         if plan.path == "fused":
             _log_once("fused", "fused logits+top-k path in use (first shape B=%d, len=%d, %d pages/split)",
                       q_fp8.shape[0], max_seq_len, plan.split_pages)
@@ -145,7 +154,8 @@ def logits_hook(original, q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep
                       q_fp8.shape[0], max_seq_len)
         return placeholder
     _log_once("two_kernel", "Triton logits kernel in use (first shape B=%d, len=%d)", q_fp8.shape[0], max_seq_len)
-    return _kernels().paged_mqa_logits(*args)
+    return run_or_fall_back(_log_once, "the logits kernel", lambda: _kernels().paged_mqa_logits(*args),
+                            upstream_logits)
 
 
 def topk_hook(original, scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices=None):
@@ -158,18 +168,33 @@ def topk_hook(original, scores, seq_lens, page_tables, out_page_indices, page_si
         shape_only = torch.empty(out_page_indices.shape[0], 0, device=scores.device)
         why = topk_uncovered(shape_only, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
         if why is None:
-            ix.indexer_topk(*deferred.args, out_page_indices, out_raw_indices, plan=deferred.plan)
+            def ours():
+                ix.indexer_topk(*deferred.args, out_page_indices, out_raw_indices, plan=deferred.plan)
+
+            def upstream():  # SGLang's logits and top-k for the same call
+                original(deferred.upstream_logits(), seq_lens, page_tables, out_page_indices, page_size,
+                         out_raw_indices)
+
+            run_or_fall_back(_log_once, "the fused logits + top-k", ours, upstream)
             return None
         # The top-k call is not ours after all: materialise the logits for SGLang's top-k.
-        _log_once(f"topk:{why}", "SGLang's top-k kept for this call: %s", why)
-        scores = ix.paged_mqa_logits(*deferred.args)
+        _log_once(f"topk:{reason_key(why)}", "SGLang's top-k kept for this call: %s", why)
+        scores = run_or_fall_back(_log_once, "the logits kernel", lambda: ix.paged_mqa_logits(*deferred.args),
+                                  deferred.upstream_logits)
         return original(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
     why = topk_uncovered(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
     if why is not None:
-        _log_once(f"topk:{why}", "SGLang's top-k kept for this call: %s", why)
+        _log_once(f"topk:{reason_key(why)}", "SGLang's top-k kept for this call: %s", why)
         return original(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
     _log_once("topk", "Triton top-k in use")
-    ix.topk_transform_paged(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
+
+    def ours():
+        ix.topk_transform_paged(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
+
+    def upstream():
+        original(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
+
+    run_or_fall_back(_log_once, "the top-k kernel", ours, upstream)
     return None
 
 

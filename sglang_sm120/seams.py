@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import logging
 import os
+import re
 from typing import Callable
 
 logger = logging.getLogger("sglang_sm120")
@@ -52,6 +53,9 @@ class Seam:
         return f"{self.name}: {state}" + (f" ({self.reason})" if self.reason else "")
 
 
+_warned_disable_values: set[str] = set()
+
+
 def disabled_names(environ=os.environ) -> set[str]:
     """Names switched off by ``SGLANG_SM120_DISABLE``; ``all`` means every seam."""
     raw = environ.get(ENV_DISABLE, "")
@@ -59,7 +63,8 @@ def disabled_names(environ=os.environ) -> set[str]:
     if "all" in names:
         return set(SEAM_NAMES)
     unknown = names - set(SEAM_NAMES)
-    if unknown:
+    if unknown and raw not in _warned_disable_values:  # asked once per seam: warn once per value
+        _warned_disable_values.add(raw)
         logger.warning("sglang-sm120: %s names unknown seams %s (known: %s, all)", ENV_DISABLE, sorted(unknown),
                        ", ".join(SEAM_NAMES))
     return names & set(SEAM_NAMES)
@@ -162,10 +167,29 @@ class OnceLog:
         self.prefix = f"sglang-sm120 {seam_name}: "
         self.seen: set[str] = set()
 
-    def __call__(self, key: str, message: str, *args) -> None:
+    def __call__(self, key: str, message: str, *args, level: int = logging.INFO) -> None:
         if key not in self.seen:
             self.seen.add(key)
-            logger.info(self.prefix + message, *args)
+            logger.log(level, self.prefix + message, *args)
+
+
+def reason_key(reason: str) -> str:
+    """A fallback reason with its numbers (shapes, lengths, batch sizes) blanked: the key under which it is logged
+    once, so that one kind of reason is not logged again for every shape it meets."""
+    return re.sub(r"\d+", "#", reason)
+
+
+def run_or_fall_back(log: OnceLog, what: str, ours, upstream):
+    """``ours()``, or ``upstream()`` when ours raises (a Triton compile or launch error such as OutOfResources, a
+    refusal the checks before it missed): the server keeps SGLang's path for that call, and the failure is logged
+    as a warning once per kind of error, with its message."""
+    try:
+        return ours()
+    except Exception as exc:
+        log(f"{what}:raised:{type(exc).__name__}:{reason_key(str(exc))[:200]}",
+            "%s raised %s (%s); SGLang's path runs the call (logged once per kind of error)", what,
+            type(exc).__name__, exc, level=logging.WARNING)
+        return upstream()
 
 
 def kernels_runnable(t) -> bool:

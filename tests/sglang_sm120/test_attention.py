@@ -103,16 +103,49 @@ def test_upstream_probe_does_not_raise_with_pinned_flashinfer():
     assert not fm.flashinfer_dsv4_decode_supports_num_heads(16, 65)
 
 
-def test_uncovered_reasons():
+def test_uncovered_reasons(monkeypatch):
     import torch
 
     from sglang_sm120 import attention
+    from sglang_sm120.seams import REGISTRY
 
     q = torch.zeros(1, 1, 16, 512, dtype=torch.bfloat16)
     cache = torch.zeros(2, 64, 1, 584, dtype=torch.uint8)
     ok = dict(q=q, k_cache=cache, head_dim_v=512)
+    monkeypatch.setattr(REGISTRY, "is_active", lambda name: False)  # e.g. marked failed after a partial install
+    assert attention.uncovered_reason(ok) == "seam not active"
+    monkeypatch.setattr(REGISTRY, "is_active", lambda name: name == "attention")
+    monkeypatch.setattr(attention, "kernels_runnable", lambda t: False)
+    assert "without a GPU" in attention.uncovered_reason(ok)
+    monkeypatch.setattr(attention, "kernels_runnable", lambda t: True)
     assert attention.uncovered_reason(ok) is None
     assert "528" in attention.uncovered_reason({**ok, "k_cache": torch.zeros(2, 64, 1, 528, dtype=torch.uint8)})
     assert "288" in attention.uncovered_reason({**ok, "extra_k_cache": torch.zeros(2, 2, 1, 288, dtype=torch.uint8)})
     assert "128 heads" in attention.uncovered_reason({**ok, "q": torch.zeros(1, 1, 128, 512, dtype=torch.bfloat16)})
     assert "head_dim_v" in attention.uncovered_reason({**ok, "head_dim_v": 448})
+
+
+def test_kernel_errors_fall_back_to_upstream_logged_once_per_kind(monkeypatch, caplog):
+    """An error our kernel raises after the checks (a Triton compile or launch error such as OutOfResources) sends
+    the call to upstream's function instead of into SGLang; a warning per kind of error, not per call."""
+    import logging
+
+    import torch
+
+    from sglang_sm120 import attention
+    from sglang_sm120.kernels import sparse_mla_decode as smd
+
+    def out_of_resources(*args, **kwargs):
+        raise RuntimeError(f"out of resources: shared memory {len(args) * 1000 + 120000} > 101376")
+
+    calls = []
+    monkeypatch.setattr(attention, "uncovered_reason", lambda kwargs: None)
+    monkeypatch.setattr(smd, "sparse_mla_decode", out_of_resources)
+    monkeypatch.setitem(attention._upstream, "decode", lambda **kwargs: calls.append(kwargs) or "upstream's result")
+    kwargs = dict(q=torch.zeros(1), k_cache=torch.zeros(1), indices=torch.zeros(1), head_dim_v=512)
+    with caplog.at_level(logging.INFO, logger="sglang_sm120"):
+        assert attention.flash_mla_with_kvcache_sm120(**kwargs) == "upstream's result"
+        assert attention.flash_mla_with_kvcache_sm120(**kwargs) == "upstream's result"
+    assert len(calls) == 2 and calls[0] == kwargs
+    raised = [r for r in caplog.records if "RuntimeError" in r.getMessage()]
+    assert len(raised) == 1 and raised[0].levelno == logging.WARNING

@@ -179,3 +179,18 @@ def test_covers_names_what_it_refuses():
     assert not seam_module.covers(x.view(1, 2, HIDDEN), w, 4)  # 3-D activations
     assert not seam_module.covers(x[:0], w, 4)  # no rows: upstream
     assert not seam_module.covers(x, None, 4)
+
+
+def test_kernel_errors_fall_back_to_upstream(seam, monkeypatch):
+    """The GEMV raising after the checks (a Triton compile or launch error) leaves the call to upstream's function
+    instead of raising into SGLang."""
+    s = seam({"SGLANG_SM120_FORCE": "1"})
+    assert s.state is SeamState.ACTIVE, s.reason
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of resources: shared memory 120000 > 101376")
+
+    monkeypatch.setattr(bf16_gemv, "bf16_linear", broken)
+    x, w = randn(2, HIDDEN, seed=7), randn(GATE_OUT, HIDDEN, seed=8, scale=0.05)
+    y = compressor_gate(x, w)
+    assert y.dtype == torch.float32 and rel_err(y, x.float() @ w.float().t()) < 1e-5

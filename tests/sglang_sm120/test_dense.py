@@ -453,3 +453,23 @@ def test_plugin_register_in_fresh_process(disable):
                        "wrapped": [False] * 6}
     else:
         assert got == {"state": "active", "upstream_fp8_wo_a_gemm": False, "keeps_fp8": True, "wrapped": [True] * 6}
+
+
+def test_fp8_linear_kernel_errors_fall_back_to_upstream(seam, monkeypatch):
+    """The GEMV raising after the checks (a Triton compile or launch error) sends the call to upstream's linear
+    with every argument it came with, instead of raising into SGLang."""
+    seam({"SGLANG_SM120_FORCE": "1"})
+    n, k = 384, 512
+    linear = build_linear(n, k).quant_method.w8a8_block_fp8_linear
+    assert isinstance(linear, dense.SmallRowFp8Linear)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of resources: shared memory 120000 > 101376")
+
+    monkeypatch.setattr(fp8_gemv, "block_fp8_linear", broken)
+    upstream_calls = []
+    linear.upstream = lambda **kw: upstream_calls.append(kw) or "upstream's result"
+    w, s = random_weight(n, k, gen=torch.Generator().manual_seed(3))
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    assert linear(x, w, [128, 128], s) == "upstream's result"
+    assert len(upstream_calls) == 1 and upstream_calls[0]["input"] is x and upstream_calls[0]["weight_scale"] is s

@@ -237,3 +237,49 @@ def test_mtp_verify_rows_reach_our_kernels_as_single_query_rows(forced):
     assert out["call_site_one_row_per_token"]
     assert out["logits"] and out["topk"]
     assert out["padding"] == [512 - 298, 512 - 299, 512 - 300, 0, 0, 0]
+
+
+def test_kernel_errors_fall_back_to_sglangs_functions(monkeypatch):
+    """Our kernels raising after the checks (a Triton compile or launch error) hand the call to SGLang's functions
+    instead of into SGLang: the logits kernel, the top-k kernel, and the deferred (fused / histogram) top-k call,
+    whose fallback runs SGLang's logits function as the logits call came in, then SGLang's top-k."""
+    import torch
+
+    from sglang_sm120 import indexer as seam
+    from sglang_sm120.kernels import indexer as ix
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of resources: shared memory 120000 > 101376")
+
+    for name in ("paged_mqa_logits", "topk_transform_paged", "indexer_topk"):
+        monkeypatch.setattr(ix, name, broken)
+    monkeypatch.setattr(seam, "logits_uncovered", lambda *args: None)
+    monkeypatch.setattr(seam, "topk_uncovered", lambda *args: None)
+    calls = []
+
+    def sglang_logits(*args):
+        calls.append(("logits", args))
+        return torch.zeros(2, 768)
+
+    def sglang_topk(scores, *args):
+        calls.append(("topk", scores))
+
+    q, kv, w = torch.zeros(2, 1, 64, 128), torch.zeros(4, 64, 1, 132), torch.zeros(2, 64)
+    lens, pt, out = torch.tensor([100, 700], dtype=torch.int32), torch.zeros(2, 12, dtype=torch.int32), \
+        torch.zeros(2, 512, dtype=torch.int32)
+    logits = seam.logits_hook(sglang_logits, q, kv, w, lens, pt, "metadata", 768, False)
+    assert calls[-1][0] == "logits" and calls[-1][1][5] == "metadata" and logits is not None
+    seam.topk_hook(sglang_topk, logits, lens, pt, out, 64, None)
+    assert calls[-1] == ("topk", logits)
+
+    calls.clear()
+    monkeypatch.setattr(seam, "_deferred_plan", lambda batch, n: ix.Plan("fused", ix.FUSED_SPLIT_PAGES[1]))
+    token = seam._fusable.set(True)
+    try:
+        placeholder = seam.logits_hook(sglang_logits, q, kv, w, lens, pt, "metadata", 768, False)
+        assert calls == []  # deferred to the top-k call
+        seam.topk_hook(sglang_topk, placeholder, lens, pt, out, 64, None)
+    finally:
+        seam._fusable.reset(token)
+    assert [c[0] for c in calls] == ["logits", "topk"] and calls[0][1] == (q, kv, w, lens, pt, "metadata", 768, False)
+    assert seam._pending is None
