@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 import shlex
@@ -142,8 +143,9 @@ def build_request(args) -> PlanRequest:
                        else tuple(range(decode_host.gpu_count)))
     return PlanRequest(
         topology=topology, model_path=args.model_path,
-        prefill=SideRequest(prefill_host.name, prefill_gpus, args.prefill_tp or len(prefill_gpus)),
-        decode=SideRequest(decode_host.name, decode_gpus, args.decode_tp or len(decode_gpus)),
+        prefill=SideRequest(prefill_host.name, prefill_gpus,
+                            len(prefill_gpus) if args.prefill_tp is None else args.prefill_tp),
+        decode=SideRequest(decode_host.name, decode_gpus, len(decode_gpus) if args.decode_tp is None else args.decode_tp),
         http_port=args.http_port, bootstrap_port=args.bootstrap_port, router_port=args.router_port,
         router_host=args.router_host,
         env=parse_env_pairs(args.env, "--env"), prefill_env=parse_env_pairs(args.prefill_env, "--prefill-env"),
@@ -199,6 +201,10 @@ def plan_command(args) -> int:
 def launch_command(args) -> int:
     from .launcher import ProcessSpec, launch
 
+    for flag, value in (("--health-timeout", args.health_timeout), ("--grace", args.grace)):
+        if not (math.isfinite(value) and value >= 0):
+            print(f"pd launch: {flag} must be a finite number of seconds >= 0, got {value!r}", file=sys.stderr)
+            return 2
     plan, code = _plan_or_error(args)
     if plan is None:
         return code

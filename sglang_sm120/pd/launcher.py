@@ -4,8 +4,9 @@
   spawns under it (schedulers, detokenizer) and nothing is orphaned.
 - Every output line is streamed with a ``[name]`` prefix.
 - Health: ``GET <url>/health`` must answer 200 within ``health_timeout_s``.
-- SIGINT/SIGTERM to the launcher are forwarded to every child group; after ``grace_s`` the
-  stragglers get SIGKILL. The launcher then exits 128+signal.
+- SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to every child group; after ``grace_s`` the
+  stragglers get SIGKILL. The launcher then exits 128+signal. An unexpected error in the launcher itself
+  stops every child the same way before it propagates.
 - If any child exits, the others are stopped the same way and the launcher exits 1 with a line
   naming the one that died and its exit status.
 """
@@ -13,6 +14,8 @@
 from __future__ import annotations
 
 import dataclasses
+import http.client
+import math
 import os
 import signal
 import subprocess
@@ -44,8 +47,8 @@ def _healthy(url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, http.client.HTTPException, ValueError):
+        return False  # ValueError / InvalidURL: an address urllib cannot use is never healthy (the timeout says so)
 
 
 def _describe_exit(code: int) -> str:
@@ -61,6 +64,9 @@ class Launcher:
     def __init__(self, servers: list[ProcessSpec], router: ProcessSpec | None = None, *,
                  health_timeout_s: float = 1800.0, grace_s: float = 15.0, poll_s: float = 0.25, out=None):
         self.servers, self.router = list(servers), router
+        for name, value in (("health_timeout_s", health_timeout_s), ("grace_s", grace_s), ("poll_s", poll_s)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
         self.health_timeout_s, self.grace_s, self.poll_s = health_timeout_s, grace_s, poll_s
         self.out = out or sys.stdout
         self.children: list[_Child] = []
@@ -163,10 +169,16 @@ class Launcher:
     def run(self) -> int:
         handlers = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                handlers[sig] = signal.signal(sig, self._on_signal)
+            # SIGHUP too: the children run in their own sessions, so a closing terminal reaches only the launcher
+            for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+                if sig is not None:
+                    handlers[sig] = signal.signal(sig, self._on_signal)
         try:
             return self._run()
+        except BaseException as exc:  # a bug or an unexpected error here must not leave the servers running
+            self.say(f"launcher error ({type(exc).__name__}: {exc}); stopping every process")
+            self.teardown(signal.SIGTERM)
+            raise
         finally:
             for sig, old in handlers.items():
                 signal.signal(sig, old)

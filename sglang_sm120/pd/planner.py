@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import shlex
 
 from ..kernels import dsv4
@@ -87,6 +88,8 @@ def dsv4_flash_weight_bytes() -> tuple[int, int]:
 
 def weight_gib_per_gpu(tp: int, model_weights_gib: float | None = None) -> float:
     if model_weights_gib is not None:
+        if not (math.isfinite(model_weights_gib) and model_weights_gib > 0):
+            raise PlanError(f"--model-weights-gib must be a positive finite number, got {model_weights_gib!r}")
         return model_weights_gib / tp
     split, replicated = dsv4_flash_weight_bytes()
     return (split / tp + replicated) / 2**30

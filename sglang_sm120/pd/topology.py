@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import socket
@@ -157,7 +158,10 @@ def _nic_from_dict(d, where: str) -> Nic:
     unknown = set(d) - {"name", "kind", "gpudirect"}
     if unknown:
         raise TopologyError(f"{where}: unknown nic fields {sorted(unknown)}")
-    return Nic(str(d["name"]), str(d["kind"]), bool(d.get("gpudirect", False)))
+    gpudirect = d.get("gpudirect", False)
+    if not isinstance(gpudirect, bool):  # bool("false") is True
+        raise TopologyError(f"{where}: gpudirect must be true or false, got {gpudirect!r}")
+    return Nic(str(d["name"]), str(d["kind"]), gpudirect)
 
 
 def parse_nic(text: str) -> Nic:
@@ -166,6 +170,16 @@ def parse_nic(text: str) -> Nic:
     if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "gpudirect"):
         raise TopologyError(f"--nic {text!r}: expected NAME:rdma, NAME:rdma:gpudirect or NAME:tcp")
     return Nic(parts[0], parts[1], len(parts) == 3)
+
+
+def _gib(value, where: str) -> float:
+    try:
+        gib = float(value)
+    except (TypeError, ValueError):
+        raise TopologyError(f"{where}: gpu_memory_gib must be a number, got {value!r}") from None
+    if not (math.isfinite(gib) and gib > 0):
+        raise TopologyError(f"{where}: gpu_memory_gib must be a positive finite number, got {value!r}")
+    return gib
 
 
 def host_from_fields(name: str, address: str, gpu_model: str, gpu_count, p2p="model", nics=(),
@@ -178,12 +192,12 @@ def host_from_fields(name: str, address: str, gpu_model: str, gpu_count, p2p="mo
         if gpu_memory_gib is None:
             raise TopologyError(f"{where}: unknown GPU model {gpu_model!r} (known: {', '.join(GPU_MODELS)}); "
                                 "give gpu_memory_gib and an explicit p2p matrix for other models")
-        model = GpuModel(gpu_model, float(gpu_memory_gib), pcie_p2p=False, gpudirect_rdma=False, arch="unknown")
+        model = GpuModel(gpu_model, _gib(gpu_memory_gib, where), pcie_p2p=False, gpudirect_rdma=False, arch="unknown")
         if p2p == "model":
             raise TopologyError(f"{where}: unknown GPU model {gpu_model!r} needs an explicit p2p ('all', 'none' or a matrix)")
     elif gpu_memory_gib is not None:
-        model = dataclasses.replace(model, memory_gib=float(gpu_memory_gib))
-    if model.memory_gib <= 0:
+        model = dataclasses.replace(model, memory_gib=_gib(gpu_memory_gib, where))
+    if not model.memory_gib > 0:  # NaN too
         raise TopologyError(f"{where}: gpu_memory_gib must be positive")
     if p2p == "model":
         p2p = "all" if model.pcie_p2p else "none"
@@ -219,6 +233,8 @@ def load_topology(path: str | os.PathLike) -> Topology:
         raise TopologyError(f"topology file {path} does not exist") from None
     except json.JSONDecodeError as exc:
         raise TopologyError(f"topology file {path} is not valid JSON: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, not UTF-8 text
+        raise TopologyError(f"topology file {path} cannot be read: {type(exc).__name__}: {exc}") from None
     return topology_from_dict(data)
 
 

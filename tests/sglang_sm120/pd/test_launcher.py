@@ -206,3 +206,55 @@ def test_a_command_that_cannot_start_is_reported(tmp_path):
     out = io.StringIO()
     code = Launcher([ProcessSpec("ghost", [str(tmp_path / "no-such-binary")])], None, out=out).run()
     assert code == 1 and "could not start ghost" in out.getvalue()
+
+
+def test_an_unexpected_launcher_error_stops_every_child_before_it_propagates(tmp_path, monkeypatch):
+    """A bug or an unforeseen exception inside the launcher (here: the health check) must not leave the servers
+    it started running: every child is stopped, then the error propagates."""
+    from sglang_sm120.pd import launcher as launcher_module
+
+    log = tmp_path / "events.jsonl"
+    monkeypatch.setenv("STANDIN_LOG", str(log))
+    port = free_port_block(2)
+
+    def broken_health_check(url, timeout=2.0):
+        deadline = time.monotonic() + 20  # once both stand-ins are up, so that there is something to leave behind
+        while time.monotonic() < deadline and sum(e["event"] == "start" for e in events(log)) < 2:
+            time.sleep(0.05)
+        raise RuntimeError("unforeseen")
+
+    monkeypatch.setattr(launcher_module, "_healthy", broken_health_check)
+    out = io.StringIO()
+    with pytest.raises(RuntimeError, match="unforeseen"):
+        Launcher([standin("a", port), standin("b", port + 1)], None, health_timeout_s=30, grace_s=2, out=out).run()
+    assert "launcher error (RuntimeError: unforeseen); stopping every process" in out.getvalue()
+    assert_nothing_left(log)
+
+
+def test_sighup_is_forwarded_like_sigterm():
+    """The children run in their own sessions: a closing terminal (SIGHUP) reaches only the launcher, which must
+    stop them as it does on SIGTERM."""
+    launcher = Launcher([], None)
+    previous = signal.getsignal(signal.SIGHUP)
+    seen = {}
+
+    def run_and_look():
+        seen["handler"] = signal.getsignal(signal.SIGHUP)
+        return 0
+
+    launcher._run = run_and_look
+    assert launcher.run() == 0
+    assert seen["handler"] == launcher._on_signal and signal.getsignal(signal.SIGHUP) == previous
+
+
+@pytest.mark.parametrize("bad", [dict(health_timeout_s=float("nan")), dict(grace_s=-1.0), dict(poll_s=float("inf"))])
+def test_launcher_timings_must_be_finite_and_non_negative(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        Launcher([], None, **bad)
+
+
+def test_an_unusable_health_url_is_unhealthy_not_an_exception():
+    from sglang_sm120.pd.launcher import _healthy
+
+    assert _healthy("http://box a:30000/health") is False
+    assert _healthy("http://[fd00::1:30000/health") is False

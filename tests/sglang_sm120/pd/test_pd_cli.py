@@ -74,6 +74,12 @@ def test_plan_from_a_topology_file_with_two_hosts(tmp_path, capsys):
     (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--nic", "eth0"], "--nic 'eth0'"),
     (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--env", "NOEQUALS"], "--env: expected NAME=VALUE"),
     ([], "cannot detect a topology here"),
+    # NaN or negative memory once switched the fit refusal off; TP 0 once meant "all GPUs"
+    (["--gpu-model", "RTX 5090", "--gpu-count", "8", "--split", "4+4", "--gpu-memory-gib", "nan"],
+     "positive finite number"),
+    (["--gpu-model", "RTX 5090", "--gpu-count", "8", "--split", "4+4", "--model-weights-gib", "-100"],
+     "--model-weights-gib must be a positive finite number"),
+    (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--split", "4+4", "--prefill-tp", "0"], "--prefill-tp 0"),
 ])
 def test_plan_errors_exit_2_with_the_reason(args, message, capsys):
     code, out, err = run(["pd", "plan", "--model-path", "/m", *args], capsys)
@@ -106,3 +112,21 @@ def test_doctor_rows_on_this_machine():
     # UCX itself lists what it can use here: tcp and shared memory at least
     assert {"tcp", "sm"} <= set(values["UCX transports"][0].split(", "))
     assert "P2P matrix" in values and "planner here" in values
+
+
+@pytest.mark.parametrize("what", ["directory", "binary"])
+def test_an_unreadable_topology_file_is_refused_with_the_reason(tmp_path, capsys, what):
+    path = tmp_path / "topology.json"
+    if what == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(b"\xff\xfe\x00garbage")
+    code, out, err = run(["pd", "plan", "--model-path", "/m", "--topology", str(path), "--split", "1+1"], capsys)
+    assert code == 2 and "cannot be read" in err
+
+
+@pytest.mark.parametrize("flag", ["--health-timeout", "--grace"])
+def test_launch_refuses_timings_that_are_not_finite(flag, capsys):
+    code, out, err = run(["pd", "launch", "--model-path", "/m", "--gpu-model", "RTX PRO 6000", "--gpu-count", "8",
+                          "--split", "4+4", flag, "nan"], capsys)
+    assert code == 2 and f"{flag} must be a finite number" in err

@@ -246,6 +246,12 @@ BAD_TOPOLOGIES = [
     ({"hosts": [{"name": "a", "gpu_model": "RTX 5090", "gpu_count": 1},
                 {"name": "a", "gpu_model": "RTX 5090", "gpu_count": 1}]}, "repeated: a"),
     ({"hosts": [{"gpu_model": "RTX 5090", "gpu_count": 2, "colour": "red"}]}, "unknown fields ['colour']"),
+    # bool("false") is True: a string there was once read as GPUDirect on
+    ({"hosts": [{"gpu_model": "RTX 5090", "gpu_count": 2, "nics": [{"name": "x", "kind": "rdma",
+                                                                     "gpudirect": "false"}]}]},
+     "gpudirect must be true or false"),
+    ({"hosts": [{"gpu_model": "RTX 5090", "gpu_count": 2, "gpu_memory_gib": "nan"}]}, "positive finite number"),
+    ({"hosts": [{"gpu_model": "RTX 5090", "gpu_count": 2, "gpu_memory_gib": "abc"}]}, "must be a number"),
 ]
 
 
