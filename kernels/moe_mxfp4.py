@@ -2186,7 +2186,7 @@ GEMV_TMA_PERSISTENT_DOWN_WHERE = ((MOE_INTERMEDIATE_SIZE // 4, 8 * TOP_K, 8),)
 GEMV_TMA_MIN_CAPABILITY = 9  # TMA (cp.async.bulk.tensor): sm_90 and sm_12x
 # The TMA-fed decode forms (GEMV and pairs) step K by 512 on both launches (a row's E8M0 bytes of a step are the 16
 # bytes a TMA box needs), so they need H >= 512 and I >= 512 (DSv4: H = 4096; I = 2048 / T, the TMA tables list
-# I >= 512 only); below, the default dispatch takes the forms without TMA
+# I >= 512 only); below, the launchers take the tiles without TMA (tma_tables_usable)
 TMA_DECODE_MIN_K = 512
 # Round 16 (benchmarks/moe_mxfp4-h200-run16-summary.md, H200 run 16, every point reference-checked, rel_err 1.80-1.90e-3
 # against the bf16 decode's 1.77-1.86e-3): the fp16 pair decode (GemvConfig.f16) beside the defaults, kept where the
@@ -2317,15 +2317,21 @@ def f16_act_shift(swiglu_limit: float) -> int | None:
     return min(shift, 100) if shift >= 0 else None
 
 
-def gemv_tma_usable(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
-                    w2_scale: torch.Tensor) -> bool:
-    """Whether the TMA-fed decode forms can run on these operands: a GPU with TMA (or the CPU interpreter),
-    16-byte aligned base addresses (a TMA descriptor's requirement; the row strides of DSv4's shapes are) and both
-    launches' K (H for gate/up, I for down) at least :data:`TMA_DECODE_MIN_K`."""
-    tensors = (x, w13, w13_scale, w2, w2_scale)
-    if any(t.data_ptr() % 16 for t in tensors) or min(x.shape[-1], 2 * w2.shape[-1]) < TMA_DECODE_MIN_K:
+def gemv_tma_usable(*tensors: torch.Tensor) -> bool:
+    """Whether the TMA GEMV can run on these operands: a GPU with TMA (or the CPU interpreter) and
+    16-byte aligned base addresses (a TMA descriptor's requirement; the row strides of DSv4's shapes are)."""
+    if any(t.data_ptr() % 16 for t in tensors):
         return False
-    return has_capability(x.device, GEMV_TMA_MIN_CAPABILITY)
+    return has_capability(tensors[0].device, GEMV_TMA_MIN_CAPABILITY)
+
+
+def tma_tables_usable(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                      w2_scale: torch.Tensor) -> bool:
+    """Whether the launchers may take the TMA tiles their tables list for (rows, I): the operands allow TMA and both
+    launches' K (H for gate/up, I for down) reach :data:`TMA_DECODE_MIN_K`, the K step of those tiles (the tables are
+    keyed by I and rows only, so at a smaller H they would name tiles that cannot run)."""
+    return (min(x.shape[-1], 2 * w2.shape[-1]) >= TMA_DECODE_MIN_K
+            and gemv_tma_usable(x, w13, w13_scale, w2, w2_scale))
 
 
 def gemv_configs(num_rows: int, inter: int, tma: bool = True, f16: bool = True) -> tuple[GemvConfig, GemvConfig]:
@@ -2723,7 +2729,7 @@ def gemv_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out, 
     ids = topk_ids.contiguous()
     weights = topk_weights.contiguous()
     gu_cfg, dn_cfg = configs if configs else gemv_configs(
-        num_rows, inter, tma=gemv_tma_usable(x, w13, w13_scale, w2, w2_scale))
+        num_rows, inter, tma=tma_tables_usable(x, w13, w13_scale, w2, w2_scale))
     if not (isinstance(gu_cfg, GemvConfig) and isinstance(dn_cfg, GemvConfig)):
         raise ValueError(f"configs for upcast='gemv' must be two GemvConfig, got {configs!r}")
     gu_k, dn_k = min(gu_cfg.block_k, hidden // gu_cfg.split_k), min(dn_cfg.block_k, inter // dn_cfg.split_k)
@@ -3076,7 +3082,7 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
         raise ValueError(f"upcast='pairs' is a decode form: at most {PAIRS_MAX_ROWS} routed rows "
                          f"(B*top_k), got {num_rows}")
     gu_cfg, dn_cfg = configs if configs else pairs_configs(num_rows, inter, pair_words_mul_usable(x.device),
-                                                           tma=gemv_tma_usable(x, w13, w13_scale, w2, w2_scale))
+                                                           tma=tma_tables_usable(x, w13, w13_scale, w2, w2_scale))
     # the mixed forward: the swap-AB gate/up launch, then the TMA GEMV down launch on natural-order SwiGLU rows
     gemv_down = isinstance(gu_cfg, PairsConfig) and isinstance(dn_cfg, GemvConfig)
     if not (isinstance(gu_cfg, PairsConfig) and (isinstance(dn_cfg, PairsConfig) or gemv_down)):

@@ -327,7 +327,7 @@ def test_top_k_zero_gives_zeros():
 def test_default_below_the_tma_k_step_takes_the_forms_without_tma():
     """H = 256 at a per-rank I the TMA tables list (512): the TMA forms step K by 512, so the default must not pick
     them (it once raised from inside the GEMV launcher); it runs a form without TMA and matches the reference."""
-    assert not moe.gemv_tma_usable(make_x(1), *make_experts(512))
+    assert not moe.tma_tables_usable(make_x(1), *make_experts(512))
     experts = make_experts(512)
     weights, ids = make_routing(1, "random")
     x = make_x(1)
