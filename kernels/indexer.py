@@ -719,7 +719,7 @@ def _hist_select_kernel(scores_ptr, lens_ptr, pt_ptr, ws_ptr, cand_val_ptr, cand
                         WS_H2: tl.constexpr, WS_H3: tl.constexpr, WS_CLEAN: tl.constexpr, BLOCK: tl.constexpr,
                         PDL: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False, PAGE_MAX: tl.constexpr = False,
                         SPIN: tl.constexpr = False, REG_FINISH: tl.constexpr = False,
-                        REG_DIGIT_BITS: tl.constexpr = 8, REG_LEAN: tl.constexpr = False):
+                        REG_DIGIT_BITS: tl.constexpr = REG_FINISH_DIGIT_BITS, REG_LEAN: tl.constexpr = False):
     """Grid (B, groups): the histogram select after the first digit, in one launch. The split
     programs of a long row (:func:`_hist_split_part`) count their arrivals; the last to arrive
     finishes the row (:func:`_hist_finish_row`), so no launch of one program per row follows (H200

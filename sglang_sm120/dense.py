@@ -312,19 +312,20 @@ class SmallRowFp8Linear:
         return kernels_runnable(x) and weight.stride(-1) == 1 and x.stride(-1) == 1
 
     def __call__(self, input, weight, block_size, weight_scale, input_scale=None, bias=None, **extra):
-        if self.covers(input, weight, block_size, weight_scale, input_scale, bias, extra):
-            # the indexer's side streams run beside it only in captured decode (SGLang's enable_multi_stream)
-            share = self.share_sms and torch.cuda.is_current_stream_capturing()
+        def upstream():
+            return self.upstream(input=input, weight=weight, block_size=block_size, weight_scale=weight_scale,
+                                 input_scale=input_scale, bias=bias, **extra)
 
-            def ours():
-                y = _kernels().block_fp8_linear(input, weight, weight_scale, share_sms=share)
-                return y if bias is None else y.add_(bias)
+        if not self.covers(input, weight, block_size, weight_scale, input_scale, bias, extra):
+            return upstream()
+        # the indexer's side streams run beside it only in captured decode (SGLang's enable_multi_stream)
+        share = self.share_sms and torch.cuda.is_current_stream_capturing()
 
-            return run_or_fall_back(_log_once, "the block-FP8 GEMV", ours, lambda: self.upstream(
-                input=input, weight=weight, block_size=block_size, weight_scale=weight_scale,
-                input_scale=input_scale, bias=bias, **extra))
-        return self.upstream(input=input, weight=weight, block_size=block_size, weight_scale=weight_scale,
-                             input_scale=input_scale, bias=bias, **extra)
+        def ours():
+            y = _kernels().block_fp8_linear(input, weight, weight_scale, share_sms=share)
+            return y if bias is None else y.add_(bias)
+
+        return run_or_fall_back(_log_once, "the block-FP8 GEMV", ours, upstream)
 
 
 def _wraps_safely(linear) -> bool:
