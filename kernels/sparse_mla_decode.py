@@ -623,6 +623,9 @@ def _check_cache(name: str, cache, device) -> None:
         _fail(name, f"a tensor on {device} (q's device)", _describe(cache))
     if cache.stride(3) != 1 or cache.stride(1) % 2 or cache.stride(0) % 2 or cache.data_ptr() % 2:
         _fail(name, "a view with unit byte stride and even page/row strides", f"strides {cache.stride()}")
+    if cache.shape[1] > 1 and cache.stride(1) != KV_TOKEN_BYTES:  # a page's bytes are addressed from its start
+        _fail(name, f"a page's rows {KV_TOKEN_BYTES} bytes apart (row stride {KV_TOKEN_BYTES})",
+              f"row stride {cache.stride(1)}")
     if cache.shape[0] > 1 and cache.stride(0) < cache.shape[1] * KV_TOKEN_BYTES:
         _fail(name, f"page stride >= page_size * {KV_TOKEN_BYTES} bytes", f"page stride {cache.stride(0)}")
 

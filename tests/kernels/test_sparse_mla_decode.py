@@ -221,6 +221,11 @@ def _bad(args, **changes):
     (lambda a: _bad(a, k_cache=a["k_cache"][..., :528]), "k_cache"),
     (lambda a: _bad(a, k_cache=a["k_cache"].view(torch.int8)), "k_cache"),
     (lambda a: _bad(a, k_cache=torch.zeros(2, 64, 1, 584, dtype=torch.uint8, device="meta")), "k_cache"),
+    # rows further apart than a token's bytes (a column slice of a wider buffer): the kernel addresses a page's
+    # bytes from its start, so such a view would read other bytes
+    (lambda a: _bad(a, k_cache=torch.cat([a["k_cache"], a["k_cache"]], dim=3)[..., :584]), "k_cache"),
+    (lambda a: _bad(a, extra_k_cache=torch.cat([a["extra_k_cache"], a["extra_k_cache"]], dim=3)[..., :584]),
+     "extra_k_cache"),
     (lambda a: _bad(a, indices=a["indices"].long()), "indices"),
     (lambda a: _bad(a, indices=a["indices"][:, 0]), "indices"),
     (lambda a: _bad(a, topk_length=a["topk_length"][:1]), "topk_length"),
