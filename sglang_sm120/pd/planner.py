@@ -4,6 +4,7 @@ Every setting the plan adds carries a one-line reason. A plan that cannot work i
 :class:`PlanError` naming the problem: GPUs that do not exist or are used twice, port clashes,
 a server whose weights do not fit, or prefill and decode settings that would give the two sides
 different KV layouts (prefill writes the pages that decode reads, so the layouts must agree).
+User server flags are checked as SGLang's own parser reads them (abbreviations, aliases, ``--x=1``).
 
 Sources for the transport choices (cited in the reasons):
 - UCX FAQ (openucx/ucx docs/source/faq.md, "Which transports does UCX use?", "Working with GPU"):
@@ -21,11 +22,15 @@ Sources for the transport choices (cited in the reasons):
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import shlex
+import sys
 
 from ..kernels import dsv4
 from .topology import Host, Topology, TopologyError
@@ -36,16 +41,27 @@ PLANNER_OWNED_ARGS = ("--model-path", "--model", "--tp", "--tp-size", "--tensor-
                       "--host", "--port", "--disaggregation-mode", "--disaggregation-bootstrap-port",
                       "--disaggregation-transfer-backend", "--disaggregation-ib-device")
 
+# Flags that would run a server on more GPUs (or nodes) than the plan gave it; allowed only at SGLang's default.
+FOOTPRINT_ARGS = {"--pp-size": "1", "--pipeline-parallel-size": "1", "--dp-size": "1", "--data-parallel-size": "1",
+                  "--gpu-id-step": "1", "--nnodes": "1"}
+# SGLang reads server args from this YAML file (CLI > file > defaults); the plan cannot check what it sets.
+CONFIG_ARG = "--config"
+
 # Server flags and env vars that decide the bytes of the KV pools prefill writes and decode reads.
 LAYOUT_ARGS = ("--kv-cache-dtype", "--page-size", "--enable-deepseek-v4-fp4-indexer", "--dsv4-attn-backend",
                "--speculative-algorithm")
 LAYOUT_ENV = ("SGLANG_DSV4_KV_LAYOUT", "SGLANG_DSV4_COMPRESSED_KV_LAYOUT", "SGLANG_DSV4_UNIFIED_KV_FP8",
-              "SGLANG_OPT_SM120_DIRECT_SWA_KV", "SGLANG_SM120_DISABLE", "SGLANG_SM120_FORCE",
-              "SGLANG_DISAGGREGATION_NIXL_BACKEND", "SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "UCX_TLS")
+              "SGLANG_DSV4_COMPRESS_STATE_DTYPE", "SGLANG_OPT_SM120_DIRECT_SWA_KV", "SGLANG_SM120_DISABLE",
+              "SGLANG_SM120_FORCE", "SGLANG_DISAGGREGATION_NIXL_BACKEND", "SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS",
+              "UCX_TLS")
 
 # the remaining layout env keys, set to SGLang's / the plugin's defaults unless the user sets them
+# (SGLANG_DSV4_COMPRESS_STATE_DTYPE: the dtype of the compressor state SGLang 0.5.23 hands NIXL as DSv4 request state)
 PINNED_DEFAULTS = {"SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "auto", "SGLANG_DSV4_UNIFIED_KV_FP8": "0",
-                   "SGLANG_SM120_DISABLE": "", "SGLANG_SM120_FORCE": ""}
+                   "SGLANG_DSV4_COMPRESS_STATE_DTYPE": "float32", "SGLANG_SM120_DISABLE": "", "SGLANG_SM120_FORCE": ""}
+
+# every flag the planner checks by name; a user flag is resolved to one of these before the checks
+CHECKED_ARGS = (*PLANNER_OWNED_ARGS, *FOOTPRINT_ARGS, CONFIG_ARG, *LAYOUT_ARGS)
 
 ENV_ROLE = "SGLANG_SM120_PD_ROLE"
 ENV_NAME = "SGLANG_SM120_PD_NAME"
@@ -148,7 +164,8 @@ class PlannedProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        host = f"[{self.address}]" if ":" in self.address and not self.address.startswith("[") else self.address
+        return f"http://{host}:{self.port}"  # an IPv6 address is bracketed in a URL (RFC 3986)
 
     @property
     def health_url(self) -> str:
@@ -235,13 +252,56 @@ def parse_env_pairs(pairs, what: str) -> dict[str, str]:
     return env
 
 
-def _flag_values(args: tuple[str, ...]) -> dict[str, str]:
-    """The flags in a server argument list: '--x 1', '--x=1' and bare '--flag' (value 'true')."""
-    found: dict[str, str] = {}
+@functools.lru_cache(maxsize=None)
+def sglang_server_options() -> dict[str, tuple[str, ...]] | None:
+    """Each long option of SGLang's server parser -> every long spelling of its action (aliases such as
+    --tp-size / --tensor-parallel-size), or None where SGLang cannot be imported here."""
+    try:
+        # SGLang's own parser decides what a flag means; its import must not print into `pd plan --json`
+        with contextlib.redirect_stdout(sys.stderr):
+            from sglang.srt.server_args import ServerArgs
+
+            parser = argparse.ArgumentParser()
+            ServerArgs.add_cli_args(parser)
+    except Exception:  # not installed or broken: the caller falls back to refusing abbreviations
+        return None
+    return {option: tuple(o for o in action.option_strings if o.startswith("--"))
+            for action in parser._actions for option in action.option_strings if option.startswith("--")}
+
+
+def resolve_flag(flag: str, what: str = "server argument") -> str:
+    """The option SGLang's parser reads ``flag`` as (it accepts unambiguous prefixes, allow_abbrev), spelled
+    as CHECKED_ARGS spells it, so abbreviations and aliases meet the owned/placement/layout checks."""
+    options = sglang_server_options()
+    if options is None:
+        if flag in CHECKED_ARGS:
+            return flag
+        meant = [a for a in CHECKED_ARGS if a.startswith(flag)]
+        if meant:
+            raise PlanError(f"{what} {flag} abbreviates {', '.join(meant)}; SGLang is not importable here, so the "
+                            "planner cannot tell which option SGLang would read: write the full flag name")
+        return flag
+    if flag in options:
+        spellings = options[flag]
+    else:
+        candidates = sorted(o for o in options if o.startswith(flag))
+        if not candidates:
+            return flag  # not an SGLang option: SGLang refuses it at start-up
+        if len({options[c] for c in candidates}) > 1:
+            raise PlanError(f"{what} {flag} is ambiguous: SGLang's parser could read it as {', '.join(candidates)}; "
+                            "write the full flag name")
+        spellings = options[candidates[0]]
+    return next((s for s in spellings if s in CHECKED_ARGS), spellings[0])
+
+
+def _server_flags(args: tuple[str, ...], what: str = "server argument") -> list[tuple[str, str, str]]:
+    """(as written, as SGLang reads it, value) for each flag in a server argument list: '--x 1', '--x=1' and
+    bare '--flag' (value 'true')."""
+    found = []
     i = 0
     while i < len(args):
         arg = args[i]
-        if arg.startswith("--"):
+        if arg.startswith("--") and arg != "--":  # a bare '--' ends argparse's options; it names no flag
             name, eq, value = arg.partition("=")
             if not eq:
                 if i + 1 < len(args) and not args[i + 1].startswith("--"):
@@ -249,9 +309,14 @@ def _flag_values(args: tuple[str, ...]) -> dict[str, str]:
                     i += 1
                 else:
                     value = "true"
-            found[name] = value
+            found.append((name, resolve_flag(name, what), value))
         i += 1
     return found
+
+
+def _flag_values(args: tuple[str, ...], what: str = "server argument") -> dict[str, str]:
+    """Each flag's value under the name SGLang reads it as (the last one wins, as in argparse)."""
+    return {flag: value for _written, flag, value in _server_flags(args, what)}
 
 
 def layout_fingerprint(env: dict[str, str], args: tuple[str, ...]) -> str:
@@ -373,10 +438,19 @@ def _check_side(side: SideRequest, role: str, host: Host, model_weights_gib: flo
 
 
 def _check_owned_args(args: tuple[str, ...], what: str) -> None:
-    for flag in _flag_values(args):
+    for written, flag, value in _server_flags(args, what):
+        named = written if written == flag else f"{written} (SGLang reads it as {flag})"
         if flag in PLANNER_OWNED_ARGS:
-            raise PlanError(f"{what} sets {flag}, which the planner owns (use --model-path, --prefill-tp/--decode-tp, "
+            raise PlanError(f"{what} sets {named}, which the planner owns (use --model-path, --prefill-tp/--decode-tp, "
                             "--prefill-gpus/--decode-gpus and the port options)")
+        if flag in FOOTPRINT_ARGS and value != FOOTPRINT_ARGS[flag]:
+            raise PlanError(f"{what} sets {named} {value}, which would run a server on more GPUs or nodes than the "
+                            "plan assigned it; the plan owns GPU placement (use --prefill-gpus/--decode-gpus and "
+                            "--prefill-tp/--decode-tp)")
+        if flag == CONFIG_ARG:
+            raise PlanError(f"{what} sets {named}: the planner cannot check what a config file sets (owned flags, GPU "
+                            "placement, KV-layout agreement between prefill and decode); pass those settings with "
+                            "--server-arg / --prefill-arg / --decode-arg instead")
 
 
 def _check_port(port: int, what: str) -> None:
@@ -440,6 +514,7 @@ def make_plan(req: PlanRequest) -> Plan:
             notes.append(f"--env {key}={value} overrides the planned {common_env[key]}")
         common_env[key] = value
     side_env = {"prefill": {**common_env, **req.prefill_env}, "decode": {**common_env, **req.decode_env}}
+    user_env_keys = {"prefill": set(req.env) | set(req.prefill_env), "decode": set(req.env) | set(req.decode_env)}
     side_args = {"prefill": tuple(req.server_args) + tuple(req.prefill_args),
                  "decode": tuple(req.server_args) + tuple(req.decode_args)}
 
@@ -489,7 +564,14 @@ def make_plan(req: PlanRequest) -> Plan:
                 argv += ["--disaggregation-bootstrap-port", str(bootstrap)]
             argv += list(side_args[role])
             env = {k: v for k, v in side_env[role].items()}
-            env.update({s.name: s.value for s in transport if s.applies_to == host.name})
+            for s in transport:
+                if s.applies_to != host.name:
+                    continue
+                if s.name in user_env_keys[role]:  # the user's value (e.g. another NIC) wins, said once per server
+                    notes.append(f"{name} on host {host.name} keeps {s.name}={env[s.name]} from --env/--{role}-env; "
+                                 f"the plan's {s.value} was not applied")
+                else:
+                    env[s.name] = s.value
             env.update({ENV_ROLE: role, ENV_NAME: name, ENV_LAYOUT: fingerprint})
             processes.append(PlannedProcess(name, role, host.name, host.address, argv, env, port, gpus, bootstrap))
     claim(router_host, req.router_port, "router")

@@ -18,6 +18,7 @@ File format::
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import math
 import os
@@ -111,6 +112,17 @@ class Topology:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise TopologyError(f"host names must be unique; repeated: {', '.join(dupes)}")
+        seen: dict[str, Host] = {}
+        for h in self.hosts:
+            # two hosts at one address would put two hosts' servers, ports counted per host, on one machine
+            key = _machine_key(h.address)
+            first = seen.setdefault(key, h)
+            if first is not h:
+                both = first.address if h.address == first.address else f"{first.address} / {h.address}"
+                why = ("two hosts cannot both be this machine (127.0.0.1 is the default when a host has no 'address')"
+                       if key == "loopback" else "two hosts cannot be one machine")
+                raise TopologyError(f"hosts {first.name} and {h.name} both have address {both}: {why}; give each "
+                                    "host the address the others reach it at")
 
     def host(self, name: str | None) -> Host:
         if name is None:
@@ -130,6 +142,18 @@ class Topology:
             "p2p": [[int(x) for x in row] for row in h.p2p],
             "nics": [dataclasses.asdict(nic) for nic in h.nics],
         } for h in self.hosts]}
+
+
+def _machine_key(address: str) -> str:
+    """Equal for two addresses of one machine as far as the text shows: every loopback address is this machine."""
+    text = address.strip().strip("[]").lower()
+    if text == "localhost":
+        return "loopback"
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return text  # a host name
+    return "loopback" if ip.is_loopback else str(ip)
 
 
 def p2p_matrix(spec, n: int, where: str) -> tuple[tuple[bool, ...], ...]:

@@ -48,6 +48,7 @@ def test_planned_settings_pass(planned_decode):
     ({"SGLANG_OPT_SM120_DIRECT_SWA_KV": "1"}, "SGLANG_OPT_SM120_DIRECT_SWA_KV=1"),
     ({"SGLANG_SM120_DISABLE": "attention"}, "SGLANG_SM120_DISABLE=attention"),
     ({"UCX_TLS": "tcp,cuda_copy"}, "UCX_TLS=tcp,cuda_copy"),
+    ({"SGLANG_DSV4_COMPRESS_STATE_DTYPE": "bf16"}, "SGLANG_DSV4_COMPRESS_STATE_DTYPE=bf16"),
 ])
 def test_drifted_env_is_reported_with_the_current_values(planned_decode, change, message):
     env, argv = planned_decode
@@ -60,6 +61,15 @@ def test_drifted_server_args_are_reported(planned_decode):
     argv = [a if a != "fp8_e4m3" else "bf16" for a in argv]
     (problem,) = disagg.check_pd_environment(env, argv)
     assert "--kv-cache-dtype=bf16" in problem
+
+
+@pytest.mark.parametrize("extra", [["--kv-cache-dt", "bf16"], ["--kv-cache-dt=bf16"]])
+def test_an_abbreviated_layout_flag_added_to_a_server_is_seen(planned_decode, extra):
+    # SGLang's parser reads --kv-cache-dt as --kv-cache-dtype, and the last one wins
+    env, argv = planned_decode
+    (problem,) = disagg.check_pd_environment(env, [*argv, *extra])
+    assert "drifted from the plan" in problem and "--kv-cache-dtype=bf16" in problem
+    assert disagg.check_pd_environment(env, [*argv, "--kv-cache-dt", "fp8_e4m3"]) == []
 
 
 @pytest.mark.parametrize("change,message", [

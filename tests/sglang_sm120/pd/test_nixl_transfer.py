@@ -23,8 +23,10 @@ WALL_S = 90.0
 def planned(kind: str) -> dict:
     """The NIXL/UCX settings the planner chooses for ``kind`` of deployment."""
     if kind == "two-boxes-tcp":
-        hosts = [{"name": n, "address": "127.0.0.1", "gpu_model": "RTX PRO 6000", "gpu_count": 1,
-                  "nics": [{"name": "lo", "kind": "tcp"}]} for n in ("a", "b")]
+        # the transfer runs over loopback ("lo"); the addresses only name the boxes in URLs, and two hosts
+        # at one address are refused
+        hosts = [{"name": n, "address": a, "gpu_model": "RTX PRO 6000", "gpu_count": 1,
+                  "nics": [{"name": "lo", "kind": "tcp"}]} for n, a in (("a", "192.0.2.1"), ("b", "192.0.2.2"))]
         req = PlanRequest(topology_from_dict({"hosts": hosts}), "/m", SideRequest("a", (0,), 1),
                           SideRequest("b", (0,), 1), model_weights_gib=1)
     else:

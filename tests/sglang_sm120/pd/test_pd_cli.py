@@ -80,6 +80,13 @@ def test_plan_from_a_topology_file_with_two_hosts(tmp_path, capsys):
     (["--gpu-model", "RTX 5090", "--gpu-count", "8", "--split", "4+4", "--model-weights-gib", "-100"],
      "--model-weights-gib must be a positive finite number"),
     (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--split", "4+4", "--prefill-tp", "0"], "--prefill-tp 0"),
+    # SGLang's parser accepts unambiguous prefixes: these are read as it reads them
+    (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--split", "4+4", "--server-arg", "--base-gpu 4"],
+     "--base-gpu (SGLang reads it as --base-gpu-id), which the planner owns"),
+    (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--split", "4+4", "--server-arg", "--pp 2"],
+     "--server-arg --pp is ambiguous"),
+    (["--gpu-model", "RTX PRO 6000", "--gpu-count", "8", "--split", "4+4", "--decode-arg=--dp-size=2"],
+     "the plan owns GPU placement"),
 ])
 def test_plan_errors_exit_2_with_the_reason(args, message, capsys):
     code, out, err = run(["pd", "plan", "--model-path", "/m", *args], capsys)

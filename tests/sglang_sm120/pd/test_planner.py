@@ -183,7 +183,7 @@ BAD = [
     ("port out of range", dict(prefill=range(4), decode=range(4, 8), ptp=4, dtp=4, router_port=80),
      "--router-port 80 is outside 1024-65535"),
     ("planner-owned flag", dict(prefill=range(4), decode=range(4, 8), ptp=4, dtp=4, server_args=("--tp", "2")),
-     "--server-arg sets --tp, which the planner owns"),
+     "--server-arg sets --tp"),  # SGLang 0.5.23 has no --tp: its parser reads it as --tp-size, also owned
     ("sides disagree on env", dict(prefill=range(4), decode=range(4, 8), ptp=4, dtp=4,
                                    prefill_env={"SGLANG_OPT_SM120_DIRECT_SWA_KV": "1"}),
      "env SGLANG_OPT_SM120_DIRECT_SWA_KV: prefill=1 decode=0"),
@@ -252,6 +252,13 @@ BAD_TOPOLOGIES = [
      "gpudirect must be true or false"),
     ({"hosts": [{"gpu_model": "RTX 5090", "gpu_count": 2, "gpu_memory_gib": "nan"}]}, "positive finite number"),
     ({"hosts": [{"gpu_model": "RTX 5090", "gpu_count": 2, "gpu_memory_gib": "abc"}]}, "must be a number"),
+    # without 'address' both hosts were 127.0.0.1: the router and the peer would reach one machine for two
+    ({"hosts": [{"name": "a", "gpu_model": "RTX 5090", "gpu_count": 1},
+                {"name": "b", "gpu_model": "RTX 5090", "gpu_count": 1}]},
+     "hosts a and b both have address 127.0.0.1"),
+    ({"hosts": [{"name": "a", "gpu_model": "RTX 5090", "gpu_count": 1, "address": "localhost"},
+                {"name": "b", "gpu_model": "RTX 5090", "gpu_count": 1, "address": "::1"}]},
+     "two hosts cannot both be this machine"),
 ]
 
 
@@ -275,3 +282,102 @@ def test_topology_file_round_trip_and_unknown_model_with_explicit_fields(tmp_pat
         load_topology(path)
     with pytest.raises(TopologyError, match="does not exist"):
         load_topology(tmp_path / "missing.json")
+
+
+# --- user flags as SGLang's parser reads them -----------------------------------------------------
+
+def refusal(**kw) -> str:
+    with pytest.raises(PlanError) as info:
+        make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4, **kw))
+    return str(info.value)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--tp-s", "2"), "--server-arg sets --tp-s (SGLang reads it as --tp-size), which the planner owns"),
+    (("--base-gpu", "4"), "--server-arg sets --base-gpu (SGLang reads it as --base-gpu-id), which the planner owns"),
+    (("--tp-size=2",), "--server-arg sets --tp-size, which the planner owns"),
+    (("--tensor-parallel-size", "2"), "sets --tensor-parallel-size (SGLang reads it as --tp-size)"),
+    (("--model", "/other"), "sets --model (SGLang reads it as --model-path), which the planner owns"),
+])
+def test_abbreviated_and_aliased_owned_flags_are_refused(args, message):
+    # SGLang's parser (allow_abbrev) reads --tp-s as --tp-size; an exact-name check let it through
+    assert message in refusal(server_args=args)
+
+
+@pytest.mark.parametrize("decode_args", [("--kv-cache-dt", "bf16"), ("--kv-cache-dt=bf16",), ("--kv-cache-dtype=bf16",)])
+def test_abbreviated_layout_flags_count_as_the_full_flag(decode_args):
+    assert "--kv-cache-dtype: prefill=(default) decode=bf16" in refusal(decode_args=decode_args)
+    # the same abbreviation on both sides agrees, and fingerprints like the full flag
+    abbreviated = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4, server_args=decode_args))
+    full = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4,
+                             server_args=("--kv-cache-dtype", "bf16")))
+    assert abbreviated.layout_fingerprint == full.layout_fingerprint
+
+
+def test_an_ambiguous_abbreviation_names_the_candidates():
+    message = refusal(server_args=("--pp", "2"))
+    assert "--server-arg --pp is ambiguous" in message
+    assert all(c in message for c in ("--pp-size", "--pp-max-micro-batch-size", "--pp-async-batch-depth"))
+
+
+def test_without_sglang_abbreviations_of_checked_flags_are_refused(monkeypatch):
+    from sglang_sm120.pd import planner
+
+    monkeypatch.setattr(planner, "sglang_server_options", lambda: None, raising=False)
+    message = refusal(server_args=("--kv-cache-dt", "bf16"))
+    assert "--kv-cache-dt" in message and "--kv-cache-dtype" in message and "full flag name" in message
+    assert "--tp-size" in refusal(prefill_args=("--tp-s=2",))
+    # full names still work, other flags pass untouched
+    plan = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4,
+                             server_args=("--kv-cache-dtype", "bf16", "--mem-frac", "0.8")))
+    assert plan.servers()[0].argv[-4:] == ["--kv-cache-dtype", "bf16", "--mem-frac", "0.8"]
+
+
+@pytest.mark.parametrize("args", [("--pp-size", "2"), ("--dp-size=2",), ("--dp", "2"), ("--data-parallel-size", "2"),
+                                  ("--gpu-id-step", "2"), ("--nnodes", "2"), ("--pipeline-parallel-size", "4")])
+def test_flags_that_widen_a_server_beyond_its_gpus_are_refused(args):
+    message = refusal(decode_args=args)
+    assert "--decode-arg sets" in message and "the plan owns GPU placement" in message
+
+
+def test_footprint_flags_at_their_default_are_allowed():
+    plan = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4,
+                             server_args=("--dp-size", "1", "--nnodes=1")))
+    assert plan.servers()[0].argv[-3:] == ["--dp-size", "1", "--nnodes=1"]
+
+
+@pytest.mark.parametrize("args", [("--config", "server.yaml"), ("--config=server.yaml",), ("--conf", "server.yaml")])
+def test_a_config_file_is_refused(args):
+    message = refusal(server_args=args)
+    assert "--config" in message and "cannot check" in message and "--server-arg" in message
+
+
+def test_compress_state_dtype_is_a_layout_setting():
+    plain = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4))
+    assert all(p.env["SGLANG_DSV4_COMPRESS_STATE_DTYPE"] == "float32" for p in plain.servers())  # SGLang's default
+    assert "env SGLANG_DSV4_COMPRESS_STATE_DTYPE: prefill=float32 decode=bf16" in refusal(
+        decode_env={"SGLANG_DSV4_COMPRESS_STATE_DTYPE": "bf16"})
+    both = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4,
+                             env={"SGLANG_DSV4_COMPRESS_STATE_DTYPE": "bf16"}))
+    assert both.layout_fingerprint != plain.layout_fingerprint
+
+
+def test_a_user_ucx_net_devices_is_kept_with_a_note():
+    topo = two_boxes("RTX PRO 6000", 8, TCP_ONLY_A, TCP_ONLY_B)
+    plan = make_plan(request(topo, range(8), range(8), 8, 8, phost="boxA", dhost="boxB",
+                             decode_env={"UCX_NET_DEVICES": "enp2s0"}))
+    prefill, decode = plan.servers()
+    assert prefill.env["UCX_NET_DEVICES"] == "eth0" and decode.env["UCX_NET_DEVICES"] == "enp2s0"
+    assert any("UCX_NET_DEVICES=enp2s0" in n and "decode-0" in n and "enp1s0 was not applied" in n
+               for n in plan.notes), plan.notes
+
+
+def test_ipv6_addresses_are_bracketed_in_urls():
+    topo = topology_from_dict({"hosts": [
+        {"name": "boxA", "address": "fd00::1", "gpu_model": "RTX PRO 6000", "gpu_count": 8, "nics": TCP_ONLY_A},
+        {"name": "boxB", "address": "fd00::2", "gpu_model": "RTX PRO 6000", "gpu_count": 8, "nics": TCP_ONLY_B}]})
+    plan = make_plan(request(topo, range(8), range(8), 8, 8, phost="boxA", dhost="boxB"))
+    prefill, decode = plan.servers()
+    assert prefill.url == "http://[fd00::1]:30000" and decode.health_url == "http://[fd00::2]:30000/health"
+    assert plan.router().url == "http://[fd00::1]:8000"
+    assert "http://[fd00::2]:30000" in plan.router().argv
