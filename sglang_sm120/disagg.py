@@ -12,11 +12,15 @@ such a process install:
   it with ``SGLANG_SM120_PD_LAYOUT`` (what the plan computed for both sides);
 - checks that ``SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS`` is a JSON object of strings (SGLang
   only finds out when the KV manager starts) and that ``nixl`` is importable;
-- checks that an explicit ``UCX_TLS`` lists a transport with a peer-failure handler (tcp, rc,
-  ud, dc): NIXL's UCX backend does not start with shared memory alone (measured, see
-  ``tests/sglang_sm120/pd/test_nixl_transfer.py``).
+- checks that an explicit ``UCX_TLS`` lists a transport with a peer-failure handler (tcp, ib and
+  the rc, ud and dc families, by any of UCX's names for them): NIXL's UCX backend does not start
+  with shared memory alone (measured, see ``tests/sglang_sm120/pd/test_nixl_transfer.py``).
 A failed check raises, which the seam registry records as ``failed`` with the reason and logs; the
 plugin never stops SGLang, so the log line is the signal.
+
+The planner refuses a plan whose NIXL/UCX settings fail :func:`nixl_settings_problems`, and
+``sglang-sm120 doctor`` runs :func:`environment_problems` in a PD server's environment: one check,
+three places.
 """
 
 from __future__ import annotations
@@ -31,8 +35,34 @@ from .seams import Seam
 
 logger = logging.getLogger("sglang_sm120")
 
-# transports that can carry NIXL's UCX wire-up/active messages with peer error handling
-PEER_FAILURE_CAPABLE_TLS = ("tcp", "rc", "rc_x", "rc_v", "ud", "ud_x", "ud_v", "dc", "dc_x", "all")
+# UCX_TLS names whose transports carry NIXL's UCX wire-up and active messages with peer error handling, as
+# families, so that UCX's aliases and device-specific names count: tcp, ib (rc_verbs, ud_verbs, rc_mlx5, ud_mlx5,
+# dc_mlx5), all, and every name of the rc, ud and dc families (rc, rc_x, rc_v, rc_mlx5, rc_verbs, ud_x, ud_mlx5,
+# dc_x, dc_mlx5, ...). The alias table is UCX's own (openucx/ucx src/ucp/core/ucp_context.c, ucp_tl_aliases, read
+# there; the UCX FAQ's "transports and aliases" list, from memory, agrees). Shared memory (sm, shm, mm, posix, sysv,
+# xpmem, cma, knem), self and the GPU transports (cuda, cuda_copy, cuda_ipc, gdr_copy) have no such handler.
+PEER_FAILURE_TL_NAMES = ("tcp", "ib", "all")
+PEER_FAILURE_TL_FAMILIES = ("rc", "ud", "dc")
+
+
+def has_peer_failure_handler(entry: str) -> bool:
+    """Whether one ``UCX_TLS`` entry names a transport (or alias) with a peer-failure handler."""
+    # UCX reads '\rc_mlx5' as that exact transport, not an alias, and 'ud_mlx5:aux' as one "for auxiliary wireup
+    # purposes only" that carries none of the endpoints' lanes (ucp_context.c, ucp_config_is_tl_name_present and
+    # ucp_tls_array_is_present)
+    name, _, suffix = entry.strip().removeprefix("\\").partition(":")
+    if suffix:
+        return False
+    return name in PEER_FAILURE_TL_NAMES or name.split("_")[0] in PEER_FAILURE_TL_FAMILIES
+
+
+def pd_server_role(environ=None) -> str | None:
+    """'prefill' or 'decode' when ``environ`` is a PD server's from a plan, else None."""
+    from .pd.planner import ENV_ROLE
+
+    environ = os.environ if environ is None else environ
+    role = environ.get(ENV_ROLE)
+    return role if role in ("prefill", "decode") else None
 
 
 def _applies() -> str | None:
@@ -41,9 +71,43 @@ def _applies() -> str | None:
     role = os.environ.get(ENV_ROLE)
     if not role:
         return f"not a PD server started from a `sglang-sm120 pd` plan ({ENV_ROLE} unset)"
-    if role not in ("prefill", "decode"):
+    if pd_server_role() is None:
         return f"{ENV_ROLE}={role} is not a prefill or decode server"
     return None
+
+
+def nixl_settings_problems(environ) -> list[str]:
+    """Why NIXL's UCX backend would not start with the NIXL/UCX settings in ``environ`` (empty when it would).
+    The seam checks a running server with it; the planner refuses a plan with it."""
+    problems = []
+    raw = environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}")
+    try:
+        params = json.loads(raw)
+        if not isinstance(params, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
+            raise ValueError("not an object of string values")
+    except ValueError as exc:
+        problems.append(f"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS={raw!r} is not a JSON object of strings ({exc}); "
+                        "SGLang's NIXL connector would refuse it at start-up")
+    tls = environ.get("UCX_TLS", "")
+    if tls and not tls.startswith("^"):  # '^...' excludes transports: what is left depends on the machine
+        if not any(has_peer_failure_handler(t) for t in tls.split(",")):
+            problems.append(f"UCX_TLS={tls} has no transport with a peer-failure handler (tcp, ib, rc*, ud*, dc*); "
+                            "NIXL's UCX backend cannot create its endpoints with shared memory or GPU copies alone")
+    return problems
+
+
+def environment_problems(environ) -> list[str]:
+    """The checks that need only the environment (all but the KV-layout comparison, which needs the server's
+    command line): what ``sglang-sm120 doctor`` can check outside a server."""
+    from .pd.planner import ENV_LAYOUT
+
+    problems = []
+    if not environ.get(ENV_LAYOUT):
+        problems.append(f"{ENV_LAYOUT} is unset, so this server's KV-layout settings cannot be compared with its peer's")
+    problems += nixl_settings_problems(environ)
+    if importlib.util.find_spec("nixl") is None:
+        problems.append("nixl is not installed: pip install 'sglang-sm120[pd]'")
+    return problems
 
 
 def check_pd_environment(environ=None, argv=None) -> list[str]:
@@ -55,31 +119,13 @@ def check_pd_environment(environ=None, argv=None) -> list[str]:
     problems = []
     planned = environ.get(ENV_LAYOUT)
     actual = layout_fingerprint(dict(environ), tuple(argv))
-    if not planned:
-        problems.append(f"{ENV_LAYOUT} is unset, so this server's KV-layout settings cannot be compared with its peer's")
-    elif planned != actual:
+    if planned and planned != actual:
         flags = _flag_values(tuple(argv))
         current = [f"{k}={environ.get(k, '(unset)')}" for k in LAYOUT_ENV]
         current += [f"{a}={flags[a]}" for a in LAYOUT_ARGS if a in flags]
         problems.append(f"KV-layout settings drifted from the plan (fingerprint {actual}, planned {planned}); this "
                         f"process has {', '.join(current)}; re-run `sglang-sm120 pd plan` and start both sides from it")
-    raw = environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}")
-    try:
-        params = json.loads(raw)
-        if not isinstance(params, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
-            raise ValueError("not an object of string values")
-    except ValueError as exc:
-        problems.append(f"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS={raw!r} is not a JSON object of strings ({exc}); "
-                        "SGLang's NIXL connector would refuse it at start-up")
-    tls = environ.get("UCX_TLS", "")
-    if tls and not tls.startswith("^"):
-        names = {t.strip() for t in tls.split(",")}
-        if not names & set(PEER_FAILURE_CAPABLE_TLS):
-            problems.append(f"UCX_TLS={tls} has no transport with a peer-failure handler (tcp, rc, ud, dc); NIXL's UCX "
-                            "backend cannot create its endpoints with shared memory alone")
-    if importlib.util.find_spec("nixl") is None:
-        problems.append("nixl is not installed: pip install 'sglang-sm120[pd]'")
-    return problems
+    return problems + environment_problems(environ)
 
 
 def _install() -> None:

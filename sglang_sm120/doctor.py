@@ -2,7 +2,9 @@
 
 Works without a GPU. Exit code 0 when the install is usable (supported SGLang, torch and Triton
 import), non-zero with the reason when it is not. A machine without an sm_12x GPU is usable (the
-kernels can be checked there) but the seams stay inactive unless ``SGLANG_SM120_FORCE=1``.
+kernels can be checked there) but the seams stay inactive unless ``SGLANG_SM120_FORCE=1``. In a PD
+server's environment (``SGLANG_SM120_PD_ROLE`` from a plan) it also runs the ``disagg`` seam's checks
+that need only the environment; their problems make the verdict not usable.
 """
 
 from __future__ import annotations
@@ -83,6 +85,27 @@ def seam_decisions(gpu: tuple[bool, str]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def disagg_environment_check(environ=os.environ) -> tuple[list[str], list[str]]:
+    """(lines, problems) of the disagg seam's checks when ``environ`` is a PD server's from a plan; nothing otherwise.
+    doctor sees this environment but no server's command line, so the check that needs one is skipped, and said so."""
+    from . import disagg
+    from .pd.planner import ENV_LAYOUT, ENV_NAME, ENV_ROLE, LAYOUT_ARGS
+
+    role = disagg.pd_server_role(environ)
+    if role is None:
+        return [], []
+    problems = disagg.environment_problems(environ)
+    lines = [f"PD server environment ({ENV_ROLE}={role}, {ENV_NAME}={environ.get(ENV_NAME, '')}): the disagg "
+             "seam's checks",
+             f"checked: {ENV_LAYOUT} set, SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS, UCX_TLS, nixl installed"
+             + ("" if problems else ": ok")]
+    lines += [f"problem: {p}" for p in problems]
+    lines.append(f"skipped: KV-layout drift from the plan: {ENV_LAYOUT} hashes this environment together with the "
+                 f"server's command line ({', '.join(LAYOUT_ARGS)}), which doctor cannot see; each server's disagg "
+                 "seam compares it when it starts")
+    return lines, problems
+
+
 def run(out: Callable[[str], None] = print) -> int:
     # doctor reports seam failures itself; keep the plugin's tracebacks out of its output
     plugin_logger = logging.getLogger("sglang_sm120")
@@ -139,6 +162,13 @@ def _report(out: Callable[[str], None]) -> int:
                 problems.append(f"seam {name} failed: {reason}")
     except Exception as exc:
         problems.append(f"seam registry failed: {type(exc).__name__}: {exc}")
+    try:
+        pd_lines, pd_problems = disagg_environment_check()
+    except Exception as exc:  # a report, never a crash
+        pd_lines, pd_problems = [], [f"checks failed: {type(exc).__name__}: {exc}"]
+    for line in pd_lines:
+        out(f"    {line}")
+    problems += [f"disagg (PD server environment): {p}" for p in pd_problems]
 
     pd_rows = _pd_rows()
     if pd_rows:

@@ -32,6 +32,7 @@ import math
 import shlex
 import sys
 
+from ..disagg import nixl_settings_problems
 from ..kernels import dsv4
 from .topology import Host, Topology, TopologyError
 
@@ -66,6 +67,8 @@ CHECKED_ARGS = (*PLANNER_OWNED_ARGS, *FOOTPRINT_ARGS, CONFIG_ARG, *LAYOUT_ARGS)
 ENV_ROLE = "SGLANG_SM120_PD_ROLE"
 ENV_NAME = "SGLANG_SM120_PD_NAME"
 ENV_LAYOUT = "SGLANG_SM120_PD_LAYOUT"  # fingerprint of the layout settings; the disagg seam re-checks it
+
+LOOPBACK = "127.0.0.1"  # where a one-host plan's processes listen and are reached
 
 # --- memory fit ---------------------------------------------------------------------------------
 
@@ -482,7 +485,14 @@ def make_plan(req: PlanRequest) -> Plan:
         _check_port(port, what)
 
     multi_host = len({prefill_host.name, decode_host.name, router_host.name}) > 1
-    bind = "0.0.0.0" if multi_host else "127.0.0.1"
+    # One host: every process listens on loopback and is reached there (health checks, router targets, the bootstrap
+    # host the router hands decode), whatever address the topology gives the host: nothing has to leave the box, and
+    # the servers' unauthenticated APIs stay off the network. Across hosts: every interface, reached at each host's
+    # address. Either way a process is reachable at the URL the plan gives for it.
+    bind = "0.0.0.0" if multi_host else LOOPBACK
+
+    def reached_at(host: Host) -> str:
+        return host.address if multi_host else LOOPBACK
 
     # settings shared by both sides; a user value for a planned key wins only if it is the same on both
     prefill_hosts = {prefill_host.name: set(req.prefill.gpus)}
@@ -517,6 +527,13 @@ def make_plan(req: PlanRequest) -> Plan:
     user_env_keys = {"prefill": set(req.env) | set(req.prefill_env), "decode": set(req.env) | set(req.decode_env)}
     side_args = {"prefill": tuple(req.server_args) + tuple(req.prefill_args),
                  "decode": tuple(req.server_args) + tuple(req.decode_args)}
+
+    # NIXL/UCX settings the disagg seam would report as broken in every server are refused now, in its words
+    broken = {role: nixl_settings_problems(side_env[role]) for role in ("prefill", "decode")}
+    if any(broken.values()):
+        whose = " and ".join(role for role, problems in broken.items() if problems)
+        raise PlanError(f"the {whose} servers' NIXL/UCX settings would not work: "
+                        + "; ".join(dict.fromkeys(p for problems in broken.values() for p in problems)))
 
     # the two sides must agree on everything that decides the KV bytes
     disagreements = []
@@ -573,7 +590,8 @@ def make_plan(req: PlanRequest) -> Plan:
                 else:
                     env[s.name] = s.value
             env.update({ENV_ROLE: role, ENV_NAME: name, ENV_LAYOUT: fingerprint})
-            processes.append(PlannedProcess(name, role, host.name, host.address, argv, env, port, gpus, bootstrap))
+            processes.append(PlannedProcess(name, role, host.name, reached_at(host), argv, env, port, gpus,
+                                            bootstrap))
     claim(router_host, req.router_port, "router")
     router_argv = [req.python, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
     for p in processes:
@@ -583,7 +601,7 @@ def make_plan(req: PlanRequest) -> Plan:
         if p.role == "decode":
             router_argv += ["--decode", p.url]
     router_argv += ["--host", bind, "--port", str(req.router_port)]
-    processes.append(PlannedProcess("router", "router", router_host.name, router_host.address, router_argv,
+    processes.append(PlannedProcess("router", "router", router_host.name, reached_at(router_host), router_argv,
                                     {ENV_ROLE: "router", ENV_NAME: "router"}, req.router_port))
     settings.append(Setting(ENV_LAYOUT, fingerprint, "hash of the KV-layout settings; the plugin's disagg seam "
                             "re-computes it in each server process and marks itself failed, with an error in the log, if the "
@@ -591,4 +609,9 @@ def make_plan(req: PlanRequest) -> Plan:
     if multi_host:
         notes.append("servers bind 0.0.0.0 because the router and the peer box reach them by address; "
                      "run each host's commands there (pd launch --local-host NAME)")
+    else:
+        note = f"one host: every process binds {LOOPBACK} and is reached there; the router answers on this machine only"
+        if prefill_host.address != LOOPBACK:
+            note += f"; host {prefill_host.name}'s address {prefill_host.address} is for plans spanning hosts"
+        notes.append(note)
     return Plan(processes, settings, notes, fingerprint)

@@ -106,3 +106,22 @@ def test_registry_marks_the_seam_active_or_failed(planned_decode, monkeypatch, c
     registry.reset()
     registry.apply_all(environ=forced, gpu=(False, "no CUDA device"))
     assert seam.state is SeamState.NOT_APPLICABLE
+
+
+# UCX_TLS entries as UCX reads them (openucx/ucx src/ucp/core/ucp_context.c, ucp_tl_aliases): device-specific
+# transport names, aliases, a leading '\' (that exact transport, not an alias) and ':aux' (wire-up only)
+@pytest.mark.parametrize("tls", ["rc_mlx5", "rc_verbs", "dc_mlx5", "ud_mlx5", "ud_verbs", "ib", "rc_x", "dc_x", "ud_x",
+                                 "rc_v", "ud_v", "rc", "ud", "dc", "tcp", "all", "sm,rc_mlx5,cuda_copy",
+                                 "cuda_copy, tcp", "\\rc_mlx5,cuda_copy", "^sm"])
+def test_ucx_transports_with_a_peer_failure_handler_pass(planned_decode, tls):
+    env, argv = planned_decode
+    problems = disagg.check_pd_environment({**env, "UCX_TLS": tls}, argv)
+    assert not any("peer-failure" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("tls", ["sm", "shm", "posix,sysv,xpmem,cma,knem", "self", "cuda", "cuda_copy,cuda_ipc",
+                                 "gdr_copy", "sm,cuda_copy", "sm,ud_mlx5:aux,cuda_copy", "rcache,udp,dcx"])
+def test_ucx_transports_without_a_peer_failure_handler_are_reported(planned_decode, tls):
+    env, argv = planned_decode
+    problems = disagg.check_pd_environment({**env, "UCX_TLS": tls}, argv)
+    assert any(f"UCX_TLS={tls} has no transport with a peer-failure handler" in p for p in problems), problems

@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from sglang_sm120 import doctor, plugin
+from sglang_sm120.pd.planner import PlanRequest, SideRequest, make_plan
+from sglang_sm120.pd.topology import topology_from_dict
 from sglang_sm120.seams import SEAM_NAMES
 
 
@@ -52,3 +54,59 @@ def test_doctor_fails_on_unsupported_sglang(monkeypatch):
 @pytest.mark.parametrize("gpus,tp", [(0, 1), (1, 1), (2, 2), (3, 2), (4, 4), (8, 8), (16, 8)])
 def test_suggested_tensor_parallel_size(gpus, tp):
     assert doctor.suggested_tp(gpus) == tp
+
+
+@pytest.fixture
+def pd_server_env(monkeypatch):
+    """This shell as a planned decode server's: its environment (a server's argv doctor cannot see)."""
+    topo = topology_from_dict({"hosts": [{"name": "box", "gpu_model": "RTX PRO 6000", "gpu_count": 8}]})
+    plan = make_plan(PlanRequest(topo, "/m", SideRequest(None, (0, 1, 2, 3), 4), SideRequest(None, (4, 5, 6, 7), 4)))
+    for key, value in plan.servers()[1].env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(doctor, "_pd_rows", lambda: [])  # the nixl probe is not what these tests are about
+    return monkeypatch
+
+
+def seams_section(lines):
+    start = lines.index(next(line for line in lines if line.startswith("Seams")))
+    return "\n".join(lines[start:lines.index("", start)])
+
+
+def test_doctor_runs_the_disagg_checks_in_a_pd_server_environment(pd_server_env):
+    lines = []
+    assert doctor.run(out=lines.append) == 0
+    seams = seams_section(lines)
+    assert "SGLANG_SM120_PD_ROLE=decode" in seams and "decode-0" in seams
+    assert re.search(r"^    checked: .*UCX_TLS", seams, re.M), seams
+    # what doctor cannot check is named, with the reason
+    assert re.search(r"^    skipped: KV-layout .*command line", seams, re.M), seams
+
+
+def test_doctor_reports_the_disagg_seams_problems(pd_server_env):
+    pd_server_env.setenv("UCX_TLS", "sm,cuda_copy")
+    pd_server_env.setenv("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "peer")
+    lines = []
+    assert doctor.run(out=lines.append) == 1
+    seams = seams_section(lines)
+    assert "problem: UCX_TLS=sm,cuda_copy has no transport with a peer-failure handler" in seams
+    assert "problem: SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS='peer' is not a JSON object of strings" in seams
+    verdict = "\n".join(lines[lines.index("NOT USABLE:"):])
+    assert "UCX_TLS=sm,cuda_copy" in verdict
+
+
+def test_doctor_checks_a_pd_server_environment_without_nixl(pd_server_env):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    pd_server_env.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nixl" else find_spec(name, *a))
+    lines = []
+    assert doctor.run(out=lines.append) == 1
+    assert "problem: nixl is not installed: pip install 'sglang-sm120[pd]'" in seams_section(lines)
+
+
+def test_doctor_runs_no_disagg_checks_outside_a_pd_server(monkeypatch):
+    monkeypatch.delenv("SGLANG_SM120_PD_ROLE", raising=False)
+    monkeypatch.setattr(doctor, "_pd_rows", lambda: [])
+    lines = []
+    assert doctor.run(out=lines.append) == 0
+    assert not any(line.startswith("    ") for line in seams_section(lines).splitlines())

@@ -1,5 +1,5 @@
 """A stand-in for ``python -m sglang.launch_server`` / ``python -m sglang_router.launch_router`` in the
-launcher tests: serves ``/health`` on ``--port`` of 127.0.0.1, starts a grandchild process in its
+launcher tests: serves ``/health`` on ``--host`` (default 127.0.0.1) ``--port`` as SGLang would, starts a grandchild process in its
 own process group (to prove the launcher leaves no orphans), and records what happens as JSON lines
 in ``$STANDIN_LOG``. Its name comes from ``SGLANG_SM120_PD_NAME`` (set by the planner).
 
@@ -59,7 +59,7 @@ def main(argv):
         exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
         return 0
     module = arg(argv, "-m")
-    port = int(arg(argv, "--port"))
+    host, port = arg(argv, "--host", "127.0.0.1"), int(arg(argv, "--port"))
     extra = {}
     if module == "sglang_router.launch_router":
         urls = [argv[i + 1] for i, a in enumerate(argv) if a in ("--prefill", "--decode")]
@@ -79,9 +79,9 @@ def main(argv):
     else:
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
+    server = http.server.ThreadingHTTPServer((host, port), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    print(f"{NAME}: {module} listening on 127.0.0.1:{port}", flush=True)
+    print(f"{NAME}: {module} listening on {host}:{port}", flush=True)
     die = os.environ.get("STANDIN_DIE", "")
     if die.startswith(NAME + ":"):
         _, after, code = die.split(":")

@@ -77,12 +77,15 @@ def fake_python(tmp_path):
     return path
 
 
-def launch_cli(fake_python, tmp_path, env_extra, *extra_args):
+ONE_BOX_FLAGS = ("--gpu-model", "RTX PRO 6000", "--gpu-count", "2")
+
+
+def launch_cli(fake_python, tmp_path, env_extra, *extra_args, where=ONE_BOX_FLAGS):
     base = free_port_block(4)
     log = tmp_path / "events.jsonl"
     env = {**os.environ, "STANDIN_LOG": str(log), **env_extra}
     cmd = [sys.executable, "-m", "sglang_sm120.pd.cli", "pd", "launch", "--model-path", "/models/dsv4",
-           "--gpu-model", "RTX PRO 6000", "--gpu-count", "2", "--split", "1+1", "--model-weights-gib", "1",
+           *where, "--split", "1+1", "--model-weights-gib", "1",
            "--python", str(fake_python), "--http-port", str(base), "--bootstrap-port", str(base + 2),
            "--router-port", str(base + 3), "--health-timeout", "60", "--grace", "3", *extra_args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -147,6 +150,29 @@ def test_cli_launch_forwards_sigterm_and_leaves_no_orphans(fake_python, tmp_path
     assert code == 128 + signal.SIGTERM, out
     assert "received SIGTERM; forwarding it to every process" in out
     assert {e["name"] for e in events(log) if e["event"] == "term"} == {"prefill-0", "decode-0", "router"}
+    assert_nothing_left(log)
+
+
+def test_a_one_host_plan_is_reached_where_it_binds(fake_python, tmp_path):
+    # the file names the host by an address that is not this machine's loopback (192.0.2.1, a documentation
+    # address); the servers bound 127.0.0.1 while the health checks and the router went to 192.0.2.1
+    topology = tmp_path / "box.json"
+    topology.write_text(json.dumps({"hosts": [{"name": "box", "address": "192.0.2.1", "gpu_model": "RTX PRO 6000",
+                                               "gpu_count": 2}]}))
+    proc, lines, reader, log, base = launch_cli(fake_python, tmp_path, {}, "--health-timeout", "15",
+                                                where=("--topology", str(topology)))
+    try:
+        wait_for(lines, "all processes are up", timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    reader.join(5)
+    router = next(e for e in events(log) if e["event"] == "start" and e["name"] == "router")
+    assert router["servers_healthy_at_start"] is True
+    assert router["urls"] == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
     assert_nothing_left(log)
 
 

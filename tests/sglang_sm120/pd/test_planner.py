@@ -1,6 +1,7 @@
 """The PD planner over a table of topologies, and its refusals of bad inputs."""
 
 import json
+import urllib.parse
 
 import pytest
 
@@ -126,7 +127,8 @@ def test_several_servers_per_side_get_their_own_gpus_and_ports():
                      ("router", (), 8000, None)]
     router = plan.router().argv
     assert router.count("--prefill") == 2 and router.count("--decode") == 2
-    assert router[router.index("--prefill") + 1:router.index("--prefill") + 3] == ["http://10.0.0.1:30000", "8998"]
+    # one host: the router reaches the servers on loopback, where they bind (not at the file's 10.0.0.1)
+    assert router[router.index("--prefill") + 1:router.index("--prefill") + 3] == ["http://127.0.0.1:30000", "8998"]
 
 
 def test_partial_p2p_matrix_falls_back_to_host_staging_and_names_the_pair():
@@ -381,3 +383,50 @@ def test_ipv6_addresses_are_bracketed_in_urls():
     assert prefill.url == "http://[fd00::1]:30000" and decode.health_url == "http://[fd00::2]:30000/health"
     assert plan.router().url == "http://[fd00::1]:8000"
     assert "http://[fd00::2]:30000" in plan.router().argv
+
+
+# --- every process is reachable at the URL the plan gives for it ----------------------------------
+
+def test_a_one_host_plan_binds_where_its_urls_point():
+    # the file gives box0 the address 10.0.0.1; a one-host plan bound 127.0.0.1 but named 10.0.0.1 in its health
+    # URLs and router targets, where nothing listened
+    plan = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 2, 2))
+    for proc in plan.processes:
+        assert urllib.parse.urlsplit(proc.url).hostname == argv_value(proc, "--host") == "127.0.0.1", proc.name
+        assert proc.health_url == proc.url + "/health"
+    router = plan.router().argv
+    targets = [router[i + 1] for i, a in enumerate(router) if a in ("--prefill", "--decode")]
+    assert targets == [p.url for p in plan.servers()]
+    assert any("10.0.0.1" in n and "127.0.0.1" in n for n in plan.notes), plan.notes
+
+
+def test_a_plan_spanning_hosts_binds_every_interface_and_names_each_host_by_its_address():
+    plan = make_plan(request(two_boxes("RTX PRO 6000", 8, TCP_ONLY_A, TCP_ONLY_B), range(8), range(8), 8, 8,
+                             phost="boxA", dhost="boxB"))
+    for proc in plan.processes:
+        assert argv_value(proc, "--host") == "0.0.0.0"  # the wildcard listens on the address the URL names
+        assert urllib.parse.urlsplit(proc.url).hostname == {"boxA": "10.0.0.1", "boxB": "10.0.0.2"}[proc.host]
+
+
+# --- NIXL/UCX settings the disagg seam would report as broken are refused up front ----------------
+
+@pytest.mark.parametrize("env,message", [
+    ({"UCX_TLS": "sm,cuda_copy"}, "UCX_TLS=sm,cuda_copy has no transport with a peer-failure handler"),
+    ({"UCX_TLS": "cuda_ipc,cuda_copy,gdr_copy,self"}, "has no transport with a peer-failure handler"),
+    ({"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS": '{"num_threads": 8}'}, "is not a JSON object of strings"),
+    ({"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS": "peer"}, "is not a JSON object of strings"),
+    ({"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS": '["ucx_error_handling_mode"]'}, "is not a JSON object of strings"),
+])
+def test_nixl_settings_the_seam_would_report_are_refused(env, message):
+    from sglang_sm120 import disagg
+
+    text = refusal(env=env)
+    assert message in text
+    # the same words as the seam's report in a server started with them
+    assert all(p in text for p in disagg.nixl_settings_problems(env))
+
+
+@pytest.mark.parametrize("tls", ["rc_mlx5,cuda_copy", "ib,cuda_copy", "dc_x,cuda_copy", "sm,ud_verbs,cuda_copy"])
+def test_ucx_transport_names_with_a_peer_failure_handler_are_planned(tls):
+    plan = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4, env={"UCX_TLS": tls}))
+    assert all(p.env["UCX_TLS"] == tls for p in plan.servers())
