@@ -1319,8 +1319,9 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
 
 
 # (B, positions) whose page-max logits kernel the AOT check compiles
-PAGE_MAX_AOT_SHAPES = ((1, 65536), (16, 65536), (64, 65536))
-PAGE_MAX_OVERLAP_AOT_SHAPES = ((32, 65536),)  # the overlap form's bucket (B 17-32 x 32769-65536)
+PAGE_MAX_AOT_SHAPES = ((1, 65536), (16, 65536), (32, 32768), (64, 65536))
+# the overlap form's buckets (B 17-32 x 32769-65536; B 33-64 x 16385-65536 with the lean register finish)
+PAGE_MAX_OVERLAP_AOT_SHAPES = ((32, 65536), (64, 65536))
 
 
 def page_max_consts(batch: int, max_seq_len: int, overlap_programs: int = 0) -> dict:
@@ -1774,6 +1775,34 @@ _PAGE_MAX_UNFUSED_2XW = Plan("two_kernel", select=_PAGE_MAX, unfused_select=_BIT
 _PAGE_MAX_UNFUSED_CHUNK8K = Plan("two_kernel", select=_PAGE_MAX, unfused_select=_CHUNK8K)
 _PAGE_MAX_OVERLAP = SelectForm(method="histogram", threshold="page_max", overlap_programs=PAGE_MAX_OVERLAP_PROGRAMS)
 #
+# H200 runs 21 / 22 (benchmarks/indexer-h200-run21.md, -run22.md, us, logits + top-512, 0 violations): the overlap form
+# with the lean register finish (a row's candidate list finished in registers, the split programs without their
+# first-digit atomics) against the defaults of the time:
+#
+#   B   context  positions  default               overlap 2048  overlap 2048 + lean
+#   64  256K     65536      183.5 / 184.0 (pmax)  180.8 / 181.6 173.6 / 175.0  <- 1.057x / 1.051x
+#   48  256K     65536      144.5 (pmax)          140.8         135.8          <- 1.064x
+#   40  256K     65536      124.0 (pmax)          119.9         116.5          <- 1.065x
+#   64  128K     32768      104.8 (pmax)          102.3         99.3           <- 1.055x
+#   64  96K      24576      86.1 (pmax)           81.4          81.2           <- 1.060x
+#   32  256K     65536      98.2 / 98.9 (overlap) -             96.4 / 97.3    (1.018x / 1.016x: under the 2 % bar)
+#   24  256K     65536      78.2 (overlap)        -             78.7
+#
+# Without the overlap the register finish lost everywhere (1-18 %, run 21). Run 22 also found B=32 x 128K (32768
+# positions) on the chunked search at 78.0 us against 61.8 with the page max its neighbours take (1.26x): that bucket
+# now takes the page max too. Run 23 (indexer-h200-run23.md, the new defaults against the forms they replaced):
+#
+#   B   context  positions  new default          replaced             overlap 2048
+#   36  256K     65536      105.9 (overlap+lean) 113.1 (pmax)         108.1
+#   64  256K     65536      173.5 (overlap+lean) 182.8 (pmax)         180.7
+#   64  80K      20480      71.8 (overlap+lean)  76.0 (pmax)          71.2
+#   33  128K     32768      63.3 (overlap+lean)  62.8 (pmax)          62.7   (the bucket's corner: level)
+#   64  64K+4    16385      64.6 (overlap+lean)  64.3 (pmax)          64.0   (level)
+#   32  128K     32768      61.6 (pmax)          78.4 (chunked search)
+#   24  128K     32768      51.8 (pmax)          68.4 (chunked search)
+#   20  96K      24576      39.2 (pmax)          58.3 (chunked search)
+_PAGE_MAX_OVERLAP_LEAN = dataclasses.replace(_PAGE_MAX_OVERLAP, finish="registers_lean")
+#
 # H200 runs 18 / 19 (benchmarks/indexer-h200-run19-summary.md, us, same run, 0 violations): the rank select (every
 # pair of a row's positions compared in one launch, the selection listed best first) against the defaults of the
 # time, logits + top-512:
@@ -1813,10 +1842,10 @@ PLAN_TABLE: tuple[tuple[int, int, Plan], ...] = (
     (INDEX_MAX_BATCH, 16384, _HIST_UNFUSED_CHUNK8K),
     (16, 32768, _PAGE_MAX_UNFUSED_CHUNK8K),
     (8, 65536, _PAGE_MAX_UNFUSED_CHUNK8K),
-    (32, 32768, Plan("two_kernel", select=_CHUNK8K)),
+    (32, 32768, _PAGE_MAX_UNFUSED_CHUNK8K),  # run 22 (the chunked search before)
     (16, 65536, _PAGE_MAX_UNFUSED_CHUNK8K),
     (32, 65536, Plan("two_kernel", select=_PAGE_MAX_OVERLAP, unfused_select=_CHUNK8K)),  # run 14
-    (64, 65536, _PAGE_MAX_UNFUSED_CHUNK8K),
+    (64, 65536, Plan("two_kernel", select=_PAGE_MAX_OVERLAP_LEAN, unfused_select=_CHUNK8K)),  # runs 21 / 22
     (INDEX_MAX_BATCH, 65536, _HIST_UNFUSED_CHUNK8K),
     (INDEX_MAX_BATCH, INDEX_MAX_COMPRESSED_LEN, Plan("two_kernel", select=_BITWISE)),
 )

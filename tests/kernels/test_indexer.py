@@ -560,8 +560,10 @@ PLAN_BUCKETS = [
     (1, 8193, "histogram"), (2, 8193, "histogram"), (1, 16384, "histogram"), (3, 16384, "hist1"),
     (4, 8192, "bitwise"), (3, 8193, "hist1"), (4, 16384, "hist1"), (4, 16385, "histogram"), (4, 40000, "histogram"),
     (1, 65536, "histogram"), (8, 32768, "page_max"), (5, 16385, "page_max"), (16, 32768, "page_max"),
-    (32, 32768, "chunk8k"), (8, 65536, "page_max"), (16, 65536, "page_max"), (9, 32769, "page_max"),
-    (17, 65536, "page_max_overlap"), (32, 32769, "page_max_overlap"), (33, 65536, "page_max"), (64, 16385, "page_max"), (64, 65536, "page_max"), (65, 65536, "histogram"),
+    (32, 32768, "page_max"), (17, 16385, "page_max"), (8, 65536, "page_max"), (16, 65536, "page_max"),
+    (9, 32769, "page_max"), (17, 65536, "page_max_overlap"), (32, 32769, "page_max_overlap"),
+    (33, 65536, "page_max_overlap_lean"), (64, 16385, "page_max_overlap_lean"), (64, 65536, "page_max_overlap_lean"),
+    (65, 65536, "histogram"),
     (65, 16385, "histogram"), (128, 32768, "histogram"), (8, 16384, "bitwise_2xw"), (9, 8193, "hist1"),
     (16, 8192, "bitwise_2xw"), (16, 16384, "hist1"), (17, 16384, "page_max"), (32, 8193, "page_max"),
     (32, 8192, "bitwise_2xw"), (17, 4096, "bitwise_2xw"), (64, 16384, "page_max"), (33, 8193, "page_max"),
@@ -574,6 +576,9 @@ FORMS_BY_NAME = {"bitwise": ix.SelectForm(), "bitwise_2xw": ix.SelectForm(warps_
                  "page_max": ix.SelectForm(method="histogram", threshold="page_max"),
                  "page_max_overlap": ix.SelectForm(method="histogram", threshold="page_max",
                                                    overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
+                 "page_max_overlap_lean": ix.SelectForm(method="histogram", threshold="page_max",
+                                                        overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS,
+                                                        finish="registers_lean"),
                  "rank_r8": ix.SelectForm(method="rank", rank_rows=8, warps_mul=2),
                  "rank_r16_w4": ix.SelectForm(method="rank", rank_rows=16)}
 
@@ -985,19 +990,22 @@ def test_one_or_two_short_rows_take_the_rank_select():
 
 
 def test_page_max_overlap_dispatch():
-    """Run 14: the overlap form with PAGE_MAX_OVERLAP_PROGRAMS logits programs only in the page-max bucket it won
-    (B 17-32 x 32769-65536 positions); B <= 16 and B 33-64 there keep the default grid, shorter rows their forms.
-    overlap_programs belongs to the page-max threshold alone."""
+    """Run 14: the overlap form with PAGE_MAX_OVERLAP_PROGRAMS logits programs in the page-max bucket it won
+    (B 17-32 x 32769-65536 positions); runs 21 / 22: with the lean register finish at B 33-64 x 16385-65536; run 22:
+    B 17-32 x 16385-32768 on the page max without the overlap. B <= 16 keeps the default grid, shorter rows their
+    forms. overlap_programs belongs to the page-max threshold alone."""
     ov = ix.PAGE_MAX_OVERLAP_PROGRAMS
-    for batch, positions in ((17, 32769), (32, 65536), (24, 40000)):
+    for batch, positions, finish in ((17, 32769, "histograms"), (32, 65536, "histograms"), (24, 40000, "histograms"),
+                                     (33, 16385, "registers_lean"), (40, 40000, "registers_lean"),
+                                     (64, 65536, "registers_lean")):
         form = ix.choose_plan(batch, positions).select
-        assert (form.threshold, form.overlap_programs) == ("page_max", ov)
+        assert (form.threshold, form.overlap_programs, form.finish) == ("page_max", ov, finish)
         assert ix.choose_plan(batch, positions).scores_select.method == "search"
         assert ix.page_max_consts(batch, positions, ov)["ROW_MAJOR"]
         assert ix.page_max_consts(batch, positions, ov)["NPM"] <= ix.PAGE_MAX_KEYS
-    for batch, positions in ((16, 65536), (33, 65536), (64, 65536), (9, 40000)):
+    for batch, positions in ((16, 65536), (9, 40000), (17, 16385), (32, 32768)):
         form = ix.choose_plan(batch, positions).select
-        assert (form.threshold, form.overlap_programs) == ("page_max", 0)
+        assert (form.threshold, form.overlap_programs, form.finish) == ("page_max", 0, "histograms")
     for batch, positions in ((32, 32768), (32, 16384), (1, 65536), (128, 65536)):
         assert ix.choose_plan(batch, positions).select.overlap_programs == 0
     assert not ix.page_max_consts(32, 65536)["ROW_MAJOR"]
