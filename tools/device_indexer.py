@@ -62,6 +62,11 @@ FORM_CATALOG = {
     "hist_pmax_lean": ix.SelectForm(method="histogram", threshold="page_max", finish="registers_lean"),
     "hist_pmax_ov2048_lean": ix.SelectForm(method="histogram", threshold="page_max", finish="registers_lean",
                                          overlap_programs=ix.PAGE_MAX_OVERLAP_PROGRAMS),
+    # round 34: the overlap form's program count with the lean finish (run 13 timed 1024 / 4096 with the histograms)
+    "hist_pmax_ov1024_lean": ix.SelectForm(method="histogram", threshold="page_max", finish="registers_lean",
+                                         overlap_programs=1024),
+    "hist_pmax_ov4096_lean": ix.SelectForm(method="histogram", threshold="page_max", finish="registers_lean",
+                                         overlap_programs=4096),
 }  # run 5a also timed a double-warp radix-4 search: no faster than the defaults; removed from the kernel
 # runs 18 / 19 (round 27): the rank select (every pair of positions of a row compared; no search rounds), by positions
 # per program and warps (_w4: 4 warps, else 8). Run 19 also timed a form listing the selection in position order (a
