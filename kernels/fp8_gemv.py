@@ -126,6 +126,20 @@ def rope_hoistable(width: int, head: int, rope: int) -> bool:
 
 
 @triton.jit
+def _freqs_row(freqs_ptr, pos, stride_freq, n_positions, freqs_poison_ptr):
+    """The inverse RoPE's freqs row of ``pos`` (a scalar or a tensor of positions). A position outside
+    [0, n_positions) reads the NaN row at ``freqs_poison_ptr`` instead: its output row comes out NaN rather than
+    from memory past the table (the kernels cannot raise without a host sync)."""
+    return tl.where(_position_in_table(pos, n_positions), freqs_ptr + pos.to(tl.int64) * stride_freq,
+                    freqs_poison_ptr)
+
+
+@triton.jit
+def _position_in_table(pos, n_positions):
+    return (pos >= 0) & (pos < n_positions)
+
+
+@triton.jit
 def _rope_chunk_factors(freq_row, rk, valid, HEAD: tl.constexpr, ROPE: tl.constexpr, WIDTH: tl.constexpr):
     """GemvConfig.rope_hoist: the inverse RoPE's per-column factors of a rope-bearing WIDTH-wide chunk (see
     rope_hoistable), loaded once per program before the K loop so that no chunk waits on the position -> freqs
@@ -267,7 +281,7 @@ def _weight_tile(w_desc, w_tile_ptrs, mask, pid_g, n0, k0, W_TMA: tl.constexpr, 
 
 @triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits", "num_groups"])
 def _block_fp8_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc,
+    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, freqs_poison_ptr, n_positions, w_desc,
     M, N, K,
     stride_xm, stride_xg,
     stride_wg, stride_wn,
@@ -305,13 +319,15 @@ def _block_fp8_gemv_kernel(
         for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), flatten=FLATTEN,
                              num_stages=W_TMA if W_TMA else None):
             tile, pid_k, pid_g = _work_item(item, tiles_per_group, num_splits)
-            _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+            _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+                       freqs_poison_ptr, n_positions, w_desc, M, N, K,
                        stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                        stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                        BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, USE_DOT, SWAP_AB, INV_ROPE, HEAD, ROPE,
                        PDL, PDL_LATE_TRIGGER, W_TMA, PERSISTENT, ROPE_HOIST)
     else:
-        _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+        _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+                   freqs_poison_ptr, n_positions, w_desc, M, N, K,
                    stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                    stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                    BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, IS_SPLIT, USE_DOT, SWAP_AB, INV_ROPE, HEAD, ROPE,
@@ -319,7 +335,8 @@ def _block_fp8_gemv_kernel(
 
 
 @triton.jit
-def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+               freqs_poison_ptr, n_positions, w_desc, M, N, K,
                stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                stride_freq, k_blocks_per_split, num_splits, tiles_per_group, pid, pid_k, pid_g,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
@@ -366,7 +383,7 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
         freq_rows = freqs_ptr
         if INV_ROPE:
             pos = tl.load(pos_ptr + rm, mask=m_mask, other=0)
-            freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
+            freq_rows = _freqs_row(freqs_ptr, pos[:, None], stride_freq, n_positions, freqs_poison_ptr)
             if ROPE_HOIST:
                 cos, signed_sin, is_rope = _rope_chunk_factors(freq_rows, rk[None, :], m_mask[:, None], HEAD, ROPE,
                                                                BLOCK_KI)
@@ -410,10 +427,10 @@ def _gemv_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, fr
         freq0 = freqs_ptr
         freq1 = freqs_ptr
         if INV_ROPE:
-            freq0 = freqs_ptr + tl.load(pos_ptr + row0).to(tl.int64) * stride_freq
+            freq0 = _freqs_row(freqs_ptr, tl.load(pos_ptr + row0), stride_freq, n_positions, freqs_poison_ptr)
             if BLOCK_M == 2:
                 pos1 = tl.load(pos_ptr + row1, mask=row1 < M, other=0)
-                freq1 = freqs_ptr + pos1.to(tl.int64) * stride_freq
+                freq1 = _freqs_row(freqs_ptr, pos1, stride_freq, n_positions, freqs_poison_ptr)
             if ROPE_HOIST:
                 cos0, signed_sin0, is_rope = _rope_chunk_factors(freq0, rk, row0 < M, HEAD, ROPE, BLOCK_KI)
                 if BLOCK_M == 2:
@@ -475,7 +492,8 @@ def _load_weight(w_desc, ptrs, mask, pid_g, n0, k0, EVICT_FIRST: tl.constexpr, W
 
 
 @triton.jit
-def _row_partial(w, s_cols, x_base, row, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k, k_mask, k_first,
+def _row_partial(w, s_cols, x_base, row, M, stride_xm, pos_ptr, freqs_ptr,
+                 freqs_poison_ptr, n_positions, stride_freq, k, k_mask, k_first,
                  INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr, WIDTH: tl.constexpr,
                  X_BROADCAST: tl.constexpr):
     """Row ``row``'s contribution of one K chunk: sum_k w[n, k] * (x[row, k] * scale(k)) in fp32, [BLOCK_N].
@@ -484,7 +502,8 @@ def _row_partial(w, s_cols, x_base, row, M, stride_xm, pos_ptr, freqs_ptr, strid
     X_BROADCAST, ``k`` / ``k_mask`` / ``s_cols`` come as [BLOCK_N, WIDTH] broadcasts (column offset 0), so
     the activation is loaded straight into the weight tile's register layout (no shared-memory layout
     conversion per row; the compiler loads each distinct address once per thread)."""
-    x = _row_activation(x_base, row, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k, k_mask, k_first, INV_ROPE,
+    x = _row_activation(x_base, row, M, stride_xm, pos_ptr, freqs_ptr,
+                        freqs_poison_ptr, n_positions, stride_freq, k, k_mask, k_first, INV_ROPE,
                         HEAD, ROPE, WIDTH)
     return _row_dot(w, x, s_cols, X_BROADCAST)
 
@@ -500,7 +519,8 @@ def _chunk_columns(k, k_mask, s_cols, rn, BLOCK_N: tl.constexpr, WIDTH: tl.const
 
 
 @triton.jit
-def _row_activation(x_base, row, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k, k_mask, k_first,
+def _row_activation(x_base, row, M, stride_xm, pos_ptr, freqs_ptr,
+                    freqs_poison_ptr, n_positions, stride_freq, k, k_mask, k_first,
                     INV_ROPE: tl.constexpr, HEAD: tl.constexpr, ROPE: tl.constexpr, WIDTH: tl.constexpr):
     """The bf16 activation of row ``row`` (zeros past M) over ``k`` for :func:`_row_partial`."""
     valid = row < M
@@ -508,7 +528,7 @@ def _row_activation(x_base, row, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, 
     if INV_ROPE:
         if (k_first % HEAD) + WIDTH > HEAD - ROPE:
             pos = tl.load(pos_ptr + row, mask=valid, other=0)
-            freq_row = freqs_ptr + pos.to(tl.int64) * stride_freq
+            freq_row = _freqs_row(freqs_ptr, pos, stride_freq, n_positions, freqs_poison_ptr)
     return _load_activation(x_base + row * stride_xm, freq_row, k, k_mask & valid, k_first, INV_ROPE, HEAD, ROPE,
                             WIDTH)
 
@@ -536,7 +556,7 @@ def _store_row(acc, row, M, y_row_ptr, part_row_ptr, rn, n_mask, IS_SPLIT: tl.co
 # Rows form: up to 8 rows share each dequantised weight tile in registers (CUDA-core FMAs).
 @triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits"])
 def _block_fp8_gemv_rows_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc,
+    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, freqs_poison_ptr, n_positions, w_desc,
     M, N, K,
     stride_xm, stride_xg,
     stride_wg, stride_wn,
@@ -612,7 +632,8 @@ def _block_fp8_gemv_rows_kernel(
     if X_FIRST:  # the one chunk in straight-line code (in the loop below Triton hoists the conversion above the loads)
         k = kb_begin * BLOCK_K + rk
         k_x, kx_mask, s_cols = _chunk_columns(k, k < k_stop, s_first, rn, BLOCK_N, BLOCK_KI, X_BROADCAST)
-        x0 = _row_activation(x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x, kx_mask,
+        x0 = _row_activation(x_base, row0, M, stride_xm, pos_ptr, freqs_ptr,
+                             freqs_poison_ptr, n_positions, stride_freq, k_x, kx_mask,
                              kb_begin * BLOCK_K, INV_ROPE, HEAD, ROPE, BLOCK_KI)
         acc0 += _row_dot(w_next.to(tl.float32), x0, s_cols, X_BROADCAST)
     for kb in tl.range(kb_end if X_FIRST else kb_begin, kb_end, K_UNROLL, num_stages=W_TMA if W_TMA else None):
@@ -635,28 +656,36 @@ def _block_fp8_gemv_rows_kernel(
             s_cols = tl.load(s_row + k // BLOCK_K, mask=k_mask, other=0.0)
         k_x, kx_mask, s_cols = _chunk_columns(k, k_mask, s_cols, rn, BLOCK_N, BLOCK_KI, X_BROADCAST)
         k_first = kb * BLOCK_K
-        acc0 += _row_partial(w, s_cols, x_base, row0, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x, kx_mask,
+        acc0 += _row_partial(w, s_cols, x_base, row0, M, stride_xm, pos_ptr, freqs_ptr,
+                             freqs_poison_ptr, n_positions, stride_freq, k_x, kx_mask,
                              k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 1:
-            acc1 += _row_partial(w, s_cols, x_base, row0 + 1, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+            acc1 += _row_partial(w, s_cols, x_base, row0 + 1, M, stride_xm, pos_ptr, freqs_ptr,
+                                 freqs_poison_ptr, n_positions, stride_freq, k_x,
                                  kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 2:
-            acc2 += _row_partial(w, s_cols, x_base, row0 + 2, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+            acc2 += _row_partial(w, s_cols, x_base, row0 + 2, M, stride_xm, pos_ptr, freqs_ptr,
+                                 freqs_poison_ptr, n_positions, stride_freq, k_x,
                                  kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 3:
-            acc3 += _row_partial(w, s_cols, x_base, row0 + 3, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+            acc3 += _row_partial(w, s_cols, x_base, row0 + 3, M, stride_xm, pos_ptr, freqs_ptr,
+                                 freqs_poison_ptr, n_positions, stride_freq, k_x,
                                  kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 4:
-            acc4 += _row_partial(w, s_cols, x_base, row0 + 4, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+            acc4 += _row_partial(w, s_cols, x_base, row0 + 4, M, stride_xm, pos_ptr, freqs_ptr,
+                                 freqs_poison_ptr, n_positions, stride_freq, k_x,
                                  kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 5:
-            acc5 += _row_partial(w, s_cols, x_base, row0 + 5, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+            acc5 += _row_partial(w, s_cols, x_base, row0 + 5, M, stride_xm, pos_ptr, freqs_ptr,
+                                 freqs_poison_ptr, n_positions, stride_freq, k_x,
                                  kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 6:
-            acc6 += _row_partial(w, s_cols, x_base, row0 + 6, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+            acc6 += _row_partial(w, s_cols, x_base, row0 + 6, M, stride_xm, pos_ptr, freqs_ptr,
+                                 freqs_poison_ptr, n_positions, stride_freq, k_x,
                                  kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
         if ROWS > 7:
-            acc7 += _row_partial(w, s_cols, x_base, row0 + 7, M, stride_xm, pos_ptr, freqs_ptr, stride_freq, k_x,
+            acc7 += _row_partial(w, s_cols, x_base, row0 + 7, M, stride_xm, pos_ptr, freqs_ptr,
+                                 freqs_poison_ptr, n_positions, stride_freq, k_x,
                                  kx_mask, k_first, INV_ROPE, HEAD, ROPE, BLOCK_KI, X_BROADCAST)
 
     _pdl_launch_dependents(PDL and PDL_LATE_TRIGGER)  # after the main loop: the epilogue overlaps the next launch
@@ -799,7 +828,7 @@ def _split_activation_e4m3(x, is_lo):
 
 @triton.jit(do_not_specialize=["M", "k_blocks_per_split", "num_splits", "num_groups"])
 def _block_fp8_gemv_fp8mma_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc,
+    x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, freqs_poison_ptr, n_positions, w_desc,
     M, N, K,
     stride_xm, stride_xg,
     stride_wg, stride_wn,
@@ -850,7 +879,8 @@ def _block_fp8_gemv_fp8mma_kernel(
                                         PDL_LATE_TRIGGER, PERSISTENT, not W_BEFORE_WAIT)
     if W_BEFORE_WAIT:
         tl.static_assert(K_UNROLL == ONE_SHOT_BLOCKS and JOIN and not CHAIN)
-        _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, M, N, K,
+        _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+                              freqs_poison_ptr, n_positions, M, N, K,
                               stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                               stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                               BLOCK_M, BLOCK_N, BLOCK_K, IS_SPLIT, INV_ROPE, HEAD, ROPE, PDL,
@@ -860,13 +890,15 @@ def _block_fp8_gemv_fp8mma_kernel(
         for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), flatten=FLATTEN,
                              num_stages=W_TMA if W_TMA else None):
             tile, pid_k, pid_g = _work_item(item, tiles_per_group, num_splits)
-            _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+            _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+                         freqs_poison_ptr, n_positions, w_desc, M, N, K,
                          stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                          stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                          BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, JOIN, IS_SPLIT, INV_ROPE, HEAD, ROPE, CHAIN, PDL,
                          PDL_LATE_TRIGGER, W_TMA, PERSISTENT, SPLIT_SUM_BATCH, ROPE_HOIST)
     else:
-        _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+        _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+                     freqs_poison_ptr, n_positions, w_desc, M, N, K,
                      stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                      stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                      BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, JOIN, IS_SPLIT, INV_ROPE, HEAD, ROPE, CHAIN, PDL,
@@ -874,7 +906,8 @@ def _block_fp8_gemv_fp8mma_kernel(
 
 
 @triton.jit
-def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, w_desc, M, N, K,
+def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+                 freqs_poison_ptr, n_positions, w_desc, M, N, K,
                  stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                  stride_freq, k_blocks_per_split, num_splits, tiles_per_group, pid, pid_k, pid_g,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
@@ -914,9 +947,14 @@ def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, 
     k_stop = tl.minimum(kb_end * BLOCK_K, K)
 
     freq_rows = freqs_ptr
+    row_in_table = x_valid
     if INV_ROPE:
         pos = tl.load(pos_ptr + x_row_ids, mask=x_valid, other=0)
-        freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
+        freq_rows = _freqs_row(freqs_ptr, pos[:, None], stride_freq, n_positions, freqs_poison_ptr)
+        if JOIN:  # the activation rows are the output rows
+            row_in_table = _position_in_table(pos, n_positions)
+        else:
+            row_in_table = _position_in_table(tl.load(pos_ptr + rm, mask=rm < M, other=0), n_positions)
         if ROPE_HOIST:
             cos, signed_sin, is_rope = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE,
                                                            BLOCK_K)
@@ -979,17 +1017,21 @@ def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, 
         else:
             acc = acc * tl.where(is_lo, row_scale / _LO_FACTOR, row_scale)[None, :]
     _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partial_ptr, counter_ptr, pid, pid_k, pid_g,
-                  num_splits, tiles_per_group, BLOCK_M, BLOCK_N, IS_SPLIT, SPLIT_SUM_BATCH)
+                  num_splits, tiles_per_group, BLOCK_M, BLOCK_N, IS_SPLIT, SPLIT_SUM_BATCH, row_in_table, INV_ROPE)
 
 
 @triton.jit
 def _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partial_ptr, counter_ptr, pid, pid_k, pid_g,
                   num_splits, tiles_per_group, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_SPLIT: tl.constexpr,
-                  SPLIT_SUM_BATCH: tl.constexpr):
+                  SPLIT_SUM_BATCH: tl.constexpr, row_in_table, INV_ROPE: tl.constexpr):
     """The FP8 tensor-core form's epilogue: hi + lo columns of ``acc [BN, 2*BM]`` added per row, then the bf16 tile
-    stored, or (split-K) the fp32 partial stored and the tile's last arriver summing the partials."""
+    stored, or (split-K) the fp32 partial stored and the tile's last arriver summing the partials. INV_ROPE: a row
+    whose position lies outside the freqs table (``row_in_table [BM]`` False) is stored as NaN (its NaN rotation
+    does not survive the e4m3 split: the clamps and the amax drop NaN on the GPU)."""
     # hi + lo per row: [BN, 2, BM] summed over the middle axis, then rows first
     out = tl.trans(tl.sum(tl.reshape(acc, (BLOCK_N, 2, BLOCK_M)), axis=1))  # [BM, BN]
+    if INV_ROPE:
+        out = tl.where(row_in_table[:, None], out, float("nan"))
 
     y_ptrs = y_ptr + pid_g * stride_yg + rm[:, None] * stride_ym + rn[None, :]
     y_mask = (rm < M)[:, None] & n_mask[None, :]
@@ -1088,7 +1130,8 @@ def _rotate_rope_block_pairs(x, cos, sin, valid, ROPE: tl.constexpr, BLOCK_M: tl
 
 
 @triton.jit
-def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr, M, N, K,
+def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
+                          freqs_poison_ptr, n_positions, M, N, K,
                           stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                           stride_freq, k_blocks_per_split, num_splits, tiles_per_group, pid, pid_k, pid_g,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -1128,9 +1171,11 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
     is_rope = rk[None, :] < 0
     rope_mask = x_valid[:, None] & is_rope
     partner = signed_sin
+    row_in_table = x_valid
     if INV_ROPE:
         pos = tl.load(pos_ptr + rm, mask=x_valid, other=0)
-        freq_rows = freqs_ptr + pos.to(tl.int64)[:, None] * stride_freq
+        freq_rows = _freqs_row(freqs_ptr, pos[:, None], stride_freq, n_positions, freqs_poison_ptr)
+        row_in_table = _position_in_table(pos, n_positions)
         if ROPE_HOIST == ROPE_FACTORS_HOISTED:
             cos, signed_sin, is_rope = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE,
                                                            BLOCK_K)
@@ -1169,7 +1214,7 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
                               INLINE_PTX)
     _pdl_launch_dependents(PDL and PDL_LATE_TRIGGER)
     _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partial_ptr, counter_ptr, pid, pid_k, pid_g,
-                  num_splits, tiles_per_group, BLOCK_M, BLOCK_N, IS_SPLIT, SPLIT_SUM_BATCH)
+                  num_splits, tiles_per_group, BLOCK_M, BLOCK_N, IS_SPLIT, SPLIT_SUM_BATCH, row_in_table, INV_ROPE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1878,6 +1923,21 @@ def _split_counters(weight: torch.Tensor, tiles: int) -> torch.Tensor:
     return buf
 
 
+_freqs_poison_cache: dict = {}
+
+
+def _freqs_poison_row(freqs: torch.Tensor) -> torch.Tensor:
+    """A NaN row as wide as a freqs row, read by the fused inverse RoPE in place of the row of a position outside
+    the table (_freqs_row). One per device and width, allocated on first use (before graph capture, as the
+    counters are)."""
+    key = (freqs.device, freqs.shape[1])
+    row = _freqs_poison_cache.get(key)
+    if row is None:
+        row = torch.full((freqs.shape[1],), float("nan"), dtype=torch.float32, device=freqs.device)
+        _freqs_poison_cache[key] = row
+    return row
+
+
 def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, head_dim=HEAD_DIM,
             rope_dim=ROPE_DIM):
     """x3 [M, G, K] view, w3 [G, N, K], s3 [G, N/128, K/128], y3 [M, G, N]; all strided views."""
@@ -1909,6 +1969,8 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     launch_args = dict(PDL=pdl, L2_PREFETCH_BLOCKS=cfg.pdl_l2_blocks if pdl else 0, PDL_LATE_TRIGGER=cfg.pdl_late,
                        launch_pdl=pdl)
     fr = freqs if inv_rope else y3
+    poison = _freqs_poison_row(freqs) if inv_rope else y3
+    n_positions = freqs.shape[0] if inv_rope else 0
     w_tma = cfg.w_tma and weight_tma_usable(w3)  # otherwise the same form with plain weight loads
     w_desc = _weight_descriptor(w3, cfg) if w_tma else w3
     # W_TMA: 0 (plain loads) or the number of shared-memory buffers the K loop pipelines the TMA copies through
@@ -1918,7 +1980,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     if cfg.rows_form:
         one_chunk = cfg.one_chunk and per_split == cfg.k_unroll
         _block_fp8_gemv_rows_kernel[grid](
-            x3, w3, s3, y3, partial, counters, pos, fr, w_desc,
+            x3, w3, s3, y3, partial, counters, pos, fr, poison, n_positions, w_desc,
             m, n, k,
             x3.stride(0), x3.stride(1),
             w3.stride(0), w3.stride(1),
@@ -1935,7 +1997,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         return
     if cfg.fp8_mma:
         _block_fp8_gemv_fp8mma_kernel[grid](
-            x3, w3, s3, y3, partial, counters, pos, fr, w_desc,
+            x3, w3, s3, y3, partial, counters, pos, fr, poison, n_positions, w_desc,
             m, n, k,
             x3.stride(0), x3.stride(1),
             w3.stride(0), w3.stride(1),
@@ -1954,7 +2016,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
         )
         return
     _block_fp8_gemv_kernel[grid](
-        x3, w3, s3, y3, partial, counters, pos, fr, w_desc,
+        x3, w3, s3, y3, partial, counters, pos, fr, poison, n_positions, w_desc,
         m, n, k,
         x3.stride(0), x3.stride(1),
         w3.stride(0), w3.stride(1),
@@ -2036,7 +2098,8 @@ def grouped_fp8_wo_a(o: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
 
     ``weight_scale`` is ``[G, R/128, D/128]`` fp32. With ``positions [B]`` (int32/int64) and
     ``freqs [max_pos, rope_dim]`` fp32 (``view_as_real(freqs_cis).flatten(1)``: cos, sin interleaved)
-    the inverse RoPE of the last ``rope_dim`` dims of every ``head_dim``-wide head of ``o`` is fused.
+    the inverse RoPE of the last ``rope_dim`` dims of every ``head_dim``-wide head of ``o`` is fused; a position
+    outside ``[0, max_pos)`` gives a NaN output row (checking it on the host would need a sync).
     """
     _check(isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16, "o", "a torch.bfloat16 tensor",
            getattr(o, "dtype", type(o)))
@@ -2051,7 +2114,7 @@ def grouped_fp8_wo_a(o: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     if positions is not None:
         _check(positions.dim() == 1 and positions.shape[0] == b and positions.dtype in (torch.int32, torch.int64)
                and positions.device == o.device, "positions", f"[{b}] int32/int64 on {o.device}", positions)
-        _check(freqs.dim() == 2 and freqs.shape[1] == rope_dim and freqs.dtype == torch.float32
+        _check(freqs.dim() == 2 and freqs.shape[0] > 0 and freqs.shape[1] == rope_dim and freqs.dtype == torch.float32
                and freqs.stride(1) == 1 and freqs.device == o.device, "freqs",
                f"[max_pos, {rope_dim}] fp32 (cos, sin interleaved) on {o.device}", freqs)
         _check(rope_dim % 2 == 0 and 0 < rope_dim <= head_dim and d % head_dim == 0, "head_dim/rope_dim",
@@ -2101,7 +2164,12 @@ def _inverse_rope_bf16(o: torch.Tensor, positions: torch.Tensor, freqs: torch.Te
     b, g, d = o.shape
     heads = o.reshape(b, g * d // head_dim, head_dim).float()
     rope = heads[..., head_dim - rope_dim:].reshape(b, -1, rope_dim // 2, 2)
-    f = freqs[positions.long()].float().reshape(b, 1, rope_dim // 2, 2)
+    # a position outside the table rotates by NaN (as the kernels do, _freqs_row): its row comes out NaN, with no
+    # out-of-bounds gather and no host sync
+    pos = positions.long()
+    in_range = (pos >= 0) & (pos < freqs.shape[0])
+    f = freqs[pos.clamp(0, max(freqs.shape[0] - 1, 0))].float()
+    f = torch.where(in_range[:, None], f, torch.full_like(f, float("nan"))).reshape(b, 1, rope_dim // 2, 2)
     c, s = f[..., 0], f[..., 1]
     re, im = rope[..., 0], rope[..., 1]
     rotated = torch.stack((re * c + im * s, im * c - re * s), dim=-1).reshape(b, -1, rope_dim)
@@ -2244,7 +2312,8 @@ def aot_configs() -> list[AotConfig]:
 
 _AOT_SIGNATURE = {
     "x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "y_ptr": "*bf16", "partial_ptr": "*fp32",
-    "counter_ptr": "*i32", "pos_ptr": "*i64", "freqs_ptr": "*fp32", "w_desc": "*fp8e4nv",
+    "counter_ptr": "*i32", "pos_ptr": "*i64", "freqs_ptr": "*fp32",
+    "freqs_poison_ptr": "*fp32", "n_positions": "i32", "w_desc": "*fp8e4nv",
     "M": "i32", "N": "i32", "K": "i32",
     "stride_xm": "i32", "stride_xg": "i32", "stride_wg": "i32", "stride_wn": "i32",
     "stride_sg": "i32", "stride_sn": "i32", "stride_ym": "i32", "stride_yg": "i32",

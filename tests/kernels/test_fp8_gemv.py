@@ -261,6 +261,43 @@ def test_wo_a_prefill_rows_and_zero_rows():
     assert g.grouped_fp8_wo_a(o[:0], w, s).shape == (0, groups, r)
 
 
+ROPE_FORMS = sorted({cfg for cfg, rope in g.SHIPPED_FORMS if rope}, key=lambda c: c.name)
+
+
+@pytest.mark.parametrize("cfg", [None, *ROPE_FORMS], ids=lambda c: "default" if c is None else c.name)
+def test_wo_a_positions_outside_the_table_give_nan_rows(cfg):
+    """A position below 0 or at / past the freqs table's end reads no memory outside the table (a NaN row instead)
+    and gives that token an all-NaN output; the other tokens are unaffected. Every shipped fused-RoPE form, the
+    default plan, and the prefill path's reference rotation agree."""
+    gen = torch.Generator().manual_seed(61)
+    b, groups, r, d, max_pos = 5, 2, 160, 512, 48
+    w, s = random_weight(r, d, groups=groups, gen=gen, pow2=True)
+    o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    pos, freqs, _ = rope_inputs(b, gen, max_pos=max_pos)
+    pos[1], pos[3] = -1, max_pos  # just outside either end
+    if cfg is None:
+        pos = pos.int()  # int32 positions: -1 stays negative
+    out = torch.full((b, groups, r), 7.0, dtype=torch.bfloat16, device=DEVICE)  # finite: a NaN must be written
+    y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE, out=out, config=cfg)
+    bad = torch.tensor([False, True, False, True, False])
+    assert torch.isnan(y[bad]).all()
+    ref = g.reference_grouped_wo_a(o, w, s, pos, freqs, HEAD, ROPE)
+    assert torch.isnan(ref[bad]).all() and torch.isfinite(ref[~bad]).all()
+    assert torch.isfinite(y[~bad]).all() and rel_err(y[~bad], ref[~bad]) < OUTPUT_TOL
+
+
+def test_wo_a_prefill_positions_outside_the_table_give_nan_rows():
+    gen = torch.Generator().manual_seed(62)
+    groups, r, d = 2, 128, 256
+    b = g.WO_A_MAX_KERNEL_ROWS + 1
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    pos, freqs, _ = rope_inputs(b, gen)
+    pos[0], pos[-1] = freqs.shape[0] + 5, -7
+    y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    assert torch.isnan(y[[0, -1]]).all() and torch.isfinite(y[1:-1]).all()
+
+
 # --- validation ---------------------------------------------------------------------------------
 
 
@@ -293,6 +330,9 @@ def test_bad_inputs_raise_value_errors():
     with pytest.raises(ValueError, match="freqs: expected"):
         g.grouped_fp8_wo_a(o, w3, s3, positions=torch.zeros(1, dtype=torch.int64),
                            freqs=torch.zeros(4, 32), head_dim=128, rope_dim=64)
+    with pytest.raises(ValueError, match="freqs: expected"):  # an empty table: no position is valid
+        g.grouped_fp8_wo_a(o, w3, s3, positions=torch.zeros(1, dtype=torch.int64),
+                           freqs=torch.zeros(0, 64), head_dim=128, rope_dim=64)
 
 
 # --- FP8 tensor-core form (activation split into two e4m3 terms) -------------------------------
