@@ -4,6 +4,11 @@
 from it whether it is live. :func:`install_hooks` registers the seam's hooks, applies them, and
 raises if any target was not patched, so the seam registry can mark the seam failed and say why
 (SGLang's own function stays in place in that case, since nothing was replaced).
+
+It applies the seam's own targets only. ``apply_hooks()`` would patch every target registered so far,
+including other plugins' (loaded before this one), and a target once patched takes no later hook: a
+plugin loaded after sglang-sm120 could then no longer hook what an earlier plugin hooked. SGLang's
+``load_plugins()`` applies everyone else's targets itself once every plugin has registered.
 """
 
 from __future__ import annotations
@@ -40,7 +45,14 @@ def install_hooks(hooks: Sequence[tuple[str, Callable, str]]) -> None:
     for target, hook, kind in hooks:
         if not registered(target, hook):  # install again: ours is registered (and patched) already
             HookRegistry.register(target, hook, HookType[kind])
-    HookRegistry.apply_hooks()
+    ours = {t: HookRegistry._hooks[t] for t, _h, _k in hooks if t not in HookRegistry._patched}
+    # apply_hooks()'s own order (class replacements first) and per-target step, on our targets alone
+    for target, target_hooks in sorted(ours.items(), key=HookRegistry._target_sort_key):
+        try:
+            HookRegistry._apply_target(target, target_hooks)
+        except Exception as exc:
+            raise RuntimeError(f"SGLang's HookRegistry could not patch {target}: {type(exc).__name__}: {exc}") from exc
+        HookRegistry._patched.add(target)
     unpatched = [t for t, _h, _k in hooks if t not in HookRegistry._patched]
     if unpatched:
         raise RuntimeError(f"SGLang's HookRegistry did not patch {unpatched}")

@@ -151,3 +151,63 @@ def test_install_hooks_refuses_a_target_patched_without_ours_and_is_idempotent(m
     install_hooks([("sm120_hook_target.other", ours, "AROUND")])
     install_hooks([("sm120_hook_target.other", ours, "AROUND")])  # again: no second wrapper
     assert module.other(1) == 102 and len(HookRegistry._hooks["sm120_hook_target.other"]) == 1
+
+
+def test_install_hooks_applies_only_its_own_targets(monkeypatch):
+    """Installing a seam patches the seam's targets only: another plugin's target registered before it stays
+    unpatched, so a plugin loaded later can still hook it, and SGLang's final apply_hooks() applies both plugins'
+    hooks there (with apply_hooks() called at install, the later plugin's hook was silently dropped)."""
+    import collections
+    import types
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_sm120.hooks import install_hooks
+
+    monkeypatch.setattr(HookRegistry, "_hooks", collections.defaultdict(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    module = types.ModuleType("sm120_hook_target2")
+    module.shared = lambda x: x
+    module.ours = lambda x: x
+    monkeypatch.setitem(sys.modules, "sm120_hook_target2", module)
+
+    def earlier_plugin(original, x):
+        return original(x) + 1
+
+    def later_plugin(original, x):
+        return original(x) + 10
+
+    def ours(original, x):
+        return original(x) + 100
+
+    HookRegistry.register("sm120_hook_target2.shared", earlier_plugin, HookType.AROUND)
+    install_hooks([("sm120_hook_target2.ours", ours, "AROUND")])
+    assert module.ours(0) == 100  # live at once: the seam knows it took
+    assert "sm120_hook_target2.shared" not in HookRegistry._patched and module.shared(0) == 0
+    HookRegistry.register("sm120_hook_target2.shared", later_plugin, HookType.AROUND)
+    HookRegistry.apply_hooks()  # what load_plugins() does after every plugin has registered
+    assert module.shared(0) == 11 and module.ours(0) == 100  # both plugins' hooks; ours not wrapped twice
+
+
+def test_install_hooks_raises_when_a_target_cannot_be_patched(monkeypatch):
+    """A target SGLang's HookRegistry refuses (here: an AROUND hook on a class) makes the install raise with the
+    target and the reason, so the seam is marked failed; the class stays as it was."""
+    import collections
+    import types
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_sm120.hooks import install_hooks
+
+    monkeypatch.setattr(HookRegistry, "_hooks", collections.defaultdict(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    module = types.ModuleType("sm120_hook_target3")
+
+    class Target:
+        pass
+
+    module.Target = Target
+    monkeypatch.setitem(sys.modules, "sm120_hook_target3", module)
+    with pytest.raises(RuntimeError, match=r"could not patch sm120_hook_target3.Target: TypeError"):
+        install_hooks([("sm120_hook_target3.Target", lambda original, *a: original(*a), "AROUND")])
+    assert module.Target is Target and "sm120_hook_target3.Target" not in HookRegistry._patched
