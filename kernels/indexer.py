@@ -226,13 +226,14 @@ def use_scaled_dot(device: torch.device | str | None = None) -> bool:
 
 
 @triton.jit
-def _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D: tl.constexpr, H: tl.constexpr,
+def _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, n_cache_pages, D: tl.constexpr, H: tl.constexpr,
                  PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr, PAGE_WORDS: tl.constexpr,
                  SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr):
-    """[PAGE] logits of one index-K page: sum_h relu(k . q_h) * w_h, times each row's fp32 scale."""
+    """[PAGE] logits of one index-K page: sum_h relu(k . q_h) * w_h, times each row's fp32 scale. A page id outside
+    the cache's ``n_cache_pages`` reads the nearest page (clamped, as the reference does), never past the cache."""
     tok = tl.arange(0, PAGE)
     d = tl.arange(0, D)
-    page64 = page.to(tl.int64)
+    page64 = tl.minimum(tl.maximum(page, 0), n_cache_pages - 1).to(tl.int64)
     # Whole rows of a page exist even past a row's length; the caller masks those scores.
     k = tl.load(kv_fp8_ptr + page64 * PAGE_BYTES + tok[:, None] * D + d[None, :])
     scale = tl.load(kv_f32_ptr + page64 * PAGE_WORDS + SCALE_WORDS + tok)
@@ -265,7 +266,7 @@ def _row_length(lens_ptr, b, max_seq_len, pt_width, PAGE: tl.constexpr):
 
 @triton.jit
 def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_ptr, ws_ptr,
-                   max_seq_len, pt_width, pages_per_split, stride_qb, stride_wb, stride_ptb, stride_ob, stride_wsb,
+                   max_seq_len, pt_width, n_cache_pages, pages_per_split, stride_qb, stride_wb, stride_ptb, stride_ob, stride_wsb,
                    D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                    PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr,
                    HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0,
@@ -305,7 +306,7 @@ def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_p
     run_max = tl.full((PAGE,), float("-inf"), tl.float32)  # PAGE_MAX: the largest logit per page row
     for p in range(p_begin, p_live):
         page = tl.load(pt_ptr + b64 * stride_ptb + p)
-        vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
+        vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, n_cache_pages, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
                             SCALE_WORDS, USE_SCALED_DOT)
         pos = p * PAGE + tok
         live_vals = tl.where(pos < length, vals, float("-inf"))
@@ -501,7 +502,7 @@ def _store_candidates(out_val_ptr, out_pos_ptr, vals, pos, sel, slot, k_eff, K_O
 
 @triton.jit
 def _fused_split_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, cand_val_ptr, cand_pos_ptr,
-                        max_seq_len, pt_width, stride_qb, stride_wb, stride_ptb, stride_cb,
+                        max_seq_len, pt_width, n_cache_pages, stride_qb, stride_wb, stride_ptb, stride_cb,
                         D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                         PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, R_PAGES: tl.constexpr,
                         K: tl.constexpr, CB: tl.constexpr, USE_SCALED_DOT: tl.constexpr):
@@ -519,7 +520,7 @@ def _fused_split_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, 
     tile = tl.full((R_PAGES, PAGE), float("-inf"), tl.float32)
     for i in range(n_live):
         page = tl.load(pt_ptr + b64 * stride_ptb + p_begin + i)
-        vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
+        vals = _page_logits(q_t, w, kv_fp8_ptr, kv_f32_ptr, page, n_cache_pages, D, H, PAGE, PAGE_BYTES, PAGE_WORDS,
                             SCALE_WORDS, USE_SCALED_DOT)
         tile = tl.where(rows[:, None] == i, vals[None, :], tile)
     pos = (p_begin + rows)[:, None] * PAGE + tok[None, :]
@@ -1110,7 +1111,9 @@ def _hist_finish_blocks(scores_row, cand_val_row, cand_pos_row, ws_row, out_row,
 
 def reference_paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len):
     """float32 logits ``[B, max_seq_len]``: exact fp32 products of the fp8 values, ReLU, weighted
-    head sum, times the row's fp32 scale; ``-inf`` at and past each row's length."""
+    head sum, times the row's fp32 scale; ``-inf`` at and past each row's length. A page id outside the cache
+    reads the nearest page (clamped into ``[0, pages)``; upstream's torch path wraps negative ids and faults past
+    the end), as the kernels do."""
     batch = q.shape[0]
     page = kv.shape[1]
     flat = kv.reshape(kv.shape[0], -1)
@@ -1188,6 +1191,8 @@ def validate_logits_inputs(q, kv, weights, lens, page_table, max_seq_len):
         raise ValueError(f"q must have contiguous heads x dims (strides (*, *, 128, 1)), got {q.stride()}")
     if weights.stride(1) != 1 or page_table.stride(1) != 1:
         raise ValueError("weights and page_table need a contiguous last dimension")
+    if kv.shape[0] == 0 and batch and max_seq_len:
+        raise ValueError("kv must hold at least one page (an empty cache has nothing a page id can name)")
 
 
 def validate_topk_inputs(scores, lens, page_table, out, page_size, raw=None):
@@ -1311,7 +1316,7 @@ def paged_mqa_logits(q, kv, weights, lens, page_table, max_seq_len, *, scaled_do
     if overlap:
         pdl = USE_PDL and pdl_supported(q.device)
     _logits_kernel[(splits, batch) if overlap else (batch, splits)](
-        q, kv_fp8, kv_f32, weights, lens, page_table, out, ws, max_seq_len, page_table.shape[1], pps,
+        q, kv_fp8, kv_f32, weights, lens, page_table, out, ws, max_seq_len, page_table.shape[1], kv.shape[0], pps,
         q.stride(0), weights.stride(0), page_table.stride(0), out.stride(0), ws.stride(0), **_page_consts(),
         USE_SCALED_DOT=scaled, **hist, PDL=pdl, num_warps=LOGITS_NUM_WARPS, num_stages=LOGITS_NUM_STAGES,
         launch_pdl=pdl)
@@ -1892,7 +1897,7 @@ def fused_logits_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=No
     cand_pos = torch.empty(batch, splits * block, dtype=torch.int32, device=q.device)
     _fused_split_kernel[(batch, splits)](
         q, kv_fp8, kv_f32, weights, lens, page_table, cand_val, cand_pos, max_seq_len, page_table.shape[1],
-        q.stride(0), weights.stride(0), page_table.stride(0), cand_val.stride(0), **_page_consts(),
+        kv.shape[0], q.stride(0), weights.stride(0), page_table.stride(0), cand_val.stride(0), **_page_consts(),
         R_PAGES=split_pages, K=k, CB=block, USE_SCALED_DOT=scaled,
         num_warps=fused_num_warps(split_pages), num_stages=LOGITS_NUM_STAGES)
     return _merge(cand_val, cand_pos, lens, page_table, out, raw, implicit=False, form=form)
@@ -1938,13 +1943,13 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
 _LOGITS_SIG = {
     "q_ptr": "*fp8e4nv", "kv_fp8_ptr": "*fp8e4nv", "kv_f32_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32",
     "pt_ptr": "*i32", "out_ptr": "*fp32", "ws_ptr": "*i32", "max_seq_len": "i32", "pt_width": "i32",
-    "pages_per_split": "i32", "stride_qb": "i32", "stride_wb": "i32", "stride_ptb": "i32", "stride_ob": "i32",
+    "n_cache_pages": "i32", "pages_per_split": "i32", "stride_qb": "i32", "stride_wb": "i32", "stride_ptb": "i32", "stride_ob": "i32",
     "stride_wsb": "i32",
 }
 _FUSED_SIG = {
     "q_ptr": "*fp8e4nv", "kv_fp8_ptr": "*fp8e4nv", "kv_f32_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32",
     "pt_ptr": "*i32", "cand_val_ptr": "*fp32", "cand_pos_ptr": "*i32", "max_seq_len": "i32", "pt_width": "i32",
-    "stride_qb": "i32", "stride_wb": "i32", "stride_ptb": "i32", "stride_cb": "i32",
+    "n_cache_pages": "i32", "stride_qb": "i32", "stride_wb": "i32", "stride_ptb": "i32", "stride_cb": "i32",
 }
 _SELECT_SIG = {
     "in_val_ptr": "*fp32", "in_pos_ptr": "*i32", "lens_ptr": "*i32", "pt_ptr": "*i32", "out_val_ptr": "*fp32",

@@ -681,6 +681,43 @@ def test_plan_table_covers_every_shape():
                 assert plan.split_pages in ix.FUSED_SPLIT_PAGES
 
 
+@pytest.mark.parametrize("scaled_dot", [False, True], ids=["dot", "dot_scaled"])
+def test_page_ids_outside_the_cache_read_the_nearest_page(scaled_dot):
+    """Live page ids below 0 or at / past the cache's page count read the clamped page (as the reference does),
+    never memory outside the cache: the logits kernel in its plain and page-max forms and the fused split kernel
+    agree with the reference."""
+    lens, max_seq_len = [700, 333, 129], 768
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=31)
+    n_pages = kv.shape[0]
+    pt[0, 1], pt[0, 5], pt[1, 0], pt[1, 3], pt[2, 2] = -1, n_pages, -(2**31), n_pages + 12345, 2**31 - 1
+    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    clamped = pt.clamp(0, n_pages - 1)
+    assert torch.equal(ref, ix.reference_paged_mqa_logits(q, kv, w, l, clamped, max_seq_len))
+    finite = torch.isfinite(ref)
+    out = torch.full((len(lens), max_seq_len), float("nan"))
+    ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, scaled_dot=scaled_dot, out=out)
+    assert torch.equal(torch.isneginf(out), torch.isneginf(ref))
+    torch.testing.assert_close(out[finite], ref[finite], rtol=1e-5, atol=1e-4)
+    ws = torch.zeros(len(lens), ix.WS_WIDTH, dtype=torch.int32)  # not the shared one: no select zeroes it after
+    pm = torch.full_like(out, float("nan"))
+    ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, scaled_dot=scaled_dot, out=pm, hist_workspace=ws,
+                        page_max=True)
+    torch.testing.assert_close(pm[finite], ref[finite], rtol=1e-5, atol=1e-4)
+    fused = torch.full((len(lens), INDEX_TOPK), 12345, dtype=torch.int32)
+    ix.fused_logits_topk(q, kv, w, l, clamped, max_seq_len, fused, split_pages=8, scaled_dot=scaled_dot)
+    raw = torch.full_like(fused, 12345)
+    ix.fused_logits_topk(q, kv, w, l, pt, max_seq_len, torch.empty_like(fused), raw, split_pages=8,
+                         scaled_dot=scaled_dot)
+    assert torch.equal(ix.positions_to_slots(raw.long(), clamped), fused)  # the same positions chosen
+
+
+def test_empty_cache_with_live_rows_raises():
+    q, kv, w, l, pt = make_inputs([10, 20], 128)
+    with pytest.raises(ValueError, match="kv must hold at least one page"):
+        ix.paged_mqa_logits(q, kv[:0], w, l, pt, 128)
+    assert ix.paged_mqa_logits(q, kv[:0], w, l, pt, 0).shape == (2, 0)  # nothing to read: allowed
+
+
 @pytest.mark.parametrize("bad,match", [
     (lambda a: a.update(q=a["q"].float()), "q must be"),
     (lambda a: a.update(kv=a["kv"][:, :, :, :128]), "kv must be"),
