@@ -112,11 +112,16 @@ def environment_problems(environ) -> list[str]:
 
 def check_pd_environment(environ=None, argv=None) -> list[str]:
     """Problems with this PD server's settings (empty when all is well)."""
-    from .pd.planner import ENV_LAYOUT, LAYOUT_ARGS, LAYOUT_ENV, _flag_values, layout_fingerprint
+    from .pd.planner import (ENV_LAYOUT, LAYOUT_ARGS, LAYOUT_ENV, PlanError, _flag_values, expand_config_file,
+                             layout_fingerprint)
 
     environ = os.environ if environ is None else environ
     argv = sys.argv[1:] if argv is None else argv
     problems = []
+    try:  # a server started by hand with --config FILE: the file's keys, as SGLang merges them on this host
+        argv, _note = expand_config_file(tuple(argv), "this server's command line")
+    except PlanError as exc:
+        problems.append(str(exc))
     planned = environ.get(ENV_LAYOUT)
     actual = layout_fingerprint(dict(environ), tuple(argv))
     if planned and planned != actual:

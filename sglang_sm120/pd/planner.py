@@ -45,7 +45,8 @@ PLANNER_OWNED_ARGS = ("--model-path", "--model", "--tp", "--tp-size", "--tensor-
 # Flags that would run a server on more GPUs (or nodes) than the plan gave it; allowed only at SGLang's default.
 FOOTPRINT_ARGS = {"--pp-size": "1", "--pipeline-parallel-size": "1", "--dp-size": "1", "--data-parallel-size": "1",
                   "--gpu-id-step": "1", "--nnodes": "1"}
-# SGLang reads server args from this YAML file (CLI > file > defaults); the plan cannot check what it sets.
+# SGLang reads server args from this YAML file (CLI > file > defaults); the planner reads it here with SGLang's own
+# merger and writes its keys into the commands as flags (expand_config_file), where they are checked like any other.
 CONFIG_ARG = "--config"
 
 # Server flags and env vars that decide the bytes of the KV pools prefill writes and decode reads.
@@ -256,9 +257,8 @@ def parse_env_pairs(pairs, what: str) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def sglang_server_options() -> dict[str, tuple[str, ...]] | None:
-    """Each long option of SGLang's server parser -> every long spelling of its action (aliases such as
-    --tp-size / --tensor-parallel-size), or None where SGLang cannot be imported here."""
+def sglang_server_parser() -> argparse.ArgumentParser | None:
+    """SGLang's server argument parser (``ServerArgs.add_cli_args``), or None where SGLang cannot be imported here."""
     try:
         # SGLang's own parser decides what a flag means; its import must not print into `pd plan --json`
         with contextlib.redirect_stdout(sys.stderr):
@@ -267,6 +267,15 @@ def sglang_server_options() -> dict[str, tuple[str, ...]] | None:
             parser = argparse.ArgumentParser()
             ServerArgs.add_cli_args(parser)
     except Exception:  # not installed or broken: the caller falls back to refusing abbreviations
+        return None
+    return parser
+
+
+def sglang_server_options() -> dict[str, tuple[str, ...]] | None:
+    """Each long option of SGLang's server parser -> every long spelling of its action (aliases such as
+    --tp-size / --tensor-parallel-size), or None where SGLang cannot be imported here."""
+    parser = sglang_server_parser()
+    if parser is None:
         return None
     return {option: tuple(o for o in action.option_strings if o.startswith("--"))
             for action in parser._actions for option in action.option_strings if option.startswith("--")}
@@ -315,6 +324,38 @@ def _server_flags(args: tuple[str, ...], what: str = "server argument") -> list[
             found.append((name, resolve_flag(name, what), value))
         i += 1
     return found
+
+
+def expand_config_file(args: tuple[str, ...], what: str = "server argument") -> tuple[tuple[str, ...], str | None]:
+    """``args`` with its ``--config FILE`` replaced by the flags SGLang's own merger makes of the file
+    (``ConfigArgumentMerger``: the file's keys first, so the command line still wins), and a note saying so; ``args``
+    unchanged and None without one. The plan's commands then carry the settings themselves, checked like any other
+    flag, rather than a path each host would read from its own copy of the file."""
+    configs = [(written, value) for written, flag, value in _server_flags(args, what) if flag == CONFIG_ARG]
+    if not configs:
+        return args, None
+    if len(configs) > 1:
+        raise PlanError(f"{what} gives {CONFIG_ARG} {len(configs)} times; SGLang reads one config file")
+    written, path = configs[0]
+    if CONFIG_ARG not in args:  # an abbreviation, or --config=FILE: SGLang merges only the exact '--config FILE'
+        raise PlanError(f"{what} sets {written}{'=' if written == CONFIG_ARG else ' '}{path}, which SGLang parses but "
+                        f"never reads (it merges a config file only when written as '{CONFIG_ARG} FILE'); write "
+                        f"'{CONFIG_ARG} {path}'")
+    parser = sglang_server_parser()
+    if parser is None:
+        raise PlanError(f"{what} sets {CONFIG_ARG} {path}, but SGLang is not importable here, so the planner cannot "
+                        "read the file as SGLang would; plan where SGLang is installed, or pass the settings with "
+                        "--server-arg / --prefill-arg / --decode-arg")
+    try:
+        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+        merged = tuple(ConfigArgumentMerger(parser).merge_config_with_args(list(args)))
+    except Exception as exc:  # missing file, not YAML, not a mapping, an option a config file cannot set
+        raise PlanError(f"{what} {CONFIG_ARG} {path}: SGLang's config reader refuses it: {exc}") from None
+    from_file = merged[:len(merged) - (len(args) - 2)]  # the merger puts the file's flags first
+    return merged, (f"{what} {CONFIG_ARG} {path} was read here with SGLang's config reader; its keys are written into "
+                    f"the commands as {len(_server_flags(from_file, what))} flag(s) before the command line's own "
+                    "(which still win), so the hosts need no copy of the file")
 
 
 def _flag_values(args: tuple[str, ...], what: str = "server argument") -> dict[str, str]:
@@ -450,10 +491,8 @@ def _check_owned_args(args: tuple[str, ...], what: str) -> None:
             raise PlanError(f"{what} sets {named} {value}, which would run a server on more GPUs or nodes than the "
                             "plan assigned it; the plan owns GPU placement (use --prefill-gpus/--decode-gpus and "
                             "--prefill-tp/--decode-tp)")
-        if flag == CONFIG_ARG:
-            raise PlanError(f"{what} sets {named}: the planner cannot check what a config file sets (owned flags, GPU "
-                            "placement, KV-layout agreement between prefill and decode); pass those settings with "
-                            "--server-arg / --prefill-arg / --decode-arg instead")
+        if flag == CONFIG_ARG:  # expand_config_file leaves none; a second one inside the file would be ignored
+            raise PlanError(f"{what} sets {named} inside a config file; SGLang reads only the command line's")
 
 
 def _check_port(port: int, what: str) -> None:
@@ -477,6 +516,14 @@ def make_plan(req: PlanRequest) -> Plan:
         if both:
             raise PlanError(f"GPU {', '.join(map(str, both))} on host {prefill_host.name} is in both the prefill "
                             "and the decode set; the two sides need their own GPUs")
+    config_notes = []
+    expanded = {}
+    for field, what in (("server_args", "--server-arg"), ("prefill_args", "--prefill-arg"),
+                        ("decode_args", "--decode-arg")):
+        expanded[field], note = expand_config_file(tuple(getattr(req, field)), what)
+        if note:
+            config_notes.append(note)
+    req = dataclasses.replace(req, **expanded)
     for args, what in ((req.server_args, "--server-arg"), (req.prefill_args, "--prefill-arg"),
                        (req.decode_args, "--decode-arg")):
         _check_owned_args(args, what)
@@ -498,6 +545,7 @@ def make_plan(req: PlanRequest) -> Plan:
     prefill_hosts = {prefill_host.name: set(req.prefill.gpus)}
     decode_hosts = {decode_host.name: set(req.decode.gpus)}
     transport, notes = choose_transport(req.topology, prefill_hosts, decode_hosts)
+    notes = config_notes + notes
     settings = [
         Setting("--disaggregation-transfer-backend", "nixl",
                 "SGLang's NIXL connector moves the KV pages; it is the backend this plugin tests (DSv4 state types "

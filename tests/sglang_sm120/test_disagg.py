@@ -44,6 +44,22 @@ def test_planned_settings_pass(planned_decode):
     assert disagg.check_pd_environment(env, argv) == []
 
 
+def test_a_config_file_on_a_server_started_by_hand_is_read(planned_decode, tmp_path):
+    """A server started by hand with --config FILE: the file's layout flags count, as SGLang merges them."""
+    env, argv = planned_decode
+    argv = [a for a in argv]
+    at = argv.index("--kv-cache-dtype")
+    del argv[at:at + 2]
+    same, other = tmp_path / "same.yaml", tmp_path / "other.yaml"
+    same.write_text("kv-cache-dtype: fp8_e4m3\n")
+    other.write_text("kv-cache-dtype: bf16\n")
+    assert disagg.check_pd_environment(env, [*argv, "--config", str(same)]) == []
+    (problem,) = disagg.check_pd_environment(env, [*argv, "--config", str(other)])
+    assert "drifted from the plan" in problem and "--kv-cache-dtype=bf16" in problem
+    problems = disagg.check_pd_environment(env, [*argv, "--config", str(tmp_path / "missing.yaml")])
+    assert any("Config file not found" in p for p in problems)
+
+
 @pytest.mark.parametrize("change,message", [
     ({"SGLANG_OPT_SM120_DIRECT_SWA_KV": "1"}, "SGLANG_OPT_SM120_DIRECT_SWA_KV=1"),
     ({"SGLANG_SM120_DISABLE": "attention"}, "SGLANG_SM120_DISABLE=attention"),

@@ -348,10 +348,58 @@ def test_footprint_flags_at_their_default_are_allowed():
     assert plan.servers()[0].argv[-3:] == ["--dp-size", "1", "--nnodes=1"]
 
 
-@pytest.mark.parametrize("args", [("--config", "server.yaml"), ("--config=server.yaml",), ("--conf", "server.yaml")])
-def test_a_config_file_is_refused(args):
-    message = refusal(server_args=args)
-    assert "--config" in message and "cannot check" in message and "--server-arg" in message
+def write_config(tmp_path, text, name="server.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_config_file_is_read_into_the_commands(tmp_path):
+    """--config FILE is read with SGLang's own config reader and its keys written into both commands as flags, ahead
+    of the command line's own (which still win); the hosts need no copy of the file."""
+    config = write_config(tmp_path, "kv-cache-dtype: bf16\nmem-fraction-static: 0.8\nenable-metrics: true\n")
+    plan = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4,
+                             server_args=("--config", config, "--mem-fraction-static", "0.7")))
+    for proc in plan.servers():
+        assert "--config" not in proc.argv and config not in proc.argv
+        assert proc.argv[-7:] == ["--kv-cache-dtype", "bf16", "--mem-fraction-static", "0.8", "--enable-metrics",
+                                  "--mem-fraction-static", "0.7"]
+    assert any("--server-arg --config" in note and "3 flag(s)" in note for note in plan.notes)
+    # the file's layout flag fingerprints like the same flag on the command line
+    inline = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4,
+                               server_args=("--kv-cache-dtype", "bf16")))
+    assert plan.layout_fingerprint == inline.layout_fingerprint
+
+
+@pytest.mark.parametrize("text,kw,message", [
+    ("port: 31000\n", "server_args", "--server-arg sets --port, which the planner owns"),
+    ("tp-size: 2\n", "prefill_args", "--prefill-arg sets --tp-size, which the planner owns"),
+    ("dp-size: 2\n", "decode_args", "the plan owns GPU placement"),
+    ("page-size: 128\n", "decode_args", "--page-size: prefill=(default) decode=128"),
+    ("config: other.yaml\n", "server_args", "inside a config file"),
+])
+def test_a_config_file_is_checked_like_the_command_line(tmp_path, text, kw, message):
+    assert message in refusal(**{kw: ("--config", write_config(tmp_path, text))})
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--config=server.yaml",), "never reads"),
+    (("--conf", "server.yaml"), "never reads"),
+    (("--config", "a.yaml", "--config", "b.yaml"), "gives --config 2 times"),
+    (("--config", "missing.yaml"), "SGLang's config reader refuses it: Config file not found"),
+    (("--config", "server.json"), "must be YAML"),
+])
+def test_config_files_sglang_would_not_read_are_refused(args, message):
+    assert message in refusal(server_args=args)
+
+
+def test_without_sglang_a_config_file_is_refused(tmp_path, monkeypatch):
+    from sglang_sm120.pd import planner
+
+    monkeypatch.setattr(planner, "sglang_server_parser", lambda: None)
+    monkeypatch.setattr(planner, "sglang_server_options", lambda: None)
+    message = refusal(server_args=("--config", write_config(tmp_path, "kv-cache-dtype: bf16\n")))
+    assert "SGLang is not importable here" in message and "--server-arg" in message
 
 
 def test_compress_state_dtype_is_a_layout_setting():
