@@ -2126,16 +2126,28 @@ def grouped_fp8_wo_a(o: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
                and out.device == o.device, "out", f"bf16 [{b}, {g}, {r}] on {o.device}", out)
     if b == 0 or r == 0:
         return out
-    if b > WO_A_MAX_KERNEL_ROWS and config is None:
-        # prefill-sized: a bf16 einsum on a transient dequantised copy (compute-bound regime)
-        if positions is not None:
-            o = _inverse_rope_bf16(o, positions, freqs, head_dim, rope_dim)
-        w_bf16 = dequantize_block_fp8(weight, weight_scale, torch.bfloat16)
-        out.copy_(torch.einsum("tgd,grd->tgr", o, w_bf16))
-        return out
+    if b > WO_A_MAX_KERNEL_ROWS and config is None:  # prefill-sized: compute-bound, tensor cores via torch
+        return wo_a_dequantised_einsum(o, weight, weight_scale, positions=positions, freqs=freqs, head_dim=head_dim,
+                                       rope_dim=rope_dim, out=out)
     cfg = config or wo_a_config(b, r, d, g, fused_rope=positions is not None)
     _launch(o, weight, weight_scale, out, b, r, d, g, cfg, positions, freqs, head_dim, rope_dim)
     return out
+
+
+def wo_a_dequantised_einsum(o: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, *,
+                            positions: torch.Tensor | None = None, freqs: torch.Tensor | None = None,
+                            head_dim: int = HEAD_DIM, rope_dim: int = ROPE_DIM,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`grouped_fp8_wo_a`'s result the way upstream computes wo_a on sm_120: the bf16 inverse RoPE, then a bf16
+    ``einsum("tgd,grd->tgr")`` on a transient bf16 copy of the weight (twice the FP8 weight's bytes, freed after the
+    call). Its prefill-sized path, and the dense seam's path when the kernel raises. Inputs as grouped_fp8_wo_a
+    checks them."""
+    if positions is not None:
+        o = _inverse_rope_bf16(o, positions, freqs, head_dim, rope_dim)
+    y = torch.einsum("tgd,grd->tgr", o, dequantize_block_fp8(weight, weight_scale, torch.bfloat16))
+    if out is None:  # contiguous [B, G, R], as the kernel's output (einsum may hand back a permuted layout)
+        out = torch.empty(y.shape, dtype=torch.bfloat16, device=y.device)
+    return out.copy_(y)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -181,9 +181,19 @@ def wo_a_scale(wo_a: torch.Tensor) -> torch.Tensor:
     return param.data.view(g, -(-r // 128), -(-d // 128))
 
 
+def grouped_wo_a_or_fall_back(o: torch.Tensor, wo_a: torch.Tensor, **rope) -> torch.Tensor:
+    """The grouped FP8 kernel on an adopted ``wo_a`` (``rope``: its ``positions`` / ``freqs`` / ``head_dim`` /
+    ``rope_dim`` for the fused inverse RoPE). When the kernel raises (a Triton compile or launch error), the call
+    takes upstream's computation instead, a bf16 einsum on a transient bf16 copy of the weight (the seam keeps no
+    bf16 copy to hand back), logged once per kind of error."""
+    k, scale = _kernels(), wo_a_scale(wo_a)
+    return run_or_fall_back(_log_once, "the grouped FP8 wo_a", lambda: k.grouped_fp8_wo_a(o, wo_a, scale, **rope),
+                            lambda: k.wo_a_dequantised_einsum(o, wo_a, scale, **rope))
+
+
 def wo_a_fp8_matmul(o: torch.Tensor, wo_a: torch.Tensor) -> torch.Tensor:
     """``o [T, G, D] bf16 x wo_a [G, R, D] e4m3 -> [T, G, R] bf16`` on the grouped FP8 kernel."""
-    return _kernels().grouped_fp8_wo_a(o, wo_a, wo_a_scale(wo_a))
+    return grouped_wo_a_or_fall_back(o, wo_a)
 
 
 def _adopted_param(wo_a: torch.Tensor):
@@ -259,17 +269,16 @@ def fused_rope_wo_a_hook(original, x, weight, freqs_cis, positions, *args, **kwa
         raise NotImplementedError("sglang-sm120 dense: fused inverse RoPE + FP8 wo_a with MXFP8 output")
     head_dim, rope_dim = rope_dims
     rows, groups = x.shape[0], weight.shape[0]
-    scale = wo_a_scale(weight)
     if (groups, rows) in FUSED_ROPE_WHERE:
-        y = _kernels().grouped_fp8_wo_a(x, weight, scale, positions=positions, freqs=freqs_cis, head_dim=head_dim,
-                                        rope_dim=rope_dim)
+        y = grouped_wo_a_or_fall_back(x, weight, positions=positions, freqs=freqs_cis, head_dim=head_dim,
+                                      rope_dim=rope_dim)
     else:
         import sglang.srt.models.deepseek_v4 as dsv4
 
         heads = x.view(rows, -1, head_dim)  # upstream's o [T, H, head_dim], rotated in place as it does
         dsv4.fused_rope_inplace(heads[..., -rope_dim:], None, torch.view_as_complex(freqs_cis.view(
             freqs_cis.shape[0], -1, 2)), positions=positions, inverse=True)
-        y = _kernels().grouped_fp8_wo_a(x, weight, scale)
+        y = grouped_wo_a_or_fall_back(x, weight)
     return (y.view(rows, -1),)
 
 

@@ -286,6 +286,26 @@ def test_wo_a_positions_outside_the_table_give_nan_rows(cfg):
     assert torch.isfinite(y[~bad]).all() and rel_err(y[~bad], ref[~bad]) < OUTPUT_TOL
 
 
+@pytest.mark.parametrize("rope", [False, True])
+def test_wo_a_dequantised_einsum_matches_the_kernel_contract(rope):
+    """The dense seam's fallback (and the prefill path): a fresh contiguous [B, G, R] bf16 within bf16 rounding of the
+    reference, or written into ``out``."""
+    gen = torch.Generator().manual_seed(63)
+    b, groups, r, d = 3, 2, 128, 256
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    kw = {}
+    if rope:
+        pos, freqs, _ = rope_inputs(b, gen)
+        kw = dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    y = g.wo_a_dequantised_einsum(o, w, s, **kw)
+    assert y.shape == (b, groups, r) and y.dtype == torch.bfloat16 and y.is_contiguous()
+    ref = g.reference_grouped_wo_a(o, w, s, kw.get("positions"), kw.get("freqs"), HEAD, ROPE)
+    assert rel_err(y, ref) < OUTPUT_TOL
+    out = poisoned((b, groups, r))
+    assert g.wo_a_dequantised_einsum(o, w, s, out=out, **kw) is out and torch.equal(out, y)
+
+
 def test_wo_a_prefill_positions_outside_the_table_give_nan_rows():
     gen = torch.Generator().manual_seed(62)
     groups, r, d = 2, 128, 256

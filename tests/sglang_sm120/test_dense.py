@@ -473,3 +473,41 @@ def test_fp8_linear_kernel_errors_fall_back_to_upstream(seam, monkeypatch):
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     assert linear(x, w, [128, 128], s) == "upstream's result"
     assert len(upstream_calls) == 1 and upstream_calls[0]["input"] is x and upstream_calls[0]["weight_scale"] is s
+
+
+@pytest.mark.parametrize("rows", [2, 5])
+def test_wo_a_kernel_errors_fall_back_to_a_dequantised_einsum(seam, monkeypatch, caplog, rows):
+    """The grouped FP8 kernel raising on an adopted wo_a (a Triton compile or launch error) does not reach SGLang:
+    the call takes upstream's computation on a transient bf16 copy of the weight (the seam keeps no bf16 copy), with
+    the inverse RoPE where the kernel would have folded it, and says so once as a warning. Rows 2: the RoPE folded
+    into the kernel; rows 5: upstream's RoPE launch, then the kernel."""
+    import sglang.srt.models.deepseek_v4 as dsv4
+
+    seam({"SGLANG_SM120_FORCE": "1"})
+    layer = build_mqa_layer(fp8_config(), monkeypatch)
+    w, s = load_fp8_wo_a(layer, seed=7)
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append("positions" in kwargs)
+        raise RuntimeError("out of resources: shared memory 120000 > 101376")
+
+    monkeypatch.setattr(fp8_gemv, "grouped_fp8_wo_a", broken)
+    monkeypatch.setattr(dense, "_log_once", dense.OnceLog("dense"))
+    o, positions = attention_output(rows, seed=8)
+    with caplog.at_level("WARNING", logger="sglang_sm120"):
+        y, rope_calls = run_forward_tail(layer, o, positions, monkeypatch)
+        run_forward_tail(layer, o, positions, monkeypatch)
+    d = HEADS * HEAD_DIM // GROUPS
+    ref = fp8_gemv.reference_grouped_wo_a(o.view(rows, GROUPS, d), w, s, positions, freqs_of(layer), HEAD_DIM,
+                                          ROPE_DIM)
+    assert rel_err(y.reshape(rows, GROUPS, RANK), ref) < 6e-3
+    fused_in_kernel = (GROUPS, rows) in dense.FUSED_ROPE_WHERE
+    assert calls == [fused_in_kernel] * 2 and len(rope_calls) == (0 if fused_in_kernel else 1)
+    warnings = [r for r in caplog.records if "the grouped FP8 wo_a raised RuntimeError" in r.getMessage()]
+    assert len(warnings) == 1 and "SGLang's path runs the call" in warnings[0].getMessage()
+    # upstream's own wo_a entry (the > 32-row path's _apply_wo_a_bf16_matmul) falls back the same way
+    o3 = torch.randn(3, GROUPS, d, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    with torch.inference_mode():
+        y3 = dsv4._apply_wo_a_bf16_matmul(o3, layer.wo_a.weight.view(GROUPS, RANK, -1), is_decode=True)
+    assert rel_err(y3, fp8_gemv.reference_grouped_wo_a(o3, w, s)) < 6e-3
