@@ -229,6 +229,42 @@ def reference_moe_mxfp4(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     return out
 
 
+def moe_mxfp4_dequantised_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                                  w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                                  swiglu_limit: float = SWIGLU_LIMIT, all_experts: bool | None = None) -> torch.Tensor:
+    """bf16 ``[B, H]``: the routed experts in torch on the *repacked* weights (w13 rows interleaved ``(gate_i, up_i)``,
+    as :func:`repack_w13_` leaves them), one expert at a time on a transient bf16 copy of its weights, bf16 matmuls,
+    the clamped SwiGLU and the routing weights in float32. The sm120 MoE seam's path when its kernels raise: slow, but
+    it keeps the server answering, with no second copy of the layer's weights. Ids outside ``[0, E)`` add nothing.
+    Outside CUDA-graph capture it runs only the experts some row chose (``torch.unique``: a host sync); while
+    capturing (or ``all_experts``), every expert over every row with the non-chosen rows weighted 0 (no sync, the
+    same result)."""
+    batch, hidden = x.shape
+    num_experts = w13.shape[0]
+    out = torch.zeros(batch, hidden, dtype=torch.float32, device=x.device)
+    if batch == 0:
+        return out.to(torch.bfloat16)
+    xb = x.to(torch.bfloat16)
+    ids = topk_ids.long()
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing() if all_experts is None else all_experts
+    experts = range(num_experts) if capturing else [e for e in torch.unique(ids).tolist() if 0 <= e < num_experts]
+    for e in experts:
+        routed = ids == e  # [B, K]
+        if capturing:
+            rows, row_weight = slice(None), (topk_weights.float() * routed).sum(1)
+        else:
+            rows = routed.any(1).nonzero().squeeze(1)
+            row_weight = (topk_weights.float()[rows] * routed[rows]).sum(1)
+        gate_up = (xb[rows] @ reference_dequant_mxfp4(w13[e], w13_scale[e]).to(torch.bfloat16).T).float()
+        act = reference_swiglu(gate_up[:, 0::2], gate_up[:, 1::2], swiglu_limit).to(torch.bfloat16)
+        down = (act @ reference_dequant_mxfp4(w2[e], w2_scale[e]).to(torch.bfloat16).T).float()
+        if capturing:
+            out += down * row_weight.unsqueeze(1)
+        else:
+            out.index_add_(0, rows, down * row_weight.unsqueeze(1))
+    return out.to(torch.bfloat16)
+
+
 def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16/fp32 ``[B, K]`` -> e4m3 ``[B, K]`` + E8M0 bytes ``[B, K/32]`` (one scale per 32).
 

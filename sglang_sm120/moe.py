@@ -28,7 +28,7 @@ import logging
 
 import torch
 
-from .seams import REGISTRY, Seam
+from .seams import REGISTRY, OnceLog, Seam, run_or_fall_back
 
 logger = logging.getLogger("sglang_sm120")
 
@@ -62,6 +62,9 @@ def register_backend_name() -> None:
         runner.register_moe_runner_core(BACKEND_NAME, _make_runner_core)
     install_hooks([(DISPATCH_TARGET, _get_quant_method_around, "AROUND")])
     _registered = True
+
+
+_log_kernel_errors = OnceLog("moe")  # the forward's fallbacks, once per kind of error
 
 
 def _log_once(reason: str) -> None:
@@ -160,17 +163,24 @@ def _make_runner_core(config):
         def run_from_dispatch(self, dispatch_output, quant_info, runner_config, hooks=None):
             from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
 
-            from .kernels.moe_mxfp4 import moe_mxfp4_forward
+            from .kernels import moe_mxfp4
 
             topk = dispatch_output.topk_output
             hidden_states = dispatch_output.hidden_states
             if dispatch_output.hidden_states_scale is not None:
                 raise ValueError("sm120 MoE takes bf16 hidden states, got pre-quantised ones")
             x = hidden_states if hidden_states.dtype == torch.bfloat16 else hidden_states.to(torch.bfloat16)
-            out = moe_mxfp4_forward(
-                x.contiguous(), quant_info.w13_weight, quant_info.w13_scale, quant_info.w2_weight,
-                quant_info.w2_scale, topk.topk_weights, topk.topk_ids,
-                swiglu_limit=float(runner_config.swiglu_limit or 0.0), wide_scales=quant_info.wide_scales)
+            x = x.contiguous()
+            weights = (quant_info.w13_weight, quant_info.w13_scale, quant_info.w2_weight, quant_info.w2_scale,
+                       topk.topk_weights, topk.topk_ids)
+            limit = float(runner_config.swiglu_limit or 0.0)
+            # the weights are repacked for our kernels, so upstream's method cannot take a call they fail: a torch
+            # path over the same repacked experts does (slow; logged once per kind of error)
+            out = run_or_fall_back(
+                _log_kernel_errors, "the sm120 MoE kernels",
+                lambda: moe_mxfp4.moe_mxfp4_forward(x, *weights, swiglu_limit=limit,
+                                                    wide_scales=quant_info.wide_scales),
+                lambda: moe_mxfp4.moe_mxfp4_dequantised_forward(x, *weights, swiglu_limit=limit))
             return StandardCombineInput(hidden_states=out.to(hidden_states.dtype))
 
     return Sm120Mxfp4RunnerCore(config)

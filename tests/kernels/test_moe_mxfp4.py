@@ -233,6 +233,30 @@ def test_forward_routing_patterns(pattern, batch, upcast, split):
         assert rel(out, ref) < 2e-2
 
 
+@pytest.mark.parametrize("all_experts", [False, True], ids=["chosen_experts", "every_expert"])
+@pytest.mark.parametrize("pattern,batch", [("random", 0), ("random", 1), ("random", 3), ("skewed", 5),
+                                           ("duplicate", 4), ("invalid", 4), ("all_invalid", 2)])
+def test_dequantised_forward_on_repacked_weights_matches_reference(pattern, batch, all_experts):
+    """The seam's fallback when the kernels raise: on the repacked (interleaved) w13, both its forms (the experts
+    some row chose, and every expert with zero weights: the form used while capturing a CUDA graph) against the
+    checkpoint-layout reference; duplicate choices count twice, invalid ids add nothing."""
+    inter = 64
+    experts = make_experts(inter)
+    weights, ids = make_routing(batch, pattern)
+    x = make_x(batch)
+    w13, s13, w2, s2 = experts
+    w13r, s13r = repacked(w13, s13)
+    out = moe.moe_mxfp4_dequantised_forward(x, w13r, s13r, w2, s2, weights, ids, all_experts=all_experts)
+    assert out.shape == (batch, HIDDEN) and out.dtype == torch.bfloat16
+    if batch == 0:
+        return
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    if pattern == "all_invalid":
+        assert torch.equal(out, torch.zeros_like(out))
+    else:
+        assert torch.isfinite(out).all() and rel(out, ref) < 2e-2
+
+
 def test_prefill_grouped_gemm_matches_reference():
     inter = 64
     batch = moe.DECODE_MAX_ROWS // TOP_K + 13  # past the decode tiles: 128-row grouped GEMM

@@ -221,6 +221,40 @@ def test_end_to_end_through_fused_moe_matches_reference(seam, batch):
     assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
 
 
+def test_kernel_errors_fall_back_to_a_torch_forward_over_the_repacked_experts(seam, caplog, monkeypatch):
+    """Our kernels raising in a forward (a Triton compile or launch error) do not reach SGLang: the layer's repacked
+    experts run through the torch fallback, within bf16 rounding of the float32 reference, with one warning."""
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+    from sglang.srt.runtime_context import get_parallel
+
+    seam({"SGLANG_SM120_FORCE": "1"})
+    layer = build_layer()
+    experts = random_experts(seed=5)
+    load_checkpoint(layer, experts)
+    layer.quant_method.process_weights_after_loading(layer)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of resources: shared memory 120000 > 101376")
+
+    monkeypatch.setattr(moe_mxfp4, "moe_mxfp4_forward", broken)
+    monkeypatch.setattr(sm120_moe, "_log_kernel_errors", sm120_moe.OnceLog("moe"))
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(3, HIDDEN, generator=g) * 3).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(NUM_EXPERTS, generator=g)[:TOP_K] for _ in range(3)]).to(torch.int32)
+    ids[2, 1] = ids[2, 0]  # a duplicate choice counts twice, as in the kernels
+    weights = torch.rand(3, TOP_K, generator=g) * 1.5
+    topk = StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=torch.zeros(3, NUM_EXPERTS))
+    with caplog.at_level(logging.WARNING, logger="sglang_sm120"), \
+            get_parallel().override(tp_group=SimpleNamespace(world_size=1)):
+        out = layer.forward(x, topk)
+        layer.forward(x, topk)
+    ref = moe_mxfp4.reference_moe_mxfp4(x, *experts, weights, ids)
+    assert out.shape == (3, HIDDEN) and out.dtype == torch.bfloat16
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
+    warnings = [r for r in caplog.records if "the sm120 MoE kernels raised RuntimeError" in r.getMessage()]
+    assert len(warnings) == 1
+
+
 def test_scales_outside_the_pairs_range_log_and_keep_the_forward_exact(seam, caplog, monkeypatch):
     """E8M0 bytes the pairs decode cannot take exactly (here 200 and 10): one warning at load naming the layer and the
     range, and every forward of the layer asks the kernels for the forms exact at any byte."""
