@@ -8,13 +8,55 @@ raises if any target was not patched, so the seam registry can mark the seam fai
 It applies the seam's own targets only. ``apply_hooks()`` would patch every target registered so far,
 including other plugins' (loaded before this one), and a target once patched takes no later hook: a
 plugin loaded after sglang-sm120 could then no longer hook what an earlier plugin hooked. SGLang's
-``load_plugins()`` applies everyone else's targets itself once every plugin has registered.
+``load_plugins()`` applies everyone else's targets itself once every plugin has registered. Our own
+targets are patched early, so ``apply_hooks()`` would skip a hook another plugin registers on one of them
+later; an AFTER hook on ``apply_hooks`` (:func:`apply_late_hooks`) applies those on top of ours.
 """
 
 from __future__ import annotations
 
+import logging
 import pkgutil
 from typing import Callable, Sequence
+
+logger = logging.getLogger("sglang_sm120")
+
+APPLY_HOOKS_TARGET = "sglang.srt.plugins.hook_registry.HookRegistry.apply_hooks"
+# (the registry's hook table, one of our targets) -> how many of its registered hooks the patch there holds
+_applied: dict[tuple[int, str], int] = {}
+_late_step_installed = False
+
+
+def apply_late_hooks(result, *args, **kwargs):
+    """AFTER ``HookRegistry.apply_hooks()``: hooks another plugin registered on one of our targets after we patched
+    it (``apply_hooks`` skips a patched target) are applied on top of the patch there, in the order registered."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    for (table, target), count in list(_applied.items()):
+        hooks = HookRegistry._hooks.get(target, ()) if table == id(HookRegistry._hooks) else ()
+        if len(hooks) <= count:
+            continue
+        try:
+            HookRegistry._apply_target(target, list(hooks[count:]))
+            _applied[(table, target)] = len(hooks)
+            logger.info("sglang-sm120: %d hook(s) registered on %s after sglang-sm120's were applied on top of it",
+                        len(hooks) - count, target)
+        except Exception:
+            logger.exception("sglang-sm120: the hooks registered on %s after sglang-sm120's could not be applied",
+                             target)
+    return result
+
+
+def _install_late_step(HookRegistry, HookType) -> None:
+    """Once per process: :func:`apply_late_hooks` after every ``apply_hooks()`` (load_plugins' final one)."""
+    global _late_step_installed
+    if _late_step_installed:
+        return
+    HookRegistry.register(APPLY_HOOKS_TARGET, apply_late_hooks, HookType.AFTER)
+    HookRegistry._apply_target(APPLY_HOOKS_TARGET, [h for h in HookRegistry._hooks[APPLY_HOOKS_TARGET]
+                                                    if h[1] is apply_late_hooks])
+    HookRegistry._patched.add(APPLY_HOOKS_TARGET)
+    _late_step_installed = True
 
 
 def resolve(target: str):
@@ -53,6 +95,12 @@ def install_hooks(hooks: Sequence[tuple[str, Callable, str]]) -> None:
         except Exception as exc:
             raise RuntimeError(f"SGLang's HookRegistry could not patch {target}: {type(exc).__name__}: {exc}") from exc
         HookRegistry._patched.add(target)
+        _applied[(id(HookRegistry._hooks), target)] = len(target_hooks)
     unpatched = [t for t, _h, _k in hooks if t not in HookRegistry._patched]
     if unpatched:
         raise RuntimeError(f"SGLang's HookRegistry did not patch {unpatched}")
+    try:
+        _install_late_step(HookRegistry, HookType)
+    except Exception:  # our hooks are live; only later plugins' hooks on our targets would stay unapplied
+        logger.warning("sglang-sm120: could not hook HookRegistry.apply_hooks; a plugin loaded later that hooks one of "
+                       "sglang-sm120's targets will not be applied there", exc_info=True)

@@ -189,6 +189,37 @@ def test_install_hooks_applies_only_its_own_targets(monkeypatch):
     assert module.shared(0) == 11 and module.ours(0) == 100  # both plugins' hooks; ours not wrapped twice
 
 
+def test_a_later_plugins_hook_on_our_target_is_applied_on_top(monkeypatch):
+    """A plugin loaded after ours that hooks one of our (already patched) targets: SGLang's apply_hooks() skips a
+    patched target, so our AFTER step on apply_hooks applies that hook on top of ours, once."""
+    import collections
+    import types
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_sm120.hooks import install_hooks
+
+    monkeypatch.setattr(HookRegistry, "_hooks", collections.defaultdict(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    module = types.ModuleType("sm120_hook_target4")
+    module.ours = lambda x: x
+    monkeypatch.setitem(sys.modules, "sm120_hook_target4", module)
+
+    def ours(original, x):
+        return original(x) + 100
+
+    def later_plugin(original, x):
+        return original(x) * 2
+
+    install_hooks([("sm120_hook_target4.ours", ours, "AROUND")])
+    HookRegistry.register("sm120_hook_target4.ours", later_plugin, HookType.AROUND)
+    assert module.ours(1) == 101  # registered, not yet applied
+    HookRegistry.apply_hooks()
+    assert module.ours(1) == 202  # theirs around ours
+    HookRegistry.apply_hooks()  # again: nothing applied twice
+    assert module.ours(1) == 202
+
+
 def test_install_hooks_raises_when_a_target_cannot_be_patched(monkeypatch):
     """A target SGLang's HookRegistry refuses (here: an AROUND hook on a class) makes the install raise with the
     target and the reason, so the seam is marked failed; the class stays as it was."""
