@@ -229,6 +229,22 @@ def reference_moe_mxfp4(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     return out
 
 
+def dequant_mxfp4_in_graph(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """:func:`reference_dequant_mxfp4`'s float32 values, bit for bit, from device arithmetic alone (no value table
+    copied from the host), so that it can run inside CUDA-graph capture: magnitude code ``m`` is ``m / 2`` below 2
+    (subnormal e2m1) and ``2^(m/2 - 1) * (1 + (m & 1) / 2)`` from 2 on."""
+    codes = packed.view(torch.uint8)
+    nibbles = torch.stack((codes & 0x0F, codes >> 4), dim=-1).flatten(-2)  # [..., N, K]
+    mag = (nibbles & 0x7).to(torch.float32)
+    exponent = torch.floor(mag * 0.5)
+    mantissa = mag - 2.0 * exponent  # 0 or 1
+    normal = torch.exp2(exponent - 1.0) * (1.0 + 0.5 * mantissa)
+    values = torch.where(mag < 2.0, 0.5 * mag, normal)
+    values = torch.where((nibbles & 0x8) != 0, -values, values)
+    factor = torch.exp2(scale_bytes(scale).to(torch.float32) - MXFP4_E8M0_BIAS)
+    return (values.unflatten(-1, (-1, MXFP4_GROUP)) * factor.unsqueeze(-1)).flatten(-2)
+
+
 def moe_mxfp4_dequantised_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                                   w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                                   swiglu_limit: float = SWIGLU_LIMIT, all_experts: bool | None = None) -> torch.Tensor:
@@ -255,9 +271,9 @@ def moe_mxfp4_dequantised_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale:
         else:
             rows = routed.any(1).nonzero().squeeze(1)
             row_weight = (topk_weights.float()[rows] * routed[rows]).sum(1)
-        gate_up = (xb[rows] @ reference_dequant_mxfp4(w13[e], w13_scale[e]).to(torch.bfloat16).T).float()
+        gate_up = (xb[rows] @ dequant_mxfp4_in_graph(w13[e], w13_scale[e]).to(torch.bfloat16).T).float()
         act = reference_swiglu(gate_up[:, 0::2], gate_up[:, 1::2], swiglu_limit).to(torch.bfloat16)
-        down = (act @ reference_dequant_mxfp4(w2[e], w2_scale[e]).to(torch.bfloat16).T).float()
+        down = (act @ dequant_mxfp4_in_graph(w2[e], w2_scale[e]).to(torch.bfloat16).T).float()
         if capturing:
             out += down * row_weight.unsqueeze(1)
         else:

@@ -233,6 +233,17 @@ def test_forward_routing_patterns(pattern, batch, upcast, split):
         assert rel(out, ref) < 2e-2
 
 
+def test_in_graph_dequant_equals_the_reference_bit_for_bit():
+    """The fallback's dequantisation (device arithmetic only, capturable) against the reference's table lookup, over
+    every byte of packed e2m1 and every E8M0 scale byte."""
+    packed = torch.arange(256, dtype=torch.uint8).view(torch.int8).reshape(1, 16, 16).to(DEVICE)  # 256 codes, K=32
+    for scale_byte in range(0, 255, 7):
+        scale = torch.full((1, 16, 1), scale_byte, dtype=torch.uint8, device=DEVICE)
+        ref = moe.reference_dequant_mxfp4(packed, scale)
+        got = moe.dequant_mxfp4_in_graph(packed, scale)
+        assert torch.equal(got, ref) and torch.equal(torch.signbit(got), torch.signbit(ref)), scale_byte
+
+
 @pytest.mark.parametrize("all_experts", [False, True], ids=["chosen_experts", "every_expert"])
 @pytest.mark.parametrize("pattern,batch", [("random", 0), ("random", 1), ("random", 3), ("skewed", 5),
                                            ("duplicate", 4), ("invalid", 4), ("all_invalid", 2)])
