@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 
-from .seams import REGISTRY, OnceLog, Seam, kernels_runnable, reason_key
+from .seams import REGISTRY, OnceLog, Seam, kernels_runnable, not_runnable_reason, reason_key
 
 logger = logging.getLogger("sglang_sm120")
 
@@ -50,7 +50,7 @@ def uncovered_reason(kwargs: dict) -> str | None:
     if q is None or q.dim() != 4 or q.shape[-1] != HEAD_DIM:
         return f"q is not [B, s_q, H, {HEAD_DIM}]"
     if not kernels_runnable(q):
-        return f"{q.device} tensors without a GPU or the Triton interpreter"
+        return not_runnable_reason(q)
     if not 1 <= q.shape[2] <= SPARSE_MLA_MAX_HEADS:
         return f"{q.shape[2]} heads (ours takes 1..{SPARSE_MLA_MAX_HEADS})"
     for name in ("k_cache", "extra_k_cache"):

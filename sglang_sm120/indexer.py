@@ -33,7 +33,7 @@ import os
 import torch
 
 from .hooks import install_hooks, resolve
-from .seams import REGISTRY, OnceLog, Seam, kernels_runnable, reason_key, run_or_fall_back
+from .seams import REGISTRY, OnceLog, Seam, kernels_runnable, not_runnable_reason, reason_key, run_or_fall_back
 
 logger = logging.getLogger("sglang_sm120")
 
@@ -80,7 +80,7 @@ def logits_uncovered(q, kv, weights, seq_lens, page_table, max_seq_len, clean_lo
     if q.dim() == 4 and q.shape[1] != 1:
         return f"s_q={q.shape[1]} (only 1 is covered)"
     if not kernels_runnable(q):
-        return f"{q.device} tensors without a GPU or the Triton interpreter"
+        return not_runnable_reason(q)
     if seq_lens.dim() == 2 and seq_lens.shape[1] == 1:
         seq_lens = seq_lens[:, 0]
     try:
@@ -93,8 +93,10 @@ def logits_uncovered(q, kv, weights, seq_lens, page_table, max_seq_len, clean_lo
 def topk_uncovered(scores, seq_lens, page_tables, out, page_size, raw) -> str | None:
     if not REGISTRY.is_active("indexer"):
         return "seam not active"
-    if not isinstance(scores, torch.Tensor) or not kernels_runnable(scores):
-        return "scores without a GPU or the Triton interpreter"
+    if not isinstance(scores, torch.Tensor):
+        return "scores is not a tensor"
+    if not kernels_runnable(scores):
+        return not_runnable_reason(scores)
     try:
         _kernels().validate_topk_inputs(scores, seq_lens, page_tables, out, page_size, raw)
     except ValueError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import logging
 import os
 import re
@@ -154,6 +155,7 @@ class SeamRegistry:
         for seam in self._seams.values():
             seam.state, seam.reason = None, ""
         self._logged = False
+        cuda_device_takes_kernels.cache_clear()
 
 
 REGISTRY = SeamRegistry()
@@ -193,10 +195,29 @@ def run_or_fall_back(log: OnceLog, what: str, ours, upstream):
 
 
 def kernels_runnable(t) -> bool:
-    """Whether the plugin's Triton kernels can run on ``t``: a CUDA tensor, or any tensor under the CPU
-    interpreter (the seam tests)."""
+    """Whether the plugin's Triton kernels take a call on ``t``: a tensor on an sm_12x GPU (on any CUDA GPU with
+    ``SGLANG_SM120_FORCE=1``), or any tensor under the CPU interpreter (the seam tests). The seams activate when any
+    visible GPU is sm_12x; on a machine that also has other GPUs, the processes on those keep SGLang's path per call."""
     if t.is_cuda:
-        return True
+        return cuda_device_takes_kernels(t.device.index)
     from .kernels.harness.interpreter import interpreter_enabled
 
     return interpreter_enabled()
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_device_takes_kernels(index: int | None) -> bool:
+    """Whether calls on CUDA device ``index`` go to our kernels: it is sm_12x, or ``SGLANG_SM120_FORCE=1``. Cached per
+    device (the hooks ask on every call); :meth:`SeamRegistry.reset` forgets it."""
+    if forced():
+        return True
+    import torch
+
+    return torch.cuda.get_device_capability(index)[0] == 12
+
+
+def not_runnable_reason(t) -> str:
+    """Why :func:`kernels_runnable` said no for ``t``, for the seams' once-per-reason log lines."""
+    if t.is_cuda:
+        return f"{t.device} is not an sm_12x GPU (and {ENV_FORCE} is not set)"
+    return f"{t.device} tensors without a GPU or the Triton interpreter"

@@ -242,3 +242,31 @@ def test_install_hooks_raises_when_a_target_cannot_be_patched(monkeypatch):
     with pytest.raises(RuntimeError, match=r"could not patch sm120_hook_target3.Target: TypeError"):
         install_hooks([("sm120_hook_target3.Target", lambda original, *a: original(*a), "AROUND")])
     assert module.Target is Target and "sm120_hook_target3.Target" not in HookRegistry._patched
+
+
+@pytest.mark.parametrize("capability,force,expected", [((12, 0), "", True), ((12, 1), "", True), ((9, 0), "", False),
+                                                       ((8, 9), "", False), ((9, 0), "1", True)])
+def test_kernels_take_calls_only_on_sm12x_devices_unless_forced(monkeypatch, capability, force, expected):
+    """On a machine mixing GPUs the seams are active (some GPU is sm_12x), but a call on a tensor of another GPU keeps
+    SGLang's path, with the reason; SGLANG_SM120_FORCE=1 sends every CUDA device's calls to our kernels. The answer is
+    cached per device and forgotten by the registry's reset."""
+    import types
+
+    import torch
+
+    from sglang_sm120 import seams
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or capability)
+    monkeypatch.setenv(seams.ENV_FORCE, force)
+    seams.REGISTRY.reset()
+    tensor = types.SimpleNamespace(is_cuda=True, device=types.SimpleNamespace(index=3))
+    assert seams.kernels_runnable(tensor) is expected
+    assert seams.kernels_runnable(tensor) is expected
+    assert asked == ([] if force else [3])  # once per device
+    if not expected:
+        assert "is not an sm_12x GPU" in seams.not_runnable_reason(tensor)
+    seams.REGISTRY.reset()
+    monkeypatch.setenv(seams.ENV_FORCE, "1")
+    assert seams.kernels_runnable(tensor) is True
+    seams.REGISTRY.reset()
