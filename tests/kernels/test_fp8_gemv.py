@@ -182,6 +182,14 @@ def rope_inputs(b, gen, max_pos=64):
     return positions.to(DEVICE), torch.view_as_real(freqs_cis).flatten(1).contiguous().to(DEVICE), freqs_cis
 
 
+def rope_kwargs(b, gen, rope: bool) -> dict:
+    """grouped_fp8_wo_a's fused inverse-RoPE keyword arguments for ``b`` rows (random positions), or none."""
+    if not rope:
+        return {}
+    pos, freqs, _ = rope_inputs(b, gen)
+    return dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+
+
 
 def check_ragged_grouped_wo_a(cfg, rope: bool, seed: int, groups: int) -> None:
     """grouped_fp8_wo_a with ``cfg`` on a ragged R (160 against 64/128-column tiles), a strided ``o`` (a slice of a
@@ -190,10 +198,7 @@ def check_ragged_grouped_wo_a(cfg, rope: bool, seed: int, groups: int) -> None:
     b, r, d = 3, 160, 512
     w, s = random_weight(r, d, groups=groups, gen=gen)
     o = torch.randn(b, groups, d + 64, generator=gen).to(torch.bfloat16)[..., :d]
-    kwargs = {}
-    if rope:
-        pos, freqs, _ = rope_inputs(b, gen)
-        kwargs = dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    kwargs = rope_kwargs(b, gen, rope)
     y = g.grouped_fp8_wo_a(o, w, s, out=poisoned((b, groups, r)), config=cfg, **kwargs)
     ref = g.reference_grouped_wo_a(o, w, s, kwargs.get("positions"), kwargs.get("freqs"), HEAD, ROPE)
     assert torch.isfinite(y).all() and rel_err(y, ref) < OUTPUT_TOL
@@ -205,10 +210,7 @@ def test_wo_a_matches_reference(b, rope):
     groups, r, d = 2, 256, 512  # 4 heads of 128 per group
     w, s = random_weight(r, d, groups=groups, gen=gen)
     o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
-    kw = {}
-    if rope:
-        pos, freqs, _ = rope_inputs(b, gen)
-        kw = dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    kw = rope_kwargs(b, gen, rope)
     out = poisoned((b, groups, r))
     y = g.grouped_fp8_wo_a(o, w, s, out=out, **kw)
     assert y is out and torch.isfinite(y).all()
@@ -294,10 +296,7 @@ def test_wo_a_dequantised_einsum_matches_the_kernel_contract(rope):
     b, groups, r, d = 3, 2, 128, 256
     w, s = random_weight(r, d, groups=groups, gen=gen)
     o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
-    kw = {}
-    if rope:
-        pos, freqs, _ = rope_inputs(b, gen)
-        kw = dict(positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE)
+    kw = rope_kwargs(b, gen, rope)
     y = g.wo_a_dequantised_einsum(o, w, s, **kw)
     assert y.shape == (b, groups, r) and y.dtype == torch.bfloat16 and y.is_contiguous()
     ref = g.reference_grouped_wo_a(o, w, s, kw.get("positions"), kw.get("freqs"), HEAD, ROPE)
