@@ -271,6 +271,7 @@ def sglang_server_parser() -> argparse.ArgumentParser | None:
     return parser
 
 
+@functools.lru_cache(maxsize=None)
 def sglang_server_options() -> dict[str, tuple[str, ...]] | None:
     """Each long option of SGLang's server parser -> every long spelling of its action (aliases such as
     --tp-size / --tensor-parallel-size), or None where SGLang cannot be imported here."""
