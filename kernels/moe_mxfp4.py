@@ -180,11 +180,17 @@ def reference_dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.
     Same arithmetic as SGLang's ``fp8_utils.dequant_mxfp4`` / ``MXFP4QuantizeUtil.dequantize``:
     low nibble is the even element, value ``sign * E2M1[mag] * exp2(byte - 127)`` in float32.
     """
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    return _dequant_mxfp4(packed, scale, lambda mag: table[mag.long()])
+
+
+def _dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor, magnitudes) -> torch.Tensor:
+    """The MXFP4 dequantisation around ``magnitudes`` (e2m1 magnitude codes 0..7 -> their float32 values): nibbles
+    split low (even element) then high, bit 3 the sign, times ``exp2(byte - 127)`` per 32 along K."""
     codes = packed.view(torch.uint8)
     nibbles = torch.stack((codes & 0x0F, codes >> 4), dim=-1).flatten(-2)  # [..., N, K]
     sign = 1.0 - 2.0 * ((nibbles & 0x8) >> 3).to(torch.float32)
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
-    values = sign * table[(nibbles & 0x7).long()]
+    values = sign * magnitudes(nibbles & 0x7)
     factor = torch.exp2(scale_bytes(scale).to(torch.float32) - MXFP4_E8M0_BIAS)
     values = values.unflatten(-1, (-1, MXFP4_GROUP)) * factor.unsqueeze(-1)
     return values.flatten(-2)
@@ -233,16 +239,13 @@ def dequant_mxfp4_in_graph(packed: torch.Tensor, scale: torch.Tensor) -> torch.T
     """:func:`reference_dequant_mxfp4`'s float32 values, bit for bit, from device arithmetic alone (no value table
     copied from the host), so that it can run inside CUDA-graph capture: magnitude code ``m`` is ``m / 2`` below 2
     (subnormal e2m1) and ``2^(m/2 - 1) * (1 + (m & 1) / 2)`` from 2 on."""
-    codes = packed.view(torch.uint8)
-    nibbles = torch.stack((codes & 0x0F, codes >> 4), dim=-1).flatten(-2)  # [..., N, K]
-    mag = (nibbles & 0x7).to(torch.float32)
-    exponent = torch.floor(mag * 0.5)
-    mantissa = mag - 2.0 * exponent  # 0 or 1
-    normal = torch.exp2(exponent - 1.0) * (1.0 + 0.5 * mantissa)
-    values = torch.where(mag < 2.0, 0.5 * mag, normal)
-    values = torch.where((nibbles & 0x8) != 0, -values, values)
-    factor = torch.exp2(scale_bytes(scale).to(torch.float32) - MXFP4_E8M0_BIAS)
-    return (values.unflatten(-1, (-1, MXFP4_GROUP)) * factor.unsqueeze(-1)).flatten(-2)
+    def magnitudes(codes):
+        mag = codes.to(torch.float32)
+        exponent = torch.floor(mag * 0.5)
+        mantissa = mag - 2.0 * exponent  # 0 or 1
+        return torch.where(mag < 2.0, 0.5 * mag, torch.exp2(exponent - 1.0) * (1.0 + 0.5 * mantissa))
+
+    return _dequant_mxfp4(packed, scale, magnitudes)
 
 
 def moe_mxfp4_dequantised_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
