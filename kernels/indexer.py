@@ -266,7 +266,8 @@ def _row_length(lens_ptr, b, max_seq_len, pt_width, PAGE: tl.constexpr):
 
 @triton.jit
 def _logits_kernel(q_ptr, kv_fp8_ptr, kv_f32_ptr, w_ptr, lens_ptr, pt_ptr, out_ptr, ws_ptr,
-                   max_seq_len, pt_width, n_cache_pages, pages_per_split, stride_qb, stride_wb, stride_ptb, stride_ob, stride_wsb,
+                   max_seq_len, pt_width, n_cache_pages, pages_per_split, stride_qb, stride_wb, stride_ptb, stride_ob,
+                   stride_wsb,
                    D: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                    PAGE_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr, USE_SCALED_DOT: tl.constexpr,
                    HIST_BITS: tl.constexpr = 0, R: tl.constexpr = 1, K: tl.constexpr = 1, WS_H1: tl.constexpr = 0,
@@ -1943,7 +1944,8 @@ def indexer_topk(q, kv, weights, lens, page_table, max_seq_len, out, raw=None, *
 _LOGITS_SIG = {
     "q_ptr": "*fp8e4nv", "kv_fp8_ptr": "*fp8e4nv", "kv_f32_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32",
     "pt_ptr": "*i32", "out_ptr": "*fp32", "ws_ptr": "*i32", "max_seq_len": "i32", "pt_width": "i32",
-    "n_cache_pages": "i32", "pages_per_split": "i32", "stride_qb": "i32", "stride_wb": "i32", "stride_ptb": "i32", "stride_ob": "i32",
+    "n_cache_pages": "i32", "pages_per_split": "i32", "stride_qb": "i32", "stride_wb": "i32", "stride_ptb": "i32",
+    "stride_ob": "i32",
     "stride_wsb": "i32",
 }
 _FUSED_SIG = {
