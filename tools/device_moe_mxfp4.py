@@ -253,11 +253,6 @@ DECODE_SWEEP = {
     "down": [moe.GemmConfig(16, 64, 128, 4, 3), moe.GemmConfig(16, 32, 256, 4, 3), moe.GemmConfig(16, 64, 256, 4, 3),
              moe.GemmConfig(16, 128, 128, 4, 3)],
 }
-PREFILL_SWEEP = {
-    "gate_up": [moe.GemmConfig(128, 64, 64, 8, 3), moe.GemmConfig(64, 64, 128, 8, 3), moe.GemmConfig(128, 128, 64, 8, 3),
-                moe.GemmConfig(64, 128, 64, 4, 3)],
-    "down": [moe.GemmConfig(64, 128, 64, 8, 3), moe.GemmConfig(128, 128, 64, 8, 3), moe.GemmConfig(64, 64, 128, 4, 3)],
-}
 SWEEP_DEADLINE_S = 140  # the sweep is skipped past this many seconds into the run (240 s device limit)
 PREFILL_SWEEP = {
     "gate_up": [moe.GemmConfig(64, 64, 128, 8, 3), moe.GemmConfig(64, 64, 64, 4, 3), moe.GemmConfig(128, 64, 64, 8, 3),
