@@ -14,7 +14,11 @@ such a process install:
   only finds out when the KV manager starts) and that ``nixl`` is importable;
 - checks that an explicit ``UCX_TLS`` lists a transport with a peer-failure handler (tcp, ib and
   the rc, ud and dc families, by any of UCX's names for them): NIXL's UCX backend does not start
-  with shared memory alone (measured, see ``tests/sglang_sm120/pd/test_nixl_transfer.py``).
+  with shared memory alone (measured, see ``tests/sglang_sm120/pd/test_nixl_transfer.py``); and that
+  an exclusion list (``UCX_TLS=^...``) does not exclude tcp on a machine without an RDMA NIC, where tcp
+  is the only such transport (measured the same way: ``^tcp`` fails there, ``^sm,cma`` works). Other
+  exclusion lists depend on the machine's transports: ``sglang-sm120 doctor`` tries this environment's
+  settings with a NIXL loopback transfer.
 A failed check raises, which the seam registry records as ``failed`` with the reason and logs; the
 plugin never stops SGLang, so the log line is the signal.
 
@@ -76,9 +80,17 @@ def _applies() -> str | None:
     return None
 
 
-def nixl_settings_problems(environ) -> list[str]:
+def rdma_nic_present() -> bool:
+    """Whether this machine shows an RDMA device (``/sys/class/infiniband``)."""
+    from .pd.topology import detect_nics
+
+    return any(nic.kind == "rdma" for nic in detect_nics())
+
+
+def nixl_settings_problems(environ, rdma_available: bool | None = None, where: str = "this machine") -> list[str]:
     """Why NIXL's UCX backend would not start with the NIXL/UCX settings in ``environ`` (empty when it would).
-    The seam checks a running server with it; the planner refuses a plan with it."""
+    The seam checks a running server with it; the planner refuses a plan with it. ``rdma_available``: whether
+    ``where`` has an RDMA NIC (None: unknown), which decides what an exclusion list leaves."""
     problems = []
     raw = environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}")
     try:
@@ -89,7 +101,18 @@ def nixl_settings_problems(environ) -> list[str]:
         problems.append(f"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS={raw!r} is not a JSON object of strings ({exc}); "
                         "SGLang's NIXL connector would refuse it at start-up")
     tls = environ.get("UCX_TLS", "")
-    if tls and not tls.startswith("^"):  # '^...' excludes transports: what is left depends on the machine
+    if "UCX_TLS" in environ and not tls.strip():
+        problems.append("UCX_TLS is set but empty, which UCX refuses (\"The TLs list is empty\"); unset it for UCX's "
+                        "default transports")
+    elif tls.startswith("^"):  # excludes transports: what is left depends on the machine's transports
+        excluded = {entry.strip().removeprefix("\\") for entry in tls[1:].split(",")}
+        # without an RDMA NIC the rc/ud/dc/ib families do not exist, so tcp is the one transport with a handler
+        if "all" in excluded:
+            problems.append(f"UCX_TLS={tls} excludes every transport; NIXL's UCX backend cannot create its endpoints")
+        elif "tcp" in excluded and rdma_available is False:
+            problems.append(f"UCX_TLS={tls} excludes tcp and {where} has no RDMA NIC, so no transport with a "
+                            "peer-failure handler is left; NIXL's UCX backend cannot create its endpoints")
+    elif tls:
         if not any(has_peer_failure_handler(t) for t in tls.split(",")):
             problems.append(f"UCX_TLS={tls} has no transport with a peer-failure handler (tcp, ib, rc*, ud*, dc*); "
                             "NIXL's UCX backend cannot create its endpoints with shared memory or GPU copies alone")
@@ -104,7 +127,7 @@ def environment_problems(environ) -> list[str]:
     problems = []
     if not environ.get(ENV_LAYOUT):
         problems.append(f"{ENV_LAYOUT} is unset, so this server's KV-layout settings cannot be compared with its peer's")
-    problems += nixl_settings_problems(environ)
+    problems += nixl_settings_problems(environ, rdma_available=rdma_nic_present())
     if importlib.util.find_spec("nixl") is None:
         problems.append("nixl is not installed: pip install 'sglang-sm120[pd]'")
     return problems

@@ -4,7 +4,9 @@ Works without a GPU. Exit code 0 when the install is usable (supported SGLang, t
 import), non-zero with the reason when it is not. A machine without an sm_12x GPU is usable (the
 kernels can be checked there) but the seams stay inactive unless ``SGLANG_SM120_FORCE=1``. In a PD
 server's environment (``SGLANG_SM120_PD_ROLE`` from a plan) it also runs the ``disagg`` seam's checks
-that need only the environment; their problems make the verdict not usable.
+that need only the environment; their problems make the verdict not usable. With nixl installed it runs a NIXL
+loopback transfer with this environment's settings; a failure is a row of the report, and in a PD server's
+environment a problem too.
 """
 
 from __future__ import annotations
@@ -176,6 +178,7 @@ def _report(out: Callable[[str], None]) -> int:
         out("Prefill/decode disaggregation")
         for label, value, ok in pd_rows:
             out(f"  {label}: {value}" + ("" if ok else "  (!)"))
+    problems += [f"disagg (PD server environment): {p}" for p in loopback_problems(pd_rows, os.environ)]
 
     out("")
     sm12x = [g for g in gpus if g["capability"][0] == 12]
@@ -193,6 +196,18 @@ def _report(out: Callable[[str], None]) -> int:
         return 1
     out("usable: yes")
     return 0
+
+
+def loopback_problems(pd_rows, environ) -> list[str]:
+    """In a PD server's environment, a NIXL loopback that failed with its settings is a problem: that server's KV
+    transfers would fail the same way. Elsewhere it is a row of the report only (PD may not be in use)."""
+    from . import disagg
+
+    if disagg.pd_server_role(environ) is None:
+        return []
+    from .pd.cli import LOOPBACK_LABEL
+
+    return [f"{label}: {value}" for label, value, ok in pd_rows if label.startswith(LOOPBACK_LABEL) and not ok]
 
 
 def _pd_rows() -> list[tuple[str, str, bool]]:

@@ -263,6 +263,29 @@ def _ucx_probe(timeout: float = 60.0) -> tuple[list[str] | None, list[str] | Non
     return plugins, transports, err
 
 
+LOOPBACK_LABEL = "NIXL loopback"
+
+
+def _nixl_loopback(timeout: float = 90.0) -> tuple[bool, str]:
+    """(ok, detail) of ``nixl_check.loopback`` with this environment, run in a child whose output is kept out of the
+    report; on failure the detail ends with UCX's own error line, which names the cause."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "sglang_sm120.pd.nixl_check", "--loopback"], capture_output=True,
+                             text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"not finished: {exc}"
+    text = out.stdout + out.stderr
+    line = next((ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("LOOPBACK=")), None)
+    if line is None:
+        return False, (text.strip().splitlines() or [f"exit code {out.returncode}, no output"])[-1]
+    result = json.loads(line[len("LOOPBACK="):])
+    detail = result["detail"]
+    ucx = re.search(r"UCX\s+ERROR\s+(.+)", text)
+    if not result["ok"] and ucx:
+        detail += f" (UCX: {ucx.group(1).strip()})"
+    return result["ok"], detail
+
+
 def doctor_pd_report() -> list[tuple[str, str, bool]]:
     from ..versions import SUPPORTED_NIXL, installed_version
     from .topology import detect_nics
@@ -282,6 +305,12 @@ def doctor_pd_report() -> list[tuple[str, str, bool]]:
             rows.append(("NIXL backends", ", ".join(plugins), "UCX" in plugins))
             rows.append(("UCX transports", ", ".join(transports) if transports else "(UCX did not list them)",
                          bool(transports)))
+            backend = os.environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX")
+            if backend in plugins:
+                ok, detail = _nixl_loopback()
+                label = (f"{LOOPBACK_LABEL} (this environment: {backend}, "
+                         f"UCX_TLS={os.environ.get('UCX_TLS', '(UCX default)')})")
+                rows.append((label, ("ok: " if ok else "FAILED: ") + detail, ok))
     router_version = installed_version("sglang-router")
     rows.append(("sglang-router", router_version or f"not installed: {INSTALL_HINT}", router_version is not None))
     nics = detect_nics()

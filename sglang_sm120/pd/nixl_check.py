@@ -371,9 +371,65 @@ def run_pair(spec: TransferSpec, wall_timeout_s: float = 120.0) -> dict:
 def settings_from_plan(plan, role: str = "prefill") -> dict:
     """The NIXL/UCX part of a planned server's environment, as TransferSpec fields: ``env`` (UCX_*),
     ``backend`` and ``backend_params`` (from SGLANG_DISAGGREGATION_NIXL_BACKEND[_PARAMS])."""
+    proc = next(p for p in plan.processes if p.role == role)
+    return settings_from_environ(proc.env)
+
+
+def settings_from_environ(environ) -> dict:
+    """TransferSpec fields from an environment, read as SGLang's NIXL connector reads it: the backend
+    (``SGLANG_DISAGGREGATION_NIXL_BACKEND``, default UCX), its parameters (``..._BACKEND_PARAMS``, a JSON object of
+    strings, default ``{}``) and the ``UCX_*`` variables. ValueError for parameters SGLang would refuse."""
     import json
 
-    proc = next(p for p in plan.processes if p.role == role)
-    env = {k: v for k, v in proc.env.items() if k.startswith("UCX_")}
-    return {"env": env, "backend": proc.env.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX"),
-            "backend_params": json.loads(proc.env.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}"))}
+    raw = environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}")
+    params = json.loads(raw)
+    if not isinstance(params, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
+        raise ValueError(f"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS={raw!r} is not a JSON object of strings")
+    return {"env": {k: v for k, v in environ.items() if k.startswith("UCX_")},
+            "backend": environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX"), "backend_params": params}
+
+
+# SGLang's NIXL connector gives the prefill side's backend 8 threads and the decode side none
+# (sglang/srt/disaggregation/nixl/conn.py, NixlKVManager: num_threads = 8 if prefill else 0)
+SGLANG_PREFILL_NIXL_THREADS = 8
+LOOPBACK_REQUESTS = 2
+LOOPBACK_WALL_S = 45.0
+
+
+def loopback(environ, wall_timeout_s: float = LOOPBACK_WALL_S) -> dict:
+    """A small NIXL transfer of DSv4 pools between two processes of this machine (DRAM), with ``environ``'s NIXL/UCX
+    settings and SGLang's thread counts, every byte checked: whether those settings move KV here at all (an
+    exclusion list such as ``UCX_TLS=^tcp`` leaves what this machine has). ``{"ok", "detail", "seconds"}``."""
+    started = time.monotonic()
+    try:
+        settings = settings_from_environ(environ)
+    except ValueError as exc:
+        return {"ok": False, "detail": f"not run: {exc}", "seconds": 0.0}
+    spec = TransferSpec(**settings, requests=LOOPBACK_REQUESTS, prefill_num_threads=SGLANG_PREFILL_NIXL_THREADS,
+                        timeout_s=10.0)
+    out = run_pair(spec, wall_timeout_s=wall_timeout_s)
+    seconds = round(time.monotonic() - started, 1)
+    decode, prefill = out["decode"] or {}, out["prefill"] or {}
+    if decode.get("ok"):
+        detail = (f"{decode['requests']} requests, {decode['bytes_checked'] / 1e6:.1f} MB of pools checked byte for "
+                  f"byte in {seconds:g} s")
+        return {"ok": True, "detail": detail, "seconds": seconds}
+    if out["hung"]:
+        detail = f"{', '.join(out['hung'])} still running after {wall_timeout_s:g} s (killed)"
+    elif prefill.get("event") == "failed":
+        detail = f"transfer failed: {prefill.get('reason')}"
+    elif decode.get("mismatched"):
+        detail = f"bytes differ after the transfer in {', '.join(sorted(decode['mismatched']))}"
+    else:  # an exception on either side: its last line is NIXL's or UCX's own words
+        error = prefill.get("error") or decode.get("error") or f"prefill exit code {out['prefill_exitcode']}"
+        detail = error.strip().splitlines()[-1]
+    return {"ok": False, "detail": detail, "seconds": seconds}
+
+
+if __name__ == "__main__":  # `python -m sglang_sm120.pd.nixl_check --loopback`: the doctor's probe, one JSON line
+    import json
+    import sys
+
+    if sys.argv[1:] != ["--loopback"]:
+        sys.exit("usage: python -m sglang_sm120.pd.nixl_check --loopback")
+    print("LOOPBACK=" + json.dumps(loopback(os.environ)), flush=True)

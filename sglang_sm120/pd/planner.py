@@ -578,7 +578,9 @@ def make_plan(req: PlanRequest) -> Plan:
                  "decode": tuple(req.server_args) + tuple(req.decode_args)}
 
     # NIXL/UCX settings the disagg seam would report as broken in every server are refused now, in its words
-    broken = {role: nixl_settings_problems(side_env[role]) for role in ("prefill", "decode")}
+    side_host = {"prefill": prefill_host, "decode": decode_host}
+    broken = {role: nixl_settings_problems(side_env[role], rdma_available=bool(side_host[role].rdma_nics()),
+                                           where=f"host {side_host[role].name}") for role in ("prefill", "decode")}
     if any(broken.values()):
         whose = " and ".join(role for role, problems in broken.items() if problems)
         raise PlanError(f"the {whose} servers' NIXL/UCX settings would not work: "

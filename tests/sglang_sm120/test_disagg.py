@@ -141,3 +141,27 @@ def test_ucx_transports_without_a_peer_failure_handler_are_reported(planned_deco
     env, argv = planned_decode
     problems = disagg.check_pd_environment({**env, "UCX_TLS": tls}, argv)
     assert any(f"UCX_TLS={tls} has no transport with a peer-failure handler" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("rdma", [False, True])
+@pytest.mark.parametrize("tls,leaves_a_handler_without_rdma", [("^tcp", False), ("^sm,tcp,cma", False),
+                                                               ("^all", None), ("^sm", True), ("^cuda_ipc,sm", True)])
+def test_an_exclusion_list_is_judged_by_this_machines_nics(planned_decode, monkeypatch, rdma, tls,
+                                                          leaves_a_handler_without_rdma):
+    """``UCX_TLS=^...``: what is left depends on the machine; without an RDMA NIC tcp is the only transport with a
+    peer-failure handler, so excluding it is reported; with one, the rc/ud/dc family may be left ('^all' never)."""
+    env, argv = planned_decode
+    monkeypatch.setattr(disagg, "rdma_nic_present", lambda: rdma)
+    problems = disagg.check_pd_environment({**env, "UCX_TLS": tls}, argv)
+    if tls == "^all":
+        assert any("UCX_TLS=^all excludes every transport" in p for p in problems), problems
+        return
+    reported = any(f"UCX_TLS={tls} excludes tcp and this machine has no RDMA NIC" in p for p in problems)
+    assert reported == (not rdma and not leaves_a_handler_without_rdma), problems
+
+
+def test_an_empty_ucx_tls_is_reported(planned_decode):
+    """UCX refuses an empty transport list ("The TLs list is empty", seen by the doctor's NIXL loopback)."""
+    env, argv = planned_decode
+    problems = disagg.check_pd_environment({**env, "UCX_TLS": " "}, argv)
+    assert any("UCX_TLS is set but empty" in p for p in problems), problems

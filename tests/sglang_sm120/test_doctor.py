@@ -110,3 +110,19 @@ def test_doctor_runs_no_disagg_checks_outside_a_pd_server(monkeypatch):
     lines = []
     assert doctor.run(out=lines.append) == 0
     assert not any(line.startswith("    ") for line in seams_section(lines).splitlines())
+
+
+def test_a_failed_nixl_loopback_makes_a_pd_server_environment_unusable(pd_server_env):
+    from sglang_sm120.pd.cli import LOOPBACK_LABEL
+
+    failed = [(f"{LOOPBACK_LABEL} (this environment: UCX, UCX_TLS=^tcp)", "FAILED: NIXL_ERR_BACKEND", False)]
+    pd_server_env.setattr(doctor, "_pd_rows", lambda: failed)
+    lines = []
+    assert doctor.run(out=lines.append) == 1
+    verdict = "\n".join(lines[lines.index("NOT USABLE:"):])
+    assert f"{LOOPBACK_LABEL} (this environment: UCX, UCX_TLS=^tcp): FAILED: NIXL_ERR_BACKEND" in verdict
+    # outside a PD server the same row is reported, not a verdict (PD may not be in use)
+    pd_server_env.delenv("SGLANG_SM120_PD_ROLE")
+    lines = []
+    assert doctor.run(out=lines.append) == 0
+    assert any("FAILED: NIXL_ERR_BACKEND  (!)" in line for line in lines)

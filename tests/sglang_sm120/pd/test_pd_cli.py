@@ -112,13 +112,36 @@ def test_launch_refuses_a_multi_host_plan_without_local_host(tmp_path, capsys):
 def test_doctor_rows_on_this_machine():
     rows = cli.doctor_pd_report()
     labels = [label for label, _value, _ok in rows]
-    assert labels[:4] == ["nixl", "NIXL backends", "UCX transports", "sglang-router"]
+    assert labels[:3] == ["nixl", "NIXL backends", "UCX transports"] and labels[4] == "sglang-router"
+    assert labels[3].startswith(f"{cli.LOOPBACK_LABEL} (this environment: UCX, UCX_TLS=")
+    assert rows[3][2] and rows[3][1].startswith("ok: 2 requests,") and "checked byte for byte" in rows[3][1]
     values = {label: (value, ok) for label, value, ok in rows}
     assert values["nixl"] == ("1.5.1", True)
     assert "UCX" in values["NIXL backends"][0].split(", ")
     # UCX itself lists what it can use here: tcp and shared memory at least
     assert {"tcp", "sm"} <= set(values["UCX transports"][0].split(", "))
     assert "P2P matrix" in values and "planner here" in values
+
+
+@pytest.mark.parametrize("tls,ok,words", [
+    ("^sm,cma", True, "checked byte for byte"),
+    # tcp is the only transport with a peer-failure handler on this RDMA-less machine
+    ("^tcp", False, "no peer failure handler"),
+    ("", False, "The TLs list is empty"),
+])
+def test_doctor_loopback_tries_this_environments_ucx_settings(monkeypatch, tls, ok, words):
+    """An exclusion list leaves what the machine has; only a transfer with those settings tells. The failure ends
+    with UCX's own error line."""
+    monkeypatch.setenv("UCX_TLS", tls)
+    got_ok, detail = cli._nixl_loopback()
+    assert got_ok == ok, detail
+    assert words in detail, detail
+
+
+def test_doctor_loopback_does_not_run_with_backend_params_sglang_would_refuse(monkeypatch):
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", '{"num_threads": 8}')
+    ok, detail = cli._nixl_loopback()
+    assert not ok and detail.startswith("not run: SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS=")
 
 
 @pytest.mark.parametrize("what", ["directory", "binary"])

@@ -474,6 +474,31 @@ def test_nixl_settings_the_seam_would_report_are_refused(env, message):
     assert all(p in text for p in disagg.nixl_settings_problems(env))
 
 
+# An exclusion list leaves what the host has: without an RDMA NIC only tcp has a peer-failure handler (measured by
+# the NIXL loopback, tests/sglang_sm120/pd/test_nixl_transfer.py: '^tcp' fails on this RDMA-less machine)
+@pytest.mark.parametrize("tls", ["^tcp", "^sm,tcp", "^\\tcp,cma"])
+def test_an_exclusion_list_leaving_no_handler_on_a_host_without_rdma_is_refused(tls):
+    text = refusal(env={"UCX_TLS": tls})
+    assert f"UCX_TLS={tls} excludes tcp and host box0 has no RDMA NIC" in text
+    assert "UCX_TLS=^all excludes every transport" in refusal(env={"UCX_TLS": "^all"})
+
+
+def test_an_exclusion_of_tcp_is_judged_per_host():
+    rdma_box = one_box("RTX PRO 6000", 8, nics=RDMA_GDR)
+    plan = make_plan(request(rdma_box, range(4), range(4, 8), 4, 4, env={"UCX_TLS": "^tcp"}))
+    assert all(p.env["UCX_TLS"] == "^tcp" for p in plan.servers())  # the rc/ud/dc family is left there
+    with pytest.raises(PlanError) as info:  # prefill on an RDMA host, decode on a TCP-only one
+        make_plan(request(two_boxes("RTX PRO 6000", 8, RDMA_GDR, TCP_ONLY_B), range(8), range(8), 8, 8,
+                          phost="boxA", dhost="boxB", env={"UCX_TLS": "^tcp,sm"}))
+    assert "the decode servers'" in str(info.value) and "host boxB has no RDMA NIC" in str(info.value)
+
+
+@pytest.mark.parametrize("tls", ["^sm,cma", "^cuda_ipc", "^ib"])
+def test_an_exclusion_list_keeping_tcp_is_planned(tls):
+    plan = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4, env={"UCX_TLS": tls}))
+    assert all(p.env["UCX_TLS"] == tls for p in plan.servers())
+
+
 @pytest.mark.parametrize("tls", ["rc_mlx5,cuda_copy", "ib,cuda_copy", "dc_x,cuda_copy", "sm,ud_verbs,cuda_copy"])
 def test_ucx_transport_names_with_a_peer_failure_handler_are_planned(tls):
     plan = make_plan(request(one_box("RTX PRO 6000", 8), range(4), range(4, 8), 4, 4, env={"UCX_TLS": tls}))
