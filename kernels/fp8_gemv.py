@@ -2174,8 +2174,9 @@ def _inverse_rope_bf16(o: torch.Tensor, positions: torch.Tensor, freqs: torch.Te
     """Upstream's in-place inverse RoPE on ``o``'s last ``rope_dim`` dims of every head, out of place:
     fp32 rotation by conj(freqs_cis[pos]) of interleaved (re, im) pairs, rounded to bf16."""
     b, g, d = o.shape
-    heads = o.reshape(b, g * d // head_dim, head_dim).float()
-    rope = heads[..., head_dim - rope_dim:].reshape(b, -1, rope_dim // 2, 2)
+    n_heads = g * d // head_dim  # named, not -1: a reshape of B = 0 rows cannot infer it
+    heads = o.reshape(b, n_heads, head_dim).float()
+    rope = heads[..., head_dim - rope_dim:].reshape(b, n_heads, rope_dim // 2, 2)
     # a position outside the table rotates by NaN (as the kernels do, _freqs_row): its row comes out NaN, with no
     # out-of-bounds gather and no host sync
     pos = positions.long()
@@ -2184,7 +2185,7 @@ def _inverse_rope_bf16(o: torch.Tensor, positions: torch.Tensor, freqs: torch.Te
     f = torch.where(in_range[:, None], f, torch.full_like(f, float("nan"))).reshape(b, 1, rope_dim // 2, 2)
     c, s = f[..., 0], f[..., 1]
     re, im = rope[..., 0], rope[..., 1]
-    rotated = torch.stack((re * c + im * s, im * c - re * s), dim=-1).reshape(b, -1, rope_dim)
+    rotated = torch.stack((re * c + im * s, im * c - re * s), dim=-1).reshape(b, n_heads, rope_dim)
     heads[..., head_dim - rope_dim:] = rotated
     return heads.to(torch.bfloat16).reshape(b, g, d)
 

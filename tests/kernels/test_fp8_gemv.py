@@ -305,6 +305,19 @@ def test_wo_a_dequantised_einsum_matches_the_kernel_contract(rope):
     assert g.wo_a_dequantised_einsum(o, w, s, out=out, **kw) is out and torch.equal(out, y)
 
 
+def test_wo_a_zero_rows_with_rope_on_every_path():
+    """B = 0 with the inverse RoPE: the kernel entry, the seam's fallback einsum and the reference each give an empty
+    [0, G, R] (the bf16 rotation once reshaped with an inferred head count, which 0 rows cannot give)."""
+    gen = torch.Generator().manual_seed(64)
+    groups, r, d = 2, 128, 256
+    w, s = random_weight(r, d, groups=groups, gen=gen)
+    o = torch.randn(0, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    kw = rope_kwargs(0, gen, True)
+    for y in (g.grouped_fp8_wo_a(o, w, s, **kw), g.wo_a_dequantised_einsum(o, w, s, **kw),
+              g.reference_grouped_wo_a(o, w, s, kw["positions"], kw["freqs"], HEAD, ROPE)):
+        assert y.shape == (0, groups, r)
+
+
 def test_wo_a_prefill_positions_outside_the_table_give_nan_rows():
     gen = torch.Generator().manual_seed(62)
     groups, r, d = 2, 128, 256
