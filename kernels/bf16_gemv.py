@@ -220,6 +220,12 @@ def default_config(m: int, n: int, k: int, sms: int = DEFAULT_SM_COUNT, pdl: boo
     return tile(block_m, block_n, k, pdl, w_before_wait=not share_sms)
 
 
+def _unit_stride_in_last_dim(t: torch.Tensor) -> bool:
+    """Whether ``t`` [rows, cols] is contiguous along its last dim as the kernel reads it; the stride of a dim of size
+    1, or of a tensor without rows, is never used (torch may report anything there, e.g. 0 for ``1.0 * x[0, 1]``)."""
+    return t.stride(1) == 1 or t.shape[1] <= 1 or t.shape[0] == 0
+
+
 def _check(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None) -> None:
     if weight.dim() != 2 or weight.dtype != torch.bfloat16:
         raise ValueError(f"weight must be a 2-D bf16 tensor [N, K], got {tuple(weight.shape)} {weight.dtype}")
@@ -228,14 +234,14 @@ def _check(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, out: t
         raise ValueError(f"x must be a bf16 tensor [M, {k}] (weight is [{n}, {k}]), got {tuple(x.shape)} {x.dtype}")
     if x.shape[0] > MAX_ROWS:
         raise ValueError(f"x has {x.shape[0]} rows; the bf16 GEMV takes at most {MAX_ROWS}")
-    if weight.stride(1) != 1 or x.stride(1) != 1:
+    if not (_unit_stride_in_last_dim(weight) and _unit_stride_in_last_dim(x)):
         raise ValueError("x and weight must be contiguous along K (stride 1 in their last dimension)")
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device}, weight on {weight.device}")
     if out is not None:
-        if tuple(out.shape) != (x.shape[0], n) or out.dtype != out_dtype or out.stride(1) != 1 \
+        if tuple(out.shape) != (x.shape[0], n) or out.dtype != out_dtype or not _unit_stride_in_last_dim(out) \
                 or out.device != x.device:
             raise ValueError(f"out must be a {out_dtype} tensor [{x.shape[0]}, {n}] contiguous along N on "
                              f"{x.device}, got {tuple(out.shape)} {out.dtype}")

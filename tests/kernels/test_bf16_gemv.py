@@ -2,6 +2,8 @@
 NaN-poisoned outputs, M = 0 / 1 / odd / the largest row block, K and N off the tile, strided activation
 rows, both output dtypes, the fused scale, input validation, the tile rule, and the AOT registration."""
 
+import random
+
 import pytest
 import torch
 
@@ -237,3 +239,37 @@ def test_weight_before_wait_rule(sms, monkeypatch):
     assert not g.default_config(1, 64, 2 * g.W_BEFORE_WAIT_MAX_K, sms, pdl=True).w_before_wait
     monkeypatch.setattr(g, "USE_W_BEFORE_WAIT", False)
     assert not g.default_config(1, 256, 4096, sms, pdl=True).w_before_wait
+
+
+def test_strides_of_size_one_dims_and_empty_inputs_are_not_refused():
+    """torch reports arbitrary strides for a dim of size 1 (``1.0 * x`` of a [0, 1] tensor has stride (1, 0)); the
+    kernel never uses them, so such inputs run (they were refused as not contiguous along K)."""
+    gen = torch.Generator().manual_seed(5)
+    w = randn(3, 1, gen=gen)
+    empty = 1.0 * torch.randn(0, 1, generator=gen).to(torch.bfloat16).to(DEVICE)
+    assert empty.stride(1) != 1
+    assert g.bf16_linear(empty, w).shape == (0, 3)
+    x = randn(2, 1, gen=gen)
+    x_odd = torch.empty_strided((2, 1), (1, 7), dtype=torch.bfloat16, device=DEVICE).copy_(x)
+    assert x_odd.stride(1) != 1
+    assert rel_err(g.bf16_linear(x_odd, w), g.reference_bf16_linear(x, w)) < F32_TOL
+    with pytest.raises(ValueError, match="contiguous along K"):  # a real stride along K is still refused
+        g.bf16_linear(randn(2, 8, gen=gen)[:, ::2], randn(3, 4, gen=gen))
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_shapes_match_reference(seed):
+    """A sweep of random valid calls: rows 0..MAX_ROWS, N and K off every tile (K from 0 to past one weight step),
+    both output dtypes, with and without the fused scale."""
+    r = random.Random(seed)
+    m, n = r.randint(0, g.MAX_ROWS), r.choice([1, 3, 16, 64, 65, 100, 512, 1000])
+    k = r.choice([0, 1, 7, 64, 100, 512, 1024, 2047, 4096, 5000])
+    out_dtype, scale = r.choice([torch.float32, torch.bfloat16]), r.choice([None, 0.125, 3.0])
+    gen = torch.Generator().manual_seed(seed)
+    x, w = randn(m, k, gen=gen), randn(n, k, gen=gen)
+    y = g.bf16_linear(x, w, out_dtype, scale=scale, out=torch.full((m, n), float("nan"), dtype=out_dtype,
+                                                                     device=DEVICE))
+    assert y.shape == (m, n) and y.dtype == out_dtype and torch.isfinite(y).all()
+    if y.numel() and k:
+        assert rel_err(y, g.reference_bf16_linear(x, w, scale)) < (F32_TOL if out_dtype == torch.float32 else BF16_TOL)
+    elif y.numel():
+        assert (y == 0).all()  # K = 0: the empty sum

@@ -3,6 +3,8 @@ the CPU interpreter at reduced shapes (every launch form: FMA rows 1-2, tensor-c
 split-K on and off, fused inverse RoPE)."""
 
 import dataclasses
+import math
+import random
 
 import pytest
 import torch
@@ -819,3 +821,47 @@ def test_default_config_pdl_where_measured_faster(monkeypatch):
     assert g.launch_form(1, 1536, 4096) == dataclasses.replace(fma, pdl=False, pdl_l2_blocks=0)
     monkeypatch.setattr(g, "USE_PDL", False)
     assert g.default_config(1, 1536, 4096) == g.launch_form(1, 1536, 4096)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_shapes_match_reference(seed):
+    """A sweep of random valid calls of block_fp8_linear: ragged N and K (not multiples of the 128 block), leading
+    shapes from empty to 3-D, row counts across the GEMV / skinny-GEMM forms."""
+    r = random.Random(seed)
+    n = r.choice([1, 5, 64, 127, 128, 129, 256, 300, 512, 640])
+    k = r.choice([1, 16, 100, 128, 129, 256, 384, 500, 1024, 1100])
+    lead = r.choice([(), (0,), (1,), (2,), (3,), (5,), (8,), (9,), (16,), (17,), (2, 3)])
+    gen = torch.Generator().manual_seed(seed)
+    w, s = random_weight(n, k, gen=gen)
+    x = torch.randn(*lead, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    y = g.block_fp8_linear(x, w, s)
+    assert y.shape == (*lead, n) and y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+    if y.numel():
+        assert rel_err(y, g.reference_block_fp8_linear(x.reshape(-1, k), w, s).reshape(*lead, n)) < OUTPUT_TOL
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_wo_a_calls_match_reference(seed):
+    """A sweep of random valid grouped_fp8_wo_a calls: group counts, ragged R, head and rope widths, row counts from
+    0 to past the kernel's limit, and the inverse RoPE with positions outside a short table (NaN rows there)."""
+    r = random.Random(seed)
+    groups, rows_r, head = r.choice([1, 2, 3, 8]), r.choice([1, 64, 128, 200, 256]), r.choice([64, 128, 256])
+    rope_dim, d = min(r.choice([2, 16, 32, 64]), head), head * r.choice([1, 2, 4])
+    b = r.choice([0, 1, 2, 3, 4, 5, 8, 9, 16, 20])
+    gen = torch.Generator().manual_seed(seed)
+    w, s = random_weight(rows_r, d, groups=groups, gen=gen)
+    o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    kw = {}
+    if r.random() < 0.7:
+        table = r.choice([1, 5, 100])
+        angles = torch.rand(table, rope_dim // 2, generator=gen) * 2 * math.pi
+        freqs = torch.view_as_real(torch.polar(torch.ones_like(angles), angles)).flatten(1)
+        kw = dict(positions=torch.randint(-2, table + 2, (b,), generator=gen).to(DEVICE), freqs=freqs.to(DEVICE),
+                  head_dim=head, rope_dim=rope_dim)
+    y = g.grouped_fp8_wo_a(o, w, s, **kw)
+    ref = g.reference_grouped_wo_a(o, w, s, **kw)
+    assert y.shape == (b, groups, rows_r)
+    bad = torch.isnan(ref)
+    assert torch.equal(torch.isnan(y), bad)
+    if (~bad).any():  # a handful of outputs: one bf16 rounding step weighs more than in a long row
+        assert rel_err(y[~bad], ref[~bad]) < (OUTPUT_TOL if (~bad).sum() >= 64 else 2e-2)

@@ -4,6 +4,7 @@ top-k, the fused path against both; edge cases (B=0, lengths 0, < 512, not a mul
 ragged, longer than the logits width, pages in random order)."""
 
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -1051,3 +1052,55 @@ def test_page_max_overlap_dispatch():
                 dict(method="histogram", threshold="page_max", overlap_programs=-1)):
         with pytest.raises(ValueError, match="overlap_programs"):
             ix.SelectForm(**bad)
+
+
+def random_select_form(r: random.Random) -> ix.SelectForm:
+    method = r.choice(["search", "histogram", "histogram", "rank"])
+    if method == "search":
+        return ix.SelectForm(warps_mul=r.choice([1, 2]))
+    if method == "rank":
+        return ix.SelectForm(method="rank", rank_rows=r.choice([4, 8, 16, 32]), warps_mul=r.choice([1, 2]))
+    if r.random() < 0.4:
+        return ix.SelectForm(method="histogram", copies=r.choice([None, 1, 2]))
+    return ix.SelectForm(method="histogram", threshold="page_max", finish=r.choice(ix.HIST_FINISHES),
+                         overlap_programs=r.choice([0, 0, 8, 32]))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_calls_select_the_reference_top_k(seed):
+    """A sweep of random valid calls: batch, logits width, lengths (0, 1, past the width, ragged), k, and the path
+    (default plan, two kernels with a random select form, fused with a random split) against the reference."""
+    r = random.Random(seed)
+    batch = r.choice([1, 2, 3, 5])
+    max_seq_len = r.choice([1, 63, 64, 65, 300, 512, 513, 1000, 2100])
+    lens = [r.choice([0, 1, r.randint(0, max_seq_len), max_seq_len, max_seq_len + r.randint(1, 100)])
+            for _ in range(batch)]
+    k = r.choice([512, 512, 64, 256])
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=seed)
+    form = random_select_form(r)
+    plan = r.choice([None, ix.Plan("two_kernel", select=form),
+                     ix.Plan("fused", r.choice([8, 16, 32, 64]),
+                             select=form if form.method == "search" else ix.SelectForm())])
+    out = torch.full((batch, k), 12345, dtype=torch.int32)
+    ix.indexer_topk(q, kv, w, l, pt, max_seq_len, out, plan=plan)
+    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    assert_selection_matches(out, ref, lens, pt, k=k, rel_tol=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_page_tables_match_reference_logits(seed):
+    """Logits over page tables narrower or wider than the width needs, with an id outside the cache now and then
+    (clamped into it, as the reference reads it), both dot forms."""
+    r = random.Random(seed)
+    batch, max_seq_len = r.choice([1, 2, 4]), r.choice([1, 64, 100, 640, 1500])
+    lens = [r.choice([0, r.randint(0, max_seq_len + 200), max_seq_len]) for _ in range(batch)]
+    need = -(-max_seq_len // INDEX_PAGE_SIZE)
+    q, kv, w, l, pt = make_inputs(lens, max_seq_len, seed=seed, pt_width=r.choice([need, max(1, need - 2), need + 3]))
+    if r.random() < 0.5:
+        pt.view(-1)[r.randrange(pt.numel())] = r.choice([-1, kv.shape[0], kv.shape[0] + 7, -(2 ** 31)])
+    out = torch.full((batch, max_seq_len), float("nan"))
+    ix.paged_mqa_logits(q, kv, w, l, pt, max_seq_len, scaled_dot=r.choice([None, False, True]), out=out)
+    ref = ix.reference_paged_mqa_logits(q, kv, w, l, pt, max_seq_len)
+    assert not out.isnan().any() and torch.equal(torch.isneginf(out), torch.isneginf(ref))
+    finite = torch.isfinite(ref)
+    torch.testing.assert_close(out[finite], ref[finite], rtol=1e-5, atol=1e-4)

@@ -7,6 +7,7 @@ around 2**0; the activations are large enough that the SwiGLU clamp (limit 10) i
 
 import contextlib
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -1886,3 +1887,28 @@ def test_small_routing_matches_the_counting_sort_where_the_gemv_reads_it(ids):
     for e in active[:n].tolist():
         untouched[e] = untouched[e + 1] = False
     assert (start[untouched] == poison).all() and (active[n:] == poison).all()
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_calls_match_reference(seed):
+    """A sweep of random valid forwards: expert counts, H, every per-rank I form (32..512), batch 0..64, top_k 1..8
+    with ids outside [0, E) now and then, activation scales that do and do not reach the clamp, and the variant by
+    default or forced (every upcast of FORWARD_UPCASTS), scratch poisoned."""
+    r = random.Random(seed)
+    num_experts, hidden, inter = r.choice([1, 2, 5, 8, 12]), r.choice([256, 512]), r.choice([32, 64, 128, 256, 512])
+    batch, top_k = r.choice([0, 1, 2, 3, 7, 17, 40, 64]), r.randint(1, 8)
+    upcast = r.choice([None, None, None, *moe.FORWARD_UPCASTS])
+    experts = make_experts(inter, num_experts=num_experts, hidden=hidden, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    low = -1 if r.random() < 0.5 else 0
+    ids = torch.randint(low, num_experts + (2 if low else 0), (batch, top_k), generator=g).to(torch.int32).to(DEVICE)
+    weights = (torch.rand(batch, top_k, generator=g) * 1.5).to(DEVICE)
+    x = (torch.randn(batch, hidden, generator=g) * r.choice([0.5, 2, 8])).to(torch.bfloat16).to(DEVICE)
+    ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, upcast=upcast)
+    assert torch.isfinite(out).all()
+    if ref.norm() > 0:
+        assert rel(out, ref) < 2e-2
+    else:
+        assert (out == 0).all()

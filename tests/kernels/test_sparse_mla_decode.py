@@ -2,6 +2,7 @@
 against upstream SGLang's own torch fallback ``_sm120_sparse_decode_fwd``."""
 
 import math
+import random
 
 import pytest
 import torch
@@ -407,3 +408,23 @@ def test_few_rows_run_sixteen_head_programs(heads):
     # the default path (no launch_config) at that row count: H/16 programs per row, split-K combine
     args = _case(47, rows, 1, heads, SWA_PAGE_SIZE, 40, C4_PAGE_SIZE, 40)
     _check(args)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_shapes_match_reference(seed):
+    """A sweep of random valid calls (page sizes beyond DSv4's, any head count, top-k widths not a multiple of the
+    tile, ragged / full / absent lengths, an optional extra cache and sink, forced split counts) against the
+    reference, each with -1 and out-of-range slots mixed in."""
+    r = random.Random(seed)
+    page_size, topk = r.choice([2, 4, 64, 128, 256]), r.randint(1, 200)
+    extra_page_size = r.choice([None, 2, 64, 256])
+    extra_topk = r.randint(0, 150) if extra_page_size else 0
+    heads, batch, s_q = r.choice([1, 3, 8, 16, 24, 32, 48, 64]), r.randint(0, 4), r.randint(1, 3)
+    args = _case(seed + 1000, batch, s_q, heads, page_size, topk, extra_page_size, extra_topk,
+                 sink=r.random() < 0.5, lengths=r.choice(["ragged", "full", None]))
+    num_splits = None
+    if r.random() < 0.4 and batch:
+        block_n = smd.launch_config_for(heads, batch * s_q, topk + extra_topk)["BLOCK_N"]
+        tiles = max(-(-topk // block_n) + -(-extra_topk // block_n), 1)
+        num_splits = r.randint(1, min(tiles, smd.MAX_SPLITS))
+    _check(args, num_splits=num_splits)
