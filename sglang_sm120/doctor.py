@@ -203,9 +203,9 @@ def loopback_problems(pd_rows, environ) -> list[str]:
     transfers would fail the same way. Elsewhere it is a row of the report only (PD may not be in use)."""
     from . import disagg
 
-    if disagg.pd_server_role(environ) is None:
+    if not pd_rows or disagg.pd_server_role(environ) is None:
         return []
-    from .pd.cli import LOOPBACK_LABEL
+    from .pd.cli import LOOPBACK_LABEL  # imports: pd_rows came from it
 
     return [f"{label}: {value}" for label, value, ok in pd_rows if label.startswith(LOOPBACK_LABEL) and not ok]
 
