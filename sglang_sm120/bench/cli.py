@@ -55,11 +55,38 @@ def add_bench_parser(subparsers) -> None:
     p.set_defaults(func=run_bench)
 
 
+def grid_problems(cfg, args) -> list[str]:
+    """What in the requested grid cannot run, each naming its flag (empty when all can)."""
+    from ..kernels.dsv4 import SUPPORTED_TP
+
+    def shards(tp: int) -> bool:
+        try:
+            cfg.dims.rank(tp)
+        except ValueError:
+            return False
+        return True
+
+    problems = [f"--batch {b}: a batch size is at least 1" for b in cfg.batches if b < 1]
+    usable = [tp for tp in SUPPORTED_TP if shards(tp)]
+    sizes = "the full DSv4-Flash sizes" if cfg.dims.is_full else \
+        f"the reduced CPU layers ({cfg.dims.heads} heads in {cfg.dims.o_groups} wo_a groups)"
+    problems += [f"--tp {tp}: {sizes} shard over T in {usable}" for tp in cfg.tps if tp not in usable]
+    problems += [f"--context {c}: a context length is at least 0 tokens" for c in cfg.contexts if c < 0]
+    if args.replays < 1:
+        problems.append(f"--replays {args.replays}: at least one replay per timing")
+    if args.time_budget_s is not None and not args.time_budget_s > 0:
+        problems.append(f"--time-budget-s {args.time_budget_s}: a budget is a positive number of seconds")
+    return problems
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def run_bench(args) -> int:
+    if args.allreduce_us is not None and not args.allreduce_us >= 0:
+        print(f"bench: --allreduce-us must be a time in microseconds (>= 0), got {args.allreduce_us}", file=sys.stderr)
+        return 2
     if args.from_json:
         import json
 
@@ -118,8 +145,10 @@ def run_bench(args) -> int:
     cfg.time_budget_s = args.time_budget_s
     cfg.upstream_source = args.upstream
     cfg.upstream_dir = args.upstream_dir
-    for tp in cfg.tps:
-        cfg.dims.rank(tp)  # ValueError early for a T that does not divide the model
+    problems = grid_problems(cfg, args)
+    if problems:  # before any layer is built: a clear refusal instead of a traceback mid-run
+        print("bench: " + "; ".join(problems), file=sys.stderr)
+        return 2
 
     from ..kernels.harness.devicebench import environment
 

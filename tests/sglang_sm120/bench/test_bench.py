@@ -193,6 +193,36 @@ def test_cli_wires_the_bench_subcommand():
     assert args.func.__name__ == "run_bench" and args.batch == [1, 4] and args.allreduce_us == 9.0
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["-b", "0"], "--batch 0: a batch size is at least 1"),
+    (["-b", "1", "-b", "-2"], "--batch -2: a batch size is at least 1"),
+    (["--tp", "3"], "--tp 3: the reduced CPU layers (4 heads in 2 wo_a groups) shard over T in [1, 2]"),
+    (["--tp", "8"], "--tp 8: the reduced CPU layers (4 heads in 2 wo_a groups) shard over T in [1, 2]"),
+    (["--context", "-1"], "--context -1: a context length is at least 0 tokens"),
+    (["--replays", "0"], "--replays 0: at least one replay per timing"),
+    (["--time-budget-s", "0"], "--time-budget-s 0.0: a budget is a positive number of seconds"),
+    (["--allreduce-us", "-5"], "--allreduce-us must be a time in microseconds (>= 0), got -5.0"),
+    (["--allreduce-us", "nan"], "--allreduce-us must be a time in microseconds (>= 0), got nan"),
+])
+def test_cli_refuses_a_grid_that_cannot_run(argv, message, capsys, tmp_path):
+    """Exit 2 with the flag and the reason before any layer is built (these were tracebacks or an ERROR row)."""
+    from sglang_sm120.cli import main
+
+    assert main(["bench", "--device", "cpu", "--kind", "swa", "--out", str(tmp_path), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing was run or written
+
+
+def test_the_full_sizes_shard_over_every_supported_tp():
+    from types import SimpleNamespace
+
+    from sglang_sm120.bench.cli import grid_problems
+
+    cfg = runner.BenchConfig(device="cuda", dims=model.Dims.full(), batches=(1, 64), tps=dsv4.SUPPORTED_TP,
+                             contexts=(0, 8192))
+    assert grid_problems(cfg, SimpleNamespace(replays=7, time_budget_s=None)) == []
+
+
 def test_rank_shards_and_rejects_indivisible_tp():
     full = model.Dims.full()
     for tp in dsv4.SUPPORTED_TP:
