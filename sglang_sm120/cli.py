@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -11,6 +12,9 @@ def _doctor(args) -> int:
     from .doctor import run
 
     return run()
+
+
+MIN_AOT_ARCH = 90
 
 
 def _aot_check(args) -> int:
@@ -22,6 +26,17 @@ def _aot_check(args) -> int:
         print("aot-check compiles for real GPUs and cannot run with TRITON_INTERPRET set; unset it", file=sys.stderr)
         return 2
 
+    too_old = [a for a in args.arch or () if a < MIN_AOT_ARCH]
+    if too_old:  # the kernels use e4m3, TMA and programmatic dependent launch: sm_90 and newer
+        print(f"aot-check: --arch {too_old[0]}: the kernels need compute capability {MIN_AOT_ARCH} or newer "
+              "(e4m3, TMA, programmatic dependent launch); 120 / 121 are the targets, 90 the H200 the timings ran on",
+              file=sys.stderr)
+        return 2
+    if args.json:  # find out now, not after every config has compiled
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            print(f"aot-check: --json {args.json}: cannot write a file there", file=sys.stderr)
+            return 2
     configs = [c for c in all_configs() if not args.only or any(s in c.name for s in args.only)]
     if not configs:
         print("no AOT config matches", args.only, file=sys.stderr)

@@ -21,6 +21,20 @@ def test_aot_check_unknown_filter_fails(monkeypatch):
     assert cli.main(["aot-check", "--only", "no-such-kernel"]) == 2
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--arch", "75"], "--arch 75: the kernels need compute capability 90 or newer"),
+    (["--arch", "120", "--arch", "80"], "--arch 80: the kernels need compute capability 90 or newer"),
+    (["--json", "/nonexistent-dir/aot.json"], "--json /nonexistent-dir/aot.json: cannot write a file there"),
+    (["--json", "/"], "--json /: cannot write a file there"),
+])
+def test_aot_check_refuses_what_cannot_work_before_compiling(monkeypatch, capsys, argv, message):
+    """An arch without e4m3 / TMA / PDL failed every config one by one; an unwritable --json raised after every
+    config had compiled. Both are refused first now."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert cli.main(["aot-check", "--only", "no-such-kernel", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_aot_check_refuses_under_the_interpreter(monkeypatch, capsys):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert cli.main(["aot-check"]) == 2
