@@ -57,16 +57,25 @@ class Seam:
 _warned_disable_values: set[str] = set()
 
 
+def _disable_entries(environ) -> set[str]:
+    return {n.strip().lower() for n in environ.get(ENV_DISABLE, "").split(",") if n.strip()}
+
+
+def unknown_disabled_names(environ=os.environ) -> list[str]:
+    """Entries of ``SGLANG_SM120_DISABLE`` that name no seam (a typo leaves the seam it meant on)."""
+    return sorted(_disable_entries(environ) - set(SEAM_NAMES) - {"all"})
+
+
 def disabled_names(environ=os.environ) -> set[str]:
     """Names switched off by ``SGLANG_SM120_DISABLE``; ``all`` means every seam."""
     raw = environ.get(ENV_DISABLE, "")
-    names = {n.strip().lower() for n in raw.split(",") if n.strip()}
+    names = _disable_entries(environ)
     if "all" in names:
         return set(SEAM_NAMES)
-    unknown = names - set(SEAM_NAMES)
+    unknown = unknown_disabled_names(environ)
     if unknown and raw not in _warned_disable_values:  # asked once per seam: warn once per value
         _warned_disable_values.add(raw)
-        logger.warning("sglang-sm120: %s names unknown seams %s (known: %s, all)", ENV_DISABLE, sorted(unknown),
+        logger.warning("sglang-sm120: %s names unknown seams %s (known: %s, all)", ENV_DISABLE, unknown,
                        ", ".join(SEAM_NAMES))
     return names & set(SEAM_NAMES)
 

@@ -42,6 +42,20 @@ def test_doctor_reports_forced_and_disabled_seams(monkeypatch):
     assert len(columns) == 1 and len([m for m in starts if m and m.group(1) in SEAM_NAMES]) == len(SEAM_NAMES)
 
 
+def test_doctor_names_disable_entries_that_match_no_seam(monkeypatch):
+    """A typo in SGLANG_SM120_DISABLE leaves the seam it meant on; the plugin's warning is kept out of doctor's
+    output, so doctor says it in the Seams section."""
+    monkeypatch.setenv("SGLANG_SM120_DISABLE", "atention,moe")
+    monkeypatch.delenv("SGLANG_SM120_FORCE", raising=False)
+    monkeypatch.setattr(doctor, "_pd_rows", lambda: [])
+    lines = []
+    assert doctor.run(out=lines.append) == 0
+    text = "\n".join(lines)
+    assert "note: SGLANG_SM120_DISABLE names no seam called atention (known: attention," in text
+    assert re.search(r"^  moe +disabled by env", text, re.M)
+    assert re.search(r"^  attention +not applicable", text, re.M)
+
+
 def test_doctor_fails_on_unsupported_sglang(monkeypatch):
     monkeypatch.setattr(doctor, "installed_version", lambda dist: "0.4.0" if dist == "sglang" else "1.0")
     monkeypatch.setattr(plugin, "installed_version", lambda dist: "0.4.0")
