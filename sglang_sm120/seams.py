@@ -80,8 +80,24 @@ def disabled_names(environ=os.environ) -> set[str]:
     return names & set(SEAM_NAMES)
 
 
+FORCE_ON = ("1", "true", "yes", "on")
+FORCE_OFF = ("", "0", "false", "no", "off")
+_warned_force_values: set[str] = set()
+
+
+def unrecognised_force_value(environ=os.environ) -> str | None:
+    """``SGLANG_SM120_FORCE``'s value when it is neither on nor off (taken as off), else None."""
+    raw = environ.get(ENV_FORCE, "")
+    return None if raw.strip().lower() in FORCE_ON + FORCE_OFF else raw
+
+
 def forced(environ=os.environ) -> bool:
-    return environ.get(ENV_FORCE, "").strip().lower() in ("1", "true", "yes", "on")
+    odd = unrecognised_force_value(environ)
+    if odd is not None and odd not in _warned_force_values:  # asked once per seam: warn once per value
+        _warned_force_values.add(odd)
+        logger.warning("sglang-sm120: %s=%r is neither on (%s) nor off (%s); taken as off", ENV_FORCE, odd,
+                       ", ".join(FORCE_ON), ", ".join(v for v in FORCE_OFF if v))
+    return environ.get(ENV_FORCE, "").strip().lower() in FORCE_ON
 
 
 def visible_sm12x() -> tuple[bool, str]:

@@ -56,6 +56,18 @@ def test_doctor_names_disable_entries_that_match_no_seam(monkeypatch):
     assert re.search(r"^  attention +not applicable", text, re.M)
 
 
+@pytest.mark.parametrize("value,forced", [("yes", True), ("ON", True), ("0", False), ("ture", False), ("2", False)])
+def test_doctor_says_how_it_reads_sglang_sm120_force(monkeypatch, value, forced):
+    monkeypatch.setenv("SGLANG_SM120_FORCE", value)
+    monkeypatch.setattr(doctor, "_pd_rows", lambda: [])
+    lines = []
+    assert doctor.run(out=lines.append) == 0
+    text = "\n".join(lines)
+    assert bool(re.search(r"^  attention +active: SGLANG_SM120_FORCE", text, re.M)) == forced
+    odd = value not in ("yes", "ON", "0")
+    assert (f"note: SGLANG_SM120_FORCE='{value}' is neither on" in text) == odd
+
+
 def test_doctor_fails_on_unsupported_sglang(monkeypatch):
     monkeypatch.setattr(doctor, "installed_version", lambda dist: "0.4.0" if dist == "sglang" else "1.0")
     monkeypatch.setattr(plugin, "installed_version", lambda dist: "0.4.0")

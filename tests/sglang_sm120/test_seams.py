@@ -95,6 +95,17 @@ def test_unknown_disable_names_warned_once_per_value(caplog):
     assert caplog.text.count("unknown seams") == 1
 
 
+def test_unrecognised_force_values_are_off_and_warned_once_per_value(caplog):
+    from sglang_sm120 import seams
+
+    seams._warned_force_values.clear()
+    with caplog.at_level("WARNING", logger="sglang_sm120"):
+        for _ in range(6):  # asked once per seam
+            assert not seams.forced({"SGLANG_SM120_FORCE": "ture"})
+        assert seams.forced({"SGLANG_SM120_FORCE": " Yes "}) and not seams.forced({"SGLANG_SM120_FORCE": "off"})
+    assert caplog.text.count("is neither on") == 1 and "'ture'" in caplog.text
+
+
 def test_reason_key_blanks_numbers():
     from sglang_sm120.seams import reason_key
 
