@@ -16,8 +16,8 @@ import os
 import sys
 from typing import Callable
 
-from .seams import (ENV_DISABLE, ENV_FORCE, SEAM_NAMES, REGISTRY, SeamState, activation, unknown_disabled_names,
-                    unrecognised_force_value, visible_sm12x)
+from .seams import (ENV_DISABLE, ENV_FORCE, FORCE_OFF, FORCE_ON, SEAM_NAMES, REGISTRY, SeamState, activation,
+                    unknown_disabled_names, unrecognised_force_value, visible_sm12x)
 from .versions import (SUPPORTED_NIXL, SUPPORTED_SGLANG, TESTED_TORCH, TESTED_TRITON, installed_version)
 
 MODEL = "deepseek-ai/DeepSeek-V4-Flash"
@@ -157,8 +157,8 @@ def _report(out: Callable[[str], None]) -> int:
     out(f"Seams ({ENV_FORCE}={os.environ.get(ENV_FORCE, '')!s}, {ENV_DISABLE}={os.environ.get(ENV_DISABLE, '')!s})")
     odd_force = unrecognised_force_value(os.environ)
     if odd_force is not None:
-        out(f"  note: {ENV_FORCE}={odd_force!r} is neither on (1, true, yes, on) nor off (0, false, no, off); taken "
-            "as off")
+        out(f"  note: {ENV_FORCE}={odd_force!r} is neither on ({', '.join(FORCE_ON)}) nor off "
+            f"({', '.join(v for v in FORCE_OFF if v)}); taken as off")
     unknown = unknown_disabled_names(os.environ)
     if unknown:  # the plugin logs this as a warning, which doctor keeps out of its output: say it here
         out(f"  note: {ENV_DISABLE} names no seam called {', '.join(unknown)} (known: {', '.join(SEAM_NAMES)}, all); "
