@@ -87,19 +87,31 @@ def rdma_nic_present() -> bool:
     return any(nic.kind == "rdma" for nic in detect_nics())
 
 
-def nixl_settings_problems(environ, rdma_available: bool | None = None, where: str = "this machine") -> list[str]:
-    """Why NIXL's UCX backend would not start with the NIXL/UCX settings in ``environ`` (empty when it would).
-    The seam checks a running server with it; the planner refuses a plan with it. ``rdma_available``: whether
-    ``where`` has an RDMA NIC (None: unknown), which decides what an exclusion list leaves."""
-    problems = []
-    raw = environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}")
+ENV_NIXL_BACKEND_PARAMS = "SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS"
+
+
+def nixl_backend_params(environ) -> dict[str, str]:
+    """``SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS`` as SGLang's NIXL connector reads it (default ``{}``); ValueError,
+    with the reason, for a value it would refuse (not a JSON object of strings)."""
+    raw = environ.get(ENV_NIXL_BACKEND_PARAMS, "{}")
     try:
         params = json.loads(raw)
         if not isinstance(params, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
             raise ValueError("not an object of string values")
     except ValueError as exc:
-        problems.append(f"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS={raw!r} is not a JSON object of strings ({exc}); "
-                        "SGLang's NIXL connector would refuse it at start-up")
+        raise ValueError(f"{ENV_NIXL_BACKEND_PARAMS}={raw!r} is not a JSON object of strings ({exc})") from None
+    return params
+
+
+def nixl_settings_problems(environ, rdma_available: bool | None = None, where: str = "this machine") -> list[str]:
+    """Why NIXL's UCX backend would not start with the NIXL/UCX settings in ``environ`` (empty when it would).
+    The seam checks a running server with it; the planner refuses a plan with it. ``rdma_available``: whether
+    ``where`` has an RDMA NIC (None: unknown), which decides what an exclusion list leaves."""
+    problems = []
+    try:
+        nixl_backend_params(environ)
+    except ValueError as exc:
+        problems.append(f"{exc}; SGLang's NIXL connector would refuse it at start-up")
     tls = environ.get("UCX_TLS", "")
     if "UCX_TLS" in environ and not tls.strip():
         problems.append("UCX_TLS is set but empty, which UCX refuses (\"The TLs list is empty\"); unset it for UCX's "

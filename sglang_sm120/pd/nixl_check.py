@@ -379,14 +379,11 @@ def settings_from_environ(environ) -> dict:
     """TransferSpec fields from an environment, read as SGLang's NIXL connector reads it: the backend
     (``SGLANG_DISAGGREGATION_NIXL_BACKEND``, default UCX), its parameters (``..._BACKEND_PARAMS``, a JSON object of
     strings, default ``{}``) and the ``UCX_*`` variables. ValueError for parameters SGLang would refuse."""
-    import json
+    from ..disagg import nixl_backend_params
 
-    raw = environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS", "{}")
-    params = json.loads(raw)
-    if not isinstance(params, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
-        raise ValueError(f"SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS={raw!r} is not a JSON object of strings")
     return {"env": {k: v for k, v in environ.items() if k.startswith("UCX_")},
-            "backend": environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX"), "backend_params": params}
+            "backend": environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX"),
+            "backend_params": nixl_backend_params(environ)}
 
 
 # SGLang's NIXL connector gives the prefill side's backend 8 threads and the decode side none
