@@ -92,12 +92,15 @@ def unrecognised_force_value(environ=os.environ) -> str | None:
 
 
 def forced(environ=os.environ) -> bool:
-    odd = unrecognised_force_value(environ)
-    if odd is not None and odd not in _warned_force_values:  # asked once per seam: warn once per value
-        _warned_force_values.add(odd)
-        logger.warning("sglang-sm120: %s=%r is neither on (%s) nor off (%s); taken as off", ENV_FORCE, odd,
+    raw = environ.get(ENV_FORCE, "")
+    value = raw.strip().lower()
+    if value in FORCE_ON:
+        return True
+    if value not in FORCE_OFF and raw not in _warned_force_values:  # asked once per seam: warn once per value
+        _warned_force_values.add(raw)
+        logger.warning("sglang-sm120: %s=%r is neither on (%s) nor off (%s); taken as off", ENV_FORCE, raw,
                        ", ".join(FORCE_ON), ", ".join(v for v in FORCE_OFF if v))
-    return environ.get(ENV_FORCE, "").strip().lower() in FORCE_ON
+    return False
 
 
 def visible_sm12x() -> tuple[bool, str]:
