@@ -87,7 +87,13 @@ def rdma_nic_present() -> bool:
     return any(nic.kind == "rdma" for nic in detect_nics())
 
 
+ENV_NIXL_BACKEND = "SGLANG_DISAGGREGATION_NIXL_BACKEND"
 ENV_NIXL_BACKEND_PARAMS = "SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS"
+
+
+def nixl_backend(environ) -> str:
+    """The NIXL backend SGLang's connector creates (``SGLANG_DISAGGREGATION_NIXL_BACKEND``, default UCX)."""
+    return environ.get(ENV_NIXL_BACKEND, "UCX")
 
 
 def nixl_backend_params(environ) -> dict[str, str]:
@@ -178,7 +184,7 @@ def _install() -> None:
         raise RuntimeError("; ".join(problems))
     logger.info("sglang-sm120 disagg: %s %s: KV-layout settings match the plan; NIXL backend %s, UCX_TLS=%s, "
                 "UCX_NET_DEVICES=%s", os.environ.get(ENV_ROLE), os.environ.get(ENV_NAME, ""),
-                os.environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX"), os.environ.get("UCX_TLS", "(UCX default)"),
+                nixl_backend(os.environ), os.environ.get("UCX_TLS", "(UCX default)"),
                 os.environ.get("UCX_NET_DEVICES", "(UCX default)"))
 
 

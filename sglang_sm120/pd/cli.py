@@ -287,6 +287,7 @@ def _nixl_loopback(timeout: float = 90.0) -> tuple[bool, str]:
 
 
 def doctor_pd_report() -> list[tuple[str, str, bool]]:
+    from ..disagg import nixl_backend
     from ..versions import SUPPORTED_NIXL, installed_version
     from .topology import detect_nics
 
@@ -305,7 +306,7 @@ def doctor_pd_report() -> list[tuple[str, str, bool]]:
             rows.append(("NIXL backends", ", ".join(plugins), "UCX" in plugins))
             rows.append(("UCX transports", ", ".join(transports) if transports else "(UCX did not list them)",
                          bool(transports)))
-            backend = os.environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX")
+            backend = nixl_backend(os.environ)
             if backend in plugins:
                 ok, detail = _nixl_loopback()
                 label = (f"{LOOPBACK_LABEL} (this environment: {backend}, "

@@ -379,10 +379,9 @@ def settings_from_environ(environ) -> dict:
     """TransferSpec fields from an environment, read as SGLang's NIXL connector reads it: the backend
     (``SGLANG_DISAGGREGATION_NIXL_BACKEND``, default UCX), its parameters (``..._BACKEND_PARAMS``, a JSON object of
     strings, default ``{}``) and the ``UCX_*`` variables. ValueError for parameters SGLang would refuse."""
-    from ..disagg import nixl_backend_params
+    from ..disagg import nixl_backend, nixl_backend_params
 
-    return {"env": {k: v for k, v in environ.items() if k.startswith("UCX_")},
-            "backend": environ.get("SGLANG_DISAGGREGATION_NIXL_BACKEND", "UCX"),
+    return {"env": {k: v for k, v in environ.items() if k.startswith("UCX_")}, "backend": nixl_backend(environ),
             "backend_params": nixl_backend_params(environ)}
 
 
