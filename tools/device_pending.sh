@@ -6,6 +6,7 @@
 #   1. wo_a A/B: the fused-RoPE wo_a before (c806deb) and after stop 35's range check on positions
 #   2. indexer run 24: overlap program counts at B = 16..48 x 256K (catalog forms, not shipped)
 #   3. the seams' torch fallbacks (MoE and wo_a) beside the kernels
+#   4. the read ceiling: a pure streaming read of each GEMV weight's and the MoE B=1 experts' bytes, beside the GEMV
 #
 # Here, before the call (the device copy of the tree has no git history):
 #   rm -rf .cleanhead && mkdir -p .cleanhead && cp -r kernels sglang_sm120 tools pyproject.toml .cleanhead/ \
@@ -36,4 +37,5 @@ step indexer 150 python3 tools/device_indexer.py --out "$OUT/r" --name indexer-h
     --no-topk-only --shapes 32x262144,16x262144,24x262144,48x262144 \
     --forms hist_pmax,hist_pmax_ov2048,hist_pmax_ov2048_lean,hist_pmax_ov1024_lean,hist_pmax_ov4096_lean
 step fallbacks 200 python3 tools/device_fallbacks.py --out "$OUT/r" --name fallbacks-h200-run1
+step read_ceiling 120 python3 tools/device_read_ceiling.py --out "$OUT/r" --name read_ceiling-h200-run1
 ls -l "$OUT/r"
