@@ -130,6 +130,7 @@ def main() -> int:
                      "CUDA graph (devicebench.time_rotating_calls), as the GEMV tools time the GEMVs. 'read best' is "
                      "the fastest read form at that size; every form's time is in the JSON.")
     forms_json = {}
+    print(f"copy {copy_gbs:.1f} GB/s, {sms} SMs", flush=True)
     for name, tp, nbytes, nk in targets(dsv4):
         copies = max(2, -(-ROTATE_BYTES // nbytes))
         n_int32 = nbytes // 4
@@ -166,7 +167,8 @@ def main() -> int:
             res.add(target=name, T=tp, MB=round(mb, 2), path="shipped one-row GEMV", us=round(us, 2),
                     **{"GB/s": round(nbytes / us / 1e3, 1)}, pct_copy=round(100 * nbytes / us / 1e3 / copy_gbs, 1))
         torch.cuda.empty_cache()
-    res.extra["every read form (us)"] = forms_json
+        res.extra["every read form (us)"] = forms_json
+        res.write(args.out)  # so far, in case the step's time limit ends the run
     res.finish(args.out, t0)
     return 1 if any(n.startswith("FAILED") for n in res.notes) else 0
 
