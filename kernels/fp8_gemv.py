@@ -140,6 +140,14 @@ def _position_in_table(pos, n_positions):
 
 
 @triton.jit
+def _freqs_row_clamped(freqs_ptr, pos, stride_freq, n_positions):
+    """The freqs row of ``pos`` clamped into [0, n_positions): no read past the table, for the forms that make an
+    out-of-table row NaN at their store (_fp8mma_store) instead of through a NaN freqs row. Cheaper in registers than
+    _freqs_row's select between two pointers (the one-shot program at 128 registers on sm_90a needs it)."""
+    return freqs_ptr + tl.minimum(tl.maximum(pos, 0), n_positions - 1).to(tl.int64) * stride_freq
+
+
+@triton.jit
 def _rope_chunk_factors(freq_row, rk, valid, HEAD: tl.constexpr, ROPE: tl.constexpr, WIDTH: tl.constexpr):
     """GemvConfig.rope_hoist: the inverse RoPE's per-column factors of a rope-bearing WIDTH-wide chunk (see
     rope_hoistable), loaded once per program before the K loop so that no chunk waits on the position -> freqs
@@ -880,7 +888,7 @@ def _block_fp8_gemv_fp8mma_kernel(
     if W_BEFORE_WAIT:
         tl.static_assert(K_UNROLL == ONE_SHOT_BLOCKS and JOIN and not CHAIN)
         _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
-                              freqs_poison_ptr, n_positions, M, N, K,
+                              n_positions, M, N, K,
                               stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                               stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                               BLOCK_M, BLOCK_N, BLOCK_K, IS_SPLIT, INV_ROPE, HEAD, ROPE, PDL,
@@ -1131,7 +1139,7 @@ def _rotate_rope_block_pairs(x, cos, sin, valid, ROPE: tl.constexpr, BLOCK_M: tl
 
 @triton.jit
 def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
-                          freqs_poison_ptr, n_positions, M, N, K,
+                          n_positions, M, N, K,
                           stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                           stride_freq, k_blocks_per_split, num_splits, tiles_per_group, pid, pid_k, pid_g,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -1171,11 +1179,9 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
     is_rope = rk[None, :] < 0
     rope_mask = x_valid[:, None] & is_rope
     partner = signed_sin
-    row_in_table = x_valid
     if INV_ROPE:
         pos = tl.load(pos_ptr + rm, mask=x_valid, other=0)
-        freq_rows = _freqs_row(freqs_ptr, pos[:, None], stride_freq, n_positions, freqs_poison_ptr)
-        row_in_table = _position_in_table(pos, n_positions)
+        freq_rows = _freqs_row_clamped(freqs_ptr, pos[:, None], stride_freq, n_positions)
         if ROPE_HOIST == ROPE_FACTORS_HOISTED:
             cos, signed_sin, is_rope = _rope_chunk_factors(freq_rows, rk[None, :], x_valid[:, None], HEAD, ROPE,
                                                            BLOCK_K)
@@ -1213,6 +1219,9 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
         acc = _one_shot_block(acc, w, ws, x, u, partner, cos, signed_sin, rope_mask, LAST_ROTATED and not ROPE_PAIRS,
                               INLINE_PTX)
     _pdl_launch_dependents(PDL and PDL_LATE_TRIGGER)
+    row_in_table = x_valid
+    if INV_ROPE:  # the positions again (L1), not kept live across the blocks: registers (see _freqs_row_clamped)
+        row_in_table = _position_in_table(tl.load(pos_ptr + rm, mask=x_valid, other=0), n_positions)
     _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partial_ptr, counter_ptr, pid, pid_k, pid_g,
                   num_splits, tiles_per_group, BLOCK_M, BLOCK_N, IS_SPLIT, SPLIT_SUM_BATCH, row_in_table, INV_ROPE)
 
