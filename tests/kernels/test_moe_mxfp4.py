@@ -234,15 +234,28 @@ def test_forward_routing_patterns(pattern, batch, upcast, split):
         assert rel(out, ref) < 2e-2
 
 
-def test_in_graph_dequant_equals_the_reference_bit_for_bit():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_graph_dequant_equals_the_reference_bit_for_bit(dtype):
     """The fallback's dequantisation (device arithmetic only, capturable) against the reference's table lookup, over
-    every byte of packed e2m1 and every E8M0 scale byte."""
+    every byte of packed e2m1 and every E8M0 scale byte (bf16: the reference's float32 values rounded to bf16)."""
     packed = torch.arange(256, dtype=torch.uint8).view(torch.int8).reshape(1, 16, 16).to(DEVICE)  # 256 codes, K=32
-    for scale_byte in range(0, 255, 7):
+    for scale_byte in [*range(0, 255, 7), 1, 126, 127, 128, 253, 254, 255]:
         scale = torch.full((1, 16, 1), scale_byte, dtype=torch.uint8, device=DEVICE)
-        ref = moe.reference_dequant_mxfp4(packed, scale)
-        got = moe.dequant_mxfp4_in_graph(packed, scale)
-        assert torch.equal(got, ref) and torch.equal(torch.signbit(got), torch.signbit(ref)), scale_byte
+        ref = moe.reference_dequant_mxfp4(packed, scale).to(dtype)
+        got = moe.dequant_mxfp4_in_graph(packed, scale, dtype)
+        assert got.dtype == dtype and got.shape == ref.shape
+        assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                           ref.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)), scale_byte
+
+
+def test_in_graph_dequant_keeps_leading_dims_and_the_e8m0_dtype():
+    """Expert-batched ``[E, N, K/2]`` inputs with ``float8_e8m0fnu`` scales, as the seam holds them."""
+    gen = torch.Generator().manual_seed(5)
+    packed = torch.randint(0, 256, (3, 4, 64), dtype=torch.uint8, generator=gen).to(DEVICE)
+    scale = torch.randint(110, 140, (3, 4, 4), dtype=torch.uint8, generator=gen).to(DEVICE)
+    ref = moe.reference_dequant_mxfp4(packed, scale)
+    got = moe.dequant_mxfp4_in_graph(packed, scale.view(torch.float8_e8m0fnu))
+    assert got.shape == (3, 4, 128) and torch.equal(got.view(torch.int32), ref.view(torch.int32))
 
 
 @pytest.mark.parametrize("all_experts", [False, True], ids=["chosen_experts", "every_expert"])
