@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Stop 37's device call (2026-12-05), about 4 minutes: the fixes of this stop checked on the H200.
+#
+#   1. wo_a A/B run 2: the fused-RoPE wo_a before stop 35's range check (c806deb) against this tree (the range check
+#      kept, the one-shot program back at 128 registers on sm_90a)
+#   2. fallbacks run 2, MoE only: the seam's torch fallback with the byte-table dequantisation
+#   3. the decode-step bench, default grid (B 1 / 8 / 32 / 64, T 1 / 4, context 8K / 64K): the headline after the fix
+#
+# Here, before the call: `python3 tools/device_bench.py --prepare` (writes .upstream/) and
+#   rm -rf .cleanhead && mkdir -p .cleanhead && git show c806deb:kernels/fp8_gemv.py > .cleanhead/before_fp8_gemv.py
+# then `run` with carry [".cleanhead", ".upstream"] and the command `bash tools/device_stop37.sh`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-.device-out}
+mkdir -p "$OUT/r"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/r/gpu.txt"
+
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
+    timeout "$limit" "$@" > "$OUT/r/$name.log" 2>&1
+    echo "== $name rc=$? $(date -u +%H:%M:%S)"
+    tail -3 "$OUT/r/$name.log"
+}
+
+step wo_a_ab 120 python3 tools/device_wo_a_ab.py --before .cleanhead/before_fp8_gemv.py --out "$OUT/r" \
+    --name wo_a_ab-h200-run2 --note "before: c806deb; after: 9e2f795 (range check kept, 128 registers on sm_90a)"
+step fallbacks 120 python3 tools/device_fallbacks.py --out "$OUT/r" --name fallbacks-h200-run2 --only moe
+step bench 330 python3 tools/device_bench.py --out "$OUT/r" --name bench-h200-run48
+ls -l "$OUT/r"
+# at most 8 files come back from a call: everything in one archive
+tar czf "$OUT/stop37.tgz" -C "$OUT" r && rm -rf "$OUT/r"
