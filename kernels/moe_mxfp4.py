@@ -235,15 +235,17 @@ def reference_moe_mxfp4(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
     return out
 
 
-def dequant_mxfp4_in_graph(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequant_mxfp4_in_graph(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32,
+                           byte_values: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`reference_dequant_mxfp4`'s values, bit for bit (``dtype`` bfloat16: its float32 values rounded to bf16,
     also bit for bit), from device arithmetic alone (no value table copied from the host), so that it can run inside
     CUDA-graph capture. A 256-entry table of each packed byte's two values is built on the device (magnitude code
     ``m`` is ``m / 2`` below 2, subnormal e2m1, and ``2^(m/2 - 1) * (1 + (m & 1) / 2)`` from 2 on) and gathered once
     per byte, then the E8M0 factor applied per 32: a few passes over the weight instead of one per arithmetic step
-    (H200 fallbacks run 1: about 1.2-1.5 ms per T=1 expert with the per-nibble arithmetic)."""
+    (H200 fallbacks run 1: about 1.2-1.5 ms per T=1 expert with the per-nibble arithmetic). ``byte_values``: that
+    table (:func:`e2m1_byte_values`) when the caller dequantises many weights in a row."""
     codes = packed.view(torch.uint8)
-    table = _e2m1_byte_values(codes.device).to(dtype)  # [256, 2]: e2m1 values are exact in bf16
+    table = (e2m1_byte_values(codes.device) if byte_values is None else byte_values).to(dtype)  # exact in bf16
     values = table.index_select(0, codes.reshape(-1).to(torch.int32)).reshape(*codes.shape[:-1], -1)
     # a power of two (or inf at byte 255) is exact in bf16 too; torch multiplies bf16 in float32 and rounds once, as
     # the float32 product's cast to bf16 does
@@ -251,7 +253,7 @@ def dequant_mxfp4_in_graph(packed: torch.Tensor, scale: torch.Tensor, dtype: tor
     return (values.unflatten(-1, (-1, MXFP4_GROUP)) * factor.unsqueeze(-1)).flatten(-2)
 
 
-def _e2m1_byte_values(device) -> torch.Tensor:
+def e2m1_byte_values(device) -> torch.Tensor:
     """float32 ``[256, 2]``: the e2m1 values of a packed byte's low (even element) and high nibble."""
     byte = torch.arange(256, dtype=torch.int32, device=device)
     nibbles = torch.stack((byte & 0x0F, byte >> 4), dim=-1)
@@ -281,6 +283,7 @@ def moe_mxfp4_dequantised_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale:
     ids = topk_ids.long()
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing() if all_experts is None else all_experts
     experts = range(num_experts) if capturing else [e for e in torch.unique(ids).tolist() if 0 <= e < num_experts]
+    byte_values = e2m1_byte_values(x.device).to(torch.bfloat16)  # once per call, not per weight
     for e in experts:
         routed = ids == e  # [B, K]
         if capturing:
@@ -288,9 +291,9 @@ def moe_mxfp4_dequantised_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale:
         else:
             rows = routed.any(1).nonzero().squeeze(1)
             row_weight = (topk_weights.float()[rows] * routed[rows]).sum(1)
-        gate_up = (xb[rows] @ dequant_mxfp4_in_graph(w13[e], w13_scale[e], torch.bfloat16).T).float()
+        gate_up = (xb[rows] @ dequant_mxfp4_in_graph(w13[e], w13_scale[e], torch.bfloat16, byte_values).T).float()
         act = reference_swiglu(gate_up[:, 0::2], gate_up[:, 1::2], swiglu_limit).to(torch.bfloat16)
-        down = (act @ dequant_mxfp4_in_graph(w2[e], w2_scale[e], torch.bfloat16).T).float()
+        down = (act @ dequant_mxfp4_in_graph(w2[e], w2_scale[e], torch.bfloat16, byte_values).T).float()
         if capturing:
             out += down * row_weight.unsqueeze(1)
         else:
