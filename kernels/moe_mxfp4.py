@@ -246,7 +246,7 @@ def dequant_mxfp4_in_graph(packed: torch.Tensor, scale: torch.Tensor, dtype: tor
     table (:func:`e2m1_byte_values`) when the caller dequantises many weights in a row."""
     codes = packed.view(torch.uint8)
     table = (e2m1_byte_values(codes.device) if byte_values is None else byte_values).to(dtype)  # exact in bf16
-    values = table.index_select(0, codes.reshape(-1).to(torch.int32)).reshape(*codes.shape[:-1], -1)
+    values = table.index_select(0, codes.reshape(-1).to(torch.int32)).reshape(*codes.shape[:-1], 2 * codes.shape[-1])
     # a power of two (or inf at byte 255) is exact in bf16 too; torch multiplies bf16 in float32 and rounds once, as
     # the float32 product's cast to bf16 does
     factor = torch.exp2(scale_bytes(scale).to(torch.float32) - MXFP4_E8M0_BIAS).to(dtype)

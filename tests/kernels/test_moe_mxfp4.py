@@ -256,6 +256,8 @@ def test_in_graph_dequant_keeps_leading_dims_and_the_e8m0_dtype():
     ref = moe.reference_dequant_mxfp4(packed, scale)
     got = moe.dequant_mxfp4_in_graph(packed, scale.view(torch.float8_e8m0fnu))
     assert got.shape == (3, 4, 128) and torch.equal(got.view(torch.int32), ref.view(torch.int32))
+    empty = moe.dequant_mxfp4_in_graph(packed[:, :0], scale[:, :0], torch.bfloat16)  # no rows: a [3, 0, 128] result
+    assert empty.shape == (3, 0, 128) and empty.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("all_experts", [False, True], ids=["chosen_experts", "every_expert"])
