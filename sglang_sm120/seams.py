@@ -85,22 +85,26 @@ FORCE_OFF = ("", "0", "false", "no", "off")
 _warned_force_values: set[str] = set()
 
 
+def _force_value(raw: str) -> tuple[bool, bool]:
+    """(on, unrecognised) for a value of ``SGLANG_SM120_FORCE``; an unrecognised value is taken as off."""
+    value = raw.strip().lower()
+    return value in FORCE_ON, value not in FORCE_ON + FORCE_OFF
+
+
 def unrecognised_force_value(environ=os.environ) -> str | None:
     """``SGLANG_SM120_FORCE``'s value when it is neither on nor off (taken as off), else None."""
     raw = environ.get(ENV_FORCE, "")
-    return None if raw.strip().lower() in FORCE_ON + FORCE_OFF else raw
+    return raw if _force_value(raw)[1] else None
 
 
 def forced(environ=os.environ) -> bool:
-    raw = environ.get(ENV_FORCE, "")
-    value = raw.strip().lower()
-    if value in FORCE_ON:
-        return True
-    if value not in FORCE_OFF and raw not in _warned_force_values:  # asked once per seam: warn once per value
+    raw = environ.get(ENV_FORCE, "")  # read once: this runs on every eager kernel call
+    on, unrecognised = _force_value(raw)
+    if unrecognised and raw not in _warned_force_values:  # asked once per seam: warn once per value
         _warned_force_values.add(raw)
         logger.warning("sglang-sm120: %s=%r is neither on (%s) nor off (%s); taken as off", ENV_FORCE, raw,
                        ", ".join(FORCE_ON), ", ".join(v for v in FORCE_OFF if v))
-    return False
+    return on
 
 
 def visible_sm12x() -> tuple[bool, str]:
