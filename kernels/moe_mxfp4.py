@@ -239,10 +239,10 @@ def dequant_mxfp4_in_graph(packed: torch.Tensor, scale: torch.Tensor, dtype: tor
                            byte_values: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`reference_dequant_mxfp4`'s values, bit for bit (``dtype`` bfloat16: its float32 values rounded to bf16,
     also bit for bit), from device arithmetic alone (no value table copied from the host), so that it can run inside
-    CUDA-graph capture. A 256-entry table of each packed byte's two values is built on the device (magnitude code
-    ``m`` is ``m / 2`` below 2, subnormal e2m1, and ``2^(m/2 - 1) * (1 + (m & 1) / 2)`` from 2 on) and gathered once
-    per byte, then the E8M0 factor applied per 32: a few passes over the weight instead of one per arithmetic step
-    (H200 fallbacks run 1: about 1.2-1.5 ms per T=1 expert with the per-nibble arithmetic). ``byte_values``: that
+    CUDA-graph capture. A 256-entry table of each packed byte's two values is built on the device
+    (:func:`e2m1_byte_values`) and gathered once per byte, then the E8M0 factor applied per 32: a few passes over the
+    weight instead of one per arithmetic step (H200 fallbacks run 1: about 1.2-1.5 ms per T=1 expert with the
+    per-nibble arithmetic). ``byte_values``: that
     table (:func:`e2m1_byte_values`) when the caller dequantises many weights in a row."""
     codes = packed.view(torch.uint8)
     table = (e2m1_byte_values(codes.device) if byte_values is None else byte_values).to(dtype)  # exact in bf16
@@ -254,14 +254,20 @@ def dequant_mxfp4_in_graph(packed: torch.Tensor, scale: torch.Tensor, dtype: tor
 
 
 def e2m1_byte_values(device) -> torch.Tensor:
-    """float32 ``[256, 2]``: the e2m1 values of a packed byte's low (even element) and high nibble."""
-    byte = torch.arange(256, dtype=torch.int32, device=device)
-    nibbles = torch.stack((byte & 0x0F, byte >> 4), dim=-1)
-    mag = (nibbles & 0x7).to(torch.float32)
+    """float32 ``[256, 2]``: the e2m1 values of a packed byte's low (even element) and high nibble, by
+    :func:`_dequant_mxfp4` on every byte at scale 1 with the magnitudes computed on the device (capturable)."""
+    every_byte = torch.arange(256, dtype=torch.uint8, device=device).reshape(1, 256)
+    unit_scale = torch.full((1, 2 * 256 // MXFP4_GROUP), MXFP4_E8M0_BIAS, dtype=torch.uint8, device=device)
+    return _dequant_mxfp4(every_byte, unit_scale, _e2m1_magnitudes).reshape(256, 2)
+
+
+def _e2m1_magnitudes(codes: torch.Tensor) -> torch.Tensor:
+    """e2m1 magnitude codes 0..7 -> float32 by arithmetic: ``m / 2`` below 2 (subnormal), ``2^(m/2 - 1) * (1 + (m & 1) /
+    2)`` from 2 on."""
+    mag = codes.to(torch.float32)
     exponent = torch.floor(mag * 0.5)
     mantissa = mag - 2.0 * exponent  # 0 or 1
-    magnitude = torch.where(mag < 2.0, 0.5 * mag, torch.exp2(exponent - 1.0) * (1.0 + 0.5 * mantissa))
-    return (1.0 - 2.0 * ((nibbles & 0x8) >> 3).to(torch.float32)) * magnitude
+    return torch.where(mag < 2.0, 0.5 * mag, torch.exp2(exponent - 1.0) * (1.0 + 0.5 * mantissa))
 
 
 def moe_mxfp4_dequantised_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
