@@ -16,11 +16,17 @@ def ensure_kernels_importable() -> None:
     # already mapped by an earlier call (a tool importing another tool): the stub package has no __spec__
     if "sglang_sm120.kernels" in sys.modules or importlib.util.find_spec("sglang_sm120") is not None:
         return
+    map_kernels(REPO)
+
+
+def map_kernels(repo: pathlib.Path) -> None:
+    """``repo``'s ``kernels/`` as ``sglang_sm120.kernels`` in this process, whatever is installed (a tool comparing
+    another checkout's kernels, ``tools/aot_register_diff.py``, maps that checkout)."""
     package = types.ModuleType("sglang_sm120")
-    package.__path__ = [str(REPO / "sglang_sm120")]
+    package.__path__ = [str(repo / "sglang_sm120")]
     sys.modules["sglang_sm120"] = package
-    spec = importlib.util.spec_from_file_location("sglang_sm120.kernels", REPO / "kernels" / "__init__.py",
-                                                  submodule_search_locations=[str(REPO / "kernels")])
+    spec = importlib.util.spec_from_file_location("sglang_sm120.kernels", repo / "kernels" / "__init__.py",
+                                                  submodule_search_locations=[str(repo / "kernels")])
     module = importlib.util.module_from_spec(spec)
     sys.modules["sglang_sm120.kernels"] = module
     spec.loader.exec_module(module)

@@ -28,16 +28,11 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 # run in a child process with the tree's root as argv[1]: prints one JSON line per (config, arch)
 _CHILD = r'''
-import importlib.util, json, pathlib, sys, types
+import json, pathlib, sys
 repo, only, archs = pathlib.Path(sys.argv[1]), sys.argv[2], [int(a) for a in sys.argv[3].split(",")]
-package = types.ModuleType("sglang_sm120")
-package.__path__ = [str(repo / "sglang_sm120")]
-sys.modules["sglang_sm120"] = package
-spec = importlib.util.spec_from_file_location("sglang_sm120.kernels", repo / "kernels" / "__init__.py",
-                                              submodule_search_locations=[str(repo / "kernels")])
-module = importlib.util.module_from_spec(spec)
-sys.modules["sglang_sm120.kernels"] = module
-spec.loader.exec_module(module)
+sys.path.insert(0, sys.argv[4])  # this checkout's tools/
+from _repo_imports import map_kernels
+map_kernels(repo)
 from sglang_sm120.kernels import aot_registry
 from sglang_sm120.kernels.harness import aot
 for cfg in aot_registry.all_configs():
@@ -52,8 +47,9 @@ for cfg in aot_registry.all_configs():
 
 
 def compile_tree(root: pathlib.Path, only: str, archs: list[int]) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(root), only, ",".join(map(str, archs))],
-                         capture_output=True, text=True, cwd=tempfile.gettempdir())
+    argv = [str(root), only, ",".join(map(str, archs)), str(REPO / "tools")]
+    out = subprocess.run([sys.executable, "-c", _CHILD, *argv], capture_output=True, text=True,
+                         cwd=tempfile.gettempdir())
     if out.returncode != 0:
         raise SystemExit(f"compiling {root} failed:\n{out.stderr[-2000:]}")
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
