@@ -18,14 +18,7 @@ OUT=${OUT:-.device-out}
 mkdir -p "$OUT/r"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/r/gpu.txt"
 
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    echo "== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
-    timeout "$limit" "$@" > "$OUT/r/$name.log" 2>&1
-    echo "== $name rc=$? $(date -u +%H:%M:%S)"
-    tail -5 "$OUT/r/$name.log"
-}
+. tools/device_step.sh
 
 if [ -f before_fp8_gemv.py ]; then
     step wo_a_ab 120 python3 tools/device_wo_a_ab.py --before before_fp8_gemv.py --out "$OUT/r" \

@@ -15,14 +15,8 @@ OUT=${OUT:-.device-out}
 mkdir -p "$OUT/r"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/r/gpu.txt"
 
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    echo "== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
-    timeout "$limit" "$@" > "$OUT/r/$name.log" 2>&1
-    echo "== $name rc=$? $(date -u +%H:%M:%S)"
-    tail -3 "$OUT/r/$name.log"
-}
+STEP_TAIL_LINES=3
+. tools/device_step.sh
 
 step wo_a_ab 120 python3 tools/device_wo_a_ab.py --before .cleanhead/before_fp8_gemv.py --out "$OUT/r" \
     --name wo_a_ab-h200-run2 --note "before: c806deb; after: 9e2f795 (range check kept, 128 registers on sm_90a)"
