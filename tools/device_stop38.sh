@@ -16,7 +16,9 @@ STEP_TAIL_LINES=30
 
 step sm120_dispatch_188 170 python3 tools/device_sm120_dispatch.py --out "$OUT/r" --name sm120_dispatch-188-h200-run1 \
     --sms 188 --time-budget-s 140
-step moe_grid 150 python3 tools/device_moe_mxfp4.py --out "$OUT/r"
+if [ "${MOE_GRID:-1}" = 1 ]; then  # MOE_GRID=0 on an H100: the grid's history is the H200's
+    step moe_grid 150 python3 tools/device_moe_mxfp4.py --out "$OUT/r"
+fi
 step sm120_dispatch_170 70 python3 tools/device_sm120_dispatch.py --out "$OUT/r" --name sm120_dispatch-170-h200-run1 \
     --sms 170 --time-budget-s 45 -b 1 -b 64 --context 8192
 ls -l "$OUT/r"
