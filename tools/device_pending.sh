@@ -1,34 +1,32 @@
 #!/usr/bin/env bash
-# The device measurements still owed since stop 35 (2026-12-05), in one call of at most 9.5 minutes (the steps' limits), so that a session
-# with little device time spends it on one start. Each step has its own time limit and writes under $OUT/r; a step
-# that fails or runs out of time does not stop the next.
+# The device measurements still owed (2026-12-05, stop 38), in one call of at most about 6 minutes (the steps'
+# limits), so that a session with little device time spends it on one start. Each step has its own time limit and
+# writes under $OUT/r; a step that fails or runs out of time does not stop the next. (What this script ran before,
+# stop 37's owed runs, is in its git history and in benchmarks/.)
 #
-#   1. wo_a A/B: the fused-RoPE wo_a before (c806deb) and after stop 35's range check on positions
-#   2. the read ceiling: a pure streaming read of each GEMV weight's and the MoE B=1 experts' bytes, beside the GEMV
-#   3. indexer run 24: overlap program counts at B = 16..48 x 256K (catalog forms, not shipped)
-#   4. the seams' torch fallbacks (MoE and wo_a) beside the kernels
+#   1. the sm_12x launch choices at full sizes, every stage checked (tools/device_sm120_dispatch.py): 188 SMs (RTX PRO
+#      6000) over B 1 / 8 / 64, T 1 / 4, 8K / 64K; then 170 SMs (RTX 5090) at B 1 / 64, 8K
+#   2. issue 4's MoE grid at this commit (its last full run is run 26b; the decode kernels changed until run 31).
+#      MOE_GRID=0 skips it (on an H100: the grid's history is the H200's)
 #
-# Here, before the call (the device copy of the tree has no git history):
-#   rm -rf .cleanhead && mkdir -p .cleanhead && cp -r kernels sglang_sm120 tools pyproject.toml .cleanhead/ \
-#     && git show c806deb:kernels/fp8_gemv.py > .cleanhead/before_fp8_gemv.py
-# then `run` with carry [".cleanhead"] and the command `bash .cleanhead/tools/device_pending.sh`.
+# Here, before the call: `python3 tools/device_bench.py --prepare` (writes .upstream/), then `run` with carry
+# [".upstream"] and the command `bash tools/device_pending.sh`. The results come back as one archive, pending.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-.device-out}
 mkdir -p "$OUT/r"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/r/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/r/gpu.txt"
 
+STEP_TAIL_LINES=30
 . tools/device_step.sh
 
-if [ -f before_fp8_gemv.py ]; then
-    step wo_a_ab 120 python3 tools/device_wo_a_ab.py --before before_fp8_gemv.py --out "$OUT/r" \
-        --name wo_a_ab-h200-run1 --note "before: c806deb; after: stop 35's range check on positions (4ec84e6)"
-else
-    echo "== wo_a_ab skipped: before_fp8_gemv.py is missing (see this script's header)"
+step sm120_dispatch_188 130 python3 tools/device_sm120_dispatch.py --out "$OUT/r" --name sm120_dispatch-188-h200-run1 \
+    --sms 188 --time-budget-s 100
+step sm120_dispatch_170 50 python3 tools/device_sm120_dispatch.py --out "$OUT/r" --name sm120_dispatch-170-h200-run1 \
+    --sms 170 --time-budget-s 25 -b 1 -b 64 --context 8192
+if [ "${MOE_GRID:-1}" = 1 ]; then
+    step moe_grid 150 python3 tools/device_moe_mxfp4.py --out "$OUT/r"
 fi
-step read_ceiling 150 python3 tools/device_read_ceiling.py --out "$OUT/r" --name read_ceiling-h200-run1
-step indexer 150 python3 tools/device_indexer.py --out "$OUT/r" --name indexer-h200-run24 --skip-upstream \
-    --no-topk-only --shapes 32x262144,16x262144,24x262144,48x262144 \
-    --forms hist_pmax,hist_pmax_ov2048,hist_pmax_ov2048_lean,hist_pmax_ov1024_lean,hist_pmax_ov4096_lean
-step fallbacks 150 python3 tools/device_fallbacks.py --out "$OUT/r" --name fallbacks-h200-run1
 ls -l "$OUT/r"
+# at most 8 files come back from a call: everything in one archive (a call cut short returns $OUT/r as it stands)
+tar czf "$OUT/pending.tgz" -C "$OUT" r && rm -rf "$OUT/r"
