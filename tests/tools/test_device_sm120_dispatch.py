@@ -134,3 +134,38 @@ def test_gpu_names_come_from_the_shapes_module():
 def test_a_run_with_no_finished_point_is_named_not_dropped():
     text = tool.summary_markdown([dict(sms=170, gpu_name="RTX 5090", seconds=0.0, results=None)], {}, ["x"])
     assert "170 SMs (RTX 5090): no grid point finished" in text
+
+
+@pytest.fixture
+def interpreter_bench(monkeypatch):
+    """The bench's reduced CPU layers at B=1, T=1, plugin path only (the tool's --smoke grid, one SM count)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the kernels run under the Triton interpreter only here")
+    from sglang_sm120.bench import layer as L
+    from sglang_sm120.bench import runner
+
+    runner.interpreter_ready()
+    cfg = runner.default_cpu_config()
+    cfg.batches, cfg.tps, cfg.paths = (1,), (1,), (L.PLUGIN,)
+    return runner, cfg
+
+
+def test_the_plugin_path_passes_every_check_with_sm12x_choices(interpreter_bench):
+    """End to end at reduced sizes: every stage of the three layer kinds, launched as an RTX PRO 6000 would launch
+    them (the indexer through its block-scaled dot), agrees with its float32 reference."""
+    runner, cfg = interpreter_bench
+    asked = []
+    with tool.sm12x_dispatch(188):
+        sm12x_answer = indexer.use_scaled_dot
+
+        def counting(device=None):
+            asked.append(device)
+            return sm12x_answer(device)
+        indexer.use_scaled_dot = counting  # restored by the context with the rest
+        results = runner.run(cfg, log=lambda *a: None)
+    rows = tool.check_rows(results)
+    assert not results["errors"] and not results["checks_failed"]
+    assert rows and all(r["ok"] for r in rows)
+    assert {r["stage"] for r in rows} >= {"attention", "wo_a", "routed_experts", "indexer"}
+    assert asked  # the indexer stage chose its dot through the patched query
+    assert indexer.use_scaled_dot(torch.device("cpu")) is False
