@@ -282,16 +282,16 @@ def reference_bf16_linear(x: torch.Tensor, weight: torch.Tensor, scale: float | 
 
 
 def shipped_configs() -> list[Bf16GemvConfig]:
-    """Every tile :func:`default_config` picks for DSv4-Flash's bf16 projections at 1..MAX_ROWS rows on the
-    sm_12x GPUs (their SM counts) and the H200 the device runs use, with PDL as those GPUs launch it, alone and
-    sharing the SMs; also the router gate's, which the bench runs in both paths in place of SGLang's
-    tiny_gemm_bf16."""
-    from .dsv4 import BF16_LINEAR_SHAPES, ROUTER_GATE_SHAPE, SM12X_SM_COUNTS
+    """Every tile :func:`default_config` picks for DSv4-Flash's bf16 projections at 1..MAX_ROWS rows on a GPU of
+    any SM count up to ``SM12X_AOT_MAX_SM_COUNT`` (the sm_12x GPUs and the H200 the device runs included), with PDL
+    as those GPUs launch it, alone and sharing the SMs; also the router gate's, which the bench runs in both paths
+    in place of SGLang's tiny_gemm_bf16."""
+    from .dsv4 import BF16_LINEAR_SHAPES, ROUTER_GATE_SHAPE, SM12X_AOT_MAX_SM_COUNT
 
     configs = {}
     for n, k in (*BF16_LINEAR_SHAPES.values(), ROUTER_GATE_SHAPE):
         for m in ROW_BLOCKS:
-            for sms in (*SM12X_SM_COUNTS.values(), DEFAULT_SM_COUNT):
+            for sms in range(1, SM12X_AOT_MAX_SM_COUNT + 1):
                 for share_sms in (False, True):
                     cfg = default_config(m, n, k, sms, pdl=True, share_sms=share_sms)
                     configs[cfg.name] = cfg

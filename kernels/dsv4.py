@@ -146,3 +146,7 @@ ROUTER_GATE_SHAPE = (NUM_EXPERTS, HIDDEN_SIZE)
 ROUTER_TINY_GEMM_MAX_ROWS = 16
 # SM counts of the sm_12x GPUs the plugin targets (tile choices that depend on the grid are compiled for each)
 SM12X_SM_COUNTS = {"RTX PRO 6000 Blackwell": 188, "RTX 5090": 170}
+# The AOT check also compiles what the launch rules pick on a GPU of any SM count up to this many: other sm_12x GPUs
+# (the smaller RTX / RTX PRO Blackwell cards, DGX Spark's GB10 on sm_121) have fewer SMs, and below the H200's 132
+# some rules pick forms that neither the two GPUs above nor the H200 launch
+SM12X_AOT_MAX_SM_COUNT = 256

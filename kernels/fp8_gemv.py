@@ -1824,6 +1824,17 @@ def wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool, sms: int 
 
 def pick_wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool, sms: int, rule: Rules) -> GemvConfig:
     """wo_a_config without the cache."""
+    cfg = _pick_wo_a_form(b, r, d, groups, fused_rope, sms, rule)
+    k_steps = _cdiv(d, FP8_BLOCK * cfg.k_unroll)
+    if fused_rope and cfg.rows_form and not cfg.one_chunk and cfg.split_k == 1 and k_steps > 1:
+        # The rows form with the fused RoPE and no K split spills on sm_120a / sm_121a (128 registers and 8 bytes;
+        # split, the same tile takes 127 and none). Only a GPU of fewer than 64 SMs gets it (DGX Spark's GB10 at T=2,
+        # 2 rows): it runs the split form, which 64-127 SMs pick anyway, at 2 splits.
+        cfg = dataclasses.replace(cfg, split_k=2)
+    return cfg
+
+
+def _pick_wo_a_form(b: int, r: int, d: int, groups: int, fused_rope: bool, sms: int, rule: Rules) -> GemvConfig:
     cfg = pick_default_config(b, r, d, groups, sms, rule)
     if fused_rope and cfg.one_chunk and groups * r * d >= WO_A_ROPE_FMA_MIN_WEIGHT_BYTES:
         # run 18b, T=4 (8 MiB): the one-chunk form's RoPE (the branch form over the whole K) made it 6.43 / 9.16 us at
@@ -2328,8 +2339,48 @@ _W_BEFORE_WAIT_FORMS = ((_W_BEFORE_WAIT_ONE_SHOT, False),
 SHIPPED_FORMS += _W_BEFORE_WAIT_FORMS
 
 
+def compiled_form(cfg: GemvConfig) -> GemvConfig:
+    """``cfg`` as the AOT check compiles it: every K split > 1 compiles the same (IS_SPLIT), listed as split 4."""
+    return dataclasses.replace(cfg, split_k=1 if cfg.split_k == 1 else 4)
+
+
+def picked_forms(sms: int) -> set:
+    """Every (form, fused RoPE) the launch rules pick for DSv4-Flash's seven linears on a GPU of ``sms`` SMs: T in
+    SUPPORTED_TP, 1..16 rows, alone and beside other streams (sharing_default_config), with PDL and without (the
+    seam's PDL switch), wo_a also with the fused inverse RoPE; as compiled."""
+    from .dsv4 import O_GROUPS, O_LORA_RANK, SUPPORTED_TP, dense_linear_shapes
+
+    forms = set()
+    for rule in (rules()._replace(pdl=True), rules()._replace(pdl=False)):
+        for tp in SUPPORTED_TP:
+            for name, (n, k) in dense_linear_shapes(tp).items():
+                groups = O_GROUPS // tp if name == "wo_a" else 1
+                n = O_LORA_RANK if name == "wo_a" else n
+                for m in range(1, 17):
+                    alone = pick_default_config(m, n, k, groups, sms, rule)
+                    beside = (pick_default_config(m, n, k, groups, sms, rule, True)
+                              if alone.one_chunk and groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES else alone)
+                    forms.update((compiled_form(cfg), False) for cfg in (alone, sharing_config(beside)))
+                    if name == "wo_a":
+                        forms.add((compiled_form(pick_wo_a_config(m, n, k, groups, True, sms, rule)), True))
+    return forms
+
+
+@functools.lru_cache(maxsize=None)
+def aot_forms() -> tuple:
+    """SHIPPED_FORMS (the forms the H200 runs measured, listed by hand) and after them every other form the rules pick
+    on a GPU of up to SM12X_AOT_MAX_SM_COUNT SMs (below the H200's 132 some rules pick forms no measured GPU
+    launches, e.g. one-row TMA tiles without a K split): the AOT check compiles all of them."""
+    from .dsv4 import SM12X_AOT_MAX_SM_COUNT
+
+    forms = dict.fromkeys(SHIPPED_FORMS)
+    for sms in range(1, SM12X_AOT_MAX_SM_COUNT + 1):
+        forms.update(dict.fromkeys(sorted(picked_forms(sms) - forms.keys(), key=lambda f: (f[0].name, f[1]))))
+    return tuple(forms)
+
+
 def aot_configs() -> list[AotConfig]:
-    return [aot_config(cfg, rope) for cfg, rope in SHIPPED_FORMS]
+    return [aot_config(cfg, rope) for cfg, rope in aot_forms()]
 
 
 _AOT_SIGNATURE = {

@@ -265,7 +265,7 @@ def test_wo_a_prefill_rows_and_zero_rows():
     assert g.grouped_fp8_wo_a(o[:0], w, s).shape == (0, groups, r)
 
 
-ROPE_FORMS = sorted({cfg for cfg, rope in g.SHIPPED_FORMS if rope}, key=lambda c: c.name)
+ROPE_FORMS = sorted({cfg for cfg, rope in g.aot_forms() if rope}, key=lambda c: c.name)
 
 
 @pytest.mark.parametrize("cfg", [None, *ROPE_FORMS], ids=lambda c: "default" if c is None else c.name)
@@ -288,6 +288,24 @@ def test_wo_a_positions_outside_the_table_give_nan_rows(cfg):
     ref = g.reference_grouped_wo_a(o, w, s, pos, freqs, HEAD, ROPE)
     assert torch.isnan(ref[bad]).all() and torch.isfinite(ref[~bad]).all()
     assert torch.isfinite(y[~bad]).all() and rel_err(y[~bad], ref[~bad]) < OUTPUT_TOL
+
+
+SMALL_GPU_FORMS = g.aot_forms()[len(dict.fromkeys(g.SHIPPED_FORMS)):]
+
+
+@pytest.mark.parametrize("cfg, rope", SMALL_GPU_FORMS, ids=lambda v: v.name if isinstance(v, g.GemvConfig) else str(v))
+def test_forms_only_smaller_gpus_pick_match_the_reference(cfg, rope):
+    """The forms the rules pick only on GPUs of fewer SMs than any measured one (aot_forms beyond SHIPPED_FORMS): wo_a
+    at a reduced grouped shape, with the fused inverse RoPE where the form has it, against the float32 reference."""
+    gen = torch.Generator().manual_seed(67)
+    b, groups, r, d = min(cfg.block_m, 3), 2, 128, 512
+    w, s = random_weight(r, d, groups=groups, gen=gen, pow2=True)
+    o = torch.randn(b, groups, d, generator=gen).to(torch.bfloat16).to(DEVICE)
+    pos, freqs, _ = rope_inputs(b, gen) if rope else (None, None, None)
+    out = torch.full((b, groups, r), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    y = g.grouped_fp8_wo_a(o, w, s, positions=pos, freqs=freqs, head_dim=HEAD, rope_dim=ROPE, out=out, config=cfg)
+    ref = g.reference_grouped_wo_a(o, w, s, pos, freqs, HEAD, ROPE)
+    assert torch.isfinite(y).all() and rel_err(y, ref) < OUTPUT_TOL
 
 
 @pytest.mark.parametrize("rope", [False, True])

@@ -124,25 +124,55 @@ def test_default_config_picks_rows_forms_where_measured(monkeypatch):
         assert g.default_config(m, 4096, 4096).use_dot
 
 
-def test_every_default_form_has_an_aot_config():
-    """Each launch form default_config picks for DSv4's seven linears (T = 1, 2, 4, 8; 1..16 rows; the
-    split-K variant as compiled), with PDL and without (launch_form, USE_PDL = False), is in SHIPPED_FORMS, so
-    the AOT registry checks what runs."""
+# SM counts around the rules' thresholds (splits change at 64 / 128 SMs), the H200's and the listed sm_12x GPUs'
+SM_COUNTS_TO_CHECK = (1, 16, 30, 48, 63, 64, 70, 84, 110, 127, 128, 132, 170, 188, 256)
+
+
+@pytest.mark.parametrize("sms", SM_COUNTS_TO_CHECK)
+def test_every_default_form_has_an_aot_config(sms):
+    """Each launch form default_config picks for DSv4's seven linears (T = 1, 2, 4, 8; 1..16 rows; the split-K
+    variant as compiled), with PDL and without (launch_form, USE_PDL = False), on a GPU of ``sms`` SMs, is compiled
+    by the AOT check (aot_forms), so the registry checks what runs on any sm_12x GPU, not only the listed ones."""
     import dataclasses
 
     from sglang_sm120.kernels import dsv4
 
-    shipped = set(g.SHIPPED_FORMS)
+    compiled = set(g.aot_forms())
     for tp in dsv4.SUPPORTED_TP:
         for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
             groups = dsv4.O_GROUPS // tp if name == "wo_a" else 1
             n = dsv4.O_LORA_RANK if name == "wo_a" else n
             for m in range(1, 17):
-                for cfg in (g.default_config(m, n, k, groups), g.launch_form(m, n, k, groups)):  # PDL on / off
+                for cfg in (g.default_config(m, n, k, groups, sms=sms), g.launch_form(m, n, k, groups, sms=sms)):
                     form = dataclasses.replace(cfg, split_k=1 if cfg.split_k == 1 else 4)
-                    assert (form, False) in shipped, (name, tp, m, cfg.name)
-                if name == "wo_a":  # the fused inverse RoPE forms (wo_a_config; launch_form with USE_PDL = False)
-                    for cfg in (g.wo_a_config(m, n, k, groups, fused_rope=True), g.launch_form(m, n, k, groups)):
-                        if cfg.split_k > 1:
-                            form = dataclasses.replace(cfg, split_k=4)
-                            assert (form, True) in shipped, (name, tp, m, cfg.name)
+                    assert (form, False) in compiled, (name, tp, m, cfg.name)
+                if name == "wo_a":  # the fused inverse RoPE forms
+                    cfg = g.wo_a_config(m, n, k, groups, fused_rope=True, sms=sms)
+                    form = dataclasses.replace(cfg, split_k=1 if cfg.split_k == 1 else 4)
+                    assert (form, True) in compiled, (name, tp, m, cfg.name)
+
+
+def test_aot_forms_add_only_what_the_listed_forms_lack_and_list_these_first():
+    forms = g.aot_forms()
+    assert forms[:len(g.SHIPPED_FORMS)] == tuple(dict.fromkeys(g.SHIPPED_FORMS))
+    assert len(set(forms)) == len(forms)
+    assert all(f not in g.SHIPPED_FORMS for f in forms[len(g.SHIPPED_FORMS):])
+
+
+def test_the_fused_rope_rows_form_always_splits_k():
+    """The looping rows form with the fused RoPE spills on sm_120a / sm_121a without a K split (128 registers + 8
+    bytes, aot-check); a GPU of fewer than 64 SMs (GB10 at T=2, 2 rows) would otherwise pick it unsplit. (The
+    one-chunk rows form, T=8, has its whole K in one program and no such spill.)"""
+    from sglang_sm120.kernels import dsv4
+
+    split_where_it_would_not = 0
+    for sms in range(1, dsv4.SM12X_AOT_MAX_SM_COUNT + 1):
+        for tp in dsv4.SUPPORTED_TP:
+            d = dsv4.dense_linear_shapes(tp)["wo_a"][1]
+            for m in range(1, 17):
+                args = (m, dsv4.O_LORA_RANK, d, dsv4.O_GROUPS // tp)
+                cfg = g.wo_a_config(*args, fused_rope=True, sms=sms)
+                assert not (cfg.rows_form and not cfg.one_chunk and cfg.split_k == 1), (sms, tp, m, cfg.name)
+                rule_form = g._pick_wo_a_form(*args, True, sms, g.rules())
+                split_where_it_would_not += rule_form.split_k == 1 and cfg.split_k == 2
+    assert split_where_it_would_not > 0  # the rule does pick the unsplit form somewhere (below 64 SMs)
