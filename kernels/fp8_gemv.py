@@ -2360,7 +2360,8 @@ def picked_forms(sms: int) -> set:
                     alone = pick_default_config(m, n, k, groups, sms, rule)
                     beside = (pick_default_config(m, n, k, groups, sms, rule, True)
                               if alone.one_chunk and groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES else alone)
-                    forms.update((compiled_form(cfg), False) for cfg in (alone, sharing_config(beside)))
+                    # sharing_config's cache keeps the first object it saw per config: the scan must not seed it
+                    forms.update((compiled_form(cfg), False) for cfg in (alone, sharing_config.__wrapped__(beside)))
                     if name == "wo_a":
                         forms.add((compiled_form(pick_wo_a_config(m, n, k, groups, True, sms, rule)), True))
     return forms
