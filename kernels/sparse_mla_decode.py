@@ -959,16 +959,21 @@ def aot_configs() -> list[AotConfig]:
         if kernel_cfg in seen:
             continue
         seen.append(kernel_cfg)
-        constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
-                          HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=True,
-                          PREFETCH_KV=cfg.get("PREFETCH_KV", False), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
-                          EMIT_ASM=True, PDL=USE_PDL, EARLY_LOADS=cfg.get("EARLY_LOADS", False), **_LAYOUT)
-        configs.append(AotConfig(
-            name=f"sparse_mla_decode_{suffix}", kernel=sparse_mla_decode_kernel, signature=_signature(cfg),
-            constexprs=constexprs, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], div16=_DIV16,
-            expect_opcodes=("HMMA.16816.F32.BF16", *(PDL_OPCODES if USE_PDL else ())),
-            note=f"H={'8/16' if heads == 16 else heads}: {cfg['BLOCK_H']} heads x {cfg['BLOCK_N']} candidates per "
-                 f"tile, both caches, sink, split-K partials"))
+        # every feature on, split into partials; and the same unsplit (the program finishes and stores its rows
+        # itself), which is not the lighter variant: up to 31 registers more in a one-off scan of all 24 feature
+        # subsets of each config on sm_120a (2026-12-05: none spilled, at most 236 registers)
+        for split_k, variant, what in ((True, "", "split-K partials"), (False, "_unsplit", "no split")):
+            constexprs = dict(BLOCK_H=cfg["BLOCK_H"], HEAD_BLOCKS=heads // cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
+                              HAS_LEN=True, HAS_EXTRA=True, HAS_X_LEN=True, HAS_SINK=True, SPLIT_K=split_k,
+                              PREFETCH_KV=cfg.get("PREFETCH_KV", False), MID_PREFETCH=cfg.get("MID_PREFETCH", False),
+                              EMIT_ASM=True, PDL=USE_PDL, EARLY_LOADS=cfg.get("EARLY_LOADS", False), **_LAYOUT)
+            configs.append(AotConfig(
+                name=f"sparse_mla_decode_{suffix}{variant}", kernel=sparse_mla_decode_kernel,
+                signature=_signature(cfg), constexprs=constexprs, num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"], div16=_DIV16,
+                expect_opcodes=("HMMA.16816.F32.BF16", *(PDL_OPCODES if USE_PDL else ())),
+                note=f"H={'8/16' if heads == 16 else heads}: {cfg['BLOCK_H']} heads x {cfg['BLOCK_N']} candidates "
+                     f"per tile, both caches, sink, {what}"))
     for suffix, heads, cfg in _shipped_configs():
         widest = {}  # the most splits of each column width this config's combine can take
         for splits in range(2, MAX_SPLITS + 1):
