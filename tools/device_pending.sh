@@ -13,10 +13,6 @@
 # [".upstream"] and the command `bash tools/device_pending.sh`. The results come back as one archive, pending.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-.device-out}
-mkdir -p "$OUT/r"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/r/gpu.txt"
-
 STEP_TAIL_LINES=30
 . tools/device_step.sh
 
@@ -27,6 +23,4 @@ step sm120_dispatch_170 50 python3 tools/device_sm120_dispatch.py --out "$OUT/r"
 if [ "${MOE_GRID:-1}" = 1 ]; then
     step moe_grid 150 python3 tools/device_moe_mxfp4.py --out "$OUT/r"
 fi
-ls -l "$OUT/r"
-# at most 8 files come back from a call: everything in one archive (a call cut short returns $OUT/r as it stands)
-tar czf "$OUT/pending.tgz" -C "$OUT" r && rm -rf "$OUT/r"
+pack pending

@@ -1,6 +1,14 @@
-# Sourced by the tools/device_*.sh calls: `step NAME SECONDS COMMAND...` runs COMMAND under its own time limit with
-# its output in $OUT/r/NAME.log, prints its exit status and the log's last lines; a step that fails or runs out of
-# time does not stop the next.
+# Sourced by the tools/device_*.sh calls, from the repository root. On sourcing: $OUT (default .device-out) gets the
+# results folder $OUT/r and the GPU's name, driver and clocks in $OUT/r/gpu.txt.
+#   step NAME SECONDS COMMAND...  runs COMMAND under its own time limit with its output in $OUT/r/NAME.log, prints its
+#                                 exit status and the log's last $STEP_TAIL_LINES lines; a step that fails or runs
+#                                 out of time does not stop the next
+#   pack NAME                     lists $OUT/r and moves it into one archive, $OUT/NAME.tgz: at most 8 files come
+#                                 back from a call (a call cut short returns $OUT/r as it stands)
+OUT=${OUT:-.device-out}
+mkdir -p "$OUT/r"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/r/gpu.txt"
+
 step() {
     local name=$1 limit=$2
     shift 2
@@ -8,4 +16,9 @@ step() {
     timeout "$limit" "$@" > "$OUT/r/$name.log" 2>&1
     echo "== $name rc=$? $(date -u +%H:%M:%S)"
     tail -"${STEP_TAIL_LINES:-5}" "$OUT/r/$name.log"
+}
+
+pack() {
+    ls -l "$OUT/r"
+    tar czf "$OUT/$1.tgz" -C "$OUT" r && rm -rf "$OUT/r"
 }

@@ -11,10 +11,6 @@
 # then `run` with carry [".cleanhead", ".upstream"] and the command `bash tools/device_stop37.sh`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-.device-out}
-mkdir -p "$OUT/r"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/r/gpu.txt"
-
 STEP_TAIL_LINES=3
 . tools/device_step.sh
 
@@ -22,6 +18,4 @@ step wo_a_ab 120 python3 tools/device_wo_a_ab.py --before .cleanhead/before_fp8_
     --name wo_a_ab-h200-run2 --note "before: c806deb; after: 9e2f795 (range check kept, 128 registers on sm_90a)"
 step fallbacks 120 python3 tools/device_fallbacks.py --out "$OUT/r" --name fallbacks-h200-run2 --only moe
 step bench 330 python3 tools/device_bench.py --out "$OUT/r" --name bench-h200-run48
-ls -l "$OUT/r"
-# at most 8 files come back from a call: everything in one archive
-tar czf "$OUT/stop37.tgz" -C "$OUT" r && rm -rf "$OUT/r"
+pack stop37
