@@ -1709,9 +1709,14 @@ def sharing_default_config(m: int, n: int, k: int, groups: int = 1, sms: int | N
     True)): default_config's, except that a weight over ONE_CHUNK_MAX_WEIGHT_BYTES keeps the rule's form before the
     one-chunk tiles (the main wq_b at T=1: the persistent form, variants run 37), then sharing_config."""
     cfg = default_config(m, n, k, groups, sms)
-    if cfg.one_chunk and groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES:
+    if _beside_streams_keeps_its_form(cfg, groups * n * k):
         cfg = _cached_default_config(m, n, k, groups, sm_count() if sms is None else sms, rules(), True)
     return sharing_config(cfg)
+
+
+def _beside_streams_keeps_its_form(cfg: GemvConfig, weight_bytes: int) -> bool:
+    """Whether a call beside other streams takes the rule's form before the one-chunk tiles instead of ``cfg``."""
+    return cfg.one_chunk and weight_bytes > ONE_CHUNK_MAX_WEIGHT_BYTES
 
 
 def _default_config(m: int, n: int, k: int, groups: int, sms: int, rule: Rules, one_chunk_rule: bool,
@@ -2359,7 +2364,7 @@ def picked_forms(sms: int) -> set:
                 for m in range(1, 17):
                     alone = pick_default_config(m, n, k, groups, sms, rule)
                     beside = (pick_default_config(m, n, k, groups, sms, rule, True)
-                              if alone.one_chunk and groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES else alone)
+                              if _beside_streams_keeps_its_form(alone, groups * n * k) else alone)
                     # sharing_config's cache keeps the first object it saw per config: the scan must not seed it
                     forms.update((compiled_form(cfg), False) for cfg in (alone, sharing_config.__wrapped__(beside)))
                     if name == "wo_a":
