@@ -405,7 +405,7 @@ def main() -> None:
         variant_comparison(args)
         return
     from sglang_sm120.kernels.harness.devicebench import (
-        BenchResult, bf16_matmul_tflops, copy_bandwidth_gbs, relative_error)
+        BenchResult, bf16_matmul_tflops, copy_bandwidth_gbs, gpu_tag, relative_error)
     import upstream
 
     if args.smoke:
@@ -431,8 +431,9 @@ def main() -> None:
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     mm_tflops = 0.0 if args.smoke else bf16_matmul_tflops()
     result = BenchResult(
-        name="moe_mxfp4-h200",
-        title="sm120 MoE runner (MXFP4 routed experts, DSv4-Flash shapes) vs torch and upstream Triton, H200",
+        name=f"moe_mxfp4-{gpu_tag()}",
+        title="sm120 MoE runner (MXFP4 routed experts, DSv4-Flash shapes) vs torch and upstream Triton, "
+              + gpu_tag().upper(),
         columns=["case", "T", "B", "path", "us", "touched_MB", "GB/s", "%copy", "TFLOP/s", "%bf16mm", "rel_err"])
     result.extra.update({"copy bandwidth (GB/s, read+write)": round(copy_gbs, 1),
                          "bf16 matmul (TFLOP/s, 8192^3)": round(mm_tflops, 1),

@@ -1,5 +1,5 @@
 # Sourced by the tools/device_*.sh calls, from the repository root. On sourcing: $OUT (default .device-out) gets the
-# results folder $OUT/r and the GPU's name, driver and clocks in $OUT/r/gpu.txt.
+# results folder $OUT/r and the GPU's name, driver and clocks in $OUT/r/gpu.txt, and $GPU_TAG the card for file names.
 #   step NAME SECONDS COMMAND...  runs COMMAND under its own time limit with its output in $OUT/r/NAME.log, prints its
 #                                 exit status and the log's last $STEP_TAIL_LINES lines; a step that fails or runs
 #                                 out of time does not stop the next
@@ -8,6 +8,9 @@
 OUT=${OUT:-.device-out}
 mkdir -p "$OUT/r"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/r/gpu.txt"
+# the card in result files' names (h200, h100): the device may lend an H100 for an H200
+GPU_TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200' | tr A-Z a-z)
+GPU_TAG=${GPU_TAG:-gpu}
 
 step() {
     local name=$1 limit=$2

@@ -40,6 +40,19 @@ def environment() -> dict:
     return env
 
 
+def gpu_tag() -> str:
+    """The card in a result file's name: 'h200', 'h100', ... (the model number of the GPU's name, lower case), 'gpu'
+    for a name without one, 'cpu' with no CUDA device. The device lends an H100 for an H200 at times."""
+    import re
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    match = re.search(r"\b([A-Z]+\d{2,4})\b", torch.cuda.get_device_name(0))
+    return match.group(1).lower() if match else "gpu"
+
+
 L2_FLUSH_BYTES = 256 * 2**20  # past the H200's 60 MB L2 and any sm_12x L2
 
 

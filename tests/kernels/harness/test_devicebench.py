@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from sglang_sm120.kernels.harness.devicebench import BenchResult, environment, relative_error
+from sglang_sm120.kernels.harness.devicebench import BenchResult, environment, gpu_tag, relative_error
 
 
 def test_environment_names_gpu_versions_and_date():
@@ -61,3 +61,21 @@ def test_relative_error_ignores_non_finite_reference_entries():
     expected = torch.tensor([1.0, float("-inf"), 2.0])
     actual = torch.tensor([1.0, 5.0, 2.2])
     assert relative_error(actual, expected) == pytest.approx(0.2 / 5 ** 0.5)
+
+
+@pytest.mark.parametrize("name, tag", [
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "gpu"),
+    ("NVIDIA A100-SXM4-80GB", "a100"),
+])
+def test_gpu_tag_names_the_card(monkeypatch, name, tag):
+    """Result files are named by the card that ran them (the device lends an H100 for an H200 at times)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: name)
+    assert gpu_tag() == tag
+
+
+def test_gpu_tag_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_tag() == "cpu"
