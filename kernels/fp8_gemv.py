@@ -899,14 +899,14 @@ def _block_fp8_gemv_fp8mma_kernel(
                              num_stages=W_TMA if W_TMA else None):
             tile, pid_k, pid_g = _work_item(item, tiles_per_group, num_splits)
             _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
-                         freqs_poison_ptr, n_positions, w_desc, M, N, K,
+                         n_positions, w_desc, M, N, K,
                          stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                          stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                          BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, JOIN, IS_SPLIT, INV_ROPE, HEAD, ROPE, CHAIN, PDL,
                          PDL_LATE_TRIGGER, W_TMA, PERSISTENT, SPLIT_SUM_BATCH, ROPE_HOIST)
     else:
         _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
-                     freqs_poison_ptr, n_positions, w_desc, M, N, K,
+                     n_positions, w_desc, M, N, K,
                      stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                      stride_freq, k_blocks_per_split, num_splits, tiles_per_group, tile, pid_k, pid_g,
                      BLOCK_M, BLOCK_N, BLOCK_K, K_UNROLL, JOIN, IS_SPLIT, INV_ROPE, HEAD, ROPE, CHAIN, PDL,
@@ -915,7 +915,7 @@ def _block_fp8_gemv_fp8mma_kernel(
 
 @triton.jit
 def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, freqs_ptr,
-                 freqs_poison_ptr, n_positions, w_desc, M, N, K,
+                 n_positions, w_desc, M, N, K,
                  stride_xm, stride_xg, stride_wg, stride_wn, stride_sg, stride_sn, stride_ym, stride_yg,
                  stride_freq, k_blocks_per_split, num_splits, tiles_per_group, pid, pid_k, pid_g,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_UNROLL: tl.constexpr,
@@ -958,7 +958,9 @@ def _fp8mma_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, pos_ptr, 
     row_in_table = x_valid
     if INV_ROPE:
         pos = tl.load(pos_ptr + x_row_ids, mask=x_valid, other=0)
-        freq_rows = _freqs_row(freqs_ptr, pos[:, None], stride_freq, n_positions, freqs_poison_ptr)
+        # clamped, not through the NaN row: a NaN rotation would not survive the e4m3 split anyway (the clamps and
+        # the amax drop NaN on the GPU); the store makes an out-of-table row NaN (row_in_table)
+        freq_rows = _freqs_row_clamped(freqs_ptr, pos[:, None], stride_freq, n_positions)
         if JOIN:  # the activation rows are the output rows
             row_in_table = _position_in_table(pos, n_positions)
         else:
@@ -1034,8 +1036,9 @@ def _fp8mma_store(acc, rm, rn, n_mask, M, N, y_ptr, stride_ym, stride_yg, partia
                   SPLIT_SUM_BATCH: tl.constexpr, row_in_table, INV_ROPE: tl.constexpr):
     """The FP8 tensor-core form's epilogue: hi + lo columns of ``acc [BN, 2*BM]`` added per row, then the bf16 tile
     stored, or (split-K) the fp32 partial stored and the tile's last arriver summing the partials. INV_ROPE: a row
-    whose position lies outside the freqs table (``row_in_table [BM]`` False) is stored as NaN (its NaN rotation
-    does not survive the e4m3 split: the clamps and the amax drop NaN on the GPU)."""
+    whose position lies outside the freqs table (``row_in_table [BM]`` False) is stored as NaN (the FP8 forms gather
+    such a row's freqs at the position clamped into the table: a NaN rotation would not survive the e4m3 split, whose
+    clamps and amax drop NaN on the GPU)."""
     # hi + lo per row: [BN, 2, BM] summed over the middle axis, then rows first
     out = tl.trans(tl.sum(tl.reshape(acc, (BLOCK_N, 2, BLOCK_M)), axis=1))  # [BM, BN]
     if INV_ROPE:

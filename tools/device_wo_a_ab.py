@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--name", default="wo_a_ab-h200-run1")
     parser.add_argument("--note", default="", help="what the two versions differ in (written to the result)")
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter run at tiny shapes, no timing")
+    parser.add_argument("--tp", type=int, action="append", help=f"tensor-parallel sizes (default {TPS})")
     args = parser.parse_args()
 
     import torch
@@ -65,6 +66,7 @@ def main() -> None:
     dev = "cpu" if args.smoke else "cuda"
     head, rope_dim = (dsv4.HEAD_DIM, dsv4.ROPE_DIM) if not args.smoke else (128, 32)
     rows, tps = ((1, 3), (4,)) if args.smoke else (ROWS, TPS)
+    tps = tuple(args.tp) if args.tp else tps
     res = db.BenchResult(args.name, "wo_a with the fused inverse RoPE: earlier fp8_gemv.py vs this checkout's "
                          "(CUDA-graph timed, alternating)",
                          ["T", "G", "M", "MB", "before_us", "after_us", "after_vs_before", "before_runs", "after_runs",
@@ -112,7 +114,7 @@ def main() -> None:
                     after_vs_before=round(med["after"] / med["before"], 4) if med["before"] == med["before"] else
                     float("nan"), before_runs=[round(t, 2) for t in times["before"]],
                     after_runs=[round(t, 2) for t in times["after"]], same_bits=same_bits, bad_rows_nan=bad_nan,
-                    good_rows_same=good_same, cfg=after.default_config(m, r, d, groups=groups).name)
+                    good_rows_same=good_same, cfg=after.wo_a_config(m, r, d, groups, True).name)
             print(f"[{time.time() - t0:4.0f}s] T={tp} M={m}: before {times['before']} after {times['after']} "
                   f"same_bits {same_bits} bad_nan {bad_nan} good_same {good_same}", flush=True)
             if args.smoke:
