@@ -1966,23 +1966,31 @@ def _freqs_poison_row(freqs: torch.Tensor) -> torch.Tensor:
     return row
 
 
+def launch_grid(m: int, n: int, k: int, groups: int, cfg: GemvConfig, sms: int) -> tuple[tuple, int, int]:
+    """(grid, K splits, K blocks per split) of ``cfg`` on [m, K] x [groups, n, k] on a GPU of ``sms`` SMs (only a
+    persistent grid depends on it): whole iterations per split and no empty split; a persistent grid at most one
+    program per work item. From the shapes only (graph-capturable)."""
+    m_tiles = _cdiv(m, cfg.block_m)
+    n_tiles = _cdiv(n, cfg.block_n)
+    k_blocks = _cdiv(k, FP8_BLOCK)
+    split = max(1, min(cfg.split_k, k_blocks))
+    per_split = _cdiv(_cdiv(k_blocks, split), cfg.k_unroll) * cfg.k_unroll
+    split = _cdiv(k_blocks, per_split)
+    if cfg.persistent_programs_per_sm:  # never the rows form (GemvConfig rejects it)
+        return (min(m_tiles * n_tiles * split * groups, sms * cfg.persistent_programs_per_sm),), split, per_split
+    return (m_tiles * n_tiles, split, groups), split, per_split
+
+
 def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, head_dim=HEAD_DIM,
             rope_dim=ROPE_DIM):
     """x3 [M, G, K] view, w3 [G, N, K], s3 [G, N/128, K/128], y3 [M, G, N]; all strided views."""
     m_tiles = _cdiv(m, cfg.block_m)
     n_tiles = _cdiv(n, cfg.block_n)
-    k_blocks = _cdiv(k, FP8_BLOCK)
-    split = max(1, min(cfg.split_k, k_blocks))
-    # whole iterations per split, and no empty splits
-    per_split = _cdiv(_cdiv(k_blocks, split), cfg.k_unroll) * cfg.k_unroll
-    split = _cdiv(k_blocks, per_split)
-    grid = (m_tiles * n_tiles, split, groups)
+    sms = (sm_count(x3.device.index) if cfg.persistent_programs_per_sm and x3.device.type == "cuda"
+           else DEFAULT_SM_COUNT)
+    grid, split, per_split = launch_grid(m, n, k, groups, cfg, sms)
     persistent_args = {}
-    if cfg.persistent_programs_per_sm:  # never the rows form (GemvConfig rejects it)
-        # work items from the shapes only (graph-capturable); at most one program per item
-        items = m_tiles * n_tiles * split * groups
-        sms = sm_count(x3.device.index) if x3.device.type == "cuda" else DEFAULT_SM_COUNT
-        grid = (min(items, sms * cfg.persistent_programs_per_sm),)
+    if cfg.persistent_programs_per_sm:
         persistent_args = dict(PERSISTENT=True, FLATTEN=split == 1)
     if split > 1:
         partial = torch.empty((groups, split, m, n), dtype=torch.float32, device=x3.device)

@@ -12,12 +12,20 @@ of the GPU idle for about one program's time (e.g. 384 programs with 2 resident 
 
     python3 tools/sm120_occupancy.py --out docs/sm120-occupancy-moe.md    # compiles the configs (~15 s on 2 cores)
     python3 tools/sm120_occupancy.py --batches 1 2 --tp 1 2               # a subset, to stdout
+
+``--dense``: the same model for the dense FP8 GEMV (``fp8_gemv``) on DSv4-Flash's seven linears, wo_a also as the seam
+runs it with the fused inverse RoPE, at T = 1 / 2 / 4 / 8 and 1 / 2 / 4 / 8 / 16 rows. Its launch rules pick per SM
+count, so each GPU's rows carry the form its own SM count picks (alone on the GPU; beside other streams some linears
+take other forms, not modelled); the grid is the launcher's (``fp8_gemv.launch_grid``).
+
+    python3 tools/sm120_occupancy.py --dense --out docs/sm120-occupancy-dense.md    # ~4 min on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 
@@ -28,8 +36,10 @@ from _repo_imports import ensure_kernels_importable  # noqa: E402
 
 ensure_kernels_importable()
 
+from sglang_sm120.kernels import fp8_gemv  # noqa: E402
 from sglang_sm120.kernels import moe_mxfp4 as moe  # noqa: E402
-from sglang_sm120.kernels.dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, NUM_EXPERTS, TOP_K  # noqa: E402
+from sglang_sm120.kernels.dsv4 import (  # noqa: E402
+    HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, NUM_EXPERTS, O_GROUPS, O_LORA_RANK, SUPPORTED_TP, TOP_K, dense_linear_shapes)
 from sglang_sm120.kernels.harness import occupancy as occ  # noqa: E402
 
 GPUS = (*occ.SM120_GPUS, occ.H200)
@@ -130,14 +140,146 @@ def markdown(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------------------------
+# --dense: the block-FP8 GEMV's launches
+# ---------------------------------------------------------------------------------------------
+DENSE_ROWS = (1, 2, 4, 8, 16)
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseLaunch:
+    gpu: occ.GpuLimits
+    tp: int
+    rows: int
+    linear: str  # dsv4.dense_linear_shapes' name; "wo_a + RoPE": the seam's call with the fused inverse RoPE
+    config: fp8_gemv.GemvConfig
+    n: int
+    k: int
+    groups: int
+
+    @property
+    def rope(self) -> bool:
+        return self.linear == "wo_a + RoPE"
+
+    @property
+    def aot_name(self) -> str:  # the name fp8_gemv.aot_configs gives the compiled form of this config
+        return fp8_gemv.aot_config(fp8_gemv.compiled_form(self.config), self.rope).name
+
+    def programs(self) -> int:
+        grid, _split, _per_split = fp8_gemv.launch_grid(self.rows, self.n, self.k, self.groups, self.config,
+                                                        self.gpu.sms)
+        return math.prod(grid)
+
+
+def dense_launches(tps, rows, gpus=GPUS) -> list[DenseLaunch]:
+    """Every (GPU, T, linear, rows) launch of the dense FP8 GEMV with the form the launch rules pick for that GPU's SM
+    count (``default_config``; wo_a also ``wo_a_config`` with the fused RoPE)."""
+    out = []
+    for gpu in gpus:
+        for tp in tps:
+            for name, (n, k) in dense_linear_shapes(tp).items():
+                groups = O_GROUPS // tp if name == "wo_a" else 1
+                n = O_LORA_RANK if name == "wo_a" else n
+                for m in rows:
+                    out.append(DenseLaunch(gpu, tp, m, name, fp8_gemv.default_config(m, n, k, groups, sms=gpu.sms),
+                                           n, k, groups))
+                    if name == "wo_a":
+                        out.append(DenseLaunch(gpu, tp, m, "wo_a + RoPE",
+                                               fp8_gemv.wo_a_config(m, n, k, groups, True, sms=gpu.sms), n, k, groups))
+    return out
+
+
+def dense_rows_for(launches, facts: dict) -> list[dict]:
+    """One row per launch: ``facts[(aot name, arch)] = (registers, shared bytes)``."""
+    rows = []
+    for launch in launches:
+        registers, shared = facts[(launch.aot_name, ARCH_OF[launch.gpu])]
+        per_sm = occ.resident_programs_per_sm(launch.gpu, launch.config.num_warps, registers, shared)
+        w = occ.waves(launch.gpu, launch.programs(), per_sm)
+        rows.append({"T": launch.tp, "rows": launch.rows, "linear": launch.linear, "form": launch.config.name,
+                     "gpu": launch.gpu.name, "registers": registers, "shared": shared, "per_sm": per_sm,
+                     "slots": w.slots, "programs": w.programs, "waves": round(w.waves, 2),
+                     "full_waves": w.full_waves, "last_wave": w.last_wave_programs, "ragged": w.ragged})
+    return rows
+
+
+def dense_compile_facts(launches) -> dict:
+    from sglang_sm120.kernels.harness.aot import run_isolated
+
+    names = sorted({launch.aot_name for launch in launches})
+    shipped = {cfg.name for cfg in fp8_gemv.aot_configs()}
+    missing = [n for n in names if n not in shipped]
+    if missing:
+        raise SystemExit(f"not among fp8_gemv.aot_configs(): {missing}")
+    facts = {}
+    for report, _problems in run_isolated(modules=("fp8_gemv",), archs=sorted(set(ARCH_OF.values())), only=names):
+        if report.config in names:
+            facts[(report.config, report.arch)] = (report.registers, report.shared_bytes)
+    return facts
+
+
+def _launch_waves(r) -> int:
+    """Waves of a launch, the partly filled last one counted."""
+    return r["full_waves"] + (1 if r["last_wave"] else 0)
+
+
+def dense_markdown(rows, triton_version: str = "") -> str:
+    h200 = {(r["T"], r["rows"], r["linear"]): r for r in rows if r["gpu"] == occ.H200.name}
+    lines = ["# Dense FP8 GEMV occupancy on sm_120: a model from AOT facts, not a measurement", "",
+             "`python3 tools/sm120_occupancy.py --dense`. Each GPU's form is the one the launch rules pick for its SM "
+             "count (alone on the GPU); registers and shared memory from Triton's AOT compile (sm_120a for the RTX "
+             f"rows, sm_90a for the H200's; Triton {triton_version or 'of this environment'}: register counts move "
+             "with the Triton version, and the H200 runs used the device's Triton, whose counts for some forms "
+             "differ from these); resident programs per SM from the per-SM limits "
+             "(`kernels/harness/occupancy.py`); the grid is the launcher's (`fp8_gemv.launch_grid`). The launch rules "
+             "were measured on the H200's 132 SMs only. Nothing here was run on an sm_120 GPU.", "",
+             f"{len(rows)} launches (T {sorted({r['T'] for r in rows})}, rows {sorted({r['rows'] for r in rows})}, "
+             f"{len({r['linear'] for r in rows})} linears, {len({r['gpu'] for r in rows})} GPUs).", "",
+             "## sm_12x launches that need more than one wave", "",
+             "Waves count a partly filled last wave as one. 'H200' is the same (T, rows, linear) on the H200 with "
+             "its own form: where the sm_12x GPU needs more waves than the H200 did, the H200's timing of the rule "
+             "says less about it.", "",
+             "| T | rows | linear | GPU | form | regs | smem B | per SM | programs | slots | waves | last wave | "
+             "H200 waves |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    multi = [r for r in rows if r["gpu"] != occ.H200.name and _launch_waves(r) > 1]
+    for r in multi:
+        ref = h200.get((r["T"], r["rows"], r["linear"]))
+        ref_text = f"{_launch_waves(ref)} ({ref['programs']} on {ref['slots']})" if ref else "-"
+        lines.append(f"| {r['T']} | {r['rows']} | {r['linear']} | {r['gpu']} | `{r['form']}` | {r['registers']} | "
+                     f"{r['shared']} | {r['per_sm']} | {r['programs']} | {r['slots']} | {r['waves']} | "
+                     f"{r['last_wave']}{' (ragged)' if r['ragged'] else ''} | {ref_text} |")
+    more = [r for r in multi if (ref := h200.get((r["T"], r["rows"], r["linear"]))) and
+            _launch_waves(r) > _launch_waves(ref)]
+    lines += ["", f"sm_12x launches of more than one wave: {len(multi)}; of these, more waves than the H200's: "
+              f"{len(more)}."]
+    lines += [f"- T={r['T']} {r['linear']} at {r['rows']} rows on {r['gpu']}: {r['programs']} programs, "
+              f"{r['per_sm']} per SM ({r['registers']} registers): {r['slots']} at once, then {r['last_wave']} "
+              f"(H200: {h200[(r['T'], r['rows'], r['linear'])]['programs']} programs on "
+              f"{h200[(r['T'], r['rows'], r['linear'])]['slots']} slots)." for r in more]
+    lines += ["", "A last wave of a few programs runs with most of the GPU idle for about one program's time; for the "
+              "one-shot FP8 programs (wo_a / wo_b, one program's life is most of the launch) that can approach the "
+              "launch's own time. What it costs on the GPU is not known here."]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tp", nargs="+", type=int, default=[1, 2, 4])
+    p.add_argument("--dense", action="store_true", help="the dense FP8 GEMV's launches instead of the MoE decode's")
+    p.add_argument("--tp", nargs="+", type=int, help="default: 1 2 4 (MoE; T = 8 cannot run the TMA GEMV), every "
+                   "supported T with --dense")
     p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--rows", nargs="+", type=int, default=list(DENSE_ROWS), help="--dense: rows per launch")
     p.add_argument("--out", help="markdown file (default: stdout)")
     args = p.parse_args()
-    launches = default_launches(args.tp, args.batches)
-    text = markdown(rows_for(launches, compile_facts(launches)))
+    if args.dense:
+        launches = dense_launches(args.tp or list(SUPPORTED_TP), args.rows)
+        import triton
+
+        text = dense_markdown(dense_rows_for(launches, dense_compile_facts(launches)), triton.__version__)
+    else:
+        launches = default_launches(args.tp or [1, 2, 4], args.batches)
+        text = markdown(rows_for(launches, compile_facts(launches)))
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

@@ -883,3 +883,19 @@ def test_random_wo_a_calls_match_reference(seed):
     assert torch.equal(torch.isnan(y), bad)
     if (~bad).any():  # a handful of outputs: one bf16 rounding step weighs more than in a long row
         assert rel_err(y[~bad], ref[~bad]) < (OUTPUT_TOL if (~bad).sum() >= 64 else 2e-2)
+
+
+@pytest.mark.parametrize("m, n, k, groups, cfg, sms, grid, split, per_split", [
+    # the one-shot wo_a form at T=1: 8 column tiles x 8 splits of 4 blocks x 8 groups
+    (1, 1024, 4096, 8, g.GemvConfig(8, 128, 8, True, k_unroll=4), 132, (8, 8, 8), 8, 4),
+    # 7 splits asked of 32 blocks: 5 blocks each, rounded up to whole iterations of k_unroll 2 -> 6 blocks per split,
+    # 6 splits (no empty split); 2 row tiles x 8 column tiles
+    (3, 256, 4096, 1, g.GemvConfig(2, 32, 7, False, k_unroll=2, rows_form=True), 132, (16, 6, 1), 6, 6),
+    # more splits than K blocks: one block each
+    (16, 64, 256, 1, g.GemvConfig(16, 32, 8, True), 132, (2, 2, 1), 2, 1),
+    # persistent: min(work items, SMs x programs per SM), one dimension
+    (2, 4096, 4096, 1, g.GemvConfig(16, 32, 1, True, persistent_programs_per_sm=2), 132, (128,), 1, 32),
+    (2, 4096, 4096, 1, g.GemvConfig(16, 32, 1, True, persistent_programs_per_sm=2), 32, (64,), 1, 32),
+])
+def test_launch_grid(m, n, k, groups, cfg, sms, grid, split, per_split):
+    assert g.launch_grid(m, n, k, groups, cfg, sms) == (grid, split, per_split)
