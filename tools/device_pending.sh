@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The device measurements owed at stop 38, in one call of at most about 6 minutes (the steps' limits), so that a
 # session with little device time spends it on one start. Ran at stop 39 (2026-12-05 16:46 UTC) on an H100:
-# benchmarks/sm120_dispatch-188-h100-run1.*, -170-h100-run1.*, moe_mxfp4-h100-run32.*. Each step has its own time limit and
-# writes under $OUT/r; a step that fails or runs out of time does not stop the next. (What this script ran before,
-# stop 37's owed runs, is in its git history and in benchmarks/.)
+# benchmarks/sm120_dispatch-188-h100-run1.*, -170-h100-run1.*, moe_mxfp4-h100-run32.*. Each step has its own time
+# limit and writes under $OUT/r; a step that fails or runs out of time does not stop the next. (What this script ran
+# before, stop 37's owed runs, is in its git history and in benchmarks/.)
 #
 #   1. the sm_12x launch choices at full sizes, every stage checked (tools/device_sm120_dispatch.py): 188 SMs (RTX PRO
 #      6000) over B 1 / 8 / 64, T 1 / 4, 8K / 64K; then 170 SMs (RTX 5090) at B 1 / 64, 8K
