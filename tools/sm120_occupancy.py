@@ -13,8 +13,9 @@ of the GPU idle for about one program's time (e.g. 384 programs with 2 resident 
     python3 tools/sm120_occupancy.py --out docs/sm120-occupancy-moe.md    # compiles the configs (~15 s on 2 cores)
     python3 tools/sm120_occupancy.py --batches 1 2 --tp 1 2               # a subset, to stdout
 
-``--dense``: the same model for the dense FP8 GEMV (``fp8_gemv``) on DSv4-Flash's seven linears, wo_a also as the seam
-runs it with the fused inverse RoPE, at T = 1 / 2 / 4 / 8 and 1 / 2 / 4 / 8 / 16 rows. Its launch rules pick per SM
+``--dense``: the same model for the dense FP8 GEMV (``fp8_gemv``) on DSv4-Flash's seven linears, wo_a also with the
+fused inverse RoPE where the seam fuses it (``sglang_sm120.dense.FUSED_ROPE_WHERE``; elsewhere it runs wo_a without),
+at T = 1 / 2 / 4 / 8 and 1 / 2 / 4 / 8 / 16 rows. Its launch rules pick per SM
 count, so each GPU's rows carry the form its own SM count picks (alone on the GPU; beside other streams some linears
 take other forms, not modelled); the grid is the launcher's (``fp8_gemv.launch_grid``).
 
@@ -41,6 +42,7 @@ from sglang_sm120.kernels import moe_mxfp4 as moe  # noqa: E402
 from sglang_sm120.kernels.dsv4 import (  # noqa: E402
     HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, NUM_EXPERTS, O_GROUPS, O_LORA_RANK, SUPPORTED_TP, TOP_K, dense_linear_shapes)
 from sglang_sm120.kernels.harness import occupancy as occ  # noqa: E402
+from sglang_sm120.dense import FUSED_ROPE_WHERE  # noqa: E402
 
 GPUS = (*occ.SM120_GPUS, occ.H200)
 ARCH_OF = {occ.RTX_PRO_6000: 120, occ.RTX_5090: 120, occ.H200: 90}
@@ -173,7 +175,7 @@ class DenseLaunch:
 
 def dense_launches(tps, rows, gpus=GPUS) -> list[DenseLaunch]:
     """Every (GPU, T, linear, rows) launch of the dense FP8 GEMV with the form the launch rules pick for that GPU's SM
-    count (``default_config``; wo_a also ``wo_a_config`` with the fused RoPE)."""
+    count (``default_config``; wo_a also ``wo_a_config`` with the fused RoPE at the seam's FUSED_ROPE_WHERE)."""
     out = []
     for gpu in gpus:
         for tp in tps:
@@ -183,7 +185,7 @@ def dense_launches(tps, rows, gpus=GPUS) -> list[DenseLaunch]:
                 for m in rows:
                     out.append(DenseLaunch(gpu, tp, m, name, fp8_gemv.default_config(m, n, k, groups, sms=gpu.sms),
                                            n, k, groups))
-                    if name == "wo_a":
+                    if name == "wo_a" and (groups, m) in FUSED_ROPE_WHERE:
                         out.append(DenseLaunch(gpu, tp, m, "wo_a + RoPE",
                                                fp8_gemv.wo_a_config(m, n, k, groups, True, sms=gpu.sms), n, k, groups))
     return out

@@ -58,7 +58,10 @@ def test_rows_flag_the_t1_b1_partial_wave_on_sm120():
 
 def test_dense_launches_are_the_rules_choices_per_gpu():
     launches = tool.dense_launches([1, 4], [1, 2, 8])
-    assert len(launches) == len(tool.GPUS) * 2 * 3 * (7 + 1)  # seven linears + wo_a with the RoPE, per T and rows
+    # seven linears per T and rows, and wo_a with the RoPE where the seam fuses it: 8 groups (T=1) at 1 / 2 / 8 rows,
+    # 2 groups (T=4) at 1 / 2 rows
+    assert len(launches) == len(tool.GPUS) * (2 * 3 * 7 + 3 + 2)
+    assert {(la.groups, la.rows) for la in launches if la.rope} <= tool.FUSED_ROPE_WHERE
     for la in launches:
         if la.rope:
             assert la.config == fp8.wo_a_config(la.rows, la.n, la.k, la.groups, True, sms=la.gpu.sms)
