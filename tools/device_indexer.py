@@ -192,6 +192,19 @@ def build(batch, c4_len, device, rotations, seed=0):
     return q, kv, w, lens.int(), tables
 
 
+def masked_scores(scores, lens):
+    """``scores`` [B, width] with the positions at or past each row's length set to -inf."""
+    width = scores.shape[1]
+    return scores.masked_fill(torch.arange(width, device=scores.device)[None, :] >= lens[:, None].long(),
+                              float("-inf"))
+
+
+def selection_tolerance(masked):
+    """[B, 1]: how far from the k-th value a score may lie and still count as tied (1e-4 of the row's largest
+    |score|)."""
+    return 1e-4 * masked.clamp(min=-1e30).abs().amax(dim=1, keepdim=True)
+
+
 def check_selection(slots_raw, ref, lens, k=INDEX_TOPK):
     """(violations, overlap with the exact top-k): a violation is a selected position scoring below
     the exact k-th by more than rounding, an unselected one above it, or a wrong -1 padding."""
@@ -199,10 +212,10 @@ def check_selection(slots_raw, ref, lens, k=INDEX_TOPK):
     counts = lens.long().clamp(max=width).clamp(max=k)
     j = torch.arange(k, device=ref.device)
     pad_bad = ((slots_raw >= 0) != (j[None, :] < counts[:, None])).sum().item()
-    masked = ref.masked_fill(torch.arange(width, device=ref.device)[None, :] >= lens[:, None].long(), float("-inf"))
+    masked = masked_scores(ref, lens)
     top = torch.topk(masked, min(k, width), dim=1)
     kth = top.values[:, -1:]
-    tol = 1e-4 * masked.clamp(min=-1e30).abs().amax(dim=1, keepdim=True)
+    tol = selection_tolerance(masked)
     picked = torch.gather(masked, 1, slots_raw.long().clamp(min=0, max=width - 1))  # (a wrong selection may leave junk)
     valid = slots_raw >= 0
     below = (valid & (picked < kth - tol)).sum().item()

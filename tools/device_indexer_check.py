@@ -36,18 +36,12 @@ from sglang_sm120.kernels.dsv4 import C4_RATIO, INDEX_TOPK  # noqa: E402
 LISTED_VIOLATIONS = 20  # per (shape, seed)
 
 
-def masked_scores(scores: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    width = scores.shape[1]
-    return scores.masked_fill(torch.arange(width, device=scores.device)[None, :] >= lens[:, None].long(),
-                              float("-inf"))
-
-
 def exact_violations(slots_raw: torch.Tensor, scores: torch.Tensor, lens: torch.Tensor, k: int = INDEX_TOPK) -> int:
     """Positions that make ``slots_raw`` not a top-k of ``scores`` (no tolerance; a tie at the k-th value may go either
     way): a selected position below the k-th value, an unselected one above it, a slot repeated, or wrong -1
     padding."""
     batch, width = scores.shape
-    masked = masked_scores(scores, lens)
+    masked = dix.masked_scores(scores, lens)
     counts = lens.long().clamp(max=width).clamp(max=k)
     j = torch.arange(k, device=scores.device)
     valid = slots_raw >= 0
@@ -72,10 +66,10 @@ def reference_violations(slots_raw, ref, ours, lens, k=INDEX_TOPK):
     """The positions device_indexer.check_selection counts against the float32 reference, each as a dict with both
     scores and both k-th values."""
     batch, width = ref.shape
-    m_ref, m_ours = masked_scores(ref, lens), masked_scores(ours, lens)
+    m_ref, m_ours = dix.masked_scores(ref, lens), dix.masked_scores(ours, lens)
     kth_ref = torch.topk(m_ref, min(k, width), dim=1).values[:, -1]
     kth_ours = torch.topk(m_ours, min(k, width), dim=1).values[:, -1]
-    tol = 1e-4 * m_ref.clamp(min=-1e30).abs().amax(dim=1)
+    tol = dix.selection_tolerance(m_ref)[:, 0]
     chosen = _times_chosen(slots_raw, width) > 0
     below = chosen & (m_ref < (kth_ref - tol)[:, None])
     missed = ~chosen & (m_ref > (kth_ref + tol)[:, None])

@@ -8,8 +8,10 @@
 OUT=${OUT:-.device-out}
 mkdir -p "$OUT/r"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/r/gpu.txt"
-# the card in result files' names (h200, h100): the device may lend an H100 for an H200
-GPU_TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200' | tr A-Z a-z)
+# the card in result files' names (h200, h100), by devicebench.gpu_tag's rule (the model number in the GPU's name,
+# lower case; 'gpu' without one): the device may lend an H100 for an H200
+GPU_TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE '\b[A-Z]+[0-9]{2,4}\b' | head -1 |
+          tr A-Z a-z)
 GPU_TAG=${GPU_TAG:-gpu}
 
 step() {

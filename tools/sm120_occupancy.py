@@ -99,16 +99,19 @@ def rows_for(launches, facts: dict) -> list[dict]:
     return rows
 
 
-def compile_facts(launches) -> dict:
+def compile_facts(launches, module=moe) -> dict:
+    """``{(aot name, arch): (registers, shared bytes)}`` for the launches' configs, compiled ahead of time from
+    ``module``'s AOT registry (``moe_mxfp4`` or ``fp8_gemv``); a launch whose config is not registered stops here."""
     from sglang_sm120.kernels.harness.aot import run_isolated
 
+    module_name = module.__name__.rsplit(".", 1)[-1]
     names = sorted({launch.aot_name for launch in launches})
-    shipped = {cfg.name for cfg in moe.aot_configs()}
+    shipped = {cfg.name for cfg in module.aot_configs()}
     missing = [n for n in names if n not in shipped]
     if missing:
-        raise SystemExit(f"not among moe_mxfp4.aot_configs(): {missing}")
+        raise SystemExit(f"not among {module_name}.aot_configs(): {missing}")
     facts = {}
-    for report, _problems in run_isolated(modules=("moe_mxfp4",), archs=sorted(set(ARCH_OF.values())), only=names):
+    for report, _problems in run_isolated(modules=(module_name,), archs=sorted(set(ARCH_OF.values())), only=names):
         if report.config in names:
             facts[(report.config, report.arch)] = (report.registers, report.shared_bytes)
     return facts
@@ -205,21 +208,6 @@ def dense_rows_for(launches, facts: dict) -> list[dict]:
     return rows
 
 
-def dense_compile_facts(launches) -> dict:
-    from sglang_sm120.kernels.harness.aot import run_isolated
-
-    names = sorted({launch.aot_name for launch in launches})
-    shipped = {cfg.name for cfg in fp8_gemv.aot_configs()}
-    missing = [n for n in names if n not in shipped]
-    if missing:
-        raise SystemExit(f"not among fp8_gemv.aot_configs(): {missing}")
-    facts = {}
-    for report, _problems in run_isolated(modules=("fp8_gemv",), archs=sorted(set(ARCH_OF.values())), only=names):
-        if report.config in names:
-            facts[(report.config, report.arch)] = (report.registers, report.shared_bytes)
-    return facts
-
-
 def _launch_waves(r) -> int:
     """Waves of a launch, the partly filled last one counted."""
     return r["full_waves"] + (1 if r["last_wave"] else 0)
@@ -278,7 +266,7 @@ def main() -> int:
         launches = dense_launches(args.tp or list(SUPPORTED_TP), args.rows)
         import triton
 
-        text = dense_markdown(dense_rows_for(launches, dense_compile_facts(launches)), triton.__version__)
+        text = dense_markdown(dense_rows_for(launches, compile_facts(launches, fp8_gemv)), triton.__version__)
     else:
         launches = default_launches(args.tp or [1, 2, 4], args.batches)
         text = markdown(rows_for(launches, compile_facts(launches)))
