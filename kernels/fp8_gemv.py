@@ -48,7 +48,7 @@ import triton.language as tl
 
 from .dsv4 import (FP8_BLOCK, HEAD_DIM, HIDDEN_SIZE, INDEX_HEAD_DIM, INDEX_N_HEADS, KV_LORA_RANK, NUM_HEADS,
                    Q_LORA_RANK, ROPE_DIM, SHARED_EXPERT_INTERMEDIATE)
-from .harness.aot import AotConfig
+from .harness.aot import MAX_REGISTERS, MIN_MAX_REGISTERS, AotConfig
 from .harness.interpreter import has_capability, interpreter_enabled
 from .pdl import PDL_MIN_CAPABILITY, PDL_OPCODES, capability_major
 from .pdl import clear_cache as _clear_capability_cache
@@ -1236,7 +1236,6 @@ def _fp8mma_one_shot_item(x_ptr, w_ptr, s_ptr, y_ptr, partial_ptr, counter_ptr, 
 
 ROWS_FORM_BLOCK_M = (1, 2, 4, 8)
 FP8_MMA_BLOCK_M = (8, 16)
-MIN_MAX_REGISTERS, MAX_REGISTERS = 24, 255  # ptxas' range for .maxnreg
 
 
 @dataclasses.dataclass(frozen=True)

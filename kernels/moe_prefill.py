@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from .dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, MXFP4_GROUP, SUPPORTED_TP, SWIGLU_LIMIT, TOP_K
-from .harness.aot import AotConfig
+from .harness.aot import MAX_REGISTERS, MIN_MAX_REGISTERS, AotConfig
 from .harness.interpreter import interpreter_enabled
 from .moe_mxfp4 import (
     DECODE_MAX_ROWS,
@@ -64,15 +64,23 @@ X_PAIRS_BLOCK = 4096  # x values one program of the pair-order copy writes
 class PrefillConfig:
     """One launch's tile: ``block_m`` routed rows per pass over an expert's sorted rows (the MMA's N side),
     ``block_n`` output columns per program (gate/up: SwiGLU columns, i.e. 2*block_n interleaved weight rows; the
-    MMA's M side), ``block_k`` K values per step (a multiple of 32), warps and pipeline stages."""
+    MMA's M side), ``block_k`` K values per step (a multiple of 32), warps and pipeline stages; ``max_registers``
+    caps ptxas' registers per thread (Triton's ``maxnreg``; 0: no cap) so that more programs fit on an SM."""
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
+    max_registers: int = 0
 
     def label(self) -> str:
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
+        cap = f"r{self.max_registers}" if self.max_registers else ""
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}{cap}"
+
+    def launch_options(self) -> dict:
+        """The launch keywords of this tile (warps, stages, the register cap)."""
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages,
+                **({"maxnreg": self.max_registers} if self.max_registers else {})}
 
     def fitted(self, n_total: int, k_total: int) -> "PrefillConfig":
         """The tile clipped to a launch whose output has ``n_total`` columns and whose K is ``k_total``."""
@@ -225,6 +233,9 @@ def _check_config(name: str, cfg, n_total: int, k_total: int) -> PrefillConfig:
     if n_total % cfg.block_n or k_total % cfg.block_k:
         raise ValueError(f"{name}: block_n {cfg.block_n} must divide {n_total} and block_k {cfg.block_k} must "
                          f"divide K = {k_total}")
+    if cfg.max_registers and not MIN_MAX_REGISTERS <= cfg.max_registers <= MAX_REGISTERS:
+        raise ValueError(f"{name}: max_registers must be 0 (no cap) or in [{MIN_MAX_REGISTERS}, {MAX_REGISTERS}], "
+                         f"got {cfg.max_registers}")
     return cfg
 
 
@@ -265,11 +276,11 @@ def moe_mxfp4_prefill_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: tor
     _prefill_gate_up_kernel[(inter // gu.block_n, slots)](
         x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts, num_active,
         act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu.block_m, BLOCK_N=gu.block_n,
-        BLOCK_K=gu.block_k, EMULATE=emulate, num_warps=gu.num_warps, num_stages=gu.num_stages)
+        BLOCK_K=gu.block_k, EMULATE=emulate, **gu.launch_options())
     _prefill_down_kernel[(hidden // dn.block_n, slots)](
         act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
         num_active, y, hidden, inter, BLOCK_M=dn.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, EMULATE=emulate,
-        num_warps=dn.num_warps, num_stages=dn.num_stages)
+        **dn.launch_options())
     launch_topk_sum(y, ids, out, num_experts)
     return out
 
@@ -295,7 +306,8 @@ def aot_config(kind: str, cfg: PrefillConfig, note: str = "") -> AotConfig:
     else:
         kernel, sig = _prefill_down_kernel, _DOWN_SIG
     return AotConfig(name=f"moe_prefill_{kind}_{cfg.label()}", kernel=kernel, signature=sig, constexprs=constexprs,
-                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, div16=("hidden", "inter"),
+                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, max_registers=cfg.max_registers,
+                     div16=("hidden", "inter"),
                      expect_opcodes=("HMMA.16816.F32.BF16",), note=note)
 
 

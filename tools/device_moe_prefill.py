@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Device run for the MoE prefill grouped GEMM (kernels/moe_prefill.py, issue 4's prefill target), full shapes.
 
-    python3 tools/device_moe_prefill.py --out $OUT [--deadline-s 200] [--t 1 2 4 8] [--tokens 512 1024 4096]
+    python3 tools/device_moe_prefill.py --out $OUT [--name N] [--deadline-s 200] [--t 1 2 4 8] [--tokens 512 1024 4096]
                                         [--decode-pairs]
                                                                         # device (carry .upstream for upstream)
     python3 tools/device_moe_prefill.py --smoke                         # CPU interpreter, tiny shapes
@@ -67,13 +67,13 @@ DOWN_SWEEP = [
 
 
 def parse_label(label: str) -> mp.PrefillConfig:
-    """A tile from its ``PrefillConfig.label()`` (e.g. ``m128n64k64w8s3``)."""
+    """A tile from its ``PrefillConfig.label()`` (e.g. ``m128n64k64w8s3``, ``m128n64k64w8s3r128`` with a register cap)."""
     import re
 
-    m = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)", label)
+    m = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(?:r(\d+))?", label)
     if not m:
         raise SystemExit(f"not a tile label: {label}")
-    return P(*(int(g) for g in m.groups()))
+    return P(*(int(g) for g in m.groups(default="0")))
 
 
 SMOKE_GATE_UP = [P(32, 32, 64, 4, 2)]
@@ -84,6 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--name", default=None, help="result file name (default moe_prefill-<card>, e.g. -h200)")
     parser.add_argument("--gate-up", nargs="*", help="gate/up tile labels to sweep instead of GATE_UP_SWEEP")
     parser.add_argument("--down", nargs="*", help="down tile labels to sweep instead of DOWN_SWEEP")
     parser.add_argument("--partners", nargs=2, metavar=("GATE_UP", "DOWN"),
@@ -103,7 +104,7 @@ def main() -> None:
                         help="start no sweep row after this many seconds (the rows before it are kept)")
     args = parser.parse_args()
     from sglang_sm120.kernels.harness.devicebench import (
-        BenchResult, bf16_matmul_tflops, copy_bandwidth_gbs, relative_error, time_in_cuda_graph)
+        BenchResult, bf16_matmul_tflops, copy_bandwidth_gbs, gpu_tag, relative_error, time_in_cuda_graph)
 
     t_start = time.time()
     if args.pairs_max_rows:
@@ -140,7 +141,9 @@ def main() -> None:
 
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     mm_tflops = 0.0 if args.smoke else bf16_matmul_tflops()
-    result = BenchResult(name="moe_prefill-h200", title="MoE prefill grouped GEMM (MXFP4 experts, 4096 tokens), H200",
+    card = gpu_tag()
+    result = BenchResult(name=args.name or f"moe_prefill-{card}",
+                         title=f"MoE prefill grouped GEMM (MXFP4 experts, 4096 tokens), {card.upper()}",
                          columns=["T", "tokens", "path", "gate_up", "down", "us", "TFLOP/s", "%bf16mm", "vs_old",
                                   "rel_err"])
     result.extra.update({"copy bandwidth (GB/s, read+write)": round(copy_gbs, 1),

@@ -34,6 +34,8 @@ from typing import Callable, Mapping, Sequence
 
 from ..dsv4 import SM120_ARCHS, SM120_SMEM_LIMIT
 
+MIN_MAX_REGISTERS, MAX_REGISTERS = 24, 255  # ptxas' range for .maxnreg (a register cap per thread)
+
 TENSOR_CORE_OPCODES = ("HMMA", "QMMA", "OMMA", "IMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA")
 
 _SASS_INSTR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")

@@ -5,6 +5,8 @@ down 8x), small tiles so experts span several row blocks (ragged tails). Weights
 code), scales random E8M0 bytes around 2**0; activations large enough that the SwiGLU clamp is active.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -153,6 +155,30 @@ def test_same_as_old_path():
     old = moe.moe_mxfp4_forward(x, *layer, weights, ids, upcast="dot_scaled")
     new = mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=SMALL)
     assert relative_error(new, old.float()) < 1e-2
+
+
+def test_register_cap_is_a_launch_option_only():
+    """A tile with max_registers runs the same kernel (the cap goes to ptxas as maxnreg): the same output bits,
+    and the cap shows in the label."""
+    ckpt, layer = make_layer(64, seed=7)
+    x, weights, ids = make_routing(11, "skewed", seed=8)
+    capped = tuple(dataclasses.replace(cfg, max_registers=128) for cfg in SMALL)
+    assert [cfg.label() for cfg in capped] == ["m16n32k64w4s2r128", "m16n64k32w4s2r128"]
+    assert capped[0].launch_options() == {"num_warps": 4, "num_stages": 2, "maxnreg": 128}
+    assert SMALL[0].launch_options() == {"num_warps": 4, "num_stages": 2}
+    plain = mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=SMALL)
+    got = mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=capped)
+    assert torch.equal(got, plain)
+    assert relative_error(got, moe.reference_moe_mxfp4(x, *ckpt, weights, ids)) < TOLERANCE
+
+
+@pytest.mark.parametrize("cap", [-1, 16, 23, 256])
+def test_register_cap_out_of_ptxas_range_is_refused(cap):
+    _ckpt, layer = make_layer(32)
+    x, weights, ids = make_routing(4, "random")
+    bad = (dataclasses.replace(SMALL[0], max_registers=cap), SMALL[1])
+    with pytest.raises(ValueError, match=r"config\[0\] \(gate/up\): max_registers must be 0"):
+        mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=bad)
 
 
 def test_bad_inputs():
