@@ -30,6 +30,14 @@ down 1.08-1.22x / 1.58x), the grid with the expert slot fastest (2-9 %), nibble 
 noise), 4 stages, 64-row blocks at 4096 tokens. Below that the row block follows the routed rows (32 up to 1024
 tokens, 64 up to 2048; :data:`PREFILL_ROW_TILES`, H200 runs 3 / 4: 1.31-1.81x over the 128-row tiles there).
 :func:`prefill_default` says where this path is the faster one (:data:`PREFILL_DEFAULT_WHERE`).
+
+Byte planes (``PrefillConfig(planes=True)``, not a default; :data:`BYTE_PLANE_CANDIDATES`): the pair order joins
+values of a word, a layout change that Triton makes through shared memory (the dequantised tile is stored and loaded
+back in the MMA operand layout). On byte planes each 32-value group's 16 weight bytes give two MMA operands of K = 16
+(the low nibbles are the group's even values, the high nibbles its odd ones) by elementwise int16 work only, so Triton
+loads the bytes straight into the operand layout; x and the SwiGLU rows are stored in the matching order (within each
+group the even values, then the odd ones). Same values bit for bit as the pair order's tiles; the sums differ only in
+float32 order.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from .harness.interpreter import interpreter_enabled
 from .moe_mxfp4 import (
     DECODE_MAX_ROWS,
     PAIRS_ACT_SCALE,
+    PAIRS_ACT_SHIFT,
     _pairs_pointers,
     _pairs_position,
     _pairs_tile_scaled,
@@ -58,6 +67,7 @@ from .moe_mxfp4 import (
 )
 
 X_PAIRS_BLOCK = 4096  # x values one program of the pair-order copy writes
+PLANES_BLOCK_K = (32, 64, 128)  # K steps of the byte-plane tile: 1, 2 or 4 groups of 32 (_grouped_tile_planes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,17 +75,21 @@ class PrefillConfig:
     """One launch's tile: ``block_m`` routed rows per pass over an expert's sorted rows (the MMA's N side),
     ``block_n`` output columns per program (gate/up: SwiGLU columns, i.e. 2*block_n interleaved weight rows; the
     MMA's M side), ``block_k`` K values per step (a multiple of 32), warps and pipeline stages; ``max_registers``
-    caps ptxas' registers per thread (Triton's ``maxnreg``; 0: no cap) so that more programs fit on an SM."""
+    caps ptxas' registers per thread (Triton's ``maxnreg``; 0: no cap) so that more programs fit on an SM.
+    ``planes``: the byte-plane weight operand (:func:`_grouped_tile_planes`) instead of the pair order's joined
+    tile."""
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
     max_registers: int = 0
+    planes: bool = False
 
     def label(self) -> str:
         cap = f"r{self.max_registers}" if self.max_registers else ""
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}{cap}"
+        planes = "p" if self.planes else ""
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}{cap}{planes}"
 
     def launch_options(self) -> dict:
         """The launch keywords of this tile (warps, stages, the register cap)."""
@@ -100,6 +114,96 @@ def _x_pairs_kernel(x_ptr, x_pairs_ptr, numel, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _planes_position(k):
+    """Index of value ``k`` of a row in the byte-plane order: within each 32-value group, the even values (the low
+    nibbles of the group's 16 bytes) first, then the odd ones (the high nibbles)."""
+    r = k % 32
+    return k - r + 16 * (r % 2) + r // 2
+
+
+@triton.jit
+def _x_planes_kernel(x_ptr, x_planes_ptr, numel, BLOCK: tl.constexpr):
+    """x [B, H] bf16 -> bf16 times 2**32 at the byte-plane positions (exact), what the byte-plane gate/up reads."""
+    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = k < numel
+    x = tl.load(x_ptr + k, mask=ok, other=0.0).to(tl.float32)
+    tl.store(x_planes_ptr + _planes_position(k), (x * PAIRS_ACT_SCALE).to(tl.bfloat16), mask=ok)
+
+
+@triton.jit
+def _e2m1_bits_scaled(bits, factor, EMULATE: tl.constexpr):
+    """int16 bf16 bit patterns of e2m1 values times 2**-126 -> bf16 times ``factor`` ([R, 1] bf16 powers of two,
+    the E8M0 factor over 2**(PAIRS_ACT_SHIFT - 126)): exact while the product is a normal bf16 (E8M0 bytes
+    34..160, as the pair forms). EMULATE: the product in float32 by bits (the CPU interpreter's bf16 arithmetic
+    is wrong; the product is exact either way)."""
+    if EMULATE:
+        wide = ((bits.to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+        f = ((factor.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+        return ((wide * f).to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return bits.to(tl.bfloat16, bitcast=True) * factor
+
+
+@triton.jit
+def _plane_factor(scale_bytes):
+    """E8M0 bytes [R] -> bf16 [R, 1]: the factor over 2**(PAIRS_ACT_SHIFT - 126), in int16 arithmetic only (a
+    widening or narrowing step between the loads and the MMA operand would make Triton convert the operand
+    through shared memory); 255 (inf) where the exponent passes 255, as the pair forms' clamp."""
+    exponent = (scale_bytes.to(tl.int16) & 0xFF) + (127 - 1 - PAIRS_ACT_SHIFT)
+    exponent = (exponent | -(exponent >> 8)) & 0xFF
+    return (exponent << 7).to(tl.bfloat16, bitcast=True)[:, None]
+
+
+@triton.jit
+def _plane_group(acc_t, q_ptrs, factor, a_ptrs, a_ok, EMULATE: tl.constexpr):
+    """One 32-value group: the rows' 16 weight bytes at ``q_ptrs`` [R, 16] as the low-nibble (even values) and
+    high-nibble (odd values) operands of K = 16, times the group's ``factor`` [R, 1] (:func:`_plane_factor`),
+    against the activations at ``a_ptrs`` [BLOCK_M, 16] (even) and 16 further (odd)."""
+    q = tl.load(q_ptrs).to(tl.int16)
+    low = _e2m1_bits_scaled(((q & 0x8) << 12) | ((q & 0x7) << 6), factor, EMULATE)
+    high = _e2m1_bits_scaled(((q & 0x80) << 8) | ((q & 0x70) << 2), factor, EMULATE)
+    acc_t = tl.dot(low, tl.trans(tl.load(a_ptrs, mask=a_ok, other=0.0)), acc_t)
+    return tl.dot(high, tl.trans(tl.load(a_ptrs + 16, mask=a_ok, other=0.0)), acc_t)
+
+
+@triton.jit
+def _grouped_tile_planes(a_ptrs, a_ok, w_ptr, s_ptr, expert, w_rows, rows_per_expert, k_total, ROWS: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
+    """:func:`_grouped_tile` on byte planes: per 32-value group, the row's 16 weight bytes (``w_ptr`` int8
+    [E, rows_per_expert, k_total/2]) give two operands of K = 16 by elementwise integer work only -- the low
+    nibbles (the even values) and the high nibbles (the odd ones) as bf16 bits, times the group's E8M0 factor --
+    against the group's 16 + 16 activations in the byte-plane order (``a_ptrs`` [BLOCK_M, 16] at group 0). With
+    nothing but elementwise operations between the loaded bytes and the MMA, Triton loads the bytes straight into
+    the MMA operand layout: no shared-memory round trip of the dequantised tile (the pair order joins values).
+    BLOCK_K is 32, 64 or 128 (1, 2 or 4 groups a step); at 128 a row's E8M0 bytes of the step are 4 contiguous
+    bytes, which Triton's pipeline fetches by cp.async with the weights (at 32 / 64 they are loaded in the step, a
+    global round trip in each: for short K only)."""
+    rows = (expert * rows_per_expert + w_rows.to(tl.int64))
+    w_ptrs = w_ptr + rows[:, None] * (k_total // 2) + tl.arange(0, 16)[None, :]
+    s_ptrs = s_ptr + rows * (k_total // 32)
+    acc_t = tl.zeros([ROWS, BLOCK_M], dtype=tl.float32)
+    groups: tl.constexpr = BLOCK_K // 32
+    s_tile = s_ptrs[:, None] + tl.arange(0, BLOCK_K // 32)[None, :]
+    for k0 in range(0, k_total, BLOCK_K):
+        step_scales = tl.load(s_tile + k0 // 32)  # [ROWS, groups]: 4 bytes a row at BLOCK_K 128, cp.async's least
+        if groups == 1:
+            acc_t = _plane_group(acc_t, w_ptrs + k0 // 2, _plane_factor(tl.reshape(step_scales, [ROWS])),
+                                 a_ptrs + k0, a_ok, EMULATE)
+        elif groups == 2:
+            s0, s1 = tl.split(step_scales)
+            acc_t = _plane_group(acc_t, w_ptrs + k0 // 2, _plane_factor(s0), a_ptrs + k0, a_ok, EMULATE)
+            acc_t = _plane_group(acc_t, w_ptrs + k0 // 2 + 16, _plane_factor(s1), a_ptrs + k0 + 32, a_ok, EMULATE)
+        else:
+            even, odd = tl.split(tl.reshape(step_scales, [ROWS, 2, 2]))  # groups (0, 2) and (1, 3)
+            s0, s2 = tl.split(even)
+            s1, s3 = tl.split(odd)
+            acc_t = _plane_group(acc_t, w_ptrs + k0 // 2, _plane_factor(s0), a_ptrs + k0, a_ok, EMULATE)
+            acc_t = _plane_group(acc_t, w_ptrs + k0 // 2 + 16, _plane_factor(s1), a_ptrs + k0 + 32, a_ok, EMULATE)
+            acc_t = _plane_group(acc_t, w_ptrs + k0 // 2 + 32, _plane_factor(s2), a_ptrs + k0 + 64, a_ok, EMULATE)
+            acc_t = _plane_group(acc_t, w_ptrs + k0 // 2 + 48, _plane_factor(s3), a_ptrs + k0 + 96, a_ok, EMULATE)
+    return tl.trans(acc_t)
+
+
+@triton.jit
 def _grouped_tile(a_ptrs, a_ok, w_ptr, s_ptr, expert, w_rows, rows_per_expert, k_total, ROWS: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
     """float32 [BLOCK_M, ROWS]: pair-ordered rows times 2**32 (``a_ptrs`` [BLOCK_M, BLOCK_K] at step 0, masked by
@@ -119,11 +223,14 @@ def _grouped_tile(a_ptrs, a_ok, w_ptr, s_ptr, expert, w_rows, rows_per_expert, k
 def _prefill_gate_up_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expert_start_ptr, active_experts_ptr,
                             num_active_ptr, act_ptr, hidden, inter, swiglu_limit, TOP_K: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            EMULATE: tl.constexpr):
+                            EMULATE: tl.constexpr, PLANES: tl.constexpr = False,
+                            ACT_PLANES: tl.constexpr = False):
     """Program (block of BLOCK_N intermediate columns, slot): its expert's routed rows BLOCK_M at a time against
     the 2*BLOCK_N interleaved gate/up rows, then the clamped SwiGLU into ``act [B*top_k, I]`` at the rows' sorted
     positions, bf16 times 2**32 in the pair order. ``x_ptr``: the pair-ordered copy of x times 2**32;
-    ``w13_ptr``: the repacked weights as int32 words [E, 2I, H/8]."""
+    ``w13_ptr``: the repacked weights as int32 words [E, 2I, H/8]. PLANES: the byte-plane tile
+    (:func:`_grouped_tile_planes`, x in the byte-plane order); ACT_PLANES: the SwiGLU rows stored in the byte-plane
+    order (for a byte-plane down launch)."""
     n_tile = tl.program_id(0)
     slot = tl.program_id(1)
     if slot >= tl.load(num_active_ptr):
@@ -131,38 +238,54 @@ def _prefill_gate_up_kernel(x_ptr, w13_ptr, w13_scale_ptr, sorted_rows_ptr, expe
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     w_rows = n_tile * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
     cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    kx = tl.arange(0, BLOCK_K)
+    kx = tl.arange(0, 16 if PLANES else BLOCK_K)
     for m0 in range(row_begin, row_end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < row_end
         tokens = (tl.load(sorted_rows_ptr + m, mask=m_ok, other=0) // TOP_K).to(tl.int64)
-        acc = _grouped_tile(x_ptr + tokens[:, None] * hidden + kx[None, :], m_ok[:, None], w13_ptr, w13_scale_ptr,
-                            expert, w_rows, 2 * inter, hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
+        if PLANES:
+            acc = _grouped_tile_planes(x_ptr + tokens[:, None] * hidden + kx[None, :], m_ok[:, None],
+                                       w13_ptr.to(tl.pointer_type(tl.int8)), w13_scale_ptr, expert, w_rows,
+                                       2 * inter, hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
+        else:
+            acc = _grouped_tile(x_ptr + tokens[:, None] * hidden + kx[None, :], m_ok[:, None], w13_ptr,
+                                w13_scale_ptr, expert, w_rows, 2 * inter, hidden, 2 * BLOCK_N, BLOCK_M, BLOCK_K,
+                                EMULATE)
+        if ACT_PLANES:
+            act_cols = _planes_position(cols)
+        else:
+            act_cols = _pairs_position(cols)
         gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
         act = _swiglu(gate, up, swiglu_limit).to(tl.bfloat16).to(tl.float32) * PAIRS_ACT_SCALE  # exact
-        tl.store(act_ptr + m.to(tl.int64)[:, None] * inter + _pairs_position(cols)[None, :], act.to(tl.bfloat16),
+        tl.store(act_ptr + m.to(tl.int64)[:, None] * inter + act_cols[None, :], act.to(tl.bfloat16),
                  mask=m_ok[:, None])
 
 
 @triton.jit
 def _prefill_down_kernel(act_ptr, w2_ptr, w2_scale_ptr, topk_weights_ptr, sorted_rows_ptr, expert_start_ptr,
                          active_experts_ptr, num_active_ptr, y_ptr, hidden, inter, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr,
+                         PLANES: tl.constexpr = False):
     """Program (block of BLOCK_N hidden columns, slot): the expert's sorted SwiGLU rows BLOCK_M at a time times the
     down weights (int32 words [E, H, I/8]) and each row's routing weight, into fp32 ``y [B*top_k, H]`` at the
-    routed row."""
+    routed row. PLANES: the byte-plane tile (the SwiGLU rows stored in that order by the gate/up launch)."""
     n_tile = tl.program_id(0)
     slot = tl.program_id(1)
     if slot >= tl.load(num_active_ptr):
         return
     expert, row_begin, row_end = _slot_expert_rows(slot, active_experts_ptr, expert_start_ptr)
     n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    kx = tl.arange(0, BLOCK_K)
+    kx = tl.arange(0, 16 if PLANES else BLOCK_K)
     for m0 in range(row_begin, row_end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < row_end
-        acc = _grouped_tile(act_ptr + m.to(tl.int64)[:, None] * inter + kx[None, :], m_ok[:, None], w2_ptr,
-                            w2_scale_ptr, expert, n, hidden, inter, BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
+        if PLANES:
+            acc = _grouped_tile_planes(act_ptr + m.to(tl.int64)[:, None] * inter + kx[None, :], m_ok[:, None],
+                                       w2_ptr.to(tl.pointer_type(tl.int8)), w2_scale_ptr, expert, n, hidden, inter,
+                                       BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
+        else:
+            acc = _grouped_tile(act_ptr + m.to(tl.int64)[:, None] * inter + kx[None, :], m_ok[:, None], w2_ptr,
+                                w2_scale_ptr, expert, n, hidden, inter, BLOCK_N, BLOCK_M, BLOCK_K, EMULATE)
         rows = tl.load(sorted_rows_ptr + m, mask=m_ok, other=0).to(tl.int64)
         weight = tl.load(topk_weights_ptr + rows, mask=m_ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows[:, None] * hidden + n[None, :], acc * weight[:, None], mask=m_ok[:, None])
@@ -192,6 +315,21 @@ PREFILL_ROW_TILES: tuple[tuple[int, PrefillConfig, PrefillConfig], ...] = (
     (1024 * TOP_K, SMALL_ROWS_TILE, SMALL_ROWS_TILE),
     (2048 * TOP_K, MEDIUM_ROWS_TILE, MEDIUM_ROWS_TILE),
 )
+
+# Byte-plane tiles (PrefillConfig.planes) for the 128-row class, not a default anywhere: no device has timed them
+# yet (tools/device_stop40.sh does, beside the shipped pair-order tiles). AOT, Triton 3.8, no spills. sm_120a: gate/up
+# m128n64k128w8s2p 41472 B / 167 registers (the shipped m128n64k64w8s3: 65536 / 226), m128n64k128w8s3p 82432 / 173,
+# m128n32k128w8s3p 73984 / 110; down m128n128k128w8s2p 41472 / 199, m128n64k128w8s2p 37120 / 137 (shipped
+# m128n64k64w4s3: 45056 / 238). The sm_120a K loop of gate/up m128n64k128w8s2p: 713 SASS instructions per 128 K values
+# for 128 HMMAs, 2 shared-memory stores (the shipped tile: 2 x 461 per 128 K, 8 stores, 232 MOVs a step); the
+# down's m128n64 form decodes each weight fragment in more warps (1709 per 128 K for 64 HMMAs), m128n128 not (712
+# for 128). On sm_90a the byte planes cost more instructions than the pair order feeding wgmma through shared
+# memory (gate/up 576 per 128 K against 2 x 212), so the H200 can show a loss where sm_120 would gain.
+BYTE_PLANE_CANDIDATES: dict[str, tuple[PrefillConfig, ...]] = {
+    "gate_up": (PrefillConfig(128, 64, 128, 8, 2, planes=True), PrefillConfig(128, 64, 128, 8, 3, planes=True),
+                PrefillConfig(128, 32, 128, 8, 3, planes=True)),
+    "down": (PrefillConfig(128, 128, 128, 8, 2, planes=True), PrefillConfig(128, 64, 128, 8, 2, planes=True)),
+}
 
 # (per-rank I, fewest routed rows) where this forward replaces moe_mxfp4_forward's tl.dot_scaled prefill: every row
 # count above the decode's (DECODE_MAX_ROWS). H200 run 2 (benchmarks/moe_prefill-h200-run2-summary.md), whole forwards
@@ -233,6 +371,8 @@ def _check_config(name: str, cfg, n_total: int, k_total: int) -> PrefillConfig:
     if n_total % cfg.block_n or k_total % cfg.block_k:
         raise ValueError(f"{name}: block_n {cfg.block_n} must divide {n_total} and block_k {cfg.block_k} must "
                          f"divide K = {k_total}")
+    if cfg.planes and cfg.block_k not in PLANES_BLOCK_K:
+        raise ValueError(f"{name}: the byte-plane tile takes block_k in {PLANES_BLOCK_K}, got {cfg.block_k}")
     if cfg.max_registers and not MIN_MAX_REGISTERS <= cfg.max_registers <= MAX_REGISTERS:
         raise ValueError(f"{name}: max_registers must be 0 (no cap) or in [{MIN_MAX_REGISTERS}, {MAX_REGISTERS}], "
                          f"got {cfg.max_registers}")
@@ -269,18 +409,19 @@ def moe_mxfp4_prefill_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: tor
     sorted_rows, expert_start, active_experts, num_active = route(ids, num_experts)
     slots = min(num_rows, num_experts)
     emulate = interpreter_enabled()
-    x_pairs = torch.empty_like(x)
-    _x_pairs_kernel[(triton.cdiv(x.numel(), X_PAIRS_BLOCK),)](x, x_pairs, x.numel(), BLOCK=X_PAIRS_BLOCK, num_warps=4)
+    x_pairs = torch.empty_like(x)  # in the pair or the byte-plane order, as the gate/up tile reads it
+    copy_kernel = _x_planes_kernel if gu.planes else _x_pairs_kernel
+    copy_kernel[(triton.cdiv(x.numel(), X_PAIRS_BLOCK),)](x, x_pairs, x.numel(), BLOCK=X_PAIRS_BLOCK, num_warps=4)
     act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=device)  # at sorted positions
     y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)  # at routed rows
     _prefill_gate_up_kernel[(inter // gu.block_n, slots)](
         x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts, num_active,
         act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu.block_m, BLOCK_N=gu.block_n,
-        BLOCK_K=gu.block_k, EMULATE=emulate, **gu.launch_options())
+        BLOCK_K=gu.block_k, EMULATE=emulate, PLANES=gu.planes, ACT_PLANES=dn.planes, **gu.launch_options())
     _prefill_down_kernel[(hidden // dn.block_n, slots)](
         act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
         num_active, y, hidden, inter, BLOCK_M=dn.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k, EMULATE=emulate,
-        **dn.launch_options())
+        PLANES=dn.planes, **dn.launch_options())
     launch_topk_sum(y, ids, out, num_experts)
     return out
 
@@ -290,19 +431,21 @@ def moe_mxfp4_prefill_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: tor
 # ---------------------------------------------------------------------------------------------
 _COMMON_SIG = {"sorted_rows_ptr": "*i32", "expert_start_ptr": "*i32", "active_experts_ptr": "*i32",
                "num_active_ptr": "*i32", "hidden": "i32", "inter": "i32", "BLOCK_M": "constexpr",
-               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "EMULATE": "constexpr"}
+               "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "EMULATE": "constexpr", "PLANES": "constexpr"}
 _GATE_UP_SIG = {"x_ptr": "*bf16", "w13_ptr": "*i32", "w13_scale_ptr": "*u8", "act_ptr": "*bf16", "swiglu_limit": "fp32",
-                "TOP_K": "constexpr", **_COMMON_SIG}
+                "TOP_K": "constexpr", "ACT_PLANES": "constexpr", **_COMMON_SIG}
 _DOWN_SIG = {"act_ptr": "*bf16", "w2_ptr": "*i32", "w2_scale_ptr": "*u8", "topk_weights_ptr": "*fp32",
              "y_ptr": "*fp32", **_COMMON_SIG}
 
 
 def aot_config(kind: str, cfg: PrefillConfig, note: str = "") -> AotConfig:
-    """The AotConfig of one launch, ``kind`` "gate_up" or "down"."""
-    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EMULATE": False}
+    """The AotConfig of one launch, ``kind`` "gate_up" or "down" (a byte-plane gate/up stores its SwiGLU rows in
+    the byte-plane order, as beside a byte-plane down)."""
+    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EMULATE": False,
+                  "PLANES": cfg.planes}
     if kind == "gate_up":
         kernel, sig = _prefill_gate_up_kernel, _GATE_UP_SIG
-        constexprs["TOP_K"] = TOP_K
+        constexprs.update(TOP_K=TOP_K, ACT_PLANES=cfg.planes)
     else:
         kernel, sig = _prefill_down_kernel, _DOWN_SIG
     return AotConfig(name=f"moe_prefill_{kind}_{cfg.label()}", kernel=kernel, signature=sig, constexprs=constexprs,
@@ -313,7 +456,8 @@ def aot_config(kind: str, cfg: PrefillConfig, note: str = "") -> AotConfig:
 
 def aot_configs() -> list[AotConfig]:
     """The shipped (gate/up, down) tiles of every row class of :data:`PREFILL_ROW_TILES` at every per-rank I of
-    SUPPORTED_TP (clipped as the forward clips them)."""
+    SUPPORTED_TP (clipped as the forward clips them), then the byte-plane candidates (:data:`BYTE_PLANE_CANDIDATES`,
+    none a default yet), which must compile within sm_120's limits before a device run times them."""
     row_classes = [max_rows for max_rows, _, _ in PREFILL_ROW_TILES] + [PREFILL_ROW_TILES[-1][0] + 1]
     configs, seen = [], set()
     for tp in SUPPORTED_TP:
@@ -324,4 +468,6 @@ def aot_configs() -> list[AotConfig]:
                 if (kind, cfg) not in seen:
                     seen.add((kind, cfg))
                     configs.append(aot_config(kind, cfg))
+    for kind, cfgs in BYTE_PLANE_CANDIDATES.items():
+        configs.extend(aot_config(kind, cfg, note="byte-plane candidate, not a default") for cfg in cfgs)
     return configs

@@ -67,13 +67,15 @@ DOWN_SWEEP = [
 
 
 def parse_label(label: str) -> mp.PrefillConfig:
-    """A tile from its ``PrefillConfig.label()`` (e.g. ``m128n64k64w8s3``, ``m128n64k64w8s3r128`` with a register cap)."""
+    """A tile from its ``PrefillConfig.label()``: ``m128n64k64w8s3``, ``...r128`` with a register cap, ``...p`` on
+    byte planes."""
     import re
 
-    m = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(?:r(\d+))?", label)
+    m = re.fullmatch(r"m(\d+)n(\d+)k(\d+)w(\d+)s(\d+)(?:r(\d+))?(p?)", label)
     if not m:
         raise SystemExit(f"not a tile label: {label}")
-    return P(*(int(g) for g in m.groups(default="0")))
+    *sizes, cap, planes = m.groups(default="0")
+    return P(*(int(g) for g in sizes), max_registers=int(cap), planes=planes == "p")
 
 
 SMOKE_GATE_UP = [P(32, 32, 64, 4, 2)]

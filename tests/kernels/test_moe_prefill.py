@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+import triton
 
 from sglang_sm120.kernels import moe_mxfp4 as moe
 from sglang_sm120.kernels import moe_prefill as mp
@@ -157,6 +158,47 @@ def test_same_as_old_path():
     assert relative_error(new, old.float()) < 1e-2
 
 
+PLANES = (P(16, 32, 128, 4, 2, planes=True), P(16, 64, 64, 4, 2, planes=True))
+
+
+@pytest.mark.parametrize("inter", INTERS)
+@pytest.mark.parametrize("pattern", ["random", "skewed"])
+def test_byte_planes_every_inter(inter, pattern, monkeypatch):
+    """Both launches on byte planes (x and the SwiGLU rows in the byte-plane order), K steps of 128 / 64 clipped to
+    the per-rank I where it is shorter (one or two groups a step)."""
+    out, ref, *_ = run_and_check(inter, 13, pattern, PLANES, monkeypatch)
+    assert relative_error(out, ref) < TOLERANCE
+
+
+@pytest.mark.parametrize("config", [
+    (PLANES[0], SMALL[1]), (SMALL[0], PLANES[1]), (P(32, 16, 32, 4, 3, planes=True), P(16, 32, 128, 4, 2, planes=True))],
+    ids=["planes_gate_up_only", "planes_down_only", "one_group_steps"])
+def test_byte_planes_beside_pair_order_and_clamp(config, monkeypatch):
+    """Either launch alone on byte planes (the gate/up stores the SwiGLU rows in the order the down reads), invalid
+    ids, the clamp active; the same output as the pair-order tiles up to float32 summation order."""
+    out, ref, ckpt, x, ids = run_and_check(64, 9, "invalid", config, monkeypatch, seed=3)
+    assert relative_error(out, ref) < TOLERANCE
+    _ckpt, layer = make_layer(64, seed=3)
+    _x, weights, _ids = make_routing(9, "invalid", seed=4)
+    pairs = mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids,
+                                         config=tuple(dataclasses.replace(c, planes=False) for c in config))
+    assert relative_error(out, pairs.float()) < 1e-3
+
+
+def test_x_planes_copy_keeps_each_value_in_its_group():
+    """The byte-plane copy of x: within each 32-value group the even values first, then the odd ones, each times
+    2**32 (exact); a ragged last block of the copy is masked."""
+    x = (torch.arange(3 * 160, dtype=torch.float32) % 251 - 125).to(torch.bfloat16).reshape(3, 160).to(DEVICE)
+    out = torch.full_like(x, float("nan"))
+    mp._x_planes_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
+    k = torch.arange(160)
+    position = k - k % 32 + 16 * (k % 2) + (k % 32) // 2
+    expected = torch.empty_like(x)
+    expected[:, position] = (x.float() * 2.0 ** 32).to(torch.bfloat16)
+    assert torch.equal(out, expected)
+    assert position[:4].tolist() == [0, 16, 1, 17] and sorted(position.tolist()) == list(range(160))
+
+
 def test_register_cap_is_a_launch_option_only():
     """A tile with max_registers runs the same kernel (the cap goes to ptxas as maxnreg): the same output bits,
     and the cap shows in the label."""
@@ -190,6 +232,9 @@ def test_bad_inputs():
         mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=(moe.GemmConfig(16, 16, 64, 4, 2),) * 2)
     with pytest.raises(ValueError, match="powers of two"):
         mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids, config=(P(24, 32, 64, 4, 2),) * 2)
+    _, layer512 = make_layer(512)
+    with pytest.raises(ValueError, match=r"config\[1\] \(down\): the byte-plane tile takes block_k in"):
+        mp.moe_mxfp4_prefill_forward(x, *layer512, weights, ids, config=(SMALL[0], P(16, 32, 256, 4, 2, planes=True)))
     _, layer768 = make_layer(768)
     with pytest.raises(ValueError, match="must divide"):  # 512 columns do not tile I = 768
         mp.moe_mxfp4_prefill_forward(x, *layer768, weights, ids, config=(P(16, 512, 64, 4, 2), SMALL[1]))
