@@ -317,18 +317,18 @@ PREFILL_ROW_TILES: tuple[tuple[int, PrefillConfig, PrefillConfig], ...] = (
 )
 
 # Byte-plane tiles (PrefillConfig.planes) for the 128-row class, not a default anywhere: no device has timed them
-# yet (tools/device_stop40.sh does, beside the shipped pair-order tiles). AOT, Triton 3.8, no spills. sm_120a: gate/up
-# m128n64k128w8s2p 41472 B / 167 registers (the shipped m128n64k64w8s3: 65536 / 226), m128n64k128w8s3p 82432 / 173,
-# m128n32k128w8s3p 73984 / 110; down m128n128k128w8s2p 41472 / 199, m128n64k128w8s2p 37120 / 137 (shipped
-# m128n64k64w4s3: 45056 / 238). The sm_120a K loop of gate/up m128n64k128w8s2p: 713 SASS instructions per 128 K values
-# for 128 HMMAs, 2 shared-memory stores (the shipped tile: 2 x 461 per 128 K, 8 stores, 232 MOVs a step); the
-# down's m128n64 form decodes each weight fragment in more warps (1709 per 128 K for 64 HMMAs), m128n128 not (712
-# for 128). On sm_90a the byte planes cost more instructions than the pair order feeding wgmma through shared
-# memory (gate/up 576 per 128 K against 2 x 212), so the H200 can show a loss where sm_120 would gain.
+# yet (tools/device_stop40.sh does, beside the shipped pair-order tiles). AOT, Triton 3.8, no spills
+# (`tools/moe_mxfp4_sass_loop.py --prefill`; K-loop SASS instructions of one warp per 128 K values). sm_120a: gate/up
+# m128n64k128w8s2p 41472 B, 167 registers, 713 instructions for 128 HMMAs with 2 shared-memory stores, against the
+# shipped m128n64k64w8s3's 65536 B, 226 registers, 922 instructions (232 MOVs a 64-K step) with 8 stores;
+# m128n64k128w8s3p 82432 B / 173 / 726; down m128n128k128w8s2p 41472 B / 199 / 712 against the shipped m128n64k64w4s3's
+# 45056 / 238 / 992. Not offered: tiles with 32 or 64 weight rows on 8 warps (m128n32 gate/up, m128n64 down), which
+# decode each operand fragment in more warps (1709-1727 instructions for 64 HMMAs). On sm_90a the byte planes cost
+# more than the pair order feeding wgmma through shared memory (gate/up 576 against 424), so the H200 may show a loss
+# that says nothing about sm_120's mma.sync path.
 BYTE_PLANE_CANDIDATES: dict[str, tuple[PrefillConfig, ...]] = {
-    "gate_up": (PrefillConfig(128, 64, 128, 8, 2, planes=True), PrefillConfig(128, 64, 128, 8, 3, planes=True),
-                PrefillConfig(128, 32, 128, 8, 3, planes=True)),
-    "down": (PrefillConfig(128, 128, 128, 8, 2, planes=True), PrefillConfig(128, 64, 128, 8, 2, planes=True)),
+    "gate_up": (PrefillConfig(128, 64, 128, 8, 2, planes=True), PrefillConfig(128, 64, 128, 8, 3, planes=True)),
+    "down": (PrefillConfig(128, 128, 128, 8, 2, planes=True),),
 }
 
 # (per-rank I, fewest routed rows) where this forward replaces moe_mxfp4_forward's tl.dot_scaled prefill: every row

@@ -20,8 +20,8 @@ cd "$(dirname "$0")/.."
 STEP_TAIL_LINES=6
 . tools/device_step.sh
 
-GATE_UP="m128n64k64w8s3r128 m128n64k128w8s2p m128n64k128w8s3p m128n32k128w8s3p m128n64k64w8s4r128"
-DOWN="m128n64k64w4s3r168 m128n128k128w8s2p m128n64k128w8s2p m128n64k64w4s4r168"
+GATE_UP="m128n64k64w8s3r128 m128n64k128w8s2p m128n64k128w8s3p m128n64k64w8s4r128"
+DOWN="m128n64k64w4s3r168 m128n128k128w8s2p m128n64k64w4s4r168"
 # shellcheck disable=SC2086  # the tile lists are word lists
 step prefill_t1 330 python3 tools/device_moe_prefill.py --out "$OUT/r" --name "moe_prefill-$GPU_TAG-run9" --t 1 \
     --deadline-s 300 --gate-up $GATE_UP --down $DOWN

@@ -6,6 +6,7 @@
     .venv/bin/python tools/moe_mxfp4_sass_loop.py --pairs-tma [--arch 90]  # run 18: the TMA swap-AB tiles, sub_k forms
     .venv/bin/python tools/moe_mxfp4_sass_loop.py --gemv-f16 [--arch 90]   # run 19: the shipped fp16 TMA GEMV tiles
     .venv/bin/python tools/moe_mxfp4_sass_loop.py --pairs-rows [--arch 90]  # run 20: the tiles by routed rows (block_m 8)
+    .venv/bin/python tools/moe_mxfp4_sass_loop.py --prefill [--arch 120]    # stop 40: prefill pair order vs byte planes
 
 Compiles ``_gate_up_kernel`` / ``_down_kernel`` at the decode tiles with each ``moe_mxfp4.UPCASTS``
 variant (same divisibility hints as the JIT), finds the innermost backward branch whose body holds the
@@ -206,6 +207,31 @@ def gemv_f16_loops(archs) -> None:
                                   "top": hist.most_common(14)}), flush=True)
 
 
+def prefill_loops(archs) -> None:
+    """Stop 40: the prefill grouped GEMM's shipped 128-row tiles (pair order) beside the byte-plane candidates
+    (moe_prefill.BYTE_PLANE_CANDIDATES): registers, spills, shared memory and the K loop (the innermost loop holding
+    an MMA: one BLOCK_K step of one warp), its instructions scaled to 128 K values, its MMAs and its shared-memory
+    stores (the pair order's dequantised tile goes through shared memory on its way to the MMA operand)."""
+    from sglang_sm120.kernels import moe_prefill as mp
+
+    tiles = [("gate_up", mp.DEFAULT_GATE_UP), ("down", mp.DEFAULT_DOWN)]
+    tiles += [(kind, cfg) for kind, cfgs in mp.BYTE_PLANE_CANDIDATES.items() for cfg in cfgs]
+    for kind, cfg in tiles:
+        aot_cfg = mp.aot_config(kind, cfg)
+        for arch in archs:
+            rows, compiled = sass_lines(aot_cfg, arch)
+            body = mma_loop(rows)
+            hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
+            res = aot.ptxas_resources(compiled.asm["ptx"], arch)
+            print(json.dumps({"config": aot_cfg.name, "arch": arch, "regs": res.get("registers"),
+                              "spills": res.get("spill_store_bytes"), "smem": compiled.metadata.shared,
+                              "loop_instructions_per_128k": round(len(body) * 128 / cfg.block_k),
+                              "loop_mma_per_128k": round((hist.get("HMMA", 0) + hist.get("HGMMA", 0)) * 128
+                                                         / cfg.block_k),
+                              "loop_sts_per_128k": round(hist.get("STS", 0) * 128 / cfg.block_k),
+                              "top": hist.most_common(8)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", type=int, action="append")
@@ -214,7 +240,12 @@ def main() -> None:
     parser.add_argument("--pairs-tma", action="store_true", help="run 18: the TMA swap-AB tiles and their sub_k forms")
     parser.add_argument("--gemv-f16", action="store_true", help="run 19: the shipped fp16 TMA GEMV tiles, issue floors")
     parser.add_argument("--pairs-rows", action="store_true", help="run 20: the PAIRS_TMA_ROWS_WHERE tiles (8 rows per pass)")
+    parser.add_argument("--prefill", action="store_true",
+                        help="stop 40: the prefill's shipped 128-row tiles beside the byte-plane candidates")
     args = parser.parse_args()
+    if args.prefill:
+        prefill_loops(args.arch or (90, 120))
+        return
     if args.pairs_rows:
         pairs_rows_loops(args.arch or (90, 120))
         return
