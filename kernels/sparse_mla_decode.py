@@ -35,7 +35,9 @@ Design (why it looks like this; numbers from ``aot_configs()`` on sm_120a and fr
   candidates (``LARGE_BATCH_CONFIGS``, C4 layers and long C128 contexts) it runs one 64-head
   program per row with 16-candidate tiles and no register prefetch (98304 B, 224 registers, no
   spills), which gathers and dequantises each row once. On the H200 that took C4 B=64 from 83.5 to
-  74.3 us and C4 at 32 rows from 48.1 to 44.2 us, but was slower at B <= 16 and in C128 at 8K
+  74.3 us and C4 at 32 rows from 48.1 to 44.2 us (there as warpgroup MMAs; sm_12x compiles it to 1.9x the
+  instructions of the 32-head form for the same work and keeps the latter, :func:`large_batch_form_measured`),
+  but was slower at B <= 16 and in C128 at 8K
   (192 candidates), where from 64 rows the 32-head program with the mid-loop KV prefetch runs
   instead (``FEW_CANDIDATES_CONFIGS``; ``benchmarks/sparse_mla_decode-h200-run3.md``, ``-run5-summary.md``).
   H=32 runs one 32-head block, H=16 and H=8 one 16-head block. At very few query rows
@@ -135,6 +137,14 @@ LAUNCH_CONFIGS = {
 _BH64_LARGE = dict(BLOCK_H=64, BLOCK_N=16, PREFETCH_KV=False, L2_PREFETCH=True, PARTIAL_BF16=True, num_warps=8,
                    num_stages=1)
 LARGE_BATCH_CONFIGS = {64: (32, _BH64_LARGE)}
+# The 64-head form is chosen only where it was measured as compiled there: on sm_90 Triton runs its products as
+# warpgroup MMAs (HGMMA; K loop 963 SASS instructions a tile on sm_90a against 995 for the 32-head form's tile of the
+# same head x candidate count). sm_120 has no warpgroup MMA: its HMMA form spreads 64 heads over 8 warps with MMAs
+# repeated across warps (160 HMMAs a tile where the 32-head form takes 96) and 733 register moves a tile, 1943
+# instructions against the 32-head form's 1022 (sm_120a, Triton 3.8; `tools/sm90_vs_sm120_mma.py`), i.e. 1.9x the issued
+# instructions for the same work, where the 32-head form compiles to the same HMMA code on both (1022 / 995). So
+# GPUs without warpgroup MMA keep the forms whose code the H200 timed (:func:`large_batch_form_measured`).
+LARGE_BATCH_MEASURED_CAPABILITY = 9  # compute capability major of the GPUs the 64-head form was measured on (H200)
 # From this many rows on, the same form's combine programs take 128 columns (COMBINE_COLS) when a
 # row has two splits (64-66 rows; more rows split otherwise): H200 run 7 at 64 rows (256 combine
 # programs) C4 8K B=64 69.85 -> 68.30 us, C4 64K 70.12 -> 68.52, B=32 s_q=2 69.86 -> 67.95; at 32
@@ -668,9 +678,23 @@ def _program_target(device: str) -> int:
     return CPU_PROGRAMS
 
 
-def launch_config_for(num_heads: int, rows: int, candidates: int | None = None) -> dict:
+def large_batch_form_measured(device=None) -> bool:
+    """Whether ``device`` compiles the 64-head large-batch form as the H200 that timed it did (warpgroup MMAs: compute
+    capability 9.x; see :data:`LARGE_BATCH_MEASURED_CAPABILITY`). No device, or the CPU interpreter: True (the table
+    as measured). The sm_12x dispatch check (tools/device_sm120_dispatch.py) answers this query as sm_12x does."""
+    if device is None:
+        return True
+    device = torch.device(device)
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device)[0] == LARGE_BATCH_MEASURED_CAPABILITY
+
+
+def launch_config_for(num_heads: int, rows: int, candidates: int | None = None, device=None) -> dict:
     """The default launch configuration for ``num_heads`` heads, ``rows`` query rows (B * s_q) and
-    ``candidates`` slots per row (topk + extra topk; None: as many as a C4 layer)."""
+    ``candidates`` slots per row (topk + extra topk; None: as many as a C4 layer) on ``device`` (None: the table as
+    the H200 measured it; a GPU without warpgroup MMA, sm_12x among them, keeps the 32-head form where the H200 took
+    the 64-head one: :func:`large_batch_form_measured`)."""
     heads = padded_heads(num_heads)
     small = SMALL_BATCH_CONFIGS.get(heads)
     if small is not None and rows <= small[0]:
@@ -678,8 +702,10 @@ def launch_config_for(num_heads: int, rows: int, candidates: int | None = None) 
     large = LARGE_BATCH_CONFIGS.get(heads)
     if large is not None and rows >= large[0]:
         if candidates is None or candidates >= LARGE_BATCH_MIN_CANDIDATES:
-            wide = WIDE_COMBINE_CONFIGS.get(heads)
-            return wide[1] if wide is not None and rows >= wide[0] else large[1]
+            if large_batch_form_measured(device):
+                wide = WIDE_COMBINE_CONFIGS.get(heads)
+                return wide[1] if wide is not None and rows >= wide[0] else large[1]
+            return LAUNCH_CONFIGS[heads]
         few = FEW_CANDIDATES_CONFIGS.get(heads)
         if few is not None and rows >= few[0]:
             return few[1]
@@ -772,7 +798,7 @@ def sparse_mla_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, s
 
     topk = indices.shape[2]
     x_topk = extra_indices.shape[2] if has_extra else 0
-    cfg = launch_config_for(num_heads, rows, topk + x_topk) if launch_config is None else launch_config
+    cfg = launch_config_for(num_heads, rows, topk + x_topk, device) if launch_config is None else launch_config
     if padded_heads(num_heads) % cfg["BLOCK_H"]:
         _fail("launch_config", f"BLOCK_H dividing {padded_heads(num_heads)}", cfg)
     if sum(bool(cfg.get(loop, False)) for loop in TILE_LOOPS) != 1:

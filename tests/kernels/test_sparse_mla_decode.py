@@ -386,13 +386,36 @@ def test_default_launch_config_by_candidates_per_row():
     assert few == LAUNCH_FORMS["bh32_mid_prefetch"][1]  # checked against the reference above
 
 
+@pytest.mark.parametrize("major,takes_large", [(9, True), (12, False), (8, False), (10, False)])
+def test_large_batch_form_only_where_measured(monkeypatch, major, takes_large):
+    """The 64-head large-batch form is taken where it compiles as on the H200 that timed it (warpgroup MMA, compute
+    capability 9.x); elsewhere (sm_12x, where the same form is 1.9x the instructions) the 32-head form stays. Rows
+    with few candidates take their own form either way; no device (or the CPU) keeps the table as measured."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
+    rows, large = smd.LARGE_BATCH_CONFIGS[64]
+    wide_rows, wide = smd.WIDE_COMBINE_CONFIGS[64]
+    few_rows, few = smd.FEW_CANDIDATES_CONFIGS[64]
+    many = smd.LARGE_BATCH_MIN_CANDIDATES
+    gpu = torch.device("cuda", 0)
+    assert smd.large_batch_form_measured(gpu) is takes_large
+    assert smd.launch_config_for(64, rows, many, gpu) is (large if takes_large else smd.LAUNCH_CONFIGS[64])
+    assert smd.launch_config_for(64, wide_rows, None, gpu) is (wide if takes_large else smd.LAUNCH_CONFIGS[64])
+    assert smd.launch_config_for(64, few_rows, many - 1, gpu) is few
+    assert smd.launch_config_for(64, rows - 1, many, gpu) is smd.LAUNCH_CONFIGS[64]
+    assert smd.launch_config_for(64, 1, many, gpu) is smd.SMALL_BATCH_CONFIGS[64][1]
+    for device in (None, "cpu", torch.device("cpu")):
+        assert smd.large_batch_form_measured(device)
+        assert smd.launch_config_for(64, rows, many, device) is large
+
+
 def test_default_path_counts_both_caches_candidates(monkeypatch):
     seen = []
     choose = smd.launch_config_for
     monkeypatch.setattr(smd, "launch_config_for", lambda *a: seen.append(a) or choose(*a))
     _check(_case(49, 2, 1, 32, SWA_PAGE_SIZE, 24, C128_PAGE_SIZE, 40))
     _check(_case(51, 2, 1, 16, C4_PAGE_SIZE, 40))
-    assert seen == [(32, 2, 24 + 40), (16, 2, 40)]
+    assert [a[:3] for a in seen] == [(32, 2, 24 + 40), (16, 2, 40)]
+    assert all(torch.device(a[3]).type == torch.device(DEVICE).type for a in seen)  # the query's device decides the form
 
 
 @pytest.mark.parametrize("heads", [64, 32, 16])

@@ -30,6 +30,9 @@ def test_inside_every_query_answers_as_sm12x_and_the_choices_follow(sms):
         assert fp8_gemv.sm_count() == sms
         assert moe_mxfp4._sm_count(cpu) == sms
         assert sparse_mla_decode._program_target("cpu") == sms
+        assert sparse_mla_decode.large_batch_form_measured(cpu) is False
+        rows, _large = sparse_mla_decode.LARGE_BATCH_CONFIGS[64]
+        assert sparse_mla_decode.launch_config_for(64, rows, None, cpu) is sparse_mla_decode.LAUNCH_CONFIGS[64]
         assert indexer.use_scaled_dot(cpu) is True
         # the modules' own choosers see the count: the same choice as passing it explicitly
         for m in (1, 8):
@@ -58,6 +61,7 @@ def test_outside_nothing_is_changed_even_after_an_error():
     after = {(name, attr): getattr(MODULES[name], attr) for name, attr, _ in tool.DISPATCH_QUERIES}
     assert after == before
     assert indexer.use_scaled_dot(torch.device("cpu")) is False  # the CPU's own answer again
+    assert sparse_mla_decode.large_batch_form_measured(torch.device("cpu")) is True
 
 
 def test_a_non_positive_sm_count_is_refused():
@@ -88,6 +92,7 @@ def test_every_sm_count_or_arch_query_in_the_kernels_is_covered():
         ("fp8_gemv", "_device_sm_count"): ("fp8_gemv", "sm_count"),
         ("moe_mxfp4", "_cuda_sm_count"): ("moe_mxfp4", "_sm_count"),
         ("sparse_mla_decode", "_program_target"): ("sparse_mla_decode", "_program_target"),
+        ("sparse_mla_decode", "large_batch_form_measured"): ("sparse_mla_decode", "large_batch_form_measured"),
         ("indexer", "use_scaled_dot"): ("indexer", "use_scaled_dot"),
     }
     # capability >= 9 (PDL, TMA): true on the H200 and on sm_12x alike
