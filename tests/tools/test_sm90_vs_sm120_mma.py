@@ -33,3 +33,19 @@ def test_loop_facts_count_the_innermost_mma_loop():
     assert tool.loop_facts(rows) == {"loop_instructions": 4, "loop_mma": 1, "loop_mov": 2}
     assert tool.loop_facts(_rows([("FFMA", ""), ("BRA", " 0x0")])) == {"loop_instructions": 0, "loop_mma": 0,
                                                                        "loop_mov": 0}
+
+
+def test_markdown_lists_every_record_and_marks_different_mma():
+    records = [{"config": "a_kernel", "sm90": {"families": ["HGMMA"], "loop_instructions": 100, "loop_mma": 4,
+                                               "loop_mov": 0},
+                "sm120": {"families": ["HMMA"], "loop_instructions": 200, "loop_mma": 16, "loop_mov": 50},
+                "different_mma": True, "loop_ratio": 2.0},
+               {"config": "b_kernel", "sm90": {"families": ["HMMA"], "loop_instructions": 90, "loop_mma": 8,
+                                               "loop_mov": 0},
+                "sm120": {"families": ["HMMA"], "loop_instructions": 92, "loop_mma": 8, "loop_mov": 3},
+                "different_mma": False, "loop_ratio": 1.02}]
+    text = tool.markdown(records, "title")
+    rows = [line for line in text.splitlines() if line.startswith("| a_kernel") or line.startswith("| b_kernel")]
+    assert rows == ["| a_kernel | HGMMA | 100 (4, 0) | HMMA | 200 (16, 50) | 2.0 **(different MMA)** |",
+                    "| b_kernel | HMMA | 90 (8, 0) | HMMA | 92 (8, 3) | 1.02 |"]
+    assert text.startswith("# title\n")
