@@ -171,7 +171,8 @@ def test_byte_planes_every_inter(inter, pattern, monkeypatch):
 
 
 @pytest.mark.parametrize("config", [
-    (PLANES[0], SMALL[1]), (SMALL[0], PLANES[1]), (P(32, 16, 32, 4, 3, planes=True), P(16, 32, 128, 4, 2, planes=True))],
+    (PLANES[0], SMALL[1]), (SMALL[0], PLANES[1]),
+    (P(32, 16, 32, 4, 3, planes=True), P(16, 32, 128, 4, 2, planes=True))],
     ids=["planes_gate_up_only", "planes_down_only", "one_group_steps"])
 def test_byte_planes_beside_pair_order_and_clamp(config, monkeypatch):
     """Either launch alone on byte planes (the gate/up stores the SwiGLU rows in the order the down reads), invalid

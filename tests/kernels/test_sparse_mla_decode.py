@@ -415,7 +415,8 @@ def test_default_path_counts_both_caches_candidates(monkeypatch):
     _check(_case(49, 2, 1, 32, SWA_PAGE_SIZE, 24, C128_PAGE_SIZE, 40))
     _check(_case(51, 2, 1, 16, C4_PAGE_SIZE, 40))
     assert [a[:3] for a in seen] == [(32, 2, 24 + 40), (16, 2, 40)]
-    assert all(torch.device(a[3]).type == torch.device(DEVICE).type for a in seen)  # the query's device decides the form
+    # the query's device decides the form
+    assert all(torch.device(a[3]).type == torch.device(DEVICE).type for a in seen)
 
 
 @pytest.mark.parametrize("heads", [64, 32, 16])

@@ -21,7 +21,8 @@ def test_labels_round_trip(cfg):
     assert tool.parse_label(cfg.label()) == cfg
 
 
-@pytest.mark.parametrize("label", ["m128n64k64w8", "m128n64k64w8s3r", "128n64k64w8s3", "m128n64k64w8s3r128x", "m128n64k64w8s3pr128"])
+@pytest.mark.parametrize("label", ["m128n64k64w8", "m128n64k64w8s3r", "128n64k64w8s3", "m128n64k64w8s3r128x",
+                                   "m128n64k64w8s3pr128"])
 def test_malformed_labels_are_refused(label):
     with pytest.raises(SystemExit, match="not a tile label"):
         tool.parse_label(label)
