@@ -105,12 +105,14 @@ class PrefillConfig:
 # kernels
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _x_pairs_kernel(x_ptr, x_pairs_ptr, numel, BLOCK: tl.constexpr):
-    """x [B, H] bf16 -> bf16 times 2**32 at the pair positions (exact), what the gate/up launch reads."""
+def _x_pairs_kernel(x_ptr, x_pairs_ptr, numel, BLOCK: tl.constexpr, PLANES: tl.constexpr = False):
+    """x [B, H] bf16 -> bf16 times 2**32 at the pair positions (exact), what the gate/up launch reads; PLANES: at the
+    byte-plane positions (:func:`_planes_position`), what the byte-plane gate/up reads."""
     k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = k < numel
     x = tl.load(x_ptr + k, mask=ok, other=0.0).to(tl.float32)
-    tl.store(x_pairs_ptr + _pairs_position(k), (x * PAIRS_ACT_SCALE).to(tl.bfloat16), mask=ok)
+    position = _planes_position(k) if PLANES else _pairs_position(k)
+    tl.store(x_pairs_ptr + position, (x * PAIRS_ACT_SCALE).to(tl.bfloat16), mask=ok)
 
 
 @triton.jit
@@ -119,15 +121,6 @@ def _planes_position(k):
     nibbles of the group's 16 bytes) first, then the odd ones (the high nibbles)."""
     r = k % 32
     return k - r + 16 * (r % 2) + r // 2
-
-
-@triton.jit
-def _x_planes_kernel(x_ptr, x_planes_ptr, numel, BLOCK: tl.constexpr):
-    """x [B, H] bf16 -> bf16 times 2**32 at the byte-plane positions (exact), what the byte-plane gate/up reads."""
-    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = k < numel
-    x = tl.load(x_ptr + k, mask=ok, other=0.0).to(tl.float32)
-    tl.store(x_planes_ptr + _planes_position(k), (x * PAIRS_ACT_SCALE).to(tl.bfloat16), mask=ok)
 
 
 @triton.jit
@@ -410,8 +403,8 @@ def moe_mxfp4_prefill_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: tor
     slots = min(num_rows, num_experts)
     emulate = interpreter_enabled()
     x_pairs = torch.empty_like(x)  # in the pair or the byte-plane order, as the gate/up tile reads it
-    copy_kernel = _x_planes_kernel if gu.planes else _x_pairs_kernel
-    copy_kernel[(triton.cdiv(x.numel(), X_PAIRS_BLOCK),)](x, x_pairs, x.numel(), BLOCK=X_PAIRS_BLOCK, num_warps=4)
+    _x_pairs_kernel[(triton.cdiv(x.numel(), X_PAIRS_BLOCK),)](x, x_pairs, x.numel(), BLOCK=X_PAIRS_BLOCK,
+                                                              PLANES=gu.planes, num_warps=4)
     act = torch.empty(num_rows, inter, dtype=torch.bfloat16, device=device)  # at sorted positions
     y = torch.empty(num_rows, hidden, dtype=torch.float32, device=device)  # at routed rows
     _prefill_gate_up_kernel[(inter // gu.block_n, slots)](

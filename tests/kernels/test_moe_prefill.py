@@ -191,7 +191,7 @@ def test_x_planes_copy_keeps_each_value_in_its_group():
     2**32 (exact); a ragged last block of the copy is masked."""
     x = (torch.arange(3 * 160, dtype=torch.float32) % 251 - 125).to(torch.bfloat16).reshape(3, 160).to(DEVICE)
     out = torch.full_like(x, float("nan"))
-    mp._x_planes_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128)
+    mp._x_pairs_kernel[(triton.cdiv(x.numel(), 128),)](x, out, x.numel(), BLOCK=128, PLANES=True)
     k = torch.arange(160)
     position = k - k % 32 + 16 * (k % 2) + (k % 32) // 2
     expected = torch.empty_like(x)
