@@ -23,6 +23,7 @@ import contextlib
 import io
 import json
 import re
+import typing
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -64,6 +65,24 @@ def mma_loop(rows, marks=("HMMA", "HGMMA")):
     return min(loops, key=len) if loops else []
 
 
+class LoopReport(typing.NamedTuple):
+    rows: list  # the kernel's SASS rows (sass_lines)
+    compiled: object  # Triton's compiled kernel
+    body: list  # the K loop's rows (mma_loop)
+    hist: collections.Counter  # the K loop's opcodes by base name
+    res: dict  # ptxas registers / spills (empty unless asked)
+
+
+def loop_report(cfg: aot.AotConfig, arch: int, marks=("HMMA", "HGMMA"), resources: bool = True) -> LoopReport:
+    """Compile ``cfg`` for ``arch`` and take its K loop (the innermost loop holding one of ``marks``) apart: the one
+    step every mode of this tool starts from."""
+    rows, compiled = sass_lines(cfg, arch)
+    body = mma_loop(rows, marks)
+    hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
+    res = aot.ptxas_resources(compiled.asm["ptx"], arch) if resources else {}
+    return LoopReport(rows, compiled, body, hist, res)
+
+
 def config(kind: str, upcast: str, tile: moe.GemmConfig) -> aot.AotConfig:
     constexprs = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "ACT_MXFP8": False,
                   "DOT_SCALED": upcast == "dot_scaled", "SPLIT_NIBBLES": moe._SPLIT_NIBBLES.get(upcast, 0), "SPLIT_K": 1, "TOP_K": moe.TOP_K}
@@ -86,9 +105,7 @@ def pairs_loops(archs) -> None:
         block_k = cfg.constexprs["BLOCK_K"]
         step_bytes = rows_w * block_k // 2 + rows_w * block_k // moe.MXFP4_GROUP
         for arch in archs:
-            rows, compiled = sass_lines(cfg, arch)
-            body = mma_loop(rows)
-            hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
+            rows, compiled, body, hist, _ = loop_report(cfg, arch, resources=False)
             print(json.dumps({"config": cfg.name, "arch": arch, "loop_instructions": len(body),
                               "per_weight_byte": round(len(body) / step_bytes, 4), "kernel_total": len(rows),
                               "smem": compiled.metadata.shared, "top": hist.most_common(10)}), flush=True)
@@ -126,10 +143,7 @@ def pairs_tma_loops(archs) -> None:
             rows_w, aot_cfg = _pairs_tma_aot_config(kind, cfg)
             words = rows_w * cfg.block_k // 8
             for arch in archs:
-                rows, compiled = sass_lines(aot_cfg, arch)
-                body = mma_loop(rows)
-                hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
-                res = aot.ptxas_resources(compiled.asm["ptx"], arch)
+                rows, compiled, body, hist, res = loop_report(aot_cfg, arch)
                 print(json.dumps({"config": aot_cfg.name, "arch": arch, "regs": res.get("registers"),
                                   "spills": res.get("spill_store_bytes"), "smem": compiled.metadata.shared,
                                   "loop_instructions": len(body),
@@ -152,10 +166,7 @@ def pairs_rows_loops(archs) -> None:
     for kind, cfg in dict.fromkeys(forms):
         _, aot_cfg = _pairs_tma_aot_config(kind, cfg)
         for arch in archs:
-            rows, compiled = sass_lines(aot_cfg, arch)
-            body = mma_loop(rows)
-            hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
-            res = aot.ptxas_resources(compiled.asm["ptx"], arch)
+            rows, compiled, body, hist, res = loop_report(aot_cfg, arch)
             print(json.dumps({"config": aot_cfg.name, "arch": arch, "regs": res.get("registers"),
                               "spills": res.get("spill_store_bytes"), "smem": compiled.metadata.shared,
                               "kernel_hmma": sum(op.startswith("HMMA") for _, op, _ in rows),
@@ -192,10 +203,7 @@ def gemv_f16_loops(archs) -> None:
             rows_per_program = batch * TOP_K / experts  # routed rows each program passes over its block
             words = rows_w * cfg.block_k // 8
             for arch in archs:
-                rows, compiled = sass_lines(aot_cfg, arch)
-                body = mma_loop(rows, ("HFMA2",))
-                hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
-                res = aot.ptxas_resources(compiled.asm["ptx"], arch)
+                rows, compiled, body, hist, res = loop_report(aot_cfg, arch, ("HFMA2",))
                 warp_instr = len(body) * cfg.num_warps * (k_len // cfg.block_k) * rows_per_program * programs
                 print(json.dumps({"T": tp, "B": batch, "config": name, "arch": arch, "regs": res.get("registers"),
                                   "spills": res.get("spill_store_bytes"), "smem": compiled.metadata.shared,
@@ -219,10 +227,7 @@ def prefill_loops(archs) -> None:
     for kind, cfg in tiles:
         aot_cfg = mp.aot_config(kind, cfg)
         for arch in archs:
-            rows, compiled = sass_lines(aot_cfg, arch)
-            body = mma_loop(rows)
-            hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
-            res = aot.ptxas_resources(compiled.asm["ptx"], arch)
+            rows, compiled, body, hist, res = loop_report(aot_cfg, arch)
             print(json.dumps({"config": aot_cfg.name, "arch": arch, "regs": res.get("registers"),
                               "spills": res.get("spill_store_bytes"), "smem": compiled.metadata.shared,
                               "loop_instructions_per_128k": round(len(body) * 128 / cfg.block_k),
@@ -263,9 +268,7 @@ def main() -> None:
         step_bytes = rows_w * tile.block_k // 2 + rows_w * tile.block_k // moe.MXFP4_GROUP
         for upcast in args.upcast or moe.UPCASTS:
             for arch in args.arch or (90, 120):
-                rows, compiled = sass_lines(config(kind, upcast, tile), arch)
-                body = mma_loop(rows)
-                hist = collections.Counter(op.split(".")[0] for _, op, _ in body)
+                rows, compiled, body, hist, _ = loop_report(config(kind, upcast, tile), arch, resources=False)
                 print(json.dumps({"kernel": kind, "upcast": upcast, "arch": arch, "loop_instructions": len(body),
                                   "per_weight_byte": round(len(body) / step_bytes, 4), "kernel_total": len(rows),
                                   "smem": compiled.metadata.shared, "top": hist.most_common(10)}), flush=True)
