@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from .dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, MXFP4_GROUP, SUPPORTED_TP, SWIGLU_LIMIT, TOP_K
-from .harness.aot import MAX_REGISTERS, MIN_MAX_REGISTERS, AotConfig
+from .harness.aot import MAX_REGISTERS, MIN_MAX_REGISTERS, SM120_ARCHS, AotConfig
 from .harness.interpreter import interpreter_enabled
 from .moe_mxfp4 import (
     DECODE_MAX_ROWS,
@@ -309,6 +309,23 @@ PREFILL_ROW_TILES: tuple[tuple[int, PrefillConfig, PrefillConfig], ...] = (
     (2048 * TOP_K, MEDIUM_ROWS_TILE, MEDIUM_ROWS_TILE),
 )
 
+# ptxas register caps (PrefillConfig.max_registers) of shipped tiles on compute capability 9 only
+# (:func:`register_caps_measured`), keyed by (launch, tile): more programs per SM, no spills on sm_90a, where Triton
+# feeds wgmma. 128-row class: gate/up 186 registers (one 8-warp program per SM) -> 128 (two); down 180 (two 4-warp
+# programs) -> 164 at a cap of 168 (three). 64-row class: gate/up 218 (two) -> 162 at 168 (three); down 110 (four) ->
+# 96 (five). H100 run 10 (benchmarks/moe_prefill-h100-run10-summary.md), whole forwards, uncapped vs capped pair, us:
+# 4096 tokens 5274 vs 4852 (T = 1), 1765 vs 1623 (T = 4); 2048 tokens 3498 vs 3255, 1179 vs 1067 (1.07-1.10x). Not
+# capped: the 32-row class (its down tile at 80 registers, six programs instead of five: 2786 vs 2754 us at 1024 tokens,
+# T = 1; its gate/up tile spills at any cap that fits a fifth). On sm_120a these caps spill (128-row gate/up 788 bytes,
+# down 196; 64-row gate/up 280, down 232), so sm_12x keeps the uncapped tiles.
+REGISTER_CAPS_MEASURED_CAPABILITY = 9
+WARPGROUP_MMA_REGISTER_CAPS: dict[tuple[str, PrefillConfig], int] = {
+    ("gate_up", DEFAULT_GATE_UP): 128,
+    ("down", DEFAULT_DOWN): 168,
+    ("gate_up", MEDIUM_ROWS_TILE): 168,
+    ("down", MEDIUM_ROWS_TILE): 96,
+}
+
 # Byte-plane tiles (PrefillConfig.planes) for the 128-row class, not a default anywhere: no device has timed them
 # yet (tools/device_stop40.sh does, beside the shipped pair-order tiles). AOT, Triton 3.8, no spills
 # (`tools/moe_mxfp4_sass_loop.py --prefill`; K-loop SASS instructions of one warp per 128 K values). sm_120a: gate/up
@@ -345,13 +362,32 @@ def prefill_default(num_rows: int, inter: int) -> bool:
     return any(inter == where_inter and num_rows >= min_rows for where_inter, min_rows in PREFILL_DEFAULT_WHERE)
 
 
-def prefill_configs(num_rows: int, inter: int) -> tuple[PrefillConfig, PrefillConfig]:
+def register_caps_measured(device=None) -> bool:
+    """Whether ``device`` is a GPU of the compute capability the register caps of :data:`WARPGROUP_MMA_REGISTER_CAPS`
+    were timed on (9.x: H100 / H200, warpgroup MMA). No device, the CPU or any other GPU (sm_12x, where the same caps
+    spill): False. The sm_12x dispatch check (tools/device_sm120_dispatch.py) answers this query as sm_12x does."""
+    if device is None:
+        return False
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] == REGISTER_CAPS_MEASURED_CAPABILITY
+
+
+def prefill_configs(num_rows: int, inter: int, device=None) -> tuple[PrefillConfig, PrefillConfig]:
     """The (gate/up, down) tiles the forward uses when not told: the row block by routed rows
-    (:data:`PREFILL_ROW_TILES`), the same at every per-rank I (clipped to it by the forward)."""
+    (:data:`PREFILL_ROW_TILES`), the same at every per-rank I (clipped to it by the forward); on a GPU where the
+    register caps were measured (:func:`register_caps_measured`) with the caps of
+    :data:`WARPGROUP_MMA_REGISTER_CAPS`."""
+    tiles = (DEFAULT_GATE_UP, DEFAULT_DOWN)
     for max_rows, gate_up, down in PREFILL_ROW_TILES:
         if num_rows <= max_rows:
-            return gate_up, down
-    return DEFAULT_GATE_UP, DEFAULT_DOWN
+            tiles = (gate_up, down)
+            break
+    if not register_caps_measured(device):
+        return tiles
+    return tuple(dataclasses.replace(cfg, max_registers=WARPGROUP_MMA_REGISTER_CAPS.get((kind, cfg), 0))
+                 for kind, cfg in zip(("gate_up", "down"), tiles))
 
 
 def _check_config(name: str, cfg, n_total: int, k_total: int) -> PrefillConfig:
@@ -388,7 +424,7 @@ def moe_mxfp4_prefill_forward(x: torch.Tensor, w13: torch.Tensor, w13_scale: tor
         raise ValueError(f"out must be contiguous bf16 {tuple(x.shape)} on {x.device}, got {out.dtype} "
                          f"{tuple(out.shape)} on {out.device}")
     if config is None:
-        config = prefill_configs(batch * top_k, inter)
+        config = prefill_configs(batch * top_k, inter, x.device)
     if not isinstance(config, (tuple, list)) or len(config) != 2:
         raise ValueError(f"config must be a (gate_up, down) pair of PrefillConfig, got {config!r}")
     gu = _check_config("config[0] (gate/up)", config[0], inter, hidden)
@@ -431,9 +467,10 @@ _DOWN_SIG = {"act_ptr": "*bf16", "w2_ptr": "*i32", "w2_scale_ptr": "*u8", "topk_
              "y_ptr": "*fp32", **_COMMON_SIG}
 
 
-def aot_config(kind: str, cfg: PrefillConfig, note: str = "") -> AotConfig:
+def aot_config(kind: str, cfg: PrefillConfig, note: str = "", warpgroup_mma: bool = False) -> AotConfig:
     """The AotConfig of one launch, ``kind`` "gate_up" or "down" (a byte-plane gate/up stores its SwiGLU rows in
-    the byte-plane order, as beside a byte-plane down)."""
+    the byte-plane order, as beside a byte-plane down). ``warpgroup_mma``: a tile shipped for compute capability 9
+    only (:data:`WARPGROUP_MMA_REGISTER_CAPS`), compiled for sm_90a and expected to use wgmma there."""
     constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EMULATE": False,
                   "PLANES": cfg.planes}
     if kind == "gate_up":
@@ -444,13 +481,15 @@ def aot_config(kind: str, cfg: PrefillConfig, note: str = "") -> AotConfig:
     return AotConfig(name=f"moe_prefill_{kind}_{cfg.label()}", kernel=kernel, signature=sig, constexprs=constexprs,
                      num_warps=cfg.num_warps, num_stages=cfg.num_stages, max_registers=cfg.max_registers,
                      div16=("hidden", "inter"),
-                     expect_opcodes=("HMMA.16816.F32.BF16",), note=note)
+                     expect_opcodes=("HGMMA",) if warpgroup_mma else ("HMMA.16816.F32.BF16",),
+                     archs=(REGISTER_CAPS_MEASURED_CAPABILITY * 10,) if warpgroup_mma else SM120_ARCHS, note=note)
 
 
 def aot_configs() -> list[AotConfig]:
     """The shipped (gate/up, down) tiles of every row class of :data:`PREFILL_ROW_TILES` at every per-rank I of
     SUPPORTED_TP (clipped as the forward clips them), then the byte-plane candidates (:data:`BYTE_PLANE_CANDIDATES`,
-    none a default yet), which must compile within sm_120's limits before a device run times them."""
+    none a default yet), which must compile within sm_120's limits before a device run times them, then the
+    register-capped tiles of compute capability 9 (:data:`WARPGROUP_MMA_REGISTER_CAPS`), checked for sm_90a only."""
     row_classes = [max_rows for max_rows, _, _ in PREFILL_ROW_TILES] + [PREFILL_ROW_TILES[-1][0] + 1]
     configs, seen = [], set()
     for tp in SUPPORTED_TP:
@@ -463,4 +502,13 @@ def aot_configs() -> list[AotConfig]:
                     configs.append(aot_config(kind, cfg))
     for kind, cfgs in BYTE_PLANE_CANDIDATES.items():
         configs.extend(aot_config(kind, cfg, note="byte-plane candidate, not a default") for cfg in cfgs)
+    for (kind, cfg), cap in WARPGROUP_MMA_REGISTER_CAPS.items():
+        for tp in SUPPORTED_TP:
+            inter = MOE_INTERMEDIATE_SIZE // tp
+            capped = dataclasses.replace(cfg, max_registers=cap)
+            capped = capped.fitted(inter, HIDDEN_SIZE) if kind == "gate_up" else capped.fitted(HIDDEN_SIZE, inter)
+            if (kind, capped) not in seen:
+                seen.add((kind, capped))
+                configs.append(aot_config(kind, capped, note="compute capability 9 only (spills on sm_120a)",
+                                          warpgroup_mma=True))
     return configs

@@ -220,7 +220,7 @@ def main() -> None:
                     record(path, lambda tiles=tiles: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT,
                                                                            upcast="pairs", configs=tiles),
                            *(tile.label() for tile in tiles))
-        gu0, dn0 = mp.prefill_configs(tokens * TOP_K, inter)
+        gu0, dn0 = mp.prefill_configs(tokens * TOP_K, inter, device)
         record("new default", ours(None), gu0.label(), dn0.label())
         if kernel_mod is not None and largest:
             w13_bf16 = dm.dequant_all_bf16(ckpt[0], ckpt[1])

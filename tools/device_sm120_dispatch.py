@@ -44,6 +44,7 @@ DISPATCH_QUERIES = (
     ("moe_mxfp4", "_sm_count", "SM count (K splits, persistent grids)"),
     ("sparse_mla_decode", "_program_target", "programs to fill the GPU (KV splits)"),
     ("sparse_mla_decode", "large_batch_form_measured", "the 64-head large-batch form (False on sm_12x)"),
+    ("moe_prefill", "register_caps_measured", "the prefill tiles' register caps (False on sm_12x)"),
     ("indexer", "use_scaled_dot", "block-scaled fp8 dot (True on sm_12x)"),
 )
 
@@ -56,6 +57,7 @@ def sm12x_answers(sms: int) -> dict:
         ("moe_mxfp4", "_sm_count"): lambda device: sms,
         ("sparse_mla_decode", "_program_target"): lambda device: sms,
         ("sparse_mla_decode", "large_batch_form_measured"): lambda device=None: False,
+        ("moe_prefill", "register_caps_measured"): lambda device=None: False,
         ("indexer", "use_scaled_dot"): lambda device=None: True,
     }
 

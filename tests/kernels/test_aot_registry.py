@@ -1,5 +1,5 @@
-"""Every shipped Triton config compiles for sm_120a and sm_121a with the tensor-core opcodes it
-declares, at most 101376 bytes of shared memory and no register spills."""
+"""Every shipped Triton config compiles for sm_120a and sm_121a (or, a config shipped for compute capability 9 only,
+for sm_90a) with the tensor-core opcodes it declares, at most 101376 bytes of shared memory and no register spills."""
 
 import pytest
 

@@ -269,12 +269,47 @@ def test_row_block_follows_routed_rows(tokens, block_m):
         assert (gu.block_m, dn.block_m) == (block_m, block_m)
 
 
+@pytest.mark.parametrize("major,capped", [(9, True), (12, False), (8, False), (10, False)])
+def test_register_caps_only_where_measured(monkeypatch, major, capped):
+    """The 128- and 64-row tiles take ptxas register caps on compute capability 9 only (timed there; on sm_120a they
+    spill); the 32-row class and every other device keep the uncapped tiles, and no device or the CPU too."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
+    gpu = torch.device("cuda", 0)
+    assert mp.register_caps_measured(gpu) is capped
+    for tp in SUPPORTED_TP:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        for tokens, caps in ((4096, (128, 168)), (2048, (168, 96)), (1024, (0, 0)), (512, (0, 0))):
+            gu, dn = mp.prefill_configs(tokens * 6, inter, gpu)
+            assert (gu.max_registers, dn.max_registers) == (caps if capped else (0, 0))
+            uncapped = mp.prefill_configs(tokens * 6, inter)
+            assert (dataclasses.replace(gu, max_registers=0), dataclasses.replace(dn, max_registers=0)) == uncapped
+            assert all(cfg.max_registers == 0 for cfg in uncapped)
+    for device in (None, "cpu", torch.device("cpu")):
+        assert not mp.register_caps_measured(device)
+        assert mp.prefill_configs(4096 * 6, 2048, device) == (mp.DEFAULT_GATE_UP, mp.DEFAULT_DOWN)
+
+
+def test_forward_asks_for_its_input_device(monkeypatch):
+    seen = []
+    choose = mp.prefill_configs
+    monkeypatch.setattr(mp, "prefill_configs", lambda *a: seen.append(a) or choose(*a))
+    _ckpt, layer = make_layer(32)
+    x, weights, ids = make_routing(4, "random")
+    mp.moe_mxfp4_prefill_forward(x, *layer, weights, ids)
+    assert seen == [(4 * ids.shape[1], 32, x.device)]
+
+
 def test_aot_configs_cover_every_tp():
     configs = mp.aot_configs()
     names = [c.name for c in configs]
     assert len(names) == len(set(names)) and configs
     for cfg in configs:
-        assert "HMMA.16816.F32.BF16" in cfg.expect_opcodes
+        if cfg.max_registers:  # the capability-9 register caps: wgmma, checked for sm_90a only
+            assert cfg.archs == (90,) and cfg.expect_opcodes == ("HGMMA",)
+        else:
+            assert "HMMA.16816.F32.BF16" in cfg.expect_opcodes and 120 in cfg.archs
+    for (kind, cfg), cap in mp.WARPGROUP_MMA_REGISTER_CAPS.items():
+        assert f"moe_prefill_{kind}_{dataclasses.replace(cfg, max_registers=cap).label()}" in names
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
         for tokens in (512, 2048, 4096):

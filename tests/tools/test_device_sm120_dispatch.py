@@ -15,11 +15,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 import device_sm120_dispatch as tool  # noqa: E402
 
 from sglang_sm120.kernels import (bf16_gemv, dsv4, fp8_gemv, indexer, moe_mxfp4,  # noqa: E402
-                                  sparse_mla_decode)
+                                  moe_prefill, sparse_mla_decode)
 
 KERNELS = pathlib.Path(__file__).resolve().parents[2] / "kernels"
 MODULES = {"bf16_gemv": bf16_gemv, "fp8_gemv": fp8_gemv, "indexer": indexer, "moe_mxfp4": moe_mxfp4,
-           "sparse_mla_decode": sparse_mla_decode}
+           "moe_prefill": moe_prefill, "sparse_mla_decode": sparse_mla_decode}
 
 
 @pytest.mark.parametrize("sms", sorted(set(dsv4.SM12X_SM_COUNTS.values())))
@@ -41,6 +41,21 @@ def test_inside_every_query_answers_as_sm12x_and_the_choices_follow(sms):
                 == _choose_splits_with_target(sms, 64, 16))
         assert moe_mxfp4._resolve_split_k("auto", 8, 4096, 1024, False, None, None, cpu) == \
             moe_mxfp4.split_k_choice(8, 4096, 1024, sms)
+
+
+def test_capability_queries_answer_as_sm12x_on_an_sm90_gpu(monkeypatch):
+    """On a capability-9 GPU (the H200 that runs the check) the capability queries answer as sm_12x inside, and as
+    that GPU again after."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    gpu = torch.device("cuda", 0)
+    assert moe_prefill.register_caps_measured(gpu) is True
+    assert sparse_mla_decode.large_batch_form_measured(gpu) is True
+    with tool.sm12x_dispatch(188):
+        assert moe_prefill.register_caps_measured(gpu) is False
+        assert all(cfg.max_registers == 0 for cfg in moe_prefill.prefill_configs(4096 * 6, 2048, gpu))
+        assert sparse_mla_decode.large_batch_form_measured(gpu) is False
+    assert moe_prefill.register_caps_measured(gpu) is True
+    assert sparse_mla_decode.large_batch_form_measured(gpu) is True
 
 
 def _choose_splits_with_target(target, units, tiles):
@@ -93,6 +108,7 @@ def test_every_sm_count_or_arch_query_in_the_kernels_is_covered():
         ("moe_mxfp4", "_cuda_sm_count"): ("moe_mxfp4", "_sm_count"),
         ("sparse_mla_decode", "_program_target"): ("sparse_mla_decode", "_program_target"),
         ("sparse_mla_decode", "large_batch_form_measured"): ("sparse_mla_decode", "large_batch_form_measured"),
+        ("moe_prefill", "register_caps_measured"): ("moe_prefill", "register_caps_measured"),
         ("indexer", "use_scaled_dot"): ("indexer", "use_scaled_dot"),
     }
     # capability >= 9 (PDL, TMA): true on the H200 and on sm_12x alike
