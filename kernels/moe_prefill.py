@@ -29,7 +29,9 @@ relative error 1.79e-3 against the float32 reference, as the old path's. Measure
 down 1.08-1.22x / 1.58x), the grid with the expert slot fastest (2-9 %), nibble pairs placed by one multiply (< 1 %,
 noise), 4 stages, 64-row blocks at 4096 tokens. Below that the row block follows the routed rows (32 up to 1024
 tokens, 64 up to 2048; :data:`PREFILL_ROW_TILES`, H200 runs 3 / 4: 1.31-1.81x over the 128-row tiles there).
-:func:`prefill_default` says where this path is the faster one (:data:`PREFILL_DEFAULT_WHERE`).
+:func:`prefill_default` says where this path is the faster one (:data:`PREFILL_DEFAULT_WHERE`). On compute capability
+9 only, the 128- and 64-row tiles take ptxas register caps (:data:`WARPGROUP_MMA_REGISTER_CAPS`; more programs per SM,
+1.07-1.10x on the H100); on sm_120a the same caps spill, so sm_12x runs the uncapped tiles.
 
 Byte planes (``PrefillConfig(planes=True)``, not a default; :data:`BYTE_PLANE_CANDIDATES`): the pair order joins
 values of a word, a layout change that Triton makes through shared memory (the dequantised tile is stored and loaded
