@@ -30,8 +30,8 @@ down 1.08-1.22x / 1.58x), the grid with the expert slot fastest (2-9 %), nibble 
 noise), 4 stages, 64-row blocks at 4096 tokens. Below that the row block follows the routed rows (32 up to 1024
 tokens, 64 up to 2048; :data:`PREFILL_ROW_TILES`, H200 runs 3 / 4: 1.31-1.81x over the 128-row tiles there).
 :func:`prefill_default` says where this path is the faster one (:data:`PREFILL_DEFAULT_WHERE`). On compute capability
-9 only, at T = 1 / 4, the 128- and 64-row tiles take ptxas register caps (:data:`WARPGROUP_MMA_REGISTER_CAPS`; more
-programs per SM, 1.07-1.10x on the H100); on sm_120a the same caps spill, so sm_12x runs the uncapped tiles.
+9 only, the 128- and 64-row tiles take ptxas register caps (:data:`WARPGROUP_MMA_REGISTER_CAPS`; more programs per
+SM, 1.07-1.10x on the H100 at T = 1, 2, 4 and 8); on sm_120a the same caps spill, so sm_12x runs the uncapped tiles.
 
 Byte planes (``PrefillConfig(planes=True)``, not a default; :data:`BYTE_PLANE_CANDIDATES`): the pair order joins
 values of a word, a layout change that Triton makes through shared memory (the dequantised tile is stored and loaded
@@ -316,13 +316,12 @@ PREFILL_ROW_TILES: tuple[tuple[int, PrefillConfig, PrefillConfig], ...] = (
 # feeds wgmma. 128-row class: gate/up 186 registers (one 8-warp program per SM) -> 128 (two); down 180 (two 4-warp
 # programs) -> 164 at a cap of 168 (three). 64-row class: gate/up 218 (two) -> 162 at 168 (three); down 110 (four) ->
 # 96 (five). H100 run 10 (benchmarks/moe_prefill-h100-run10-summary.md), whole forwards, uncapped vs capped pair, us:
-# 4096 tokens 5274 vs 4852 (T = 1), 1765 vs 1623 (T = 4); 2048 tokens 3498 vs 3255, 1179 vs 1067 (1.07-1.10x). Not
+# 4096 tokens 5274 vs 4852 (T = 1), 1765 vs 1623 (T = 4); 2048 tokens 3498 vs 3255, 1179 vs 1067; T = 2 / 8 (runs 10d /
+# 10e) 4096 tokens 2924 vs 2694, 1201 vs 1108; 2048 tokens 2002 vs 1855, 793.6 vs 725.5 (1.075-1.105x everywhere). Not
 # capped: the 32-row class (its down tile at 80 registers, six programs instead of five: 2786 vs 2754 us at 1024 tokens,
 # T = 1; its gate/up tile spills at any cap that fits a fifth). On sm_120a these caps spill (128-row gate/up 788 bytes,
 # down 196; 64-row gate/up 280, down 232), so sm_12x keeps the uncapped tiles.
-# Timed at T = 1 and 4 only (per-rank I 2048 / 512); T = 2 / 8 keep the uncapped tiles until a run times them there.
 REGISTER_CAPS_MEASURED_CAPABILITY = 9
-REGISTER_CAPS_MEASURED_INTERS = (MOE_INTERMEDIATE_SIZE // 1, MOE_INTERMEDIATE_SIZE // 4)
 WARPGROUP_MMA_REGISTER_CAPS: dict[tuple[str, PrefillConfig], int] = {
     ("gate_up", DEFAULT_GATE_UP): 128,
     ("down", DEFAULT_DOWN): 168,
@@ -381,14 +380,14 @@ def register_caps_measured(device=None) -> bool:
 def prefill_configs(num_rows: int, inter: int, device=None) -> tuple[PrefillConfig, PrefillConfig]:
     """The (gate/up, down) tiles the forward uses when not told: the row block by routed rows
     (:data:`PREFILL_ROW_TILES`), the same at every per-rank I (clipped to it by the forward); on a GPU where the
-    register caps were measured (:func:`register_caps_measured`), at the per-rank I they were timed at
-    (:data:`REGISTER_CAPS_MEASURED_INTERS`), with the caps of :data:`WARPGROUP_MMA_REGISTER_CAPS`."""
+    register caps were measured (:func:`register_caps_measured`) with the caps of
+    :data:`WARPGROUP_MMA_REGISTER_CAPS` (at every T)."""
     tiles = (DEFAULT_GATE_UP, DEFAULT_DOWN)
     for max_rows, gate_up, down in PREFILL_ROW_TILES:
         if num_rows <= max_rows:
             tiles = (gate_up, down)
             break
-    if inter not in REGISTER_CAPS_MEASURED_INTERS or not register_caps_measured(device):
+    if not register_caps_measured(device):
         return tiles
     return tuple(dataclasses.replace(cfg, max_registers=WARPGROUP_MMA_REGISTER_CAPS.get((kind, cfg), 0))
                  for kind, cfg in zip(("gate_up", "down"), tiles))
@@ -507,7 +506,8 @@ def aot_configs() -> list[AotConfig]:
     for kind, cfgs in BYTE_PLANE_CANDIDATES.items():
         configs.extend(aot_config(kind, cfg, note="byte-plane candidate, not a default") for cfg in cfgs)
     for (kind, cfg), cap in WARPGROUP_MMA_REGISTER_CAPS.items():
-        for inter in REGISTER_CAPS_MEASURED_INTERS:
+        for tp in SUPPORTED_TP:
+            inter = MOE_INTERMEDIATE_SIZE // tp
             capped = dataclasses.replace(cfg, max_registers=cap)
             capped = capped.fitted(inter, HIDDEN_SIZE) if kind == "gate_up" else capped.fitted(HIDDEN_SIZE, inter)
             if (kind, capped) not in seen:

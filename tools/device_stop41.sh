@@ -28,8 +28,8 @@ want 2048 && step prefill_2048 240 python3 tools/device_moe_prefill.py --out "$O
 want 1024 && step prefill_1024 240 python3 tools/device_moe_prefill.py --out "$OUT/r" \
     --name "moe_prefill-$GPU_TAG-run10c" --t 1 4 --tokens 1024 --deadline-s 200 --partners m32n64k64w4s3 m32n64k64w4s3 \
     --gate-up --down m32n64k64w4s3r80
-# The third call, `bash tools/device_stop41.sh t28`: the caps at T = 2 and 8 (per-rank I 1024 / 256), where the forward
-# keeps the uncapped tiles until timed (moe_prefill.REGISTER_CAPS_MEASURED_INTERS): each cap alone and both together.
+# The fourth call, `bash tools/device_stop41.sh t28`: the caps at T = 2 and 8 (per-rank I 1024 / 256; then not yet
+# applied there, so the default rows are the uncapped pair): each cap alone and both together (runs 10d / 10e).
 want t28 && step prefill_t28_4096 150 python3 tools/device_moe_prefill.py --out "$OUT/r" \
     --name "moe_prefill-$GPU_TAG-run10d" --t 2 8 --tokens 4096 --deadline-s 120 \
     --partners m128n64k64w8s3 m128n64k64w4s3 --gate-up m128n64k64w8s3r128 --down m128n64k64w4s3r168

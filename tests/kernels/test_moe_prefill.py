@@ -272,17 +272,16 @@ def test_row_block_follows_routed_rows(tokens, block_m):
 @pytest.mark.parametrize("major,capped", [(9, True), (12, False), (8, False), (10, False)])
 def test_register_caps_only_where_measured(monkeypatch, major, capped):
     """The 128- and 64-row tiles take ptxas register caps on compute capability 9 only (timed there; on sm_120a they
-    spill), at T = 1 and 4 only (where they were timed); the 32-row class, T = 2 / 8 and every other device keep the
-    uncapped tiles, and no device or the CPU too."""
+    spill), at every T; the 32-row class and every other device keep the uncapped tiles, and no device or the CPU
+    too."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
     gpu = torch.device("cuda", 0)
     assert mp.register_caps_measured(gpu) is capped
     for tp in SUPPORTED_TP:
         inter = MOE_INTERMEDIATE_SIZE // tp
-        timed = tp in (1, 4)  # the caps apply at the per-rank I they were timed at
         for tokens, caps in ((4096, (128, 168)), (2048, (168, 96)), (1024, (0, 0)), (512, (0, 0))):
             gu, dn = mp.prefill_configs(tokens * 6, inter, gpu)
-            assert (gu.max_registers, dn.max_registers) == (caps if capped and timed else (0, 0))
+            assert (gu.max_registers, dn.max_registers) == (caps if capped else (0, 0))
             uncapped = mp.prefill_configs(tokens * 6, inter)
             assert (dataclasses.replace(gu, max_registers=0), dataclasses.replace(dn, max_registers=0)) == uncapped
             assert all(cfg.max_registers == 0 for cfg in uncapped)
