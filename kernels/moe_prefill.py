@@ -329,8 +329,9 @@ WARPGROUP_MMA_REGISTER_CAPS: dict[tuple[str, PrefillConfig], int] = {
     ("down", MEDIUM_ROWS_TILE): 96,
 }
 
-# Byte-plane tiles (PrefillConfig.planes) for the 128-row class, not a default anywhere: no device has timed them
-# yet (tools/device_stop40.sh does, beside the shipped pair-order tiles). AOT, Triton 3.8, no spills
+# Byte-plane tiles (PrefillConfig.planes) for the 128-row class, not a default anywhere: no sm_12x GPU has timed them.
+# On an H100 (run 9, benchmarks/moe_prefill-h100-run9-summary.md) they were 0.73-0.82x of the shipped tiles, as their
+# sm_90a code predicts (below); sm_120 runs other code. AOT, Triton 3.8, no spills
 # (`tools/moe_mxfp4_sass_loop.py --prefill`; K-loop SASS instructions of one warp per 128 K values). sm_120a: gate/up
 # m128n64k128w8s2p 41472 B, 167 registers, 713 instructions for 128 HMMAs with 2 shared-memory stores, against the
 # shipped m128n64k64w8s3's 65536 B, 226 registers, 922 instructions (232 MOVs a 64-K step) with 8 stores;
@@ -338,9 +339,12 @@ WARPGROUP_MMA_REGISTER_CAPS: dict[tuple[str, PrefillConfig], int] = {
 # 45056 / 238 / 992. Not offered: tiles with 32 or 64 weight rows on 8 warps (m128n32 gate/up, m128n64 down), which
 # decode each operand fragment in more warps (1709-1727 instructions for 64 HMMAs). On sm_90a the byte planes cost
 # more than the pair order feeding wgmma through shared memory (gate/up 576 against 424), so the H200 may show a loss
-# that says nothing about sm_120's mma.sync path.
+# that says nothing about sm_120's mma.sync path. m128n64k128w8s2r128p (stop 41): the s2p gate/up tile capped at 128
+# registers compiles on sm_120a to 126 registers, no spills, 714 instructions per 128 K values, so two 8-warp programs
+# fit an SM (2 x 41472 B of shared memory) where the shipped tile (226 registers) and the uncapped s2p (167) fit one.
 BYTE_PLANE_CANDIDATES: dict[str, tuple[PrefillConfig, ...]] = {
-    "gate_up": (PrefillConfig(128, 64, 128, 8, 2, planes=True), PrefillConfig(128, 64, 128, 8, 3, planes=True)),
+    "gate_up": (PrefillConfig(128, 64, 128, 8, 2, planes=True), PrefillConfig(128, 64, 128, 8, 3, planes=True),
+                PrefillConfig(128, 64, 128, 8, 2, planes=True, max_registers=128)),
     "down": (PrefillConfig(128, 128, 128, 8, 2, planes=True),),
 }
 

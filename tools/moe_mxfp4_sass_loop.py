@@ -41,9 +41,11 @@ def sass_lines(cfg: aot.AotConfig, arch: int):
              for n, ty in cfg.signature.items() if ty.startswith("*") or n in cfg.div16}
     src = triton.compiler.ASTSource(fn=cfg.kernel, signature=dict(cfg.signature), constexprs=dict(cfg.constexprs),
                                     attrs=attrs)
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.max_registers:  # the ptxas cap, as aot.compile_config passes it (a capped config's loop is its own)
+        options["maxnreg"] = cfg.max_registers
     with contextlib.redirect_stdout(io.StringIO()):
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                  options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     proc = aot._run_tool([aot._triton_tool("cuobjdump"), "-sass"], compiled.asm["cubin"], ".cubin")
     rows = []
     for line in proc.stdout.splitlines():
