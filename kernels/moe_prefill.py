@@ -52,7 +52,7 @@ import triton.language as tl
 
 from .dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, MXFP4_GROUP, SUPPORTED_TP, SWIGLU_LIMIT, TOP_K
 from .harness.aot import MAX_REGISTERS, MIN_MAX_REGISTERS, SM120_ARCHS, AotConfig
-from .harness.interpreter import interpreter_enabled
+from .harness.interpreter import cuda_capability_major, interpreter_enabled
 from .moe_mxfp4 import (
     DECODE_MAX_ROWS,
     PAIRS_ACT_SCALE,
@@ -373,12 +373,7 @@ def register_caps_measured(device=None) -> bool:
     """Whether ``device`` is a GPU of the compute capability the register caps of :data:`WARPGROUP_MMA_REGISTER_CAPS`
     were timed on (9.x: H100 / H200, warpgroup MMA). No device, the CPU or any other GPU (sm_12x, where the same caps
     spill): False. The sm_12x dispatch check (tools/device_sm120_dispatch.py) answers this query as sm_12x does."""
-    if device is None:
-        return False
-    device = torch.device(device)
-    if device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device)[0] == REGISTER_CAPS_MEASURED_CAPABILITY
+    return cuda_capability_major(device) == REGISTER_CAPS_MEASURED_CAPABILITY
 
 
 def prefill_configs(num_rows: int, inter: int, device=None) -> tuple[PrefillConfig, PrefillConfig]:

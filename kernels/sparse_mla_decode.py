@@ -100,7 +100,7 @@ import triton.language as tl
 from .dsv4 import (E8M0_BIAS, HEAD_DIM, KV_DATA_BYTES, KV_GROUPS, KV_NUM_TILES, KV_SCALE_BYTES, KV_TILE,
                    KV_TOKEN_BYTES, NOPE_DIM, ROPE_DIM, SPARSE_MLA_MAX_HEADS, kv_page_bytes)
 from .harness.aot import AotConfig
-from .harness.interpreter import interpreter_enabled
+from .harness.interpreter import cuda_capability_major, interpreter_enabled
 from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
 LOG2E = 1.4426950408889634
@@ -682,12 +682,8 @@ def large_batch_form_measured(device=None) -> bool:
     """Whether ``device`` compiles the 64-head large-batch form as the H200 that timed it did (warpgroup MMAs: compute
     capability 9.x; see :data:`LARGE_BATCH_MEASURED_CAPABILITY`). No device, or the CPU interpreter: True (the table
     as measured). The sm_12x dispatch check (tools/device_sm120_dispatch.py) answers this query as sm_12x does."""
-    if device is None:
-        return True
-    device = torch.device(device)
-    if device.type != "cuda":
-        return True
-    return torch.cuda.get_device_capability(device)[0] == LARGE_BATCH_MEASURED_CAPABILITY
+    major = cuda_capability_major(device)
+    return major is None or major == LARGE_BATCH_MEASURED_CAPABILITY
 
 
 def launch_config_for(num_heads: int, rows: int, candidates: int | None = None, device=None) -> dict:

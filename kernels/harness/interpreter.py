@@ -24,6 +24,19 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def cuda_capability_major(device=None) -> int | None:
+    """The compute capability major of the CUDA GPU ``device`` (a torch.device or its string); None without a device
+    or on the CPU. The kernels' launch choices keyed by GPU generation ask this."""
+    if device is None:
+        return None
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(device)[0]
+
+
 def has_capability(device, min_major: int) -> bool:
     """Whether kernels on ``device`` may use a feature of compute capability ``min_major``.x and newer
     (TMA, packed bf16 PTX): a CUDA device's own capability; on the CPU, whether the interpreter runs
