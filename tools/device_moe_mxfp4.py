@@ -397,6 +397,9 @@ def main() -> None:
     parser.add_argument("--variants", action="store_true", help="only compare the decode weight upcasts")
     parser.add_argument("--splitk", action="store_true", help="with --variants: split-K decode vs unsplit")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--name", default=None,
+                        help="result file name (default moe_mxfp4-<card>, e.g. -h200; give a run number so that a "
+                             "copy into benchmarks/ does not overwrite an earlier run)")
     args = parser.parse_args()
     if args.prepare:
         prepare()
@@ -431,7 +434,7 @@ def main() -> None:
     copy_gbs = 0.0 if args.smoke else copy_bandwidth_gbs()
     mm_tflops = 0.0 if args.smoke else bf16_matmul_tflops()
     result = BenchResult(
-        name=f"moe_mxfp4-{gpu_tag()}",
+        name=args.name or f"moe_mxfp4-{gpu_tag()}",
         title="sm120 MoE runner (MXFP4 routed experts, DSv4-Flash shapes) vs torch and upstream Triton, "
               + gpu_tag().upper(),
         columns=["case", "T", "B", "path", "us", "touched_MB", "GB/s", "%copy", "TFLOP/s", "%bf16mm", "rel_err"])
@@ -556,8 +559,11 @@ def main() -> None:
         result.extra["sweep"] = json.dumps(sweep_log)
         result.write(args.out)  # partial results survive a timeout
 
-    result.notes.append("ours = tl.dot_scaled weight upcast; 'register dequant' = the explicit e2m1 x E8M0 -> bf16 "
-                        "dequantisation then tl.dot (moe_mxfp4.use_dot_scaled picks per shape from these rows)")
+    result.notes.append("ours (default) = the forward as the seam runs it (the decode kernels by routed rows, the grouped "
+                        "GEMM of kernels/moe_prefill.py above them); 'tl.dot_scaled GEMM' / 'bf16 (HMMA)' and "
+                        "'register dequant' = moe_mxfp4_forward's tl.dot path with the weights upcast by tl.dot_scaled "
+                        "/ by the explicit e2m1 x E8M0 -> bf16 dequantisation (the paths before the decode kernels "
+                        "and the grouped GEMM)")
     result.notes.append("touched_MB: distinct experts of the step x (w13 + w2 + E8M0 scales) in the MXFP4 checkpoint layout; "
                         "GB/s = touched bytes / time for every path (upstream reads bf16 experts, 4x those bytes)")
     result.notes.append("upstream triton = SGLang 0.5.23 fused_moe_kernel (extracted) with upstream's tile choice (tuned "

@@ -189,6 +189,9 @@ def relative_error(actual, expected) -> float:
     return (a[finite] - e[finite]).norm().item() / max(denom, 1e-30)
 
 
+COMMITTED_RESULTS_DIR = "benchmarks"  # where device results are committed, relative to the repository root
+
+
 @dataclasses.dataclass
 class BenchResult:
     """What one device script produced: rows of measurements plus the run's environment."""
@@ -200,6 +203,9 @@ class BenchResult:
     notes: list = dataclasses.field(default_factory=list)
     env: dict = dataclasses.field(default_factory=environment)
     extra: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._stem: str | None = None  # the files' name, fixed at the first write (not a field: not in the JSON)
 
     def add(self, **row) -> None:
         unknown = set(row) - set(self.columns)
@@ -233,13 +239,29 @@ class BenchResult:
         print("wrote", paths)
         return paths
 
+    def _file_stem(self) -> str:
+        """The files' name: ``name``, unless a committed result under ``benchmarks/`` of the working directory
+        (the repository root, where the device scripts run) already has it; then ``name`` with this run's UTC time
+        appended, and a note saying so, so that copying the files into ``benchmarks/`` cannot replace an earlier
+        run (several device calls had written e.g. ``indexer-h200-run1`` again). Chosen at the first write: a
+        script's later writes (partial results) keep it."""
+        if self._stem is None:
+            if any(os.path.exists(os.path.join(COMMITTED_RESULTS_DIR, self.name + ext)) for ext in (".md", ".json")):
+                taken = self.name
+                self.name = f"{taken}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%dT%H%M%S}"
+                self.notes.append(f"written as {self.name}: {COMMITTED_RESULTS_DIR}/{taken} already holds an "
+                                  "earlier run (give it a run number when committing)")
+            self._stem = self.name
+        return self._stem
+
     def write(self, out_dir: str | None = None) -> tuple[str, str]:
         # a run without a GPU (a device script's --smoke) must not land among the committed device results
         default_dir = "benchmarks" if _cuda_available() else "bench-results"
         out_dir = out_dir or os.environ.get("OUT") or default_dir
         os.makedirs(out_dir, exist_ok=True)
-        json_path = os.path.join(out_dir, f"{self.name}.json")
-        md_path = os.path.join(out_dir, f"{self.name}.md")
+        stem = self._file_stem()
+        json_path = os.path.join(out_dir, f"{stem}.json")
+        md_path = os.path.join(out_dir, f"{stem}.md")
         with open(json_path, "w") as f:
             json.dump(dataclasses.asdict(self), f, indent=1, default=str)
         with open(md_path, "w") as f:

@@ -1,6 +1,8 @@
 """The device-run result format: every file carries the GPU, versions, date and every row."""
 
 import json
+import os
+import re
 
 import pytest
 import torch
@@ -79,3 +81,29 @@ def test_gpu_tag_names_the_card(monkeypatch, name, tag):
 def test_gpu_tag_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpu_tag() == "cpu"
+
+
+def test_a_name_already_committed_is_not_written_again(tmp_path, monkeypatch):
+    """A device script run from the repository root whose result name is already under benchmarks/ writes its files
+    under the name with the run's UTC time appended and says so; its later writes (partial results) keep that name.
+    A name not committed is written as given."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "demo-h200-run1.md").write_text("an earlier run\n")
+    out = tmp_path / "out"
+    result = BenchResult("demo-h200-run1", "Demo", columns=("B",))
+    result.add(B=1)
+    json_path, md_path = result.write(str(out))
+    stem = os.path.basename(md_path)[:-len(".md")]
+    assert re.fullmatch(r"demo-h200-run1-\d{8}T\d{6}", stem), stem
+    assert json_path == str(out / f"{stem}.json")
+    assert (tmp_path / "benchmarks" / "demo-h200-run1.md").read_text() == "an earlier run\n"
+    data = json.loads(open(json_path).read())
+    assert data["name"] == stem and "_stem" not in data
+    assert any("benchmarks/demo-h200-run1 already holds an earlier run" in note for note in data["notes"])
+    result.add(B=2)
+    assert result.write(str(out)) == (json_path, md_path)  # the partial result's name is kept
+    assert json.loads(open(json_path).read())["rows"] == [{"B": 1}, {"B": 2}]
+    fresh = BenchResult("demo-h200-run2", "Demo", columns=("B",))
+    assert fresh.write(str(out)) == (str(out / "demo-h200-run2.json"), str(out / "demo-h200-run2.md"))
+    assert fresh.notes == []
