@@ -31,7 +31,9 @@ noise), 4 stages, 64-row blocks at 4096 tokens. Below that the row block follows
 tokens, 64 up to 2048; :data:`PREFILL_ROW_TILES`, H200 runs 3 / 4: 1.31-1.81x over the 128-row tiles there).
 :func:`prefill_default` says where this path is the faster one (:data:`PREFILL_DEFAULT_WHERE`). On compute capability
 9 only, the 128- and 64-row tiles take ptxas register caps (:data:`WARPGROUP_MMA_REGISTER_CAPS`; more programs per
-SM, 1.07-1.10x on the H100 at T = 1, 2, 4 and 8); on sm_120a the same caps spill, so sm_12x runs the uncapped tiles.
+SM, 1.07-1.10x on the H100 at T = 1, 2, 4 and 8; on the H200 4805 / 1553 us at T = 1 / 4 against 5213 / 1719 uncapped
+in run 26b, and no other tile of H200 prefill run 13 beats them); on sm_120a the same caps spill, so sm_12x runs the
+uncapped tiles.
 
 Byte planes (``PrefillConfig(planes=True)``, not a default; :data:`BYTE_PLANE_CANDIDATES`): the pair order joins
 values of a word, a layout change that Triton makes through shared memory (the dequantised tile is stored and loaded
@@ -320,7 +322,9 @@ PREFILL_ROW_TILES: tuple[tuple[int, PrefillConfig, PrefillConfig], ...] = (
 # 10e) 4096 tokens 2924 vs 2694, 1201 vs 1108; 2048 tokens 2002 vs 1855, 793.6 vs 725.5 (1.075-1.105x everywhere). Not
 # capped: the 32-row class (its down tile at 80 registers, six programs instead of five: 2786 vs 2754 us at 1024 tokens,
 # T = 1; its gate/up tile spills at any cap that fits a fifth). On sm_120a these caps spill (128-row gate/up 788 bytes,
-# down 196; 64-row gate/up 280, down 232), so sm_12x keeps the uncapped tiles.
+# down 196; 64-row gate/up 280, down 232), so sm_12x keeps the uncapped tiles. On the H200 (prefill run 12, stop 42;
+# benchmarks/moe_mxfp4-h200-run34-summary.md) the 128-row pair capped 4805 / 1553 us at T = 1 / 4 (gate/up capped alone
+# 5052 / 1655, down alone 4981 / 1612); run 13 found no other tile that beats it with the caps.
 REGISTER_CAPS_MEASURED_CAPABILITY = 9
 WARPGROUP_MMA_REGISTER_CAPS: dict[tuple[str, PrefillConfig], int] = {
     ("gate_up", DEFAULT_GATE_UP): 128,
