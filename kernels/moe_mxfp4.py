@@ -157,7 +157,7 @@ from .dsv4 import (
     SWIGLU_LIMIT,
     TOP_K,
 )
-from .harness.aot import TENSOR_CORE_OPCODES, AotConfig
+from .harness.aot import MAX_REGISTERS, MIN_MAX_REGISTERS, TENSOR_CORE_OPCODES, AotConfig
 from .harness.interpreter import has_capability, interpreter_enabled
 from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
@@ -2982,7 +2982,9 @@ class PairsConfig:
     bytes of each K step arrive by TMA through a ring of that many stages (:func:`_pairs_rows_tma`; the
     activations by plain loads), on the TMA GEMV's small tiles (``num_stages`` is then unused); ``sub_k`` (with
     ``tma_ring``, round 18; 0 = block_k): K values per MMA within a K step (block_k / sub_k of 1, 2 or 4, sub_k >= 128),
-    the weight words fetched by TMA in blocks of sub_k (the scale bytes still one block of the whole step)."""
+    the weight words fetched by TMA in blocks of sub_k (the scale bytes still one block of the whole step);
+    ``max_registers`` (> 0): ptxas' register cap for the launch (``maxnreg``; more programs per SM where registers
+    hold them to fewer than shared memory allows)."""
     block_n: int
     block_k: int
     num_warps: int
@@ -2993,13 +2995,23 @@ class PairsConfig:
     scale_on_words: bool = False
     tma_ring: int = 0
     sub_k: int = 0
+    max_registers: int = 0
+
+    def __post_init__(self):
+        if self.max_registers and not MIN_MAX_REGISTERS <= self.max_registers <= MAX_REGISTERS:
+            raise ValueError(f"PairsConfig.max_registers must be 0 (no cap) or in [{MIN_MAX_REGISTERS}, "
+                             f"{MAX_REGISTERS}], got {self.max_registers}")
 
     def label(self) -> str:
         stages = f"tma{self.tma_ring}" if self.tma_ring else f"s{self.num_stages}"
         return (f"n{self.block_n}k{self.block_k}w{self.num_warps}{stages}"
                 + (f"m{self.block_m}" if self.block_m != 16 else "") + ("mul" if self.mul_pairs else "")
                 + ("h" if self.scale_bf16 else "") + ("wd" if self.scale_on_words else "")
-                + (f"c{self.sub_k}" if self.sub_k else ""))
+                + (f"c{self.sub_k}" if self.sub_k else "") + (f"r{self.max_registers}" if self.max_registers else ""))
+
+    def register_cap(self) -> dict:
+        """The launch's ``maxnreg`` option, if any."""
+        return {"maxnreg": self.max_registers} if self.max_registers else {}
 
     def mma_k(self, block_k: int) -> int:
         """K values per MMA at the launch's K step ``block_k`` (``sub_k``, or the whole step)."""
@@ -3226,13 +3238,14 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
                 x_pairs, w13_desc, w13_s_desc, sorted_rows, expert_start, active_experts, num_active, act, hidden,
                 inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m, BLOCK_N=gu_cfg.block_n,
                 BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs, SCALE_BF16=gu_cfg.scale_bf16_constexpr(), RING=tma_ring,
-                NATURAL_ACT=gemv_down, SUB_K=gu_mma_k, num_warps=gu_cfg.num_warps)
+                NATURAL_ACT=gemv_down, SUB_K=gu_mma_k, num_warps=gu_cfg.num_warps, **gu_cfg.register_cap())
             return
         _gate_up_pairs_kernel[(slots, inter // gu_cfg.block_n)](
             x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts,
             num_active, act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m,
             BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs,
-            SCALE_BF16=gu_cfg.scale_bf16_constexpr(), num_warps=gu_cfg.num_warps, num_stages=gu_cfg.num_stages)
+            SCALE_BF16=gu_cfg.scale_bf16_constexpr(), num_warps=gu_cfg.num_warps, num_stages=gu_cfg.num_stages,
+            **gu_cfg.register_cap())
 
     def down():
         if gemv_down:
@@ -3242,13 +3255,14 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
             _down_pairs_tma_kernel[(slots, hidden // dn_cfg.block_n)](
                 act, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y, hidden,
                 inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, MUL_PAIRS=dn_cfg.mul_pairs,
-                SCALE_BF16=dn_cfg.scale_bf16_constexpr(), RING=tma_ring, SUB_K=dn_mma_k, num_warps=dn_cfg.num_warps)
+                SCALE_BF16=dn_cfg.scale_bf16_constexpr(), RING=tma_ring, SUB_K=dn_mma_k, num_warps=dn_cfg.num_warps,
+                **dn_cfg.register_cap())
             return
         _down_pairs_kernel[(slots, hidden // dn_cfg.block_n)](
             act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
             num_active, y, hidden, inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
             MUL_PAIRS=dn_cfg.mul_pairs, SCALE_BF16=dn_cfg.scale_bf16_constexpr(), num_warps=dn_cfg.num_warps,
-            num_stages=dn_cfg.num_stages)
+            num_stages=dn_cfg.num_stages, **dn_cfg.register_cap())
 
     def topk_sum():
         launch_topk_sum(y, ids, out, num_experts)

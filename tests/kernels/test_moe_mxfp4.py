@@ -1583,6 +1583,40 @@ def test_pairs_tma_eight_rows_per_pass(batch, pattern, sub_k):
     assert rows8[0].label() == f"n{tiles[0]}k512w4tma2m8mulhwd" + (f"c{sub_k}" if sub_k else "")
 
 
+@pytest.mark.parametrize("tma_ring", [2, 0])
+def test_pairs_register_cap_reaches_the_launch(monkeypatch, tma_ring):
+    """PairsConfig.max_registers: the cap goes to both launches as ``maxnreg`` (and into the label); it changes
+    nothing else, so the forward is bit-identical to the uncapped tiles'. A cap outside ptxas' range is refused."""
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=81)
+    weights, ids = make_routing(3, "skewed", seed=82)
+    x = make_x(3, hidden=TMA_HIDDEN, seed=83, scale=4.0)
+    form = {"mul_pairs": True, "scale_bf16": True, "scale_on_words": True, "tma_ring": tma_ring, "block_m": 8}
+    plain = tuple(moe.PairsConfig(n, 512, 2, **form) for n in (inter // 4, TMA_HIDDEN // 4))
+    capped = (dataclasses.replace(plain[0], max_registers=144), dataclasses.replace(plain[1], max_registers=128))
+    options = []
+    suffix = "_tma_kernel" if tma_ring else "_kernel"
+    for name in ("_gate_up_pairs" + suffix, "_down_pairs" + suffix):
+        real = getattr(moe, name)
+
+        def launcher(grid, real=real):
+            def launch(*args, **kwargs):
+                options.append(kwargs.get("maxnreg"))
+                return real[grid](*args, **kwargs)
+            return launch
+        monkeypatch.setattr(moe, name, type("Spy", (), {"__getitem__": lambda self, grid, f=launcher: f(grid)})())
+    with poisoned_scratch():
+        out = run(x, experts, weights, ids, upcast="pairs", configs=capped)
+    assert options == [144, 128]
+    options.clear()
+    assert torch.equal(out, run(x, experts, weights, ids, upcast="pairs", configs=plain))
+    assert options == [None, None]
+    assert rel(out, moe.reference_moe_mxfp4(x, *experts, weights, ids)) < 2e-2
+    assert capped[0].label() == plain[0].label() + "r144" and capped[1].label().endswith("r128")
+    with pytest.raises(ValueError, match="PairsConfig.max_registers"):
+        dataclasses.replace(plain[0], max_registers=16)
+
+
 @pytest.mark.parametrize("block_m", [4, 24])
 def test_pairs_block_m_arguments(block_m):
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)
