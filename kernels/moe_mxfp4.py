@@ -158,7 +158,7 @@ from .dsv4 import (
     TOP_K,
 )
 from .harness.aot import MAX_REGISTERS, MIN_MAX_REGISTERS, TENSOR_CORE_OPCODES, AotConfig
-from .harness.interpreter import has_capability, interpreter_enabled
+from .harness.interpreter import cuda_capability_major, has_capability, interpreter_enabled
 from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude codes 0..7; bit 3 is the sign
@@ -3104,6 +3104,34 @@ def pairs_rows_tiles(num_rows: int, inter: int):
     return next((tiles for i, lo, hi, tiles in PAIRS_TMA_ROWS_WHERE if inter == i and lo <= num_rows <= hi), None)
 
 
+# ptxas register caps (PairsConfig.max_registers) of TMA pairs tiles on compute capability 9 only
+# (:func:`pairs_register_caps_measured`), keyed by (per-rank I, tile). H200 stop 42
+# (benchmarks/moe_pairs_caps-h200-run1-summary.md; whole forwards, 2 interleaved rounds, every one checked): the 8-row
+# down tile takes 141 registers on sm_90a under the device's Triton 3.6 (7 programs of 2 warps per SM, where its
+# 25672 B of shared memory allow 8) and 125 capped at 128 (8, no spills): at T=4 (I = 512, one K step per program)
+# B = 16 / 32 / 64 / 128 / 256 in 104.9 / 166.3 / 231.6 / 293.0 / 392.5 us against 107.8 / 171.3 / 239.1 / 301.9 /
+# 401.5 (1.023-1.032x); at T=1 (I = 2048, four K steps) it lost (0.959-0.998x) and is not capped. The T=4 gate/up
+# tile with MMAs of 256 capped at 144 (160 -> 144 registers, 6 -> 7 programs) was level (0.997-1.002x). On sm_120a
+# these tiles are held by shared memory (3 programs of 25.7 KB in 100 KB), so sm_12x runs them uncapped.
+PAIRS_REGISTER_CAPS_MEASURED_CAPABILITY = 9
+PAIRS_REGISTER_CAPS: dict[tuple[int, PairsConfig], int] = {(MOE_INTERMEDIATE_SIZE // 4, PAIRS_TMA_ROWS8_TILES[1]): 128}
+
+
+def pairs_register_caps_measured(device=None) -> bool:
+    """Whether ``device`` is a GPU of the compute capability :data:`PAIRS_REGISTER_CAPS` were timed on (9.x: H100 /
+    H200). No device, the CPU or any other GPU (sm_12x, where shared memory holds these tiles): False. The sm_12x
+    dispatch check (tools/device_sm120_dispatch.py) answers this query as sm_12x does."""
+    return cuda_capability_major(device) == PAIRS_REGISTER_CAPS_MEASURED_CAPABILITY
+
+
+def _with_pairs_register_caps(tiles, inter: int, device):
+    """``tiles`` with the caps :data:`PAIRS_REGISTER_CAPS` gives them at ``inter``, where they were measured."""
+    if not pairs_register_caps_measured(device):
+        return tiles
+    return tuple(dataclasses.replace(cfg, max_registers=PAIRS_REGISTER_CAPS[(inter, cfg)])
+                 if isinstance(cfg, PairsConfig) and (inter, cfg) in PAIRS_REGISTER_CAPS else cfg for cfg in tiles)
+
+
 # Run 15c (benchmarks/moe_mxfp4-h200-run15c-summary.md, H200 runs 15c / 15c2, every point reference-checked): the mixed
 # forward -- the swap-AB gate/up launch (PAIRS_TMA_TILES[0]) writing natural-order bf16 SwiGLU rows (NATURAL_ACT),
 # then the TMA GEMV down launch of gemv_configs (3 stages; persistent, P = 8, at I = 512) -- beside the defaults,
@@ -3130,7 +3158,7 @@ def pairs_tma_default(num_rows: int, inter: int) -> bool:
 
 
 def pairs_configs(num_rows: int, inter: int, words_mul: bool = True,
-                  tma: bool = True) -> tuple[PairsConfig, PairsConfig | GemvConfig]:
+                  tma: bool = True, device=None) -> tuple[PairsConfig, PairsConfig | GemvConfig]:
     """(gate/up, down) tiles of the pairs decode: the TMA-fed swap-AB tiles :data:`PAIRS_TMA_TILES` where
     :data:`PAIRS_TMA_WHERE` says (the tiles of :data:`PAIRS_TMA_ROWS_WHERE` where it names the shape), ``tma`` says the
     operands allow TMA (:func:`gemv_tma_usable`) and ``words_mul``
@@ -3140,11 +3168,12 @@ def pairs_configs(num_rows: int, inter: int, words_mul: bool = True,
     rows, K steps of 128, 4 warps, 3 stages, nibble pairs by multiply, E8M0 factor in packed bf16;
     benchmarks/moe_mxfp4-h200-run2.md, run3.md), the factor on the int32 pair words where round 9 measured that
     faster (:data:`PAIRS_SCALE_ON_WORDS_MIN_ROWS`) and ``words_mul`` says the GPU has the packed bf16 multiply it
-    needs (:func:`pair_words_mul_usable`)."""
+    needs (:func:`pair_words_mul_usable`). On ``device`` of the compute capability where they were measured, the
+    register caps of :data:`PAIRS_REGISTER_CAPS`."""
     if tma and words_mul and pairs_gemv_down_default(num_rows, inter):
         return PAIRS_TMA_TILES[0], gemv_configs(num_rows, inter, f16=False)[1]
     if tma and words_mul and pairs_rows_tiles(num_rows, inter):
-        return pairs_rows_tiles(num_rows, inter)
+        return _with_pairs_register_caps(pairs_rows_tiles(num_rows, inter), inter, device)
     if tma and words_mul and pairs_tma_default(num_rows, inter):
         return PAIRS_TMA_TILES
     on_words = words_mul and num_rows >= PAIRS_SCALE_ON_WORDS_MIN_ROWS.get(inter, 0)
@@ -3172,7 +3201,8 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
         raise ValueError(f"upcast='pairs' is a decode form: at most {PAIRS_MAX_ROWS} routed rows "
                          f"(B*top_k), got {num_rows}")
     gu_cfg, dn_cfg = configs if configs else pairs_configs(num_rows, inter, pair_words_mul_usable(x.device),
-                                                           tma=tma_tables_usable(x, w13, w13_scale, w2, w2_scale))
+                                                           tma=tma_tables_usable(x, w13, w13_scale, w2, w2_scale),
+                                                           device=x.device)
     # the mixed forward: the swap-AB gate/up launch, then the TMA GEMV down launch on natural-order SwiGLU rows
     gemv_down = isinstance(gu_cfg, PairsConfig) and isinstance(dn_cfg, GemvConfig)
     if not (isinstance(gu_cfg, PairsConfig) and (isinstance(dn_cfg, PairsConfig) or gemv_down)):
@@ -3668,6 +3698,16 @@ def aot_configs() -> list[AotConfig]:
                   "(the tiles of PAIRS_TMA_ROWS_WHERE: T=1 B=12..640, T=4 B=16..640)" if cfg in rows_tiles else
                   "swap-AB pairs decode, weights by TMA (pairs_configs' tiles at T=1 B=4..15, where the fp16 TMA GEMV "
                   "is the default)")))
+    # the register caps of compute capability 9 (PAIRS_REGISTER_CAPS): compiled for sm_90a only, where they ship
+    for (inter, cfg), cap in PAIRS_REGISTER_CAPS.items():
+        base = next(c for c in configs if c.name in (f"moe_mxfp4_gate_up_pairs_{cfg.label()}",
+                                                      f"moe_mxfp4_down_pairs_{cfg.label()}"))
+        capped = dataclasses.replace(cfg, max_registers=cap)
+        configs.append(dataclasses.replace(
+            base, name=base.name.replace(cfg.label(), capped.label()), max_registers=cap,
+            archs=(PAIRS_REGISTER_CAPS_MEASURED_CAPABILITY * 10,),
+            note=f"{base.note}; capped at {cap} registers at I = {inter} on compute capability "
+                 f"{PAIRS_REGISTER_CAPS_MEASURED_CAPABILITY} only (PAIRS_REGISTER_CAPS)"))
     configs.append(AotConfig(
         name="moe_mxfp4_route_pairs", kernel=_route_pairs_kernel,
         signature={"topk_ids_ptr": "*i32", "num_rows": "i32", "sorted_rows_ptr": "*i32",

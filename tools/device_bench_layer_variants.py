@@ -66,6 +66,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   ``moe_w0_r2`` / ``moe_w0_plain`` and timed them against the form before as ``shipped``); ``moe_w0_off_r80`` /
   ``moe_w0_off_s2``: the form before capped at 80 registers (``GemvConfig.max_registers``: 6 programs per SM on the
   H200, as the early forms) / on a 2-stage ring;
+- ``moe_pairs_cap0`` (stop 42): the routed experts' TMA pairs decode without ``moe_mxfp4.PAIRS_REGISTER_CAPS`` (the
+  T=4 8-row down tile uncapped, as before stop 42; the caps apply on compute capability 9 only);
 - ``wqb_pers`` (variants run 39): the main wq_b at T=1, 1 row, on the persistent FMA form by TMA (2 programs per SM)
   it ran on before the one-chunk tile of ``fp8_gemv.ONE_CHUNK_X_FIRST_ONE_ROW_TILES`` (the C4 layer's call beside the
   indexer keeps its sharing form either way); ``bf16_wbw0``: the one-row bf16 GEMVs (the router gate, weights_proj,
@@ -122,7 +124,8 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "sgu_p1", "attn_base", "attn_e0", "attn_e1", "moe_et", "moe_et0", "moe_sr0", "oc_x0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
             "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl", "bf16_wbw_all",
-            "bf16_wbw0_sd_pdl", "moe_w0_off", "moe_w0_off_r80", "moe_w0_off_s2", "moe_w0_r3", "moe_w0_plain")
+            "bf16_wbw0_sd_pdl", "moe_w0_off", "moe_w0_off_r80", "moe_w0_off_s2", "moe_w0_r3", "moe_w0_plain",
+            "moe_pairs_cap0")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -428,6 +431,9 @@ def applied(variant: str, tp: int):
     fp8_gemv.ONE_CHUNK_X_FIRST = x_first and variant != "oc_x0"
     bf16_w_first = bf16_gemv.USE_W_BEFORE_WAIT
     bf16_gemv.USE_W_BEFORE_WAIT = bf16_w_first and variant not in ("bf16_wbw0", "bf16_wbw0_sd_pdl")
+    pairs_caps = moe_mxfp4.PAIRS_REGISTER_CAPS
+    if variant == "moe_pairs_cap0":
+        moe_mxfp4.PAIRS_REGISTER_CAPS = {}
     route_small = moe_mxfp4.ROUTE_SMALL_MAX_ROWS
     if variant == "moe_sr0":  # run 31: the routing's counting sort at every row count (before round 29's pairwise)
         moe_mxfp4.ROUTE_SMALL_MAX_ROWS = 0
@@ -445,8 +451,10 @@ def applied(variant: str, tp: int):
         yield (override is not None or "prio" in variant or variant in ("attn_no_pdl", "no_share")
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
                or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths)
-               or variant in ("moe_sr0", "oc_x0", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "bf16_wbw_all"))
+               or variant in ("moe_sr0", "oc_x0", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "bf16_wbw_all",
+                              "moe_pairs_cap0"))
     finally:
+        moe_mxfp4.PAIRS_REGISTER_CAPS = pairs_caps
         bf16_where.__exit__(None, None, None)
         fp8_gemv.ONE_CHUNK_X_FIRST = x_first
         bf16_gemv.USE_W_BEFORE_WAIT = bf16_w_first

@@ -45,6 +45,7 @@ DISPATCH_QUERIES = (
     ("sparse_mla_decode", "_program_target", "programs to fill the GPU (KV splits)"),
     ("sparse_mla_decode", "large_batch_form_measured", "the 64-head large-batch form (False on sm_12x)"),
     ("moe_prefill", "register_caps_measured", "the prefill tiles' register caps (False on sm_12x)"),
+    ("moe_mxfp4", "pairs_register_caps_measured", "the TMA pairs tiles' register caps (False on sm_12x)"),
     ("indexer", "use_scaled_dot", "block-scaled fp8 dot (True on sm_12x)"),
 )
 
@@ -58,6 +59,7 @@ def sm12x_answers(sms: int) -> dict:
         ("sparse_mla_decode", "_program_target"): lambda device: sms,
         ("sparse_mla_decode", "large_batch_form_measured"): lambda device=None: False,
         ("moe_prefill", "register_caps_measured"): lambda device=None: False,
+        ("moe_mxfp4", "pairs_register_caps_measured"): lambda device=None: False,
         ("indexer", "use_scaled_dot"): lambda device=None: True,
     }
 

@@ -1617,6 +1617,46 @@ def test_pairs_register_cap_reaches_the_launch(monkeypatch, tma_ring):
         dataclasses.replace(plain[0], max_registers=16)
 
 
+@pytest.mark.parametrize("major,capped", [(9, True), (12, False), (8, False), (10, False)])
+def test_pairs_register_caps_only_where_measured(monkeypatch, major, capped):
+    """The T=4 8-row down tile of the TMA pairs decode takes a register cap of 128 on compute capability 9 only (timed
+    there, stop 42), at every B where that tile runs (16..256); T=1 (where the cap lost), the gate/up tiles, the
+    shapes past B = 256, other devices, the CPU and no device keep the uncapped tiles. The AOT registry compiles the
+    capped tile for sm_90a only."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
+    gpu = torch.device("cuda", 0)
+    assert moe.pairs_register_caps_measured(gpu) is capped
+    for tp in SUPPORTED_TP:
+        inter = MOE_INTERMEDIATE_SIZE // tp
+        for batch in (1, 8, 16, 64, 128, 255, 256, 300):
+            rows = batch * TOP_K
+            plain = moe.pairs_configs(rows, inter)
+            tiles = moe.pairs_configs(rows, inter, device=gpu)
+            expect = 128 if (capped and inter == MOE_INTERMEDIATE_SIZE // 4 and 16 <= batch <= 256) else 0
+            assert [getattr(cfg, "max_registers", 0) for cfg in tiles] == [0, expect], (tp, batch)
+            assert tuple(dataclasses.replace(cfg, max_registers=0) if isinstance(cfg, moe.PairsConfig) else cfg
+                         for cfg in tiles) == plain
+    for device in (None, "cpu", torch.device("cpu")):
+        assert not moe.pairs_register_caps_measured(device)
+        assert moe.pairs_configs(64 * TOP_K, MOE_INTERMEDIATE_SIZE // 4, device=device)[1].max_registers == 0
+    capped_aot = [c for c in moe.aot_configs() if c.max_registers and "pairs" in c.name]
+    assert [c.name for c in capped_aot] == ["moe_mxfp4_down_pairs_n64k512w2tma2m8mulhwdc128r128"]
+    assert capped_aot[0].archs == (90,) and "HMMA.16816.F32.BF16" in capped_aot[0].expect_opcodes
+
+
+def test_pairs_forward_asks_for_its_input_device(monkeypatch):
+    """The pairs forward picks its tiles for the device its input is on (the register caps depend on it)."""
+    seen = []
+    choose = moe.pairs_configs
+    monkeypatch.setattr(moe, "pairs_configs", lambda *a, **kw: seen.append(kw.get("device")) or choose(*a, **kw))
+    inter = TMA_HIDDEN
+    experts = make_experts(inter, hidden=TMA_HIDDEN, seed=84)
+    weights, ids = make_routing(2, "random", seed=85)
+    x = make_x(2, hidden=TMA_HIDDEN, seed=86)
+    run(x, experts, weights, ids, upcast="pairs")
+    assert seen == [x.device]
+
+
 @pytest.mark.parametrize("block_m", [4, 24])
 def test_pairs_block_m_arguments(block_m):
     experts = make_experts(TMA_HIDDEN, hidden=TMA_HIDDEN)

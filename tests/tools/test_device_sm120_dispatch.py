@@ -49,12 +49,17 @@ def test_capability_queries_answer_as_sm12x_on_an_sm90_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     gpu = torch.device("cuda", 0)
     assert moe_prefill.register_caps_measured(gpu) is True
+    assert moe_mxfp4.pairs_register_caps_measured(gpu) is True
     assert sparse_mla_decode.large_batch_form_measured(gpu) is True
     with tool.sm12x_dispatch(188):
         assert moe_prefill.register_caps_measured(gpu) is False
         assert all(cfg.max_registers == 0 for cfg in moe_prefill.prefill_configs(4096 * 6, 2048, gpu))
+        assert moe_mxfp4.pairs_register_caps_measured(gpu) is False
+        assert all(cfg.max_registers == 0 for cfg in moe_mxfp4.pairs_configs(64 * 6, 512, device=gpu))
         assert sparse_mla_decode.large_batch_form_measured(gpu) is False
     assert moe_prefill.register_caps_measured(gpu) is True
+    assert moe_mxfp4.pairs_register_caps_measured(gpu) is True
+    assert moe_mxfp4.pairs_configs(64 * 6, 512, device=gpu)[1].max_registers == 128
     assert sparse_mla_decode.large_batch_form_measured(gpu) is True
 
 
@@ -117,6 +122,7 @@ def test_every_sm_count_or_arch_query_in_the_kernels_is_covered():
         ("sparse_mla_decode", "_program_target"): ("sparse_mla_decode", "_program_target"),
         ("sparse_mla_decode", "large_batch_form_measured"): ("sparse_mla_decode", "large_batch_form_measured"),
         ("moe_prefill", "register_caps_measured"): ("moe_prefill", "register_caps_measured"),
+        ("moe_mxfp4", "pairs_register_caps_measured"): ("moe_mxfp4", "pairs_register_caps_measured"),
         ("indexer", "use_scaled_dot"): ("indexer", "use_scaled_dot"),
     }
     # capability >= 9 (PDL, TMA): true on the H200 and on sm_12x alike
