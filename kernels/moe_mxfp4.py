@@ -101,7 +101,9 @@ rows / 2 warps and MMAs of 128 was the default at T = 1 / 4, B = 48..256 (1.035-
 over the defaults they replaced (the fp16 GEMV at B = 16..32; T=1 B=64 1089.6 -> 878.4 us;
 ``benchmarks/moe_mxfp4-h200-run20-summary.md``). Run 21: the same decode at T=1 B = 12..15 and, with 16 routed rows per
 pass in both launches, past B = 256 up to :data:`PAIRS_MAX_ROWS` (640 tokens) at T = 1 / 4, where the tl.dot decode and
-the grouped GEMM ran (1.17-2.59x; ``benchmarks/moe_mxfp4-h200-run21-summary.md``).
+the grouped GEMM ran (1.17-2.59x; ``benchmarks/moe_mxfp4-h200-run21-summary.md``). Stop 42: on compute capability 9
+only, the T=4 8-row down tile capped at 128 registers (:data:`PAIRS_REGISTER_CAPS`; 8 instead of 7 programs per SM,
+1.023-1.032x at B = 16..256; ``benchmarks/moe_pairs_caps-h200-run1-summary.md``).
 
 Split-K decode (``split_k``, :func:`default_split_k`): the same four launches with the K loops cut
 into splits, for more independent programs at small B. Gate/up programs (slot, n block, split) write
