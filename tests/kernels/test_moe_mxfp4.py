@@ -1445,7 +1445,8 @@ def test_pairs_default_dispatch(monkeypatch):
     x = make_x(2)
     ref = moe.reference_moe_mxfp4(x, *experts, weights, ids)
     monkeypatch.setattr(moe, "PAIRS_DEFAULT_WHERE", ((inter, 2 * TOP_K, 2 * TOP_K),))
-    monkeypatch.setattr(moe, "pairs_configs", lambda rows, i, words_mul=True, tma=True: pairs_tiles(i, mul_pairs=True))
+    monkeypatch.setattr(moe, "pairs_configs",
+                        lambda rows, i, words_mul=True, tma=True, device=None: pairs_tiles(i, mul_pairs=True))
     calls = []
     real = moe.pairs_launches
     monkeypatch.setattr(moe, "pairs_launches", lambda *a, **kw: calls.append(a[-1]) or real(*a, **kw))
