@@ -204,7 +204,7 @@ def main() -> None:
         if args.decode_pairs:
             rows = tokens * TOP_K
             seam = moe.default_upcast(rows, inter)
-            seam_tiles = moe.pairs_configs(rows, inter) if seam == moe.PAIRS else ("", "")
+            seam_tiles = moe.pairs_configs(rows, inter, device=device) if seam == moe.PAIRS else ("", "")
             record(f"{SEAM_DEFAULT}: {seam}", lambda: moe.moe_mxfp4_forward(x, *layer, weights, ids, SWIGLU_LIMIT),
                    *(tile.label() if tile else "" for tile in seam_tiles))
             if rows <= moe.DECODE_MAX_ROWS:
