@@ -3112,7 +3112,7 @@ def pairs_rows_tiles(num_rows: int, inter: int):
 # down tile takes 141 registers on sm_90a under the device's Triton 3.6 (7 programs of 2 warps per SM, where its
 # 25672 B of shared memory allow 8) and 125 capped at 128 (8, no spills): at T=4 (I = 512, one K step per program)
 # B = 16 / 32 / 64 / 128 / 256 in 104.9 / 166.3 / 231.6 / 293.0 / 392.5 us against 107.8 / 171.3 / 239.1 / 301.9 /
-# 401.5 (1.023-1.032x); at T=1 (I = 2048, four K steps) it lost (0.959-0.998x) and is not capped. The T=4 gate/up
+# 401.5 (1.023-1.032x); at T=1 (I = 2048, four K steps) it lost (0.959-0.999x) and is not capped. The T=4 gate/up
 # tile with MMAs of 256 capped at 144 (160 -> 144 registers, 6 -> 7 programs) was level (0.997-1.002x). On sm_120a
 # these tiles are held by shared memory (3 programs of 25.7 KB in 100 KB), so sm_12x runs them uncapped.
 PAIRS_REGISTER_CAPS_MEASURED_CAPABILITY = 9
