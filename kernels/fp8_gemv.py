@@ -48,7 +48,7 @@ import triton.language as tl
 
 from .dsv4 import (FP8_BLOCK, HEAD_DIM, HIDDEN_SIZE, INDEX_HEAD_DIM, INDEX_N_HEADS, KV_LORA_RANK, NUM_HEADS,
                    Q_LORA_RANK, ROPE_DIM, SHARED_EXPERT_INTERMEDIATE)
-from .harness.aot import MAX_REGISTERS, MIN_MAX_REGISTERS, AotConfig
+from .harness.aot import AotConfig, check_register_cap, register_cap_option
 from .harness.interpreter import has_capability, interpreter_enabled
 from .pdl import PDL_MIN_CAPABILITY, PDL_OPCODES, capability_major
 from .pdl import clear_cache as _clear_capability_cache
@@ -1345,8 +1345,7 @@ class GemvConfig:
                              f"num_stages=1, no w_tma, not persistent, k_unroll {ONE_SHOT_BLOCKS.value}; got {self}")
         if self.rope_pairs and not (self.w_before_wait and self.rope_preload):
             raise ValueError(f"config: rope_pairs needs w_before_wait and rope_preload; got {self}")
-        if self.max_registers and not MIN_MAX_REGISTERS <= self.max_registers <= MAX_REGISTERS:
-            raise ValueError(f"config: max_registers 0 or in [{MIN_MAX_REGISTERS}, {MAX_REGISTERS}]; got {self}")
+        check_register_cap(f"config {self}: max_registers", self.max_registers)
 
     @property
     def weight_tile_k(self) -> int:
@@ -2010,8 +2009,7 @@ def _launch(x3, w3, s3, y3, m, n, k, groups, cfg, positions=None, freqs=None, he
     w_desc = _weight_descriptor(w3, cfg) if w_tma else w3
     # W_TMA: 0 (plain loads) or the number of shared-memory buffers the K loop pipelines the TMA copies through
     launch_args["W_TMA"] = cfg.num_stages if w_tma else 0
-    if cfg.max_registers:
-        launch_args["maxnreg"] = cfg.max_registers
+    launch_args.update(register_cap_option(cfg.max_registers))
     if cfg.rows_form:
         one_chunk = cfg.one_chunk and per_split == cfg.k_unroll
         _block_fp8_gemv_rows_kernel[grid](

@@ -159,7 +159,7 @@ from .dsv4 import (
     SWIGLU_LIMIT,
     TOP_K,
 )
-from .harness.aot import MAX_REGISTERS, MIN_MAX_REGISTERS, TENSOR_CORE_OPCODES, AotConfig
+from .harness.aot import TENSOR_CORE_OPCODES, AotConfig, check_register_cap, register_cap_option
 from .harness.interpreter import cuda_capability_major, has_capability, interpreter_enabled
 from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
@@ -2219,7 +2219,7 @@ class GemvConfig:
 
     def launch_options(self) -> dict:
         return ({"num_warps": self.num_warps} | ({} if self.num_stages is None else {"num_stages": self.num_stages})
-                | ({"maxnreg": self.max_registers} if self.max_registers else {}))
+                | register_cap_option(self.max_registers))
 
 
 # Round 2 (benchmarks/moe_mxfp4-h200-gemv2.md): at I = 512 (T=4), B = 1 the smaller tiles -- gate/up 4
@@ -3000,9 +3000,7 @@ class PairsConfig:
     max_registers: int = 0
 
     def __post_init__(self):
-        if self.max_registers and not MIN_MAX_REGISTERS <= self.max_registers <= MAX_REGISTERS:
-            raise ValueError(f"PairsConfig.max_registers must be 0 (no cap) or in [{MIN_MAX_REGISTERS}, "
-                             f"{MAX_REGISTERS}], got {self.max_registers}")
+        check_register_cap("PairsConfig.max_registers", self.max_registers)
 
     def label(self) -> str:
         stages = f"tma{self.tma_ring}" if self.tma_ring else f"s{self.num_stages}"
@@ -3010,10 +3008,6 @@ class PairsConfig:
                 + (f"m{self.block_m}" if self.block_m != 16 else "") + ("mul" if self.mul_pairs else "")
                 + ("h" if self.scale_bf16 else "") + ("wd" if self.scale_on_words else "")
                 + (f"c{self.sub_k}" if self.sub_k else "") + (f"r{self.max_registers}" if self.max_registers else ""))
-
-    def register_cap(self) -> dict:
-        """The launch's ``maxnreg`` option, if any."""
-        return {"maxnreg": self.max_registers} if self.max_registers else {}
 
     def mma_k(self, block_k: int) -> int:
         """K values per MMA at the launch's K step ``block_k`` (``sub_k``, or the whole step)."""
@@ -3270,14 +3264,15 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
                 x_pairs, w13_desc, w13_s_desc, sorted_rows, expert_start, active_experts, num_active, act, hidden,
                 inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m, BLOCK_N=gu_cfg.block_n,
                 BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs, SCALE_BF16=gu_cfg.scale_bf16_constexpr(), RING=tma_ring,
-                NATURAL_ACT=gemv_down, SUB_K=gu_mma_k, num_warps=gu_cfg.num_warps, **gu_cfg.register_cap())
+                NATURAL_ACT=gemv_down, SUB_K=gu_mma_k, num_warps=gu_cfg.num_warps,
+                **register_cap_option(gu_cfg.max_registers))
             return
         _gate_up_pairs_kernel[(slots, inter // gu_cfg.block_n)](
             x_pairs, w13.view(torch.int32), scale_bytes(w13_scale), sorted_rows, expert_start, active_experts,
             num_active, act, hidden, inter, float(swiglu_limit), TOP_K=top_k, BLOCK_M=gu_cfg.block_m,
             BLOCK_N=gu_cfg.block_n, BLOCK_K=gu_k, MUL_PAIRS=gu_cfg.mul_pairs,
             SCALE_BF16=gu_cfg.scale_bf16_constexpr(), num_warps=gu_cfg.num_warps, num_stages=gu_cfg.num_stages,
-            **gu_cfg.register_cap())
+            **register_cap_option(gu_cfg.max_registers))
 
     def down():
         if gemv_down:
@@ -3288,13 +3283,13 @@ def pairs_launches(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, out,
                 act, w2_desc, w2_s_desc, weights, sorted_rows, expert_start, active_experts, num_active, y, hidden,
                 inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k, MUL_PAIRS=dn_cfg.mul_pairs,
                 SCALE_BF16=dn_cfg.scale_bf16_constexpr(), RING=tma_ring, SUB_K=dn_mma_k, num_warps=dn_cfg.num_warps,
-                **dn_cfg.register_cap())
+                **register_cap_option(dn_cfg.max_registers))
             return
         _down_pairs_kernel[(slots, hidden // dn_cfg.block_n)](
             act, w2.view(torch.int32), scale_bytes(w2_scale), weights, sorted_rows, expert_start, active_experts,
             num_active, y, hidden, inter, BLOCK_M=dn_cfg.block_m, BLOCK_N=dn_cfg.block_n, BLOCK_K=dn_k,
             MUL_PAIRS=dn_cfg.mul_pairs, SCALE_BF16=dn_cfg.scale_bf16_constexpr(), num_warps=dn_cfg.num_warps,
-            num_stages=dn_cfg.num_stages, **dn_cfg.register_cap())
+            num_stages=dn_cfg.num_stages, **register_cap_option(dn_cfg.max_registers))
 
     def topk_sum():
         launch_topk_sum(y, ids, out, num_experts)

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from .dsv4 import HIDDEN_SIZE, MOE_INTERMEDIATE_SIZE, MXFP4_GROUP, SUPPORTED_TP, SWIGLU_LIMIT, TOP_K
-from .harness.aot import MAX_REGISTERS, MIN_MAX_REGISTERS, SM120_ARCHS, AotConfig
+from .harness.aot import SM120_ARCHS, AotConfig, check_register_cap, register_cap_option
 from .harness.interpreter import cuda_capability_major, interpreter_enabled
 from .moe_mxfp4 import (
     DECODE_MAX_ROWS,
@@ -98,7 +98,7 @@ class PrefillConfig:
     def launch_options(self) -> dict:
         """The launch keywords of this tile (warps, stages, the register cap)."""
         return {"num_warps": self.num_warps, "num_stages": self.num_stages,
-                **({"maxnreg": self.max_registers} if self.max_registers else {})}
+                **register_cap_option(self.max_registers)}
 
     def fitted(self, n_total: int, k_total: int) -> "PrefillConfig":
         """The tile clipped to a launch whose output has ``n_total`` columns and whose K is ``k_total``."""
@@ -408,9 +408,7 @@ def _check_config(name: str, cfg, n_total: int, k_total: int) -> PrefillConfig:
                          f"divide K = {k_total}")
     if cfg.planes and cfg.block_k not in PLANES_BLOCK_K:
         raise ValueError(f"{name}: the byte-plane tile takes block_k in {PLANES_BLOCK_K}, got {cfg.block_k}")
-    if cfg.max_registers and not MIN_MAX_REGISTERS <= cfg.max_registers <= MAX_REGISTERS:
-        raise ValueError(f"{name}: max_registers must be 0 (no cap) or in [{MIN_MAX_REGISTERS}, {MAX_REGISTERS}], "
-                         f"got {cfg.max_registers}")
+    check_register_cap(f"{name}: max_registers", cfg.max_registers)
     return cfg
 
 

@@ -19,14 +19,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import io
 import json
 import re
 import typing
-
-import triton
-from triton.backends.compiler import GPUTarget
 
 from sglang_sm120.kernels import moe_mxfp4 as moe
 from sglang_sm120.kernels.harness import aot
@@ -36,16 +31,7 @@ TILES = {"gate_up": moe.GemmConfig(16, 32, 128, 4, 3), "down": moe.GemmConfig(16
 
 
 def sass_lines(cfg: aot.AotConfig, arch: int):
-    names = list(cfg.kernel.arg_names)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]]
-             for n, ty in cfg.signature.items() if ty.startswith("*") or n in cfg.div16}
-    src = triton.compiler.ASTSource(fn=cfg.kernel, signature=dict(cfg.signature), constexprs=dict(cfg.constexprs),
-                                    attrs=attrs)
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    if cfg.max_registers:  # the ptxas cap, as aot.compile_config passes it (a capped config's loop is its own)
-        options["maxnreg"] = cfg.max_registers
-    with contextlib.redirect_stdout(io.StringIO()):
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    compiled = aot.compile_kernel(cfg, arch)  # as the AOT check compiles it (register cap included)
     proc = aot._run_tool([aot._triton_tool("cuobjdump"), "-sass"], compiled.asm["cubin"], ".cubin")
     rows = []
     for line in proc.stdout.splitlines():

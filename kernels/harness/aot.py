@@ -182,29 +182,43 @@ def ptxas_resources(ptx: str, arch: int) -> dict:
     return found
 
 
-def compile_config(cfg: AotConfig, arch: int) -> AotReport:
-    """Compile ``cfg`` for ``cuda:arch`` and read back its code-generation report."""
+def register_cap_option(max_registers: int) -> dict:
+    """Triton's option for a ptxas register cap per thread (``maxnreg``, at launch or compile): none for 0."""
+    return {"maxnreg": max_registers} if max_registers else {}
+
+
+def check_register_cap(what: str, max_registers: int) -> None:
+    """Refuse a register cap outside ptxas' range; ``what`` names it in the error (``"PairsConfig.max_registers"``)."""
+    if max_registers and not MIN_MAX_REGISTERS <= max_registers <= MAX_REGISTERS:
+        raise ValueError(f"{what} must be 0 (no cap) or in [{MIN_MAX_REGISTERS}, {MAX_REGISTERS}], got {max_registers}")
+
+
+def compile_kernel(cfg: AotConfig, arch: int):
+    """Triton's compiled kernel of ``cfg`` for ``cuda:arch`` (pointer and ``div16`` arguments 16-divisible, the
+    config's warps, stages and register cap), Triton's own stdout swallowed (it prints the whole PTX when ptxas
+    fails). The one compile path of the AOT check and of the tools that read the SASS themselves."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    kernel = cfg.kernel
-    arg_names = list(kernel.arg_names)
-    missing = [a for a in arg_names if a not in cfg.signature]
-    if missing:
-        return AotReport(cfg.name, arch, False, error=f"signature lacks arguments {missing}")
+    arg_names = list(cfg.kernel.arg_names)
     div16 = set(cfg.div16)
     attrs = {(arg_names.index(n),): [["tt.divisibility", 16]]
              for n, ty in cfg.signature.items() if ty.startswith("*") or n in div16}
+    src = triton.compiler.ASTSource(fn=cfg.kernel, signature=dict(cfg.signature), constexprs=dict(cfg.constexprs),
+                                    attrs=attrs)
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, **register_cap_option(cfg.max_registers)}
+    with contextlib.redirect_stdout(io.StringIO()):
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_config(cfg: AotConfig, arch: int) -> AotReport:
+    """Compile ``cfg`` for ``cuda:arch`` and read back its code-generation report."""
+    missing = [a for a in cfg.kernel.arg_names if a not in cfg.signature]
+    if missing:
+        return AotReport(cfg.name, arch, False, error=f"signature lacks arguments {missing}")
     t0 = time.time()
     try:
-        src = triton.compiler.ASTSource(fn=kernel, signature=dict(cfg.signature), constexprs=dict(cfg.constexprs),
-                                        attrs=attrs)
-        # Triton prints the whole PTX to stdout when ptxas fails; keep the report readable.
-        options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        if cfg.max_registers:
-            options["maxnreg"] = cfg.max_registers
-        with contextlib.redirect_stdout(io.StringIO()):
-            compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        compiled = compile_kernel(cfg, arch)
         ptx = compiled.asm["ptx"]
         report = AotReport(cfg.name, arch, True, compile_s=round(time.time() - t0, 2))
         m = re.search(r"^\.target\s+(\S+)", ptx, re.M)
