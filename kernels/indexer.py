@@ -70,7 +70,7 @@ from .dsv4 import (
     INDEX_TOKEN_BYTES,
     INDEX_TOPK,
 )
-from .harness.aot import AotConfig
+from .harness.aot import AotConfig, register_cap_option
 from .pdl import PDL_OPCODES, pdl_launch_dependents, pdl_supported, pdl_wait
 
 FP8 = torch.float8_e4m3fn
@@ -1428,7 +1428,7 @@ def hist_select(scores, lens, page_table, out, raw, workspace, *, page_max=False
                                                  page_max or hist_one_block(programs), page_max, overlap),
         REG_FINISH=reg_finish, REG_DIGIT_BITS=REG_FINISH_DIGIT_BITS, REG_LEAN=reg_finish and reg_lean, PDL=pdl,
         num_warps=warps, num_stages=1, launch_pdl=pdl,
-        **({"maxnreg": REG_FINISH_MAX_REGISTERS[warps]} if reg_finish else {}))
+        **register_cap_option(REG_FINISH_MAX_REGISTERS[warps] if reg_finish else 0))
     return out
 
 
