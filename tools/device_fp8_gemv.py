@@ -116,6 +116,18 @@ RUN19_POINTS = {("wo_a", 1): (2, 8, 4, 1), ("wo_b", 1): (8, 2, 1), ("wq_b", 1): 
 RUN42_NAME = "fp8_gemv-h200-run42"
 RUN42_POINTS = {("wo_a", 1): (1,), ("wo_b", 1): (1,), ("wq_b", 1): (1,)}
 RUN42_TILES = ((16, 8, 4), (8, 16, 4), (16, 16, 8), (32, 8, 8), (8, 8, 4), (16, 4, 4), (32, 4, 4), (8, 32, 8))
+# --run43-sweep (run 43, stop 43): the weights of at most 8 MiB (every DSv4 linear at T >= 4, the replicated and small
+# ones at T = 1 / 2) at 4 and 8 rows, where default_config runs the 16-row bf16 tensor-core tile (no PDL above 4 MiB),
+# against the one-chunk rows form at those rows (GemvConfig.one_chunk: measured at 1..2 rows only, runs 18 / 18b; the
+# looping rows form lost at 4+ rows in run 3, before PDL and the one-chunk form), and the bf16 tile with PDL. T=4
+# (the README's launch) first
+RUN43_NAME = "fp8_gemv-run43"
+RUN43_ROWS = (4, 8)
+RUN43_POINTS = {**{(name, 4): RUN43_ROWS for name in ("wo_a", "wo_b", "wq_b", "shared_gate_up", "shared_down",
+                                                      "wqkv_a", "indexer_wq_b")},
+                **{(name, 8): RUN43_ROWS for name in ("wo_a", "wo_b", "wq_b", "shared_gate_up", "shared_down")},
+                ("shared_down", 2): RUN43_ROWS, ("shared_gate_up", 2): RUN43_ROWS}
+RUN43_TILES = ((8, 8), (16, 8), (8, 4), (16, 4), (32, 4), (32, 8))  # (block_n, num_warps) of the one-chunk form
 RUN18B_POINTS = {("wqkv_a", 1): (1, 2), ("shared_down", 1): (1, 2), ("indexer_wq_b", 1): (1, 2),
                  ("shared_gate_up", 8): (1, 2), ("wo_b", 8): (1, 2), ("wo_a", 8): (1, 2), ("wo_a", 4): (1, 2),
                  ("shared_gate_up", 4): (1, 2), ("shared_gate_up", 2): (1, 2), ("shared_down", 4): (1, 2),
@@ -687,6 +699,31 @@ def run42_candidates(m: int, n: int, k: int, groups: int, g):
     return distinct_configs(out)
 
 
+def run43_candidates(m: int, n: int, k: int, groups: int, g):
+    """--run43-sweep (run 43): old_default = default_config as shipped (wo_a: wo_a_config's plain form, which the seam
+    runs at T >= 2 from 3 rows); oc_nN_wW = the one-chunk rows form on all m rows (block_m = m), N columns, W warps, the
+    whole K one chunk loaded with its scales before the PDL wait (only where a thread holds at most 256 weight bytes);
+    oc4x2_nN_wW (8 rows) = that form on 4-row tiles (each weight chunk read twice, the second time mostly from L2);
+    dot_pdl = the default's bf16 tensor-core tile with PDL (late trigger, 4 K blocks into L2 before the wait), as
+    default_config launches it on weights of at most 4 MiB."""
+    from dataclasses import replace
+
+    if POINT_IS_WO_A[0]:
+        out = [("old_default", g.wo_a_config(*_wo_a_full_shape(m, n, k, groups), fused_rope=False))]
+    else:
+        out = [("old_default", g.default_config(m, n, k, groups))]
+    k_blocks = math.ceil(k / g.FP8_BLOCK)
+    if k_blocks & (k_blocks - 1) == 0:  # a chunk of the whole K: a power-of-two width
+        for block_m, prefix in ((m, "oc"), (4, "oc4x2")) if m == 8 else ((m, "oc"),):
+            for block_n, warps in RUN43_TILES:
+                if block_n * k_blocks * g.FP8_BLOCK // (32 * warps) <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
+                    out.append((f"{prefix}_n{block_n}_w{warps}", g.one_chunk_form(block_m, block_n, warps, k_blocks)))
+    dot = out[0][1]
+    if dot.use_dot and not dot.fp8_mma and not dot.pdl:
+        out.append(("dot_pdl", replace(dot, pdl=True, pdl_late=True, pdl_l2_blocks=g.PDL_DOT_L2_BLOCKS)))
+    return distinct_configs(out)
+
+
 def pdl_floor(torch, timed, smoke: bool) -> dict:
     """us per call of a CUDA-graph chain of trivial Triton kernels (each program: PDL trigger, wait, one store), with
     and without PDL, at 1 / 132 / 528 programs of 4 warps: the launch + dependency floor of any kernel in the chain."""
@@ -895,7 +932,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
          tma_sweep: bool = False, tma2_sweep: bool = False, run12_sweep: bool = False,
          run13_sweep: bool = False, run15_sweep: bool = False, run15b_sweep: bool = False,
          run17_sweep: bool = False, run17b_sweep: bool = False, run18_sweep: bool = False,
-         run18b_sweep: bool = False, run19_sweep: bool = False, run42_sweep: bool = False) -> None:
+         run18b_sweep: bool = False, run19_sweep: bool = False, run42_sweep: bool = False,
+         run43_sweep: bool = False, name: str | None = None) -> None:
     import torch
 
     from sglang_sm120.kernels import dsv4
@@ -905,7 +943,7 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = "cpu" if smoke else "cuda"
     t_start = time.time()
-    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "150" if run19_sweep or run42_sweep else "55" if chain_final else "175" if run18_sweep else "170" if run17_sweep or run17b_sweep else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
+    budget_s = float(os.environ.get("FP8_GEMV_BUDGET_S", "150" if run19_sweep or run42_sweep or run43_sweep else "55" if chain_final else "175" if run18_sweep else "170" if run17_sweep or run17b_sweep else "150" if run13_sweep or run15_sweep or run15b_sweep else "110" if tma_sweep or tma2_sweep or run12_sweep else "150" if pdl_sweep else
                                     "140" if xb_sweep or q8_sweep or q8j_sweep else "235"))
     rows = (1, 3, 16) if smoke else ROWS
     run_name, pick = RUN_NAME, candidates
@@ -953,9 +991,15 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
     if run19_sweep:
         rows, tps, run_name, pick = (2, 8, 4, 1), (1,), RUN19_NAME, run19_candidates
         points13, run13_sweep, run18_sweep = RUN19_POINTS, True, True  # run 18's: no baselines, every variant's RoPE
+    if run43_sweep:  # run 18's arrangement (no baselines) on run 43's points, T=4 first
+        rows, tps, run_name, pick = RUN43_ROWS, (4, 8, 2), RUN43_NAME, run43_candidates
+        points13, run13_sweep, run18_sweep = RUN43_POINTS, True, True
     if run42_sweep:  # run 19's arrangement on run 42's points and tiles
         rows, tps, run_name, pick = (1,), (1,), RUN42_NAME, run42_candidates
         points13, run13_sweep, run18_sweep, run19_sweep = RUN42_POINTS, True, True, True
+
+    if name:
+        run_name = name
 
     def timed(fns):
         """Median us per call; one graph makes one call per weight copy (every copy once per replay)."""
@@ -1240,6 +1284,12 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "q8j_n64_tma = the 64-column FP8 tile on 4 warps by TMA; fma2_* = the 1-row default's "
                          "64-column FMA tile by TMA with 2 rows; rowsR_* = the rows form, R rows per program, on that "
                          "tile. wo_a rope_us: every variant with the fused inverse RoPE.")
+    if run43_sweep:
+        res.notes.append("run 43 variants (see run43_candidates): old_default = default_config as shipped (wo_a: "
+                         "wo_a_config's plain form); oc_nN_wW = the one-chunk rows form on all M rows, N columns, W "
+                         "warps, no split-K, the whole K loaded with its scales before the PDL wait; oc4x2_* = that "
+                         "form on 4-row tiles at 8 rows; dot_pdl = the default's bf16 tensor-core tile with PDL (late "
+                         "trigger, 4 K blocks into L2 before the wait). No bf16 / upstream baselines.")
     if run42_sweep:
         res.notes.append("run 42 variants (see run42_candidates): old_default = default_config as shipped (wo_a: "
                          "wo_a_config's plain form); seam_default = wo_a_config with the fused RoPE; ocs_nN_bB_wW = "
@@ -1447,6 +1497,10 @@ if __name__ == "__main__":
     parser.add_argument("--run42-sweep", action="store_true",
                         help="run 42: the 33.5 MB weights at T=1, 1 row (wo_a with the fused RoPE, wo_b, wq_b): the "
                              "one-chunk rows form with its activation first, split over K")
+    parser.add_argument("--run43-sweep", action="store_true",
+                        help="run 43: the <= 8 MiB weights (T = 4 / 8, some T=2) at 4 / 8 rows: the one-chunk rows "
+                             "form and the bf16 tile with PDL beside the default")
+    parser.add_argument("--name", help="the result files' name (default: the sweep's run name)")
     parser.add_argument("--summarize", metavar="DIR", help="print the old-vs-new default table of the run in DIR")
     args = parser.parse_args()
     if args.summarize:
@@ -1463,4 +1517,4 @@ if __name__ == "__main__":
         main(args.out, args.smoke, args.dot_sweep, args.xb_sweep, args.q8_sweep, args.q8j_sweep, args.chain_final,
              args.pdl_sweep, args.pdl2_sweep, args.tma_sweep, args.tma2_sweep, args.run12_sweep, args.run13_sweep,
              args.run15_sweep, args.run15b_sweep, args.run17_sweep, args.run17b_sweep, args.run18_sweep,
-             args.run18b_sweep, args.run19_sweep, args.run42_sweep)
+             args.run18b_sweep, args.run19_sweep, args.run42_sweep, args.run43_sweep, args.name)
