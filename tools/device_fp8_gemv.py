@@ -701,7 +701,8 @@ def run42_candidates(m: int, n: int, k: int, groups: int, g):
 
 def run43_candidates(m: int, n: int, k: int, groups: int, g):
     """--run43-sweep (run 43): old_default = default_config as shipped (wo_a: wo_a_config's plain form, which the seam
-    runs at T >= 2 from 3 rows); oc_nN_wW = the one-chunk rows form on all m rows (block_m = m), N columns, W warps, the
+    runs at T >= 2 from 3 rows); before_run43 = the rules without the one-chunk form (at 3+ rows: the form before run
+    43's 4-row tiles); oc_nN_wW = the one-chunk rows form on all m rows (block_m = m), N columns, W warps, the
     whole K one chunk loaded with its scales before the PDL wait (only where a thread holds at most 256 weight bytes);
     oc4x2_nN_wW (8 rows) = that form on 4-row tiles (each weight chunk read twice, the second time mostly from L2);
     dot_pdl = the default's bf16 tensor-core tile with PDL (late trigger, 4 K blocks into L2 before the wait), as
@@ -712,13 +713,17 @@ def run43_candidates(m: int, n: int, k: int, groups: int, g):
         out = [("old_default", g.wo_a_config(*_wo_a_full_shape(m, n, k, groups), fused_rope=False))]
     else:
         out = [("old_default", g.default_config(m, n, k, groups))]
+    # since run 43 the default at 3..8 rows may be a 4-row one-chunk tile: the form before it (the rule without the
+    # one-chunk tiles, which at 3+ rows is exactly the form before run 43)
+    before = g.pick_default_config(m, n, k, groups, g.sm_count(), g.rules()._replace(one_chunk=False))
+    out.append(("before_run43", before))
     k_blocks = math.ceil(k / g.FP8_BLOCK)
     if k_blocks & (k_blocks - 1) == 0:  # a chunk of the whole K: a power-of-two width
         for block_m, prefix in ((m, "oc"), (4, "oc4x2")) if m == 8 else ((m, "oc"),):
             for block_n, warps in RUN43_TILES:
                 if block_n * k_blocks * g.FP8_BLOCK // (32 * warps) <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
                     out.append((f"{prefix}_n{block_n}_w{warps}", g.one_chunk_form(block_m, block_n, warps, k_blocks)))
-    dot = out[0][1]
+    dot = before
     if dot.use_dot and not dot.fp8_mma and not dot.pdl:
         out.append(("dot_pdl", replace(dot, pdl=True, pdl_late=True, pdl_l2_blocks=g.PDL_DOT_L2_BLOCKS)))
     return distinct_configs(out)
@@ -1037,6 +1042,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                   if run15_sweep or run15b_sweep
                   else "wo_a with the fused inverse RoPE as the seam runs it: RoPE factors hoisted; plain-form variants"
                   if run17_sweep
+                  else "<= 8 MiB weights at 4 / 8 rows: one-chunk rows form on 4- / 8-row tiles, bf16 tile with PDL"
+                  if run43_sweep
                   else "small GEMVs: batched split-K sums, whole-split chunks loaded before the PDL wait"
                   if run18_sweep
                   else "persistent forms at T=1 (PDL as shipped)" if run13_sweep else "rows form")
@@ -1286,7 +1293,8 @@ def main(out_dir: str, smoke: bool, dot_sweep: bool = False, xb_sweep: bool = Fa
                          "tile. wo_a rope_us: every variant with the fused inverse RoPE.")
     if run43_sweep:
         res.notes.append("run 43 variants (see run43_candidates): old_default = default_config as shipped (wo_a: "
-                         "wo_a_config's plain form); oc_nN_wW = the one-chunk rows form on all M rows, N columns, W "
+                         "wo_a_config's plain form); before_run43 = the form before run 43's 4-row one-chunk tiles; "
+                         "oc_nN_wW = the one-chunk rows form on all M rows, N columns, W "
                          "warps, no split-K, the whole K loaded with its scales before the PDL wait; oc4x2_* = that "
                          "form on 4-row tiles at 8 rows; dot_pdl = the default's bf16 tensor-core tile with PDL (late "
                          "trigger, 4 K blocks into L2 before the wait). No bf16 / upstream baselines.")
