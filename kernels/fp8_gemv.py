@@ -1594,18 +1594,12 @@ SHARED_PERSISTENT_PROGRAMS_PER_SM = 1
 # where the one-shot rows form that loads its K in two chunks stays (4.44 against 4.80 us), and wo_a with the fused
 # RoPE at T=4 (wo_a_config). 16 MiB and more lost (run 18: shared_gate_up T=1 7.43 -> 9.81 us, 33.5 MiB 1.5-2x).
 ONE_CHUNK_MAX_WEIGHT_BYTES = 8 << 20
+# Measured and not shipped (stop 43, commit 77b75f4 has the rule): the one-chunk form on 4-row tiles at 3..8 rows.
+# Alone, in a chain of the same GEMV, it was 0.74-0.96x the time at 3..4 rows on weights of <= 4 MiB and 0.88-0.98x
+# at 5..8 rows on <= 2 MiB (H100 runs 43 / 43b, benchmarks/fp8_gemv-h100-run43.md); inside the bench's layers, where
+# other streams run beside these GEMVs, the layers were slower with it: T=4 B=4 0.971-0.979x, T=8 B=4 0.89-0.91x
+# (H100 layer variants runs 53 / 54, benchmarks/stop43-h100-summary.md). Its programs hold up to 255 registers.
 ONE_CHUNK_MAX_ROWS = 2
-# The one-chunk form on 4-row tiles (GemvConfig block_m = 4) at 3..8 rows, H100 run 43 (benchmarks/
-# fp8_gemv-h100-run43.md, stop 43; fixed costs, which this form cuts, are the same on the H200's SM), against the
-# 16-row bf16 tensor-core tile default_config picks there: at 3..4 rows on weights of at most 4 MiB 0.74-0.96x the time
-# (T=4 shared gate/up [1024, 4096] 6.13 -> 5.28 us, shared down [4096, 512] 4.17 -> 3.07; [4096, 1024] 5.88 -> 4.73,
-# the T=8 wo_a 6.13 -> 5.28); at 5..8 rows (two 4-row tiles, each reading the weight) on weights of at most 2 MiB
-# 0.88-0.98x (T=4 shared down 4.17 -> 3.74 us). 8 MiB weights lost at 4 rows (8.4-8.7 -> 9.3-10.4 us), 4 MiB at 8 rows
-# (5.9 -> 8.0-9.1), and 8-row tiles everywhere they were timed. Tiles: ONE_CHUNK_TILES, which were the fastest
-# or within 0.3 us of it at each of these points.
-ONE_CHUNK_TILE_ROWS = 4
-ONE_CHUNK_FOUR_ROWS_MAX_WEIGHT_BYTES = 4 << 20  # 3..4 rows
-ONE_CHUNK_EIGHT_ROWS_MAX_WEIGHT_BYTES = 2 << 20  # 5..8 rows
 ONE_CHUNK_TILES = ((4096, 8, 8), (2048, 8, 4), (1024, 16, 4), (0, 32, 4))  # (from K, block_n, num_warps)
 USE_ONE_CHUNK = True  # False: default_config as before runs 18 / 18b
 # One-row one-chunk programs issue their activation load before converting the weight chunk they loaded before the
@@ -1669,18 +1663,13 @@ def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig, x_f
     large = groups * n * k > ONE_CHUNK_MAX_WEIGHT_BYTES
     if large and (x_first_tile is None or beside_other_streams):
         return None
-    weight_bytes = groups * n * k
-    four_row_tiles = (m > ONE_CHUNK_MAX_ROWS
-                      and weight_bytes <= (ONE_CHUNK_FOUR_ROWS_MAX_WEIGHT_BYTES if m <= ONE_CHUNK_TILE_ROWS
-                                           else ONE_CHUNK_EIGHT_ROWS_MAX_WEIGHT_BYTES if m <= 2 * ONE_CHUNK_TILE_ROWS
-                                           else -1))
-    if ((m > ONE_CHUNK_MAX_ROWS and not four_row_tiles) or k_blocks & (k_blocks - 1)
+    if (m > ONE_CHUNK_MAX_ROWS or k_blocks & (k_blocks - 1)
             or (m == 1 and form.rows_form and form.k_unroll < k_blocks and x_first_tile is None)):
         return None
     block_n, warps = next((bn, w) for min_k, bn, w in ONE_CHUNK_TILES if k >= min_k)
     if m == 1 and groups == 1:
         block_n, warps = x_first_tile or ONE_CHUNK_ONE_ROW_TILES.get((n, k), (block_n, warps))
-    return one_chunk_form(ONE_CHUNK_TILE_ROWS if four_row_tiles else m, block_n, warps, k_blocks)
+    return one_chunk_form(m, block_n, warps, k_blocks)
 
 
 class Rules(NamedTuple):
@@ -1858,11 +1847,7 @@ def pick_wo_a_config(b: int, r: int, d: int, groups: int, fused_rope: bool, sms:
 
 def _pick_wo_a_form(b: int, r: int, d: int, groups: int, fused_rope: bool, sms: int, rule: Rules) -> GemvConfig:
     cfg = pick_default_config(b, r, d, groups, sms, rule)
-    if fused_rope and cfg.one_chunk and cfg.block_m > ONE_CHUNK_MAX_ROWS:
-        # the one-chunk form's 4-row tile with the fused RoPE spills on sm_120a / sm_121a / sm_90a (255 registers; the
-        # seam fuses the RoPE at 1 group only at 1..2 rows): the form before the 4-row tiles
-        cfg = _default_config(b, r, d, groups, sms, rule, one_chunk_rule=False)
-    elif fused_rope and cfg.one_chunk and groups * r * d >= WO_A_ROPE_FMA_MIN_WEIGHT_BYTES:
+    if fused_rope and cfg.one_chunk and groups * r * d >= WO_A_ROPE_FMA_MIN_WEIGHT_BYTES:
         # run 18b, T=4 (8 MiB): the one-chunk form's RoPE (the branch form over the whole K) made it 6.43 / 9.16 us at
         # 1 / 2 rows against 5.67 / 8.02 for the forms before; at T=8 (4 MiB) it won with the RoPE too (3.29 / 4.67
         # against 4.70 / 6.12)
@@ -2359,11 +2344,7 @@ _ONE_CHUNK_FORMS = tuple(dict.fromkeys((  # (the main wq_b's one-row tile is als
     *((one_chunk_form(1, block_n, warps, k // FP8_BLOCK), False)
       for (_n, k), (block_n, warps) in (*ONE_CHUNK_ONE_ROW_TILES.items(), *ONE_CHUNK_X_FIRST_ONE_ROW_TILES.items())),
     # the shared expert's down at T=4 without PDL (ONE_ROW_WITHOUT_PDL: the rule applies it)
-    *((pick_default_config(1, n, k, 1, DEFAULT_SM_COUNT, rules()), False) for n, k in sorted(ONE_ROW_WITHOUT_PDL)),
-    # run 43: the 4-row tiles at 3..8 rows (weights of <= 4 MiB at 3..4 rows: K 4096 / 1024 / 512 / 256; <= 2 MiB at
-    # 5..8 rows: K 4096 / 512 / 256); never with the fused RoPE (it spills there)
-    *((one_chunk_form(ONE_CHUNK_TILE_ROWS, block_n, warps, k // FP8_BLOCK), False)
-      for k, block_n, warps in ((4096, 8, 8), (1024, 16, 4), (512, 32, 4), (256, 32, 4))))))
+    *((pick_default_config(1, n, k, 1, DEFAULT_SM_COUNT, rules()), False) for n, k in sorted(ONE_ROW_WITHOUT_PDL)))))
 SHIPPED_FORMS = _LAUNCH_FORMS + _PDL_FORMS + _TMA_FORMS + _WO_A_FORMS + _ONE_CHUNK_FORMS
 # run 19 / 20 / 21: the one-shot program with block 0's weight before the PDL wait, default_config's form for wo_a /
 # wo_b at T=1, 2..8 rows (split 8 / 16 compile the same); with the fused RoPE (rope block preloaded, rotated from its

@@ -68,10 +68,6 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   H200, as the early forms) / on a 2-stage ring;
 - ``moe_pairs_cap0`` (stop 42): the routed experts' TMA pairs decode without ``moe_mxfp4.PAIRS_REGISTER_CAPS`` (the
   T=4 8-row down tile uncapped, as before stop 42; the caps apply on compute capability 9 only);
-- ``oc4_off`` (stop 43): the FP8 GEMVs at 3..8 rows without ``fp8_gemv``'s 4-row one-chunk tiles (weights of at most
-  4 MiB at 3..4 rows, 2 MiB at 5..8: the shared expert at T=4, most linears at T=8), i.e. the 16-row bf16 tile as
-  before stop 43; ``oc4_nopdl``: those 4-row tiles launched without PDL (where ``block_fp8_linear`` asks
-  ``default_config``: every linear but wo_a), so that their programs take no SM slot before the previous kernel ends;
 - ``wqb_pers`` (variants run 39): the main wq_b at T=1, 1 row, on the persistent FMA form by TMA (2 programs per SM)
   it ran on before the one-chunk tile of ``fp8_gemv.ONE_CHUNK_X_FIRST_ONE_ROW_TILES`` (the C4 layer's call beside the
   indexer keeps its sharing form either way); ``bf16_wbw0``: the one-row bf16 GEMVs (the router gate, weights_proj,
@@ -129,7 +125,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
             "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl", "bf16_wbw_all",
             "bf16_wbw0_sd_pdl", "moe_w0_off", "moe_w0_off_r80", "moe_w0_off_s2", "moe_w0_r3", "moe_w0_plain",
-            "moe_pairs_cap0", "oc4_off", "oc4_nopdl")
+            "moe_pairs_cap0")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -290,21 +286,6 @@ def one_chunk_override(variant: str, tp: int):
     return one_row_override((n, k), lambda *_: tile)
 
 
-def four_row_tiles_without_pdl(variant: str):
-    """``oc4_nopdl`` (stop 43): default_config with its 4-row one-chunk tiles (3..8 rows) launched without PDL; None:
-    no change."""
-    if variant != "oc4_nopdl":
-        return None
-    default_config = fp8_gemv.default_config
-
-    def without_pdl(m, n, k, groups=1, sms=None):
-        cfg = default_config(m, n, k, groups, sms)
-        if cfg.one_chunk and m > fp8_gemv.ONE_CHUNK_MAX_ROWS:
-            return dataclasses.replace(cfg, pdl=False, pdl_l2_blocks=0, pdl_late=False)
-        return cfg
-    return without_pdl
-
-
 BASELINE_ATTENTION_MODULE = "sglang_sm120.kernels._baseline_sparse_mla_decode"
 baseline_attention_file: str | None = None  # --baseline-attention
 
@@ -426,8 +407,7 @@ def drop_stages(stages: list, names: tuple) -> list:
 def applied(variant: str, tp: int):
     override = (wq_b_override(variant, tp) or wqkv_a_override(variant, tp) or indexer_wq_b_override(variant, tp)
                 or shared_down_override(variant, tp) or shared_gate_up_override(variant, tp)
-                or one_chunk_override(variant, tp) or persistent_wq_b_override(variant, tp)
-                or four_row_tiles_without_pdl(variant))
+                or one_chunk_override(variant, tp) or persistent_wq_b_override(variant, tp))
     original, attention_pdl, sharing = fp8_gemv.default_config, sparse_mla_decode.USE_PDL, fp8_gemv.sharing_config
     if override is not None:
         fp8_gemv.default_config = override
@@ -454,10 +434,6 @@ def applied(variant: str, tp: int):
     pairs_caps = moe_mxfp4.PAIRS_REGISTER_CAPS
     if variant == "moe_pairs_cap0":
         moe_mxfp4.PAIRS_REGISTER_CAPS = {}
-    four_row_bytes = (fp8_gemv.ONE_CHUNK_FOUR_ROWS_MAX_WEIGHT_BYTES, fp8_gemv.ONE_CHUNK_EIGHT_ROWS_MAX_WEIGHT_BYTES)
-    if variant == "oc4_off":  # rule constants, not part of the config cache's key: the caches are cleared around it
-        fp8_gemv.ONE_CHUNK_FOUR_ROWS_MAX_WEIGHT_BYTES = fp8_gemv.ONE_CHUNK_EIGHT_ROWS_MAX_WEIGHT_BYTES = -1
-        fp8_gemv.clear_caches()
     route_small = moe_mxfp4.ROUTE_SMALL_MAX_ROWS
     if variant == "moe_sr0":  # run 31: the routing's counting sort at every row count (before round 29's pairwise)
         moe_mxfp4.ROUTE_SMALL_MAX_ROWS = 0
@@ -476,12 +452,9 @@ def applied(variant: str, tp: int):
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
                or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths)
                or variant in ("moe_sr0", "oc_x0", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "bf16_wbw_all",
-                              "moe_pairs_cap0", "oc4_off"))
+                              "moe_pairs_cap0"))
     finally:
         moe_mxfp4.PAIRS_REGISTER_CAPS = pairs_caps
-        if variant == "oc4_off":
-            fp8_gemv.ONE_CHUNK_FOUR_ROWS_MAX_WEIGHT_BYTES, fp8_gemv.ONE_CHUNK_EIGHT_ROWS_MAX_WEIGHT_BYTES = four_row_bytes
-            fp8_gemv.clear_caches()
         bf16_where.__exit__(None, None, None)
         fp8_gemv.ONE_CHUNK_X_FIRST = x_first
         bf16_gemv.USE_W_BEFORE_WAIT = bf16_w_first

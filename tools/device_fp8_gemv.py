@@ -120,7 +120,8 @@ RUN42_TILES = ((16, 8, 4), (8, 16, 4), (16, 16, 8), (32, 8, 8), (8, 8, 4), (16, 
 # ones at T = 1 / 2) at 4 and 8 rows, where default_config runs the 16-row bf16 tensor-core tile (no PDL above 4 MiB),
 # against the one-chunk rows form at those rows (GemvConfig.one_chunk: measured at 1..2 rows only, runs 18 / 18b; the
 # looping rows form lost at 4+ rows in run 3, before PDL and the one-chunk form), and the bf16 tile with PDL. T=4
-# (the README's launch) first
+# (the README's launch) first. Result: faster alone at 3..8 rows on small weights, slower inside the layers (layer
+# variants runs 53 / 54): not shipped (fp8_gemv's comment at ONE_CHUNK_MAX_ROWS)
 RUN43_NAME = "fp8_gemv-run43"
 RUN43_ROWS = (4, 8)
 RUN43_POINTS = {**{(name, 4): RUN43_ROWS for name in ("wo_a", "wo_b", "wq_b", "shared_gate_up", "shared_down",
@@ -713,8 +714,8 @@ def run43_candidates(m: int, n: int, k: int, groups: int, g):
         out = [("old_default", g.wo_a_config(*_wo_a_full_shape(m, n, k, groups), fused_rope=False))]
     else:
         out = [("old_default", g.default_config(m, n, k, groups))]
-    # since run 43 the default at 3..8 rows may be a 4-row one-chunk tile: the form before it (the rule without the
-    # one-chunk tiles, which at 3+ rows is exactly the form before run 43)
+    # the rule without the one-chunk form: at 3+ rows the form before run 43's 4-row tiles (run 43b timed them as the
+    # default, commit 77b75f4; not shipped, so here it repeats old_default and is dropped as a duplicate)
     before = g.pick_default_config(m, n, k, groups, g.sm_count(), g.rules()._replace(one_chunk=False))
     out.append(("before_run43", before))
     k_blocks = math.ceil(k / g.FP8_BLOCK)
