@@ -1600,6 +1600,13 @@ ONE_CHUNK_MAX_WEIGHT_BYTES = 8 << 20
 # other streams run beside these GEMVs, the layers were slower with it: T=4 B=4 0.971-0.979x, T=8 B=4 0.89-0.91x
 # (H100 layer variants runs 53 / 54, benchmarks/stop43-h100-summary.md). Its programs hold up to 255 registers.
 ONE_CHUNK_MAX_ROWS = 2
+# At 2 rows the one-chunk form takes weights of at most 4 MiB, not 8: runs 18 / 18b chose it from GEMVs alone, and
+# inside the bench's layers (B=2, SGLang's streams) the 4-8 MiB weights' one-chunk programs (213-252 registers on
+# sm_90a, their weight loaded before the PDL wait) cost the layer more than they save. H100 layer variants run 56
+# (stop 43, benchmarks/stop43-h100-summary.md): with the limit at 4 MiB the SWA / C4 / C128 layers were 1.007 / 1.008 /
+# 1.020x faster at T=1, 1.021 / 1.030 / 0.999x at T=4 and 1.011 / 1.010 / 1.001x at T=8 (the <= 4 MiB weights, most
+# of T=8's, keep the form: without it at all the T=8 layers were 0.93-0.97x, runs 55 / 56).
+ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES = 4 << 20
 ONE_CHUNK_TILES = ((4096, 8, 8), (2048, 8, 4), (1024, 16, 4), (0, 32, 4))  # (from K, block_n, num_warps)
 USE_ONE_CHUNK = True  # False: default_config as before runs 18 / 18b
 # One-row one-chunk programs issue their activation load before converting the weight chunk they loaded before the
@@ -1664,6 +1671,7 @@ def _one_chunk_config(m: int, n: int, k: int, groups: int, form: GemvConfig, x_f
     if large and (x_first_tile is None or beside_other_streams):
         return None
     if (m > ONE_CHUNK_MAX_ROWS or k_blocks & (k_blocks - 1)
+            or (m == 2 and groups * n * k > ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES)
             or (m == 1 and form.rows_form and form.k_unroll < k_blocks and x_first_tile is None)):
         return None
     block_n, warps = next((bn, w) for min_k, bn, w in ONE_CHUNK_TILES if k >= min_k)

@@ -84,9 +84,9 @@ def test_wo_a_one_chunk(cfg, rope):
 
 
 def test_one_chunk_rule(monkeypatch):
-    """Runs 18 / 18b: weights of at most 8 MiB at 1..2 rows take the one-chunk form (tile by K), except [8192, 1024]
-    at 1 row without X_FIRST (the two-chunk one-shot rows form stays) and wo_a with the fused RoPE at 8 MiB (T=4);
-    USE_ONE_CHUNK = False restores the forms before."""
+    """Runs 18 / 18b: weights of at most 8 MiB at 1 row and (layer variants run 56) at most 4 MiB at 2 rows take the
+    one-chunk form (tile by K), except [8192, 1024] at 1 row without X_FIRST (the two-chunk one-shot rows form stays)
+    and wo_a with the fused RoPE at 8 MiB (T=4); USE_ONE_CHUNK = False restores the forms before."""
     expected = {(1536, 4096): (8, 8), (4096, 2048): (8, 4), (4096, 1024): (16, 4), (512, 4096): (8, 8),
                 (2048, 4096): (8, 8), (4096, 512): (32, 4), (4096, 256): (32, 4)}
     for (n, k), (block_n, warps) in expected.items():
@@ -94,21 +94,26 @@ def test_one_chunk_rule(monkeypatch):
             # wqkv_a at 1 row: ONE_CHUNK_ONE_ROW_TILES (layer variants run 8)
             tile = (4, 8) if m == 1 and (n, k) == (1536, 4096) else (block_n, warps)
             cfg = g.default_config(m, n, k)
+            if m == 2 and n * k > g.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES:
+                assert not cfg.one_chunk and cfg == g._default_config(2, n, k, 1, g.sm_count(), g.rules(),
+                                                                      one_chunk_rule=False), (n, k)
+                continue
             pdl = not (m == 1 and (n, k) in g.ONE_ROW_WITHOUT_PDL)  # the shared expert's down at T=4, 1 row
             assert cfg == one_chunk(m, tile[0], k // 128, warps=tile[1], pdl=pdl), (n, k, m)
-    assert g.default_config(2, 8192, 1024) == one_chunk(2, 16, 8)
+    assert g.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES == 4 << 20
+    assert not g.default_config(2, 8192, 1024).one_chunk  # 8 MiB: over the 2-row limit
     # [8192, 1024] at 1 row: one chunk on 8 columns / 4 warps with X_FIRST (variants run 35), two chunks without it
     assert g.default_config(1, 8192, 1024) == one_chunk(1, 8, 8)
     monkeypatch.setattr(g, "ONE_CHUNK_X_FIRST", False)
     two_chunks = g.default_config(1, 8192, 1024)
     assert two_chunks.rows_form and two_chunks.k_unroll == 4 and not two_chunks.one_chunk
-    assert g.default_config(2, 8192, 1024) == one_chunk(2, 16, 8)
     monkeypatch.setattr(g, "ONE_CHUNK_X_FIRST", True)
+    assert g.default_config(1, 1024, 4096, groups=2).one_chunk  # wo_a T=4: 8 MiB over its groups, 1 row
+    assert not g.default_config(2, 1024, 4096, groups=2).one_chunk  # ... 2 rows: over the 2-row limit
     for m in (1, 2):
-        assert g.default_config(m, 1024, 4096, groups=2).one_chunk  # wo_a T=4: 8 MiB over its groups
-        assert not g.wo_a_config(m, 1024, 4096, 2, fused_rope=True).one_chunk  # ... but not with the fused RoPE
-        assert g.wo_a_config(m, 1024, 4096, 2, fused_rope=False).one_chunk
-        assert g.wo_a_config(m, 1024, 4096, 1, fused_rope=True) == one_chunk(m, 8, 32, warps=8)  # T=8
+        assert not g.wo_a_config(m, 1024, 4096, 2, fused_rope=True).one_chunk  # never with the fused RoPE at 8 MiB
+        assert g.wo_a_config(m, 1024, 4096, 2, fused_rope=False).one_chunk == (m == 1)
+        assert g.wo_a_config(m, 1024, 4096, 1, fused_rope=True) == one_chunk(m, 8, 32, warps=8)  # T=8, 4 MiB
     for m, n, k, groups in ((3, 1536, 4096, 1), (1, 4096, 4096, 1), (1, 1024, 4096, 8), (2, 16384, 1024, 1),
                             (1, 1024, 4096, 4)):
         assert not g.default_config(m, n, k, groups).one_chunk, (m, n, k, groups)
@@ -117,6 +122,35 @@ def test_one_chunk_rule(monkeypatch):
     monkeypatch.setattr(g, "USE_ONE_CHUNK", False)
     assert not g.default_config(1, 1536, 4096).one_chunk
     assert seam_t4 == [g.wo_a_config(m, 1024, 4096, 2, fused_rope=True) for m in (1, 2)]  # as before the rule
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_two_row_weight_limit(monkeypatch, tp):
+    """Layer variants run 56: at 2 rows every DSv4 linear of at most ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES (4 MiB, over
+    wo_a's groups) takes the one-chunk form and every larger one the form without it; at 1 row the 8 MiB limit stays;
+    setting the limit to 8 MiB (caches cleared) gives the one-chunk form to every weight of at most 8 MiB again."""
+    from sglang_sm120.kernels import dsv4
+
+    def forms():
+        out = {}
+        for name, (n, k) in dsv4.dense_linear_shapes(tp).items():
+            groups = dsv4.O_GROUPS // tp if name == "wo_a" else 1
+            rows = dsv4.O_LORA_RANK if name == "wo_a" else n
+            out[name] = (groups * rows * k, g.default_config(2, rows, k, groups), g.default_config(1, rows, k, groups))
+        return out
+
+    for name, (weight, two_rows, one_row) in forms().items():
+        assert two_rows.one_chunk == (weight <= 4 << 20), (name, weight, two_rows.name)
+        if weight <= 8 << 20 and name != "wqkv_a":  # (wqkv_a at 1 row: its own one-chunk tile, checked above)
+            assert one_row.one_chunk, (name, one_row.name)
+    monkeypatch.setattr(g, "ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES", 8 << 20)
+    g.clear_caches()
+    try:
+        for name, (weight, two_rows, _) in forms().items():
+            assert two_rows.one_chunk == (weight <= 8 << 20), (name, weight, two_rows.name)
+    finally:
+        monkeypatch.undo()
+        g.clear_caches()
 
 
 def test_one_row_without_pdl(monkeypatch):
