@@ -70,7 +70,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
   T=4 8-row down tile uncapped, as before stop 42; the caps apply on compute capability 9 only);
 - ``oc2_off`` (stop 43): the FP8 GEMVs at 2 rows without the one-chunk form (``fp8_gemv.ONE_CHUNK_MAX_ROWS`` = 1:
   the forms before runs 18 / 18b there), which was measured alone, not in the layers (the bench's grid has no B=2);
-  ``oc2_small``: at 2 rows only on weights of at most 4 MiB (``fp8_gemv.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES``);
+  ``oc2_small``: at 2 rows only on weights of at most 4 MiB (``fp8_gemv.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES``; variants
+  run 56, the shipped rule since, so now the same forms as ``shipped``);
 - ``wqb_pers`` (variants run 39): the main wq_b at T=1, 1 row, on the persistent FMA form by TMA (2 programs per SM)
   it ran on before the one-chunk tile of ``fp8_gemv.ONE_CHUNK_X_FIRST_ONE_ROW_TILES`` (the C4 layer's call beside the
   indexer keeps its sharing form either way); ``bf16_wbw0``: the one-row bf16 GEMVs (the router gate, weights_proj,
