@@ -71,7 +71,8 @@ waits ~17 us for the indexer chain. The variants test what the plugin itself cou
 - ``oc2_off`` (stop 43): the FP8 GEMVs at 2 rows without the one-chunk form (``fp8_gemv.ONE_CHUNK_MAX_ROWS`` = 1:
   the forms before runs 18 / 18b there), which was measured alone, not in the layers (the bench's grid has no B=2);
   ``oc2_small``: at 2 rows only on weights of at most 4 MiB (``fp8_gemv.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES``; variants
-  run 56, the shipped rule since, so now the same forms as ``shipped``);
+  run 56, the shipped rule since, so now the same forms as ``shipped``); ``oc2_before``: at 2 rows on weights of at
+  most 8 MiB, the rule before variants run 56;
 - ``wqb_pers`` (variants run 39): the main wq_b at T=1, 1 row, on the persistent FMA form by TMA (2 programs per SM)
   it ran on before the one-chunk tile of ``fp8_gemv.ONE_CHUNK_X_FIRST_ONE_ROW_TILES`` (the C4 layer's call beside the
   indexer keeps its sharing form either way); ``bf16_wbw0``: the one-row bf16 GEMVs (the router gate, weights_proj,
@@ -129,7 +130,7 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "iwqb_oc_n8w4", "iwqb_oc_n8w8", "iwqb_oc_n32w8", "oc_sgu_n8w8", "oc_sgu_n16w8", "oc_wqb_n8w4",
             "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl", "bf16_wbw_all",
             "bf16_wbw0_sd_pdl", "moe_w0_off", "moe_w0_off_r80", "moe_w0_off_s2", "moe_w0_r3", "moe_w0_plain",
-            "moe_pairs_cap0", "oc2_off", "oc2_small")
+            "moe_pairs_cap0", "oc2_off", "oc2_small", "oc2_before")
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -439,11 +440,11 @@ def applied(variant: str, tp: int):
     if variant == "moe_pairs_cap0":
         moe_mxfp4.PAIRS_REGISTER_CAPS = {}
     one_chunk_rows, two_row_bytes = fp8_gemv.ONE_CHUNK_MAX_ROWS, fp8_gemv.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES
-    if variant in ("oc2_off", "oc2_small"):  # rule constants, not in the config cache's key: caches cleared around
-        if variant == "oc2_off":
+    if variant in ("oc2_off", "oc2_small", "oc2_before"):  # rule constants, not in the config cache's key: caches
+        if variant == "oc2_off":                                 # cleared around the variant
             fp8_gemv.ONE_CHUNK_MAX_ROWS = 1
         else:
-            fp8_gemv.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES = 4 << 20
+            fp8_gemv.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES = (4 if variant == "oc2_small" else 8) << 20
         fp8_gemv.clear_caches()
     route_small = moe_mxfp4.ROUTE_SMALL_MAX_ROWS
     if variant == "moe_sr0":  # run 31: the routing's counting sort at every row count (before round 29's pairwise)
@@ -463,10 +464,10 @@ def applied(variant: str, tp: int):
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
                or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths)
                or variant in ("moe_sr0", "oc_x0", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "bf16_wbw_all",
-                              "moe_pairs_cap0", "oc2_off", "oc2_small"))
+                              "moe_pairs_cap0", "oc2_off", "oc2_small", "oc2_before"))
     finally:
         moe_mxfp4.PAIRS_REGISTER_CAPS = pairs_caps
-        if variant in ("oc2_off", "oc2_small"):
+        if variant in ("oc2_off", "oc2_small", "oc2_before"):
             fp8_gemv.ONE_CHUNK_MAX_ROWS, fp8_gemv.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES = one_chunk_rows, two_row_bytes
             fp8_gemv.clear_caches()
         bf16_where.__exit__(None, None, None)
