@@ -1605,7 +1605,8 @@ ONE_CHUNK_MAX_ROWS = 2
 # sm_90a, their weight loaded before the PDL wait) cost the layer more than they save. H100 layer variants run 56
 # (stop 43, benchmarks/stop43-h100-summary.md): with the limit at 4 MiB the SWA / C4 / C128 layers were 1.007 / 1.008 /
 # 1.020x faster at T=1, 1.021 / 1.030 / 0.999x at T=4 and 1.011 / 1.010 / 1.001x at T=8 (the <= 4 MiB weights, most
-# of T=8's, keep the form: without it at all the T=8 layers were 0.93-0.97x, runs 55 / 56).
+# of T=8's, keep the form: without it at all the T=8 layers were 0.93-0.97x, runs 55 / 56); run 57 against the 8 MiB
+# limit again: 1.003-1.031x at T = 1 / 4 / 8.
 ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES = 4 << 20
 ONE_CHUNK_TILES = ((4096, 8, 8), (2048, 8, 4), (1024, 16, 4), (0, 32, 4))  # (from K, block_n, num_warps)
 USE_ONE_CHUNK = True  # False: default_config as before runs 18 / 18b
