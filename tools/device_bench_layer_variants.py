@@ -131,6 +131,10 @@ VARIANTS = ("shipped", "wqb_pp1", "wqb_pp0", "wqb_rows", "prio", "prio_wqb_pp0",
             "oc_wqb_n16w4", "wqb_pers", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "sd_pdl", "bf16_wbw_all",
             "bf16_wbw0_sd_pdl", "moe_w0_off", "moe_w0_off_r80", "moe_w0_off_s2", "moe_w0_r3", "moe_w0_plain",
             "moe_pairs_cap0", "oc2_off", "oc2_small", "oc2_before")
+# oc2_* (stop 43): the fp8_gemv one-chunk rule constants each variant sets
+ONE_CHUNK_RULE_VARIANTS = {"oc2_off": {"ONE_CHUNK_MAX_ROWS": 1},
+                           "oc2_small": {"ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES": 4 << 20},
+                           "oc2_before": {"ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES": 8 << 20}}
 # upper bounds: the stages a variant leaves out of the captured layer (their outputs stay in place from the warm-up
 # call, so the layer's output is unchanged): what fusing them into a neighbouring launch could save at most
 DROPPED_STAGES = {"drop_route": ("router_topk",), "drop_qquant": ("indexer_q_quant",),
@@ -439,12 +443,12 @@ def applied(variant: str, tp: int):
     pairs_caps = moe_mxfp4.PAIRS_REGISTER_CAPS
     if variant == "moe_pairs_cap0":
         moe_mxfp4.PAIRS_REGISTER_CAPS = {}
-    one_chunk_rows, two_row_bytes = fp8_gemv.ONE_CHUNK_MAX_ROWS, fp8_gemv.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES
-    if variant in ("oc2_off", "oc2_small", "oc2_before"):  # rule constants, not in the config cache's key: caches
-        if variant == "oc2_off":                                 # cleared around the variant
-            fp8_gemv.ONE_CHUNK_MAX_ROWS = 1
-        else:
-            fp8_gemv.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES = (4 if variant == "oc2_small" else 8) << 20
+    # rule constants, not in the config cache's key: the caches are cleared around the variant
+    rule_constants = ONE_CHUNK_RULE_VARIANTS.get(variant, {})
+    rule_saved = {name: getattr(fp8_gemv, name) for name in rule_constants}
+    for name, value in rule_constants.items():
+        setattr(fp8_gemv, name, value)
+    if rule_constants:
         fp8_gemv.clear_caches()
     route_small = moe_mxfp4.ROUTE_SMALL_MAX_ROWS
     if variant == "moe_sr0":  # run 31: the routing's counting sort at every row count (before round 29's pairwise)
@@ -464,11 +468,12 @@ def applied(variant: str, tp: int):
                or bool(attention) or variant in DROPPED_STAGES or ix.PLAN_TABLE is not plan_table
                or variant == "ix_nopdl" or moe_where is not None or bool(comp_widths)
                or variant in ("moe_sr0", "oc_x0", "bf16_wbw0", "bf16_gate_wait", "bf16_gate_only", "bf16_wbw_all",
-                              "moe_pairs_cap0", "oc2_off", "oc2_small", "oc2_before"))
+                              "moe_pairs_cap0") or bool(rule_constants))
     finally:
         moe_mxfp4.PAIRS_REGISTER_CAPS = pairs_caps
-        if variant in ("oc2_off", "oc2_small", "oc2_before"):
-            fp8_gemv.ONE_CHUNK_MAX_ROWS, fp8_gemv.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES = one_chunk_rows, two_row_bytes
+        for name, value in rule_saved.items():
+            setattr(fp8_gemv, name, value)
+        if rule_saved:
             fp8_gemv.clear_caches()
         bf16_where.__exit__(None, None, None)
         fp8_gemv.ONE_CHUNK_X_FIRST = x_first

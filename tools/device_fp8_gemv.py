@@ -192,6 +192,12 @@ def distinct_configs(labelled):
     return unique
 
 
+def one_chunk_fits(block_n: int, warps: int, k_columns: int) -> bool:
+    """Whether a one-chunk program of ``block_n`` columns on ``warps`` warps, its chunk ``k_columns`` wide, holds at
+    most ONE_CHUNK_MAX_BYTES_PER_THREAD weight bytes per thread (the tiles runs 18 / 18b / 43 swept)."""
+    return block_n * k_columns // (32 * warps) <= ONE_CHUNK_MAX_BYTES_PER_THREAD
+
+
 def candidates(m: int, n: int, k: int, groups: int, g):
     """(label, config) for one point: the previous default first, then rows-form variants, then the
     current default_config if it is none of those."""
@@ -590,7 +596,7 @@ def run18_candidates(m: int, n: int, k: int, groups: int, g):
     rows = min(8, 1 << max(0, m - 1).bit_length())
     if k_blocks & (k_blocks - 1) == 0 and rows <= 2:  # a chunk of the whole K: a power-of-two width
         for block_n, warps in ((8, 8), (16, 8), (8, 4), (16, 4)):
-            if block_n * k // (32 * warps) <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
+            if one_chunk_fits(block_n, warps, k):
                 out.append((f"wk_n{block_n}_w{warps}", g.one_chunk_form(rows, block_n, warps, k_blocks)))
         for block_n in (16, 32):
             tiles = groups * math.ceil(n / block_n) * math.ceil(m / rows)
@@ -633,7 +639,7 @@ def run18b_candidates(m: int, n: int, k: int, groups: int, g):
         for block_n, warps in ((8, 8), (16, 8), (8, 4), (16, 4), (4, 8), (32, 4)):
             if (block_n == 4 and k < 2048) or (block_n == 32 and k > 1024):
                 continue
-            if block_n * k_blocks * g.FP8_BLOCK // (32 * warps) <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
+            if one_chunk_fits(block_n, warps, k_blocks * g.FP8_BLOCK):
                 out.append((f"wk_n{block_n}_w{warps}", g.one_chunk_form(m, block_n, warps, k_blocks)))
     if POINT_IS_WO_A[0]:
         with module_flag(g, "USE_ONE_CHUNK", False):
@@ -722,7 +728,7 @@ def run43_candidates(m: int, n: int, k: int, groups: int, g):
     if k_blocks & (k_blocks - 1) == 0:  # a chunk of the whole K: a power-of-two width
         for block_m, prefix in ((m, "oc"), (4, "oc4x2")) if m == 8 else ((m, "oc"),):
             for block_n, warps in RUN43_TILES:
-                if block_n * k_blocks * g.FP8_BLOCK // (32 * warps) <= ONE_CHUNK_MAX_BYTES_PER_THREAD:
+                if one_chunk_fits(block_n, warps, k_blocks * g.FP8_BLOCK):
                     out.append((f"{prefix}_n{block_n}_w{warps}", g.one_chunk_form(block_m, block_n, warps, k_blocks)))
     dot = before
     if dot.use_dot and not dot.fp8_mma and not dot.pdl:

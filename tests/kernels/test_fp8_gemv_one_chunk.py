@@ -95,8 +95,8 @@ def test_one_chunk_rule(monkeypatch):
             tile = (4, 8) if m == 1 and (n, k) == (1536, 4096) else (block_n, warps)
             cfg = g.default_config(m, n, k)
             if m == 2 and n * k > g.ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES:
-                assert not cfg.one_chunk and cfg == g._default_config(2, n, k, 1, g.sm_count(), g.rules(),
-                                                                      one_chunk_rule=False), (n, k)
+                assert not cfg.one_chunk and cfg == g.pick_default_config(
+                    2, n, k, 1, g.sm_count(), g.rules()._replace(one_chunk=False)), (n, k)
                 continue
             pdl = not (m == 1 and (n, k) in g.ONE_ROW_WITHOUT_PDL)  # the shared expert's down at T=4, 1 row
             assert cfg == one_chunk(m, tile[0], k // 128, warps=tile[1], pdl=pdl), (n, k, m)
@@ -141,7 +141,7 @@ def test_two_row_weight_limit(monkeypatch, tp):
 
     for name, (weight, two_rows, one_row) in forms().items():
         assert two_rows.one_chunk == (weight <= 4 << 20), (name, weight, two_rows.name)
-        if weight <= 8 << 20 and name != "wqkv_a":  # (wqkv_a at 1 row: its own one-chunk tile, checked above)
+        if weight <= 8 << 20:
             assert one_row.one_chunk, (name, one_row.name)
     monkeypatch.setattr(g, "ONE_CHUNK_TWO_ROWS_MAX_WEIGHT_BYTES", 8 << 20)
     g.clear_caches()
